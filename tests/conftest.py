@@ -1,0 +1,24 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    import kvgguf
+
+    return kvgguf.models.path("smollm2-135m")
+
+
+def run_python(code: str, env_update=None, env_remove=()):
+    """Runs `code` in a fresh interpreter (module state such as a loaded libllama is per process)."""
+    env = dict(os.environ)
+    for k in env_remove:
+        env.pop(k, None)
+    env.update(env_update or {})
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
