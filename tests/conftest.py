@@ -21,4 +21,6 @@ def run_python(code: str, env_update=None, env_remove=()):
     for k in env_remove:
         env.pop(k, None)
     env.update(env_update or {})
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    # Run outside the source tree, or `import kvgguf` would find the uninstalled sources.
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=Path(__file__).parent)

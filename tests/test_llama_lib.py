@@ -10,7 +10,7 @@ from conftest import run_python
 def test_loaded_library_is_the_patched_one():
     import kvgguf
 
-    assert kvgguf.llama_patch_version() == 1
+    assert kvgguf.llama_patch_version() == 2
     lib = kvgguf.llama_library_path()
     assert lib.parent == Path(str(resources.files("kvgguf").joinpath("lib"))).resolve()
 
@@ -38,7 +38,7 @@ def test_llama_imported_first_with_our_library_is_accepted():
         env_update={"LLAMA_CPP_LIB_PATH": lib_dir},
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "1"
+    assert proc.stdout.strip() == "2"
 
 
 def test_unpatched_library_folder_is_refused(tmp_path):

@@ -1,0 +1,177 @@
+"""`kvgguf.Llama`: llama_cpp.Llama whose KV cache can hold old tokens compressed."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import llama_cpp
+import numpy as np
+
+from .gguf_meta import read_metadata
+from .live_cache import LiveCache
+from .memory import KVMemory, TierMemory
+from .model_shape import KVShape
+from .tiered import TieredConfig
+from . import _llama_ext as ext
+
+# llama.cpp's own cache types, by the names its CLI uses (-ctk/-ctv).
+CACHE_TYPES = {
+    "f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16, "bf16": 30,
+    "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q5_1": llama_cpp.GGML_TYPE_Q5_1, "q5_0": llama_cpp.GGML_TYPE_Q5_0,
+    "q4_1": llama_cpp.GGML_TYPE_Q4_1, "q4_0": llama_cpp.GGML_TYPE_Q4_0, "iq4_nl": llama_cpp.GGML_TYPE_IQ4_NL,
+}
+# Architectures whose attention goes through the patched build_attn paths and is tested.
+SUPPORTED_ARCHS = ("llama", "gemma3")
+
+
+def cache_type(value: Union[str, int, None], name: str) -> Optional[int]:
+    """A llama.cpp cache type from its name ("q8_0") or its ggml type number."""
+    if value is None or isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value in CACHE_TYPES:
+        return CACHE_TYPES[value]
+    raise ValueError(f"{name} {value!r} is unknown; choose one of: {', '.join(CACHE_TYPES)}")
+
+
+def _config_for_model(config: TieredConfig, preset: bool, meta: dict, model_path: str) -> TieredConfig:
+    arch = meta.get("general.architecture", "")
+    if arch not in SUPPORTED_ARCHS:
+        raise ValueError(
+            f"kv_codec supports the architectures {', '.join(SUPPORTED_ARCHS)}; {model_path} is "
+            f"'{arch}'. Use kv_codec=None for llama.cpp's own cache."
+        )
+    n_swa = int(meta.get(f"{arch}.attention.sliding_window", 0) or 0)
+    # Evicting a position removes it from the sliding-window layers too, so the hot window
+    # must cover their window.
+    need = n_swa + config.block if n_swa else 0
+    if config.hot < need:
+        if not preset:
+            raise ValueError(
+                f"{model_path} has sliding-window layers of {n_swa} tokens: TieredConfig.hot must be "
+                f">= {need} (window + block), got {config.hot}"
+            )
+        config = config.with_hot(need)
+    return config
+
+
+class Llama(llama_cpp.Llama):
+    """llama_cpp.Llama with a compressed KV cache.
+
+    Takes every argument llama_cpp.Llama takes, keyword-only after the model path, plus:
+
+    kv_codec: None for llama.cpp's own cache (stock behaviour); "tiered" for the preset
+        (recent tokens exact, older ones at 4 bits, the oldest at 2 bits, first tokens
+        exact as attention sinks); a codec name such as "rotq3" or "kivi4" (every token
+        outside the hot window uses it); or a :class:`TieredConfig`.
+    n_ctx: the logical context. With a kv_codec, llama.cpp's own f16 cache holds only the
+        hot window plus one batch; older tokens live compressed in kvgguf's store.
+    n_batch: tokens per llama_decode call; with a kv_codec it defaults to the hot window
+        and may not exceed it.
+    type_k, type_v: llama.cpp's cache types, as names ("q8_0", "q4_0", ...) or ggml numbers.
+        With a kv_codec they must stay f16 (the hot window is exact).
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        kv_codec: Union[str, TieredConfig, None] = None,
+        n_ctx: int = 512,
+        n_batch: Optional[int] = None,
+        n_ubatch: int = 512,
+        type_k: Union[str, int, None] = None,
+        type_v: Union[str, int, None] = None,
+        **kwargs,
+    ):
+        type_k, type_v = cache_type(type_k, "type_k"), cache_type(type_v, "type_v")
+        self._kv: Optional[LiveCache] = None
+        if kv_codec is None:
+            super().__init__(model_path, n_ctx=n_ctx, n_batch=512 if n_batch is None else n_batch,
+                             n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, **kwargs)
+            return
+
+        preset = isinstance(kv_codec, str)
+        config = TieredConfig.parse(kv_codec)
+        for name, t in (("type_k", type_k), ("type_v", type_v)):
+            if t not in (None, llama_cpp.GGML_TYPE_F16):
+                raise ValueError(f"kv_codec keeps llama.cpp's hot window in f16; {name} must be f16 or None")
+        for name in ("kv_unified", "swa_full"):
+            if kwargs.get(name):
+                raise ValueError(f"kv_codec does not support {name}=True")
+        if n_ctx <= 0:
+            raise ValueError("kv_codec needs n_ctx > 0: the logical context to hold")
+        config = _config_for_model(config, preset, read_metadata(model_path), model_path)
+        n_batch = min(config.hot, n_ctx) if n_batch is None else n_batch
+        if n_batch > config.hot:
+            raise ValueError(
+                f"the hot window ({config.hot} tokens) is smaller than a batch (n_batch={n_batch}); "
+                f"lower n_batch or raise TieredConfig.hot"
+            )
+        physical = min(n_ctx, config.hot + n_batch)
+        super().__init__(model_path, n_ctx=physical, n_batch=n_batch, n_ubatch=min(n_ubatch, n_batch),
+                         type_k=type_k, type_v=type_v, **kwargs)
+        try:
+            self._kv = LiveCache(self._ctx.ctx, KVShape.of(self), config)
+        except BaseException:
+            self.close()
+            raise
+        # The logical context: llama-cpp-python sizes its token and logit arrays by it.
+        self._n_ctx = n_ctx
+        self.input_ids = np.ndarray((n_ctx,), dtype=np.intc)
+        if self._logits_all:
+            self.scores = np.ndarray((n_ctx, self._n_vocab), dtype=np.single)
+
+    @property
+    def kv_config(self) -> Optional[TieredConfig]:
+        return self._kv.config if self._kv else None
+
+    def n_ctx(self) -> int:
+        return self._n_ctx if self._kv else super().n_ctx()
+
+    def eval(self, tokens: Sequence[int]):
+        if self._kv is None:
+            return super().eval(tokens)
+        if self.n_tokens + len(tokens) > self._n_ctx:
+            raise ValueError(
+                f"{self.n_tokens} tokens in context + {len(tokens)} new exceed n_ctx={self._n_ctx}"
+            )
+        self._kv.truncate(self.n_tokens)
+        for i in range(0, len(tokens), self.n_batch):
+            batch = tokens[i : i + self.n_batch]
+            self._kv.make_room(self.n_tokens, len(batch))
+            super().eval(batch)
+            self._kv.check_errors()
+
+    def reset(self):
+        super().reset()
+        if self._kv is not None:
+            self._kv.clear()
+
+    def embed(self, *args, **kwargs):
+        if self._kv is not None:
+            self._kv.clear()  # embed clears llama.cpp's cache; cold rows must go with it
+            self.n_tokens = 0
+        return super().embed(*args, **kwargs)
+
+    def save_state(self):
+        if self._kv is not None:
+            raise NotImplementedError("save_state/load_state do not carry kvgguf's compressed rows yet")
+        return super().save_state()
+
+    def load_state(self, state):
+        if self._kv is not None:
+            raise NotImplementedError("save_state/load_state do not carry kvgguf's compressed rows yet")
+        return super().load_state(state)
+
+    def kv_memory(self) -> KVMemory:
+        """Bytes held for the KV cache now, per tier, and bits per value."""
+        shape = KVShape.of(self)
+        if self._kv is None:
+            hot = TierMemory("hot", "llama.cpp", int(ext.kv_bytes(self._ctx.ctx)))
+            return KVMemory((hot,), 0, self.n_tokens, shape.values_per_token)
+        return self._kv.memory(self.n_tokens)
+
+    def close(self) -> None:
+        if getattr(self, "_kv", None) is not None:
+            self._kv.close()
+        super().close()

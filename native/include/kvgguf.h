@@ -1,0 +1,207 @@
+// kvgguf.h: the public C API of libkvgguf, the KV-cache codec library of kvgguf.
+//
+// Codecs are stateless: a block of K or V rows goes in as float32 and comes out as bytes,
+// and back. The bytes carry no header: the caller keeps the codec type, role, shape and
+// params and passes the same ones to kvg_decode.
+//
+// A block is float32 [n_tokens][n_heads][head_dim], row-major: one row per token, as
+// llama.cpp stores its K/V rows (n_embd_k_gqa = n_heads * head_dim floats). Below,
+// C = n_heads * head_dim is the number of channels of a row and N = n_tokens * C.
+//
+// Every function that can fail returns an int status: KVG_OK (0) or a negative KVG_ERR_*.
+// kvg_strerror() explains a status and kvg_last_error() gives the detail of the last failure
+// on the calling thread. The library never aborts on the input it is given.
+// Encode and decode may be called concurrently from several threads.
+//
+// Encoded layouts (all multi-byte fields little-endian, f16 = IEEE 754 binary16):
+//
+//   f16    N f16 values in row order (round to nearest even). 16 bits per value.
+//
+//   kiviB  (B = 2, 3, 4, 8; KIVI, Liu et al. 2024, arXiv:2402.02750)
+//          [groups: n_groups x {f16 min, f16 scale}] [codes: ceil(N*B/8) bytes]
+//          role KEY:   one group per channel per G consecutive tokens (the last token group
+//                      may be shorter); group index = (t / G) * C + c.
+//          role VALUE: one group per token per G consecutive channels of its row (the last
+//                      channel group may be shorter); group index = t * ceil(C / G) + c / G.
+//          value = min + code * scale, code in [0, 2^B - 1].
+//          Bits per value: B + 32/G for full groups (plus < 1 byte of tail padding).
+//
+//   rotqB  (B = 1..4; TurboQuant, Zandieh et al. 2025, arXiv:2504.19874)
+//          [norms: n_tokens * n_heads f16 L2 norms, index t * n_heads + h]
+//          [codes: ceil(N*B/8) bytes]
+//          Each head vector x (head_dim a power of two in [2, 4096]) is stored as its L2
+//          norm n (f16, round to nearest) and the Lloyd-Max codes of y = W(s * x) / n, where
+//          s are random signs derived from params.seed and W is the unnormalized Walsh-Hadamard
+//          transform (Sylvester order, W W = head_dim I), so y has unit variance per coordinate.
+//          Decode: x' = s * W(c) * n / head_dim, c the codebook values (kvg_rotq_codebook);
+//          n = 0 decodes to zeros. Bits per value: B + 16/head_dim.
+//          Sign of coordinate i: negative iff bit 63 of
+//          splitmix64_mix(seed + (i + 1) * 0x9E3779B97F4A7C15) is set.
+//
+//   codes  One contiguous bitstream per block: the code of element e = (t*n_heads + h)*head_dim + i
+//          occupies bits [e*B, e*B + B) of the stream, bit k of the stream being bit (k % 8)
+//          of byte k / 8. The final byte is zero-padded.
+
+#ifndef KVGGUF_H
+#define KVGGUF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// The region between cffi-begin and cffi-end is read verbatim by kvgguf/_native.py as the
+// cffi cdef: plain declarations only (no macros, attributes or preprocessor lines).
+
+// cffi-begin
+
+enum kvg_status {
+    KVG_OK                = 0,
+    KVG_ERR_INVALID_ARG   = -1,  // NULL pointer, bad role, bad params, bad SIMD level
+    KVG_ERR_UNKNOWN_CODEC = -2,  // codec type or name not in the table
+    KVG_ERR_SHAPE         = -3,  // non-positive or overflowing dims, or a shape the codec cannot take
+    KVG_ERR_BUFFER_SIZE   = -4,  // a buffer is too small or not exactly the size required
+    KVG_ERR_NONFINITE     = -5,  // NaN or Inf in the input
+    KVG_ERR_CORRUPT       = -6,  // encoded bytes that no encoder writes (bad norm or scale)
+    KVG_ERR_NO_MEMORY     = -7,  // allocation failed
+    KVG_ERR_RANGE         = -8,  // a value, scale or norm does not fit in f16 (|x| > 65504)
+    KVG_ERR_UNSUPPORTED   = -9   // the CPU or this build lacks the requested SIMD level
+};
+
+// Append-only: the values are stored with encoded data.
+enum kvg_codec_type {
+    KVG_CODEC_F16   = 0,
+    KVG_CODEC_KIVI2 = 1,
+    KVG_CODEC_KIVI3 = 2,
+    KVG_CODEC_KIVI4 = 3,
+    KVG_CODEC_KIVI8 = 4,
+    KVG_CODEC_ROTQ1 = 5,
+    KVG_CODEC_ROTQ2 = 6,
+    KVG_CODEC_ROTQ3 = 7,
+    KVG_CODEC_ROTQ4 = 8
+};
+
+enum kvg_role {
+    KVG_ROLE_KEY   = 0,
+    KVG_ROLE_VALUE = 1
+};
+
+enum kvg_simd {
+    KVG_SIMD_SCALAR = 0,
+    KVG_SIMD_AVX2   = 1
+};
+
+typedef struct kvg_codec_params {
+    int32_t  group_size;  // kivi: G, tokens (KEY) or channels (VALUE) per group; default 32
+    uint64_t seed;        // rotq: seed of the random signs; default KVG_DEFAULT_SEED
+} kvg_codec_params;
+
+const char * kvg_strerror(int status);
+// Detail of the last failure on the calling thread ("" if none); valid until the next call.
+const char * kvg_last_error(void);
+
+void kvg_codec_default_params(kvg_codec_params * out);
+
+int          kvg_codec_count(void);
+const char * kvg_codec_name(int type);  // NULL if out of range
+int          kvg_codec_from_name(const char * name, int * out_type);
+int          kvg_codec_bits(int type, int * out_bits);  // bits per code (16 for f16)
+
+int kvg_encoded_size(int type, int role, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+                     const kvg_codec_params * p, size_t * out_bytes);
+
+// src_count must be n_tokens*n_heads*head_dim; dst_bytes >= kvg_encoded_size. On success
+// exactly kvg_encoded_size bytes are written and *out_written (may be NULL) is set to that.
+// On failure the contents of dst are unspecified. p may be NULL for the defaults.
+int kvg_encode(int type, int role, const float * src, size_t src_count,
+               int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+               const kvg_codec_params * p, void * dst, size_t dst_bytes, size_t * out_written);
+
+// src_bytes must equal kvg_encoded_size; dst_count must be n_tokens*n_heads*head_dim.
+// Corrupt input is detected before anything is written, so dst is unchanged on failure.
+int kvg_decode(int type, int role, const void * src, size_t src_bytes,
+               int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+               const kvg_codec_params * p, float * dst, size_t dst_count);
+
+// The 2^bits centroids (ascending) that rotq uses for head_dim, in units of y above.
+int kvg_rotq_codebook(int bits, int64_t head_dim, float * out, size_t out_count);
+
+int kvg_simd_level(void);            // the level in use: KVG_SIMD_SCALAR or KVG_SIMD_AVX2
+int kvg_simd_max_level(void);        // the best level this CPU and build support
+int kvg_set_simd_level(int level);   // process-wide; for tests and benchmarks
+
+// ---- store: compressed K/V rows of one sequence, per layer, in tiers -------------------------
+//
+// Rows of a (layer, kind) are numbered from 0 in position order and held in blocks, each
+// encoded with one codec and tagged with a tier. Appends go to the end; retier re-encodes
+// whole blocks in place (warm -> archive as rows age); truncate drops rows from the end.
+// Mutations must not run concurrently with anything else; reads (decode, the hook entry
+// points) may run on many threads at once: they take no locks.
+
+typedef struct kvg_store kvg_store;
+
+enum kvg_tier {
+    KVG_TIER_SINK    = 0,  // attention sinks: the first tokens, kept exact
+    KVG_TIER_WARM    = 1,
+    KVG_TIER_ARCHIVE = 2,
+    KVG_TIER_COUNT   = 3
+};
+
+typedef struct kvg_store_params {
+    int32_t          n_layer;     // layers addressed by llama.cpp's il in [0, n_layer)
+    int32_t          n_head_kv;
+    int32_t          head_dim_k;
+    int32_t          head_dim_v;
+    kvg_codec_params codec;
+} kvg_store_params;
+
+void kvg_store_default_params(kvg_store_params * out);
+int  kvg_store_init(const kvg_store_params * p, kvg_store ** out);
+void kvg_store_free(kvg_store * s);
+
+// A disabled layer holds no rows and reports none (Gemma 3's sliding-window layers).
+int kvg_store_set_layer_enabled(kvg_store * s, int32_t il, int32_t enabled);
+
+// Encodes n_rows rows (count = n_rows * n_head_kv * head_dim floats) at the end of (il, kind).
+int kvg_store_append(kvg_store * s, int32_t il, int32_t kind, int32_t tier, int32_t codec,
+                     const float * rows, size_t count, int64_t n_rows);
+
+int kvg_store_n_rows(const kvg_store * s, int32_t il, int32_t kind, int64_t * out_rows);
+
+// Decodes rows [r0, r1) of (il, kind) into dst (count = (r1 - r0) * row width).
+int kvg_store_decode(const kvg_store * s, int32_t il, int32_t kind, int64_t r0, int64_t r1,
+                     float * dst, size_t count);
+int kvg_store_decode_f16(const kvg_store * s, int32_t il, int32_t kind, int64_t r0, int64_t r1,
+                         uint16_t * dst, size_t count);
+
+// Every layer and kind: re-encodes each block that lies wholly inside [r0, r1) and is not
+// already in `tier` with `codec`. Fails before changing anything if a block straddles r0 or r1.
+int kvg_store_retier(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, int32_t codec);
+
+// Every layer and kind: keeps rows [0, n_rows). A block cut in two is re-encoded.
+int kvg_store_truncate(kvg_store * s, int64_t n_rows);
+void kvg_store_clear(kvg_store * s);
+
+// Bytes held in `tier` (KVG_TIER_COUNT: all tiers) by the encoded rows, and the K/V values
+// they stand for; out_index_bytes (may be NULL) gets the bookkeeping around them.
+int kvg_store_bytes(const kvg_store * s, int32_t tier, uint64_t * out_bytes, uint64_t * out_values,
+                    uint64_t * out_index_bytes);
+
+// Entry points with the signatures of llama_kvgguf_hooks (patches/0002), user = the store.
+int32_t kvg_store_hook_n_cold(void * user, int32_t il);
+int32_t kvg_store_hook_decode(void * user, int32_t il, int32_t kind, int64_t r0, int64_t r1,
+                              uint16_t * dst, int64_t n_embd);
+
+// cffi-end
+
+#define KVG_DEFAULT_GROUP_SIZE 32
+#define KVG_DEFAULT_SEED 0x6b766767756630ULL  // "kvgguf0"
+#define KVG_ROTQ_MAX_HEAD_DIM 4096
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif // KVGGUF_H

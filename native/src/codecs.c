@@ -1,0 +1,268 @@
+// codecs.c: the codec traits table, argument checking, dispatch and status strings.
+#include "kvg_internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+#if defined(_MSC_VER) && !defined(__clang__)
+#    define KVG_TLS __declspec(thread)
+#else
+#    define KVG_TLS _Thread_local
+#endif
+
+// ---- errors --------------------------------------------------------------------------------
+
+static KVG_TLS char g_last_error[256];
+
+void kvg_clear_error(void) {
+    g_last_error[0] = '\0';
+}
+
+int kvg_fail(int status, const char * fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_last_error, sizeof(g_last_error), fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+const char * kvg_last_error(void) {
+    return g_last_error;
+}
+
+const char * kvg_strerror(int status) {
+    switch (status) {
+        case KVG_OK:                return "success";
+        case KVG_ERR_INVALID_ARG:   return "invalid argument";
+        case KVG_ERR_UNKNOWN_CODEC: return "unknown codec";
+        case KVG_ERR_SHAPE:         return "shape not supported by the codec";
+        case KVG_ERR_BUFFER_SIZE:   return "buffer size does not match the shape";
+        case KVG_ERR_NONFINITE:     return "input contains NaN or Inf";
+        case KVG_ERR_CORRUPT:       return "corrupt encoded data";
+        case KVG_ERR_NO_MEMORY:     return "out of memory";
+        case KVG_ERR_RANGE:         return "value out of f16 range";
+        case KVG_ERR_UNSUPPORTED:   return "SIMD level not supported by this CPU or build";
+        default:                    return "unknown status";
+    }
+}
+
+// ---- the traits table ----------------------------------------------------------------------
+
+static const kvg_codec_traits k_traits[] = {
+    [KVG_CODEC_F16]   = { "f16",   16, kvg_f16_size,  kvg_f16_encode_ref,  kvg_f16_decode_ref,  NULL, NULL },
+    [KVG_CODEC_KIVI2] = { "kivi2",  2, kvg_kivi_size, kvg_kivi_encode_ref, kvg_kivi_decode_ref, kvg_kivi_encode_avx2, kvg_kivi_decode_avx2 },
+    [KVG_CODEC_KIVI3] = { "kivi3",  3, kvg_kivi_size, kvg_kivi_encode_ref, kvg_kivi_decode_ref, kvg_kivi_encode_avx2, kvg_kivi_decode_avx2 },
+    [KVG_CODEC_KIVI4] = { "kivi4",  4, kvg_kivi_size, kvg_kivi_encode_ref, kvg_kivi_decode_ref, kvg_kivi_encode_avx2, kvg_kivi_decode_avx2 },
+    [KVG_CODEC_KIVI8] = { "kivi8",  8, kvg_kivi_size, kvg_kivi_encode_ref, kvg_kivi_decode_ref, kvg_kivi_encode_avx2, kvg_kivi_decode_avx2 },
+    [KVG_CODEC_ROTQ1] = { "rotq1",  1, kvg_rotq_size, kvg_rotq_encode_ref, kvg_rotq_decode_ref, kvg_rotq_encode_avx2, kvg_rotq_decode_avx2 },
+    [KVG_CODEC_ROTQ2] = { "rotq2",  2, kvg_rotq_size, kvg_rotq_encode_ref, kvg_rotq_decode_ref, kvg_rotq_encode_avx2, kvg_rotq_decode_avx2 },
+    [KVG_CODEC_ROTQ3] = { "rotq3",  3, kvg_rotq_size, kvg_rotq_encode_ref, kvg_rotq_decode_ref, kvg_rotq_encode_avx2, kvg_rotq_decode_avx2 },
+    [KVG_CODEC_ROTQ4] = { "rotq4",  4, kvg_rotq_size, kvg_rotq_encode_ref, kvg_rotq_decode_ref, kvg_rotq_encode_avx2, kvg_rotq_decode_avx2 },
+};
+_Static_assert(sizeof(k_traits) / sizeof(k_traits[0]) == KVG_CODEC_COUNT_, "one traits row per codec type");
+
+static int is_kivi(int type) {
+    return type >= KVG_CODEC_KIVI2 && type <= KVG_CODEC_KIVI8;
+}
+
+// ---- queries -------------------------------------------------------------------------------
+
+void kvg_codec_default_params(kvg_codec_params * out) {
+    if (out == NULL) {
+        return;
+    }
+    memset(out, 0, sizeof(*out));
+    out->group_size = KVG_DEFAULT_GROUP_SIZE;  // KIVI's G = 32 (Liu et al. 2024, sec. 4)
+    out->seed       = KVG_DEFAULT_SEED;
+}
+
+int kvg_codec_count(void) {
+    return KVG_CODEC_COUNT_;
+}
+
+const char * kvg_codec_name(int type) {
+    if (type < 0 || type >= KVG_CODEC_COUNT_) {
+        return NULL;
+    }
+    return k_traits[type].name;
+}
+
+int kvg_codec_from_name(const char * name, int * out_type) {
+    kvg_clear_error();
+    if (name == NULL || out_type == NULL) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_codec_from_name: NULL argument");
+    }
+    for (int t = 0; t < KVG_CODEC_COUNT_; t++) {
+        if (strcmp(name, k_traits[t].name) == 0) {
+            *out_type = t;
+            return KVG_OK;
+        }
+    }
+    return kvg_fail(KVG_ERR_UNKNOWN_CODEC, "codec '%.64s' is unknown", name);
+}
+
+int kvg_codec_bits(int type, int * out_bits) {
+    kvg_clear_error();
+    if (out_bits == NULL) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_codec_bits: NULL out_bits");
+    }
+    if (type < 0 || type >= KVG_CODEC_COUNT_) {
+        return kvg_fail(KVG_ERR_UNKNOWN_CODEC, "codec type %d is unknown", type);
+    }
+    *out_bits = k_traits[type].bits;
+    return KVG_OK;
+}
+
+// ---- argument checking ---------------------------------------------------------------------
+
+// Validates everything but the buffers and fills job and the exact encoded size.
+static int make_job(int type, int role, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+                    const kvg_codec_params * p, kvg_job * job, size_t * size) {
+    if (type < 0 || type >= KVG_CODEC_COUNT_) {
+        return kvg_fail(KVG_ERR_UNKNOWN_CODEC, "codec type %d is unknown", type);
+    }
+    const char * name = k_traits[type].name;
+    if (role != KVG_ROLE_KEY && role != KVG_ROLE_VALUE) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "%s: role must be KVG_ROLE_KEY (0) or KVG_ROLE_VALUE (1), got %d", name, role);
+    }
+    if (n_tokens <= 0 || n_heads <= 0 || head_dim <= 0) {
+        return kvg_fail(KVG_ERR_SHAPE, "%s: n_tokens, n_heads and head_dim must be > 0, got (%lld, %lld, %lld)",
+                        name, (long long) n_tokens, (long long) n_heads, (long long) head_dim);
+    }
+    if (n_heads > KVG_MAX_VALUES / head_dim || n_tokens > KVG_MAX_VALUES / (n_heads * head_dim)) {
+        return kvg_fail(KVG_ERR_SHAPE, "%s: shape (%lld, %lld, %lld) has more than 2^56 values",
+                        name, (long long) n_tokens, (long long) n_heads, (long long) head_dim);
+    }
+    kvg_codec_params defaults;
+    if (p == NULL) {
+        kvg_codec_default_params(&defaults);
+        p = &defaults;
+    }
+    if (is_kivi(type) && p->group_size <= 0) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "%s: group_size must be > 0, got %d", name, (int) p->group_size);
+    }
+    memset(job, 0, sizeof(*job));
+    job->type       = type;
+    job->role       = role;
+    job->bits       = k_traits[type].bits;
+    job->n_tokens   = n_tokens;
+    job->n_heads    = n_heads;
+    job->head_dim   = head_dim;
+    job->n_channels = n_heads * head_dim;
+    job->n_values   = n_tokens * n_heads * head_dim;
+    job->group_size = p->group_size;
+    job->seed       = p->seed;
+    return k_traits[type].encoded_size(job, size);
+}
+
+// Index of the first NaN/Inf in x, or -1. Branch-free inner loop so the compiler vectorizes it.
+static int64_t first_nonfinite(const float * x, int64_t n) {
+    for (int64_t i0 = 0; i0 < n; i0 += 4096) {
+        const int64_t i1  = i0 + 4096 < n ? i0 + 4096 : n;
+        uint32_t      bad = 0;
+        for (int64_t i = i0; i < i1; i++) {
+            uint32_t u;
+            memcpy(&u, &x[i], sizeof(u));
+            bad |= ((u & 0x7f800000u) + 0x00800000u) & 0x80000000u;  // exponent all ones carries into bit 31
+        }
+        if (bad) {
+            for (int64_t i = i0; i < i1; i++) {
+                uint32_t u;
+                memcpy(&u, &x[i], sizeof(u));
+                if ((u & 0x7f800000u) == 0x7f800000u) {
+                    return i;
+                }
+            }
+        }
+    }
+    return -1;
+}
+
+// ---- encode / decode -----------------------------------------------------------------------
+
+int kvg_encoded_size(int type, int role, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+                     const kvg_codec_params * p, size_t * out_bytes) {
+    kvg_clear_error();
+    if (out_bytes == NULL) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_encoded_size: NULL out_bytes");
+    }
+    kvg_job job;
+    return make_job(type, role, n_tokens, n_heads, head_dim, p, &job, out_bytes);
+}
+
+int kvg_encode(int type, int role, const float * src, size_t src_count,
+               int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+               const kvg_codec_params * p, void * dst, size_t dst_bytes, size_t * out_written) {
+    kvg_clear_error();
+    if (out_written != NULL) {
+        *out_written = 0;
+    }
+    kvg_job job;
+    size_t  size = 0;
+    int     st   = make_job(type, role, n_tokens, n_heads, head_dim, p, &job, &size);
+    if (st != KVG_OK) {
+        return st;
+    }
+    const char * name = k_traits[type].name;
+    if (src == NULL || dst == NULL) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "%s encode: NULL src or dst", name);
+    }
+    if (src_count != (size_t) job.n_values) {
+        return kvg_fail(KVG_ERR_BUFFER_SIZE, "%s encode: src holds %zu floats, shape (%lld, %lld, %lld) needs %lld",
+                        name, src_count, (long long) n_tokens, (long long) n_heads, (long long) head_dim,
+                        (long long) job.n_values);
+    }
+    if (dst_bytes < size) {
+        return kvg_fail(KVG_ERR_BUFFER_SIZE, "%s encode: dst holds %zu bytes, needs %zu", name, dst_bytes, size);
+    }
+    const int64_t bad = first_nonfinite(src, job.n_values);
+    if (bad >= 0) {
+        return kvg_fail(KVG_ERR_NONFINITE, "%s encode: NaN or Inf at token %lld, channel %lld",
+                        name, (long long) (bad / job.n_channels), (long long) (bad % job.n_channels));
+    }
+    const kvg_codec_traits * tr = &k_traits[type];
+    st = KVG_NOT_HANDLED;
+    if (tr->encode_avx2 != NULL && kvg_simd_level() >= KVG_SIMD_AVX2) {
+        st = tr->encode_avx2(&job, src, (uint8_t *) dst);
+    }
+    if (st == KVG_NOT_HANDLED) {
+        st = tr->encode_ref(&job, src, (uint8_t *) dst);
+    }
+    if (st == KVG_OK && out_written != NULL) {
+        *out_written = size;
+    }
+    return st;
+}
+
+int kvg_decode(int type, int role, const void * src, size_t src_bytes,
+               int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+               const kvg_codec_params * p, float * dst, size_t dst_count) {
+    kvg_clear_error();
+    kvg_job job;
+    size_t  size = 0;
+    int     st   = make_job(type, role, n_tokens, n_heads, head_dim, p, &job, &size);
+    if (st != KVG_OK) {
+        return st;
+    }
+    const char * name = k_traits[type].name;
+    if (src == NULL || dst == NULL) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "%s decode: NULL src or dst", name);
+    }
+    if (src_bytes != size) {
+        return kvg_fail(KVG_ERR_BUFFER_SIZE, "%s decode: src holds %zu bytes, shape (%lld, %lld, %lld) encodes to exactly %zu",
+                        name, src_bytes, (long long) n_tokens, (long long) n_heads, (long long) head_dim, size);
+    }
+    if (dst_count != (size_t) job.n_values) {
+        return kvg_fail(KVG_ERR_BUFFER_SIZE, "%s decode: dst holds %zu floats, shape needs %lld",
+                        name, dst_count, (long long) job.n_values);
+    }
+    const kvg_codec_traits * tr = &k_traits[type];
+    st = KVG_NOT_HANDLED;
+    if (tr->decode_avx2 != NULL && kvg_simd_level() >= KVG_SIMD_AVX2) {
+        st = tr->decode_avx2(&job, (const uint8_t *) src, dst);
+    }
+    if (st == KVG_NOT_HANDLED) {
+        st = tr->decode_ref(&job, (const uint8_t *) src, dst);
+    }
+    return st;
+}

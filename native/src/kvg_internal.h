@@ -1,0 +1,190 @@
+// kvg_internal.h: declarations shared by the libkvgguf sources (not installed).
+#ifndef KVG_INTERNAL_H
+#define KVG_INTERNAL_H
+
+#include "kvgguf.h"
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+// Everything declared here stays inside the library; only kvgguf.h is its ABI.
+#if defined(__GNUC__) && !defined(_WIN32)
+#    pragma GCC visibility push(hidden)
+#endif
+
+#define KVG_CODEC_COUNT_ 9
+
+// A SIMD kernel returns this when the shape is outside its fast path; the caller then
+// runs the reference. Positive, so it can never be mistaken for a public status.
+#define KVG_NOT_HANDLED 1
+
+// Upper bound on values per block: keeps every bit offset (N * 8) and byte count far from
+// overflowing 64 bits.
+#define KVG_MAX_VALUES ((int64_t) 1 << 56)
+
+#define KVG_F16_MAX 65504.0f
+
+// One encode/decode/size request, validated by codecs.c before any kernel sees it:
+// dims are positive and their product is at most KVG_MAX_VALUES.
+typedef struct kvg_job {
+    int      type;
+    int      role;
+    int      bits;        // bits per code
+    int64_t  n_tokens;
+    int64_t  n_heads;
+    int64_t  head_dim;
+    int64_t  n_channels;  // C = n_heads * head_dim: one K/V row
+    int64_t  n_values;    // N = n_tokens * C
+    int32_t  group_size;
+    uint64_t seed;
+} kvg_job;
+
+typedef int (*kvg_size_fn)  (const kvg_job * job, size_t * out_bytes);
+typedef int (*kvg_encode_fn)(const kvg_job * job, const float * src, uint8_t * dst);
+typedef int (*kvg_decode_fn)(const kvg_job * job, const uint8_t * src, float * dst);
+
+// One row per codec type, in the manner of ggml's type_traits. Kernels get buffers whose
+// sizes codecs.c has already checked against encoded_size.
+typedef struct kvg_codec_traits {
+    const char *  name;
+    int           bits;
+    kvg_size_fn   encoded_size;  // may reject a shape (rotq: head_dim)
+    kvg_encode_fn encode_ref;    // scalar oracle
+    kvg_decode_fn decode_ref;
+    kvg_encode_fn encode_avx2;   // NULL where no AVX2 kernel exists; may return KVG_NOT_HANDLED
+    kvg_decode_fn decode_avx2;
+} kvg_codec_traits;
+
+// codecs.c: records a detail message for kvg_last_error() and returns status.
+int kvg_fail(int status, const char * fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+void kvg_clear_error(void);  // every public entry point starts with this
+
+// cpu.c
+int kvg_cpu_has_avx2_fma(void);
+
+// ---- f16 (f16.c) ---------------------------------------------------------------------------
+
+uint16_t kvg_f32_to_f16(float f);  // round to nearest even; overflow gives +-Inf
+float    kvg_f16_to_f32(uint16_t h);
+uint16_t kvg_f16_next_up(uint16_t h);    // next f16 towards +Inf (finite input)
+uint16_t kvg_f16_next_down(uint16_t h);  // next f16 towards -Inf (finite input)
+
+static inline int kvg_f16_is_finite(uint16_t h) { return (h & 0x7c00) != 0x7c00; }
+
+static inline void kvg_put_u16(uint8_t * p, uint16_t v) {
+    p[0] = (uint8_t) (v & 0xff);
+    p[1] = (uint8_t) (v >> 8);
+}
+static inline uint16_t kvg_get_u16(const uint8_t * p) {
+    return (uint16_t) (p[0] | (p[1] << 8));
+}
+
+int kvg_f16_size(const kvg_job * job, size_t * out_bytes);
+int kvg_f16_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
+int kvg_f16_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
+
+// ---- bit packing (pack.c) ------------------------------------------------------------------
+
+static inline uint64_t kvg_code_bytes(int64_t n_values, int bits) {
+    return ((uint64_t) n_values * (uint64_t) bits + 7) / 8;
+}
+
+// Packs n codes of `bits` bits (1..8) into the little-endian bitstream dst from bit
+// bit_off on. Codes are OR-ed in, so the target bits must be zero (callers clear the code
+// region first). Codes must be < 2^bits.
+void kvg_pack_bits(uint8_t * dst, uint64_t bit_off, const uint8_t * codes, size_t n, int bits);
+// Inverse of kvg_pack_bits; reads only the bytes that hold the n codes.
+void kvg_unpack_bits(const uint8_t * src, uint64_t bit_off, uint8_t * codes, size_t n, int bits);
+
+// ---- kivi (kivi.c) -------------------------------------------------------------------------
+
+// A kivi group header as stored: f16 min then f16 scale. 32 bits per group is what gives
+// kivi its B + 32/G bits per value.
+typedef struct kvg_kivi_group {
+    uint8_t min_f16[2];
+    uint8_t scale_f16[2];
+} kvg_kivi_group;
+_Static_assert(sizeof(kvg_kivi_group) == 4, "kivi group header must be 32 bits");
+
+// Row kernels the kivi drivers call; scalar ones in kivi.c, AVX2 ones in simd_avx2.c.
+// All must compute exactly what the scalar ones compute.
+typedef struct kvg_kivi_ops {
+    // mn[c] = min(mn[c], x[c]), mx[c] = max(mx[c], x[c]) as (x < mn ? x : mn), (x > mx ? x : mx)
+    void (*minmax_update)(const float * x, float * mn, float * mx, int64_t n);
+    // min and max of x[0..n), n >= 1
+    void (*minmax_span)(const float * x, int64_t n, float * mn, float * mx);
+    // codes of x[0..n) against per-channel min/1-over-scale, packed at bit_off of `codes`
+    void (*quant_row)(const float * x, const float * mf, const float * inv, int64_t n, int bits,
+                      uint8_t * codes, uint64_t bit_off, uint8_t * scratch);
+    // out[c] = mf[c] + code * sf[c] for the n codes at bit_off
+    void (*dequant_row)(const uint8_t * codes, uint64_t bit_off, const float * mf, const float * sf,
+                        int64_t n, int bits, float * out, uint8_t * scratch);
+} kvg_kivi_ops;
+
+// Quantizes one element; the AVX2 kernels do the same float operations in the same order.
+static inline uint8_t kvg_kivi_code(float x, float mf, float inv, float top) {
+    float v = (x - mf) * inv;
+    v = v > 0.0f ? v : 0.0f;
+    v = v < top ? v : top;
+    return (uint8_t) (int) (v + 0.5f);
+}
+
+int kvg_kivi_size(const kvg_job * job, size_t * out_bytes);
+int kvg_kivi_encode_with(const kvg_job * job, const float * src, uint8_t * dst, const kvg_kivi_ops * ops);
+int kvg_kivi_decode_with(const kvg_job * job, const uint8_t * src, float * dst, const kvg_kivi_ops * ops);
+int kvg_kivi_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
+int kvg_kivi_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
+int kvg_kivi_encode_avx2(const kvg_job * job, const float * src, uint8_t * dst);
+int kvg_kivi_decode_avx2(const kvg_job * job, const uint8_t * src, float * dst);
+
+// ---- rotq (rotq.c) -------------------------------------------------------------------------
+
+#define KVG_ROTQ_MAX_BITS 4
+
+// Lloyd-Max codebooks for one head_dim, all bit widths; built once and never freed.
+typedef struct kvg_rotq_book {
+    float centroid[KVG_ROTQ_MAX_BITS + 1][1 << KVG_ROTQ_MAX_BITS];  // [bits][level], ascending
+    float boundary[KVG_ROTQ_MAX_BITS + 1][1 << KVG_ROTQ_MAX_BITS];  // [bits][k], 2^bits - 1 used
+} kvg_rotq_book;
+
+typedef struct kvg_rotq_ops {
+    // Encodes one vector: returns its f16 norm in *norm16 and packs its codes at bit_off
+    // (when the norm rounds to zero it writes no codes). tmp holds d floats, q d bytes.
+    int (*encode_vec)(const float * x, int64_t d, const float * sgn, const kvg_rotq_book * book, int bits,
+                      float * tmp, uint8_t * q, uint8_t * codes, uint64_t bit_off, uint16_t * norm16);
+    // Decodes one vector whose f16 norm is the finite, positive nf.
+    void (*decode_vec)(const uint8_t * codes, uint64_t bit_off, int64_t d, int bits, const kvg_rotq_book * book,
+                       const float * sgn, float nf, float * out, uint8_t * q);
+} kvg_rotq_ops;
+
+const kvg_rotq_book * kvg_rotq_get_book(int64_t head_dim);  // NULL if out of memory
+void  kvg_rotq_signs(uint64_t seed, int64_t d, float * sgn);  // +-1.0f per coordinate
+// Sum of squares in 8 interleaved float lanes (lane i % 8) reduced as
+// ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)), the order an AVX2 register reduction takes, so both
+// paths compute the same norm.
+float kvg_rotq_sumsq_ref(const float * x, int64_t d);
+void  kvg_fwht_ref(float * x, int64_t d);  // unnormalized, in place, d a power of two
+
+int kvg_rotq_size(const kvg_job * job, size_t * out_bytes);
+int kvg_rotq_encode_with(const kvg_job * job, const float * src, uint8_t * dst, const kvg_rotq_ops * ops);
+int kvg_rotq_decode_with(const kvg_job * job, const uint8_t * src, float * dst, const kvg_rotq_ops * ops);
+int kvg_rotq_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
+int kvg_rotq_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
+int kvg_rotq_encode_avx2(const kvg_job * job, const float * src, uint8_t * dst);
+int kvg_rotq_decode_avx2(const kvg_job * job, const uint8_t * src, float * dst);
+
+// ---- simd_avx2.c ---------------------------------------------------------------------------
+
+int kvg_avx2_built(void);  // 1 if simd_avx2.c was compiled with AVX2 and FMA enabled
+
+#if defined(__GNUC__) && !defined(_WIN32)
+#    pragma GCC visibility pop
+#endif
+
+#endif // KVG_INTERNAL_H

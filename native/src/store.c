@@ -1,0 +1,467 @@
+// store.c: compressed K/V rows of one sequence, per layer and kind, in tiers.
+//
+// Rows live in blocks (one per eviction, usually): each block is one kvg_encode call, so a
+// block is the unit of re-encoding. Readers take no locks: Python mutates the store only
+// between llama_decode calls, and llama.cpp's worker threads only read it.
+
+#include "kvg_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct kvg_block {
+    int64_t   row0;
+    int64_t   n_rows;
+    int32_t   codec;
+    int32_t   tier;
+    size_t    n_bytes;
+    uint8_t * data;
+} kvg_block;
+
+typedef struct kvg_rows {
+    kvg_block * blocks;
+    int64_t     n_blocks;
+    int64_t     cap;
+    int64_t     n_rows;
+} kvg_rows;
+
+struct kvg_store {
+    kvg_store_params p;
+    int32_t *        enabled;  // [n_layer]
+    kvg_rows *       rows;     // [n_layer * 2]: K then V of each layer
+};
+
+// Per-thread scratch for decoding a block as float32; kept between calls because the
+// hook decodes on llama.cpp's long-lived worker threads.
+static _Thread_local float * tl_scratch     = NULL;
+static _Thread_local size_t  tl_scratch_cap = 0;
+
+static float * scratch_floats(size_t n) {
+    if (n > tl_scratch_cap) {
+        float * p = (float *) realloc(tl_scratch, n * sizeof(float));
+        if (!p) {
+            return NULL;
+        }
+        tl_scratch     = p;
+        tl_scratch_cap = n;
+    }
+    return tl_scratch;
+}
+
+static int64_t head_dim_of(const kvg_store * s, int32_t kind) {
+    return kind == KVG_ROLE_KEY ? s->p.head_dim_k : s->p.head_dim_v;
+}
+
+static int64_t row_width(const kvg_store * s, int32_t kind) {
+    return (int64_t) s->p.n_head_kv * head_dim_of(s, kind);
+}
+
+static int check_layer_kind(const kvg_store * s, int32_t il, int32_t kind) {
+    if (!s) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "store is NULL");
+    }
+    if (il < 0 || il >= s->p.n_layer) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "layer %d is outside [0, %d)", (int) il, (int) s->p.n_layer);
+    }
+    if (kind != KVG_ROLE_KEY && kind != KVG_ROLE_VALUE) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kind %d is neither K (0) nor V (1)", (int) kind);
+    }
+    return KVG_OK;
+}
+
+void kvg_store_default_params(kvg_store_params * out) {
+    if (!out) {
+        return;
+    }
+    memset(out, 0, sizeof(*out));
+    kvg_codec_default_params(&out->codec);
+}
+
+int kvg_store_init(const kvg_store_params * p, kvg_store ** out) {
+    kvg_clear_error();
+    if (!p || !out) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "params and out must not be NULL");
+    }
+    *out = NULL;
+    if (p->n_layer <= 0 || p->n_head_kv <= 0 || p->head_dim_k <= 0 || p->head_dim_v <= 0) {
+        return kvg_fail(KVG_ERR_SHAPE, "store needs positive n_layer, n_head_kv and head dims");
+    }
+    kvg_store * s = (kvg_store *) calloc(1, sizeof(kvg_store));
+    if (!s) {
+        return kvg_fail(KVG_ERR_NO_MEMORY, "store");
+    }
+    s->p       = *p;
+    s->enabled = (int32_t *) malloc((size_t) p->n_layer * sizeof(int32_t));
+    s->rows    = (kvg_rows *) calloc((size_t) p->n_layer * 2, sizeof(kvg_rows));
+    if (!s->enabled || !s->rows) {
+        kvg_store_free(s);
+        return kvg_fail(KVG_ERR_NO_MEMORY, "store index");
+    }
+    for (int32_t il = 0; il < p->n_layer; ++il) {
+        s->enabled[il] = 1;
+    }
+    *out = s;
+    return KVG_OK;
+}
+
+static void rows_drop_from(kvg_rows * r, int64_t first_block) {
+    for (int64_t b = first_block; b < r->n_blocks; ++b) {
+        free(r->blocks[b].data);
+    }
+    if (first_block < r->n_blocks) {
+        r->n_blocks = first_block;
+        r->n_rows   = first_block > 0 ? r->blocks[first_block - 1].row0 + r->blocks[first_block - 1].n_rows : 0;
+    }
+}
+
+void kvg_store_clear(kvg_store * s) {
+    if (!s) {
+        return;
+    }
+    for (int64_t i = 0; i < (int64_t) s->p.n_layer * 2; ++i) {
+        rows_drop_from(&s->rows[i], 0);
+    }
+}
+
+void kvg_store_free(kvg_store * s) {
+    if (!s) {
+        return;
+    }
+    if (s->rows) {
+        kvg_store_clear(s);
+        for (int64_t i = 0; i < (int64_t) s->p.n_layer * 2; ++i) {
+            free(s->rows[i].blocks);
+        }
+    }
+    free(s->rows);
+    free(s->enabled);
+    free(s);
+}
+
+int kvg_store_set_layer_enabled(kvg_store * s, int32_t il, int32_t enabled) {
+    kvg_clear_error();
+    int rc = check_layer_kind(s, il, KVG_ROLE_KEY);
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    if (!enabled && (s->rows[il * 2].n_rows > 0 || s->rows[il * 2 + 1].n_rows > 0)) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "layer %d holds rows; clear the store before disabling it", (int) il);
+    }
+    s->enabled[il] = enabled ? 1 : 0;
+    return KVG_OK;
+}
+
+// Encodes rows into a new block (not yet linked anywhere).
+static int encode_block(const kvg_store * s, int32_t kind, int32_t tier, int32_t codec,
+                        const float * rows, int64_t n_rows, kvg_block * out) {
+    size_t n_bytes = 0;
+    int rc = kvg_encoded_size(codec, kind, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &s->p.codec, &n_bytes);
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    uint8_t * data = (uint8_t *) malloc(n_bytes ? n_bytes : 1);
+    if (!data) {
+        return kvg_fail(KVG_ERR_NO_MEMORY, "block of %zu bytes", n_bytes);
+    }
+    const size_t count = (size_t) n_rows * (size_t) row_width(s, kind);
+    rc = kvg_encode(codec, kind, rows, count, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &s->p.codec,
+                    data, n_bytes, NULL);
+    if (rc != KVG_OK) {
+        free(data);
+        return rc;
+    }
+    out->n_rows  = n_rows;
+    out->codec   = codec;
+    out->tier    = tier;
+    out->n_bytes = n_bytes;
+    out->data    = data;
+    return KVG_OK;
+}
+
+static int decode_block(const kvg_store * s, int32_t kind, const kvg_block * b, float * dst) {
+    const size_t count = (size_t) b->n_rows * (size_t) row_width(s, kind);
+    return kvg_decode(b->codec, kind, b->data, b->n_bytes, b->n_rows, s->p.n_head_kv, head_dim_of(s, kind),
+                      &s->p.codec, dst, count);
+}
+
+int kvg_store_append(kvg_store * s, int32_t il, int32_t kind, int32_t tier, int32_t codec,
+                     const float * rows, size_t count, int64_t n_rows) {
+    kvg_clear_error();
+    int rc = check_layer_kind(s, il, kind);
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    if (!s->enabled[il]) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "layer %d is disabled (it keeps llama.cpp's own window)", (int) il);
+    }
+    if (tier < 0 || tier >= KVG_TIER_COUNT) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "tier %d is unknown", (int) tier);
+    }
+    if (!rows || n_rows <= 0) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "append needs rows and n_rows > 0");
+    }
+    if (count != (size_t) n_rows * (size_t) row_width(s, kind)) {
+        return kvg_fail(KVG_ERR_BUFFER_SIZE, "%zu floats given for %lld rows of %lld", count,
+                        (long long) n_rows, (long long) row_width(s, kind));
+    }
+    kvg_rows * r = &s->rows[il * 2 + kind];
+    if (r->n_blocks == r->cap) {
+        const int64_t cap = r->cap ? r->cap * 2 : 16;
+        kvg_block * nb = (kvg_block *) realloc(r->blocks, (size_t) cap * sizeof(kvg_block));
+        if (!nb) {
+            return kvg_fail(KVG_ERR_NO_MEMORY, "block index");
+        }
+        r->blocks = nb;
+        r->cap    = cap;
+    }
+    kvg_block b;
+    rc = encode_block(s, kind, tier, codec, rows, n_rows, &b);
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    b.row0 = r->n_rows;
+    r->blocks[r->n_blocks++] = b;
+    r->n_rows += n_rows;
+    return KVG_OK;
+}
+
+int kvg_store_n_rows(const kvg_store * s, int32_t il, int32_t kind, int64_t * out_rows) {
+    kvg_clear_error();
+    int rc = check_layer_kind(s, il, kind);
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    if (!out_rows) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "out_rows is NULL");
+    }
+    *out_rows = s->rows[il * 2 + kind].n_rows;
+    return KVG_OK;
+}
+
+// Index of the block holding row `row` (0 <= row < n_rows).
+static int64_t find_block(const kvg_rows * r, int64_t row) {
+    int64_t lo = 0, hi = r->n_blocks - 1;
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (r->blocks[mid].row0 <= row) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    return lo;
+}
+
+// Writes rows [r0, r1) as f32 (dst32) or f16 (dst16), one of them non-NULL.
+static int decode_range(const kvg_store * s, int32_t il, int32_t kind, int64_t r0, int64_t r1,
+                        float * dst32, uint16_t * dst16, size_t count) {
+    int rc = check_layer_kind(s, il, kind);
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    const kvg_rows * r = &s->rows[il * 2 + kind];
+    if (r0 < 0 || r1 < r0 || r1 > r->n_rows) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "rows [%lld, %lld) are outside [0, %lld)", (long long) r0,
+                        (long long) r1, (long long) r->n_rows);
+    }
+    const int64_t w = row_width(s, kind);
+    if (count != (size_t) (r1 - r0) * (size_t) w) {
+        return kvg_fail(KVG_ERR_BUFFER_SIZE, "%zu values given for %lld rows of %lld", count,
+                        (long long) (r1 - r0), (long long) w);
+    }
+    if (r1 == r0) {
+        return KVG_OK;
+    }
+    for (int64_t bi = find_block(r, r0); bi < r->n_blocks && r->blocks[bi].row0 < r1; ++bi) {
+        const kvg_block * b = &r->blocks[bi];
+        const int64_t a = r0 > b->row0 ? r0 : b->row0;
+        const int64_t e = r1 < b->row0 + b->n_rows ? r1 : b->row0 + b->n_rows;
+        const size_t  first = (size_t) (a - b->row0) * (size_t) w;  // in the block
+        const size_t  n     = (size_t) (e - a) * (size_t) w;
+        const size_t  out   = (size_t) (a - r0) * (size_t) w;       // in dst
+        if (b->codec == KVG_CODEC_F16 && dst16) {
+            // Exact rows go back bit for bit: no round trip through f32.
+            for (size_t i = 0; i < n; ++i) {
+                dst16[out + i] = kvg_get_u16(b->data + 2 * (first + i));
+            }
+            continue;
+        }
+        float * tmp = scratch_floats((size_t) b->n_rows * (size_t) w);
+        if (!tmp) {
+            return kvg_fail(KVG_ERR_NO_MEMORY, "decode scratch");
+        }
+        rc = decode_block(s, kind, b, tmp);
+        if (rc != KVG_OK) {
+            return rc;
+        }
+        if (dst32) {
+            memcpy(dst32 + out, tmp + first, n * sizeof(float));
+        } else {
+            for (size_t i = 0; i < n; ++i) {
+                dst16[out + i] = kvg_f32_to_f16(tmp[first + i]);
+            }
+        }
+    }
+    return KVG_OK;
+}
+
+int kvg_store_decode(const kvg_store * s, int32_t il, int32_t kind, int64_t r0, int64_t r1,
+                     float * dst, size_t count) {
+    kvg_clear_error();
+    if (!dst) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "dst is NULL");
+    }
+    return decode_range(s, il, kind, r0, r1, dst, NULL, count);
+}
+
+int kvg_store_decode_f16(const kvg_store * s, int32_t il, int32_t kind, int64_t r0, int64_t r1,
+                         uint16_t * dst, size_t count) {
+    kvg_clear_error();
+    if (!dst) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "dst is NULL");
+    }
+    return decode_range(s, il, kind, r0, r1, NULL, dst, count);
+}
+
+// Decodes block b and encodes its first n_rows rows with (tier, codec) into *out.
+static int reencode_block(const kvg_store * s, int32_t kind, const kvg_block * b, int64_t n_rows,
+                          int32_t tier, int32_t codec, kvg_block * out) {
+    const size_t w   = (size_t) row_width(s, kind);
+    float *      tmp = (float *) malloc((size_t) b->n_rows * w * sizeof(float));
+    if (!tmp) {
+        return kvg_fail(KVG_ERR_NO_MEMORY, "re-encode buffer");
+    }
+    int rc = decode_block(s, kind, b, tmp);
+    if (rc == KVG_OK) {
+        rc = encode_block(s, kind, tier, codec, tmp, n_rows, out);
+    }
+    free(tmp);
+    out->row0 = b->row0;
+    return rc;
+}
+
+int kvg_store_retier(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, int32_t codec) {
+    kvg_clear_error();
+    if (!s) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "store is NULL");
+    }
+    if (tier < 0 || tier >= KVG_TIER_COUNT) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "tier %d is unknown", (int) tier);
+    }
+    if (!kvg_codec_name(codec)) {
+        return kvg_fail(KVG_ERR_UNKNOWN_CODEC, "codec type %d is unknown", (int) codec);
+    }
+    const int64_t n_lists = (int64_t) s->p.n_layer * 2;
+    // Check every list first so a straddled boundary changes nothing.
+    for (int64_t li = 0; li < n_lists; ++li) {
+        const kvg_rows * r = &s->rows[li];
+        for (int64_t bi = 0; bi < r->n_blocks; ++bi) {
+            const kvg_block * b = &r->blocks[bi];
+            const int64_t     e = b->row0 + b->n_rows;
+            if ((b->row0 < r0 && e > r0) || (b->row0 < r1 && e > r1)) {
+                return kvg_fail(KVG_ERR_INVALID_ARG, "rows [%lld, %lld) cut block [%lld, %lld)",
+                                (long long) r0, (long long) r1, (long long) b->row0, (long long) e);
+            }
+        }
+    }
+    for (int64_t li = 0; li < n_lists; ++li) {
+        kvg_rows * r = &s->rows[li];
+        for (int64_t bi = 0; bi < r->n_blocks; ++bi) {
+            kvg_block * b = &r->blocks[bi];
+            if (b->row0 < r0 || b->row0 + b->n_rows > r1 || (b->tier == tier && b->codec == codec)) {
+                continue;
+            }
+            kvg_block nb;
+            int rc = reencode_block(s, (int32_t) (li % 2), b, b->n_rows, tier, codec, &nb);
+            if (rc != KVG_OK) {
+                return rc;  // blocks done so far are re-encoded, the rest unchanged: all valid
+            }
+            free(b->data);
+            *b = nb;
+        }
+    }
+    return KVG_OK;
+}
+
+int kvg_store_truncate(kvg_store * s, int64_t n_rows) {
+    kvg_clear_error();
+    if (!s) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "store is NULL");
+    }
+    if (n_rows < 0) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "n_rows %lld is negative", (long long) n_rows);
+    }
+    for (int64_t li = 0; li < (int64_t) s->p.n_layer * 2; ++li) {
+        kvg_rows * r = &s->rows[li];
+        if (r->n_rows <= n_rows) {
+            continue;
+        }
+        if (n_rows == 0) {
+            rows_drop_from(r, 0);
+            continue;
+        }
+        const int64_t bi = find_block(r, n_rows);
+        kvg_block *   b  = &r->blocks[bi];
+        if (b->row0 == n_rows) {
+            rows_drop_from(r, bi);
+            continue;
+        }
+        kvg_block nb;
+        int rc = reencode_block(s, (int32_t) (li % 2), b, n_rows - b->row0, b->tier, b->codec, &nb);
+        if (rc != KVG_OK) {
+            return rc;
+        }
+        rows_drop_from(r, bi + 1);
+        free(b->data);
+        *b = nb;
+        r->n_rows = n_rows;
+    }
+    return KVG_OK;
+}
+
+int kvg_store_bytes(const kvg_store * s, int32_t tier, uint64_t * out_bytes, uint64_t * out_values,
+                    uint64_t * out_index_bytes) {
+    kvg_clear_error();
+    if (!s || !out_bytes || !out_values) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "store and outputs must not be NULL");
+    }
+    if (tier < 0 || tier > KVG_TIER_COUNT) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "tier %d is unknown", (int) tier);
+    }
+    uint64_t bytes = 0, values = 0;
+    uint64_t index = sizeof(kvg_store) + (uint64_t) s->p.n_layer * (sizeof(int32_t) + 2 * sizeof(kvg_rows));
+    for (int64_t li = 0; li < (int64_t) s->p.n_layer * 2; ++li) {
+        const kvg_rows * r = &s->rows[li];
+        index += (uint64_t) r->cap * sizeof(kvg_block);
+        for (int64_t bi = 0; bi < r->n_blocks; ++bi) {
+            const kvg_block * b = &r->blocks[bi];
+            if (tier == KVG_TIER_COUNT || b->tier == tier) {
+                bytes += b->n_bytes;
+                values += (uint64_t) b->n_rows * (uint64_t) row_width(s, (int32_t) (li % 2));
+            }
+        }
+    }
+    *out_bytes  = bytes;
+    *out_values = values;
+    if (out_index_bytes) {
+        *out_index_bytes = index;
+    }
+    return KVG_OK;
+}
+
+int32_t kvg_store_hook_n_cold(void * user, int32_t il) {
+    const kvg_store * s = (const kvg_store *) user;
+    if (!s || il < 0 || il >= s->p.n_layer || !s->enabled[il]) {
+        return 0;
+    }
+    return (int32_t) s->rows[il * 2].n_rows;
+}
+
+int32_t kvg_store_hook_decode(void * user, int32_t il, int32_t kind, int64_t r0, int64_t r1,
+                              uint16_t * dst, int64_t n_embd) {
+    const kvg_store * s = (const kvg_store *) user;
+    if (!s || !dst || check_layer_kind(s, il, kind) != KVG_OK || n_embd != row_width(s, kind) || r1 < r0) {
+        return KVG_ERR_INVALID_ARG;
+    }
+    return decode_range(s, il, kind, r0, r1, NULL, dst, (size_t) (r1 - r0) * (size_t) n_embd);
+}

@@ -1,0 +1,613 @@
+"""Tests of the native codecs through kvgguf.codecs: error bounds, byte layouts, bits per
+value, SIMD against the scalar oracle, and bad or corrupt input."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+
+import numpy as np
+import pytest
+
+from kvgguf import codecs
+from kvgguf.codecs import KvgCorruptError
+
+KIVI = ["kivi2", "kivi3", "kivi4", "kivi8"]
+ROTQ = ["rotq1", "rotq2", "rotq3", "rotq4"]
+ALL = ["f16"] + KIVI + ROTQ
+
+# MSE per unit variance of the optimal (Lloyd-Max) scalar quantizer of N(0, 1), by bits
+# (Max 1960, Table I). rotq must stay within 1.25x of it (TurboQuant's claim is ~1x).
+LLOYD_MAX_GAUSS = {1: 0.3634, 2: 0.1175, 3: 0.03454, 4: 0.009497}
+# Lloyd-Max centroids of N(0, 1) (positive half), for head_dim -> infinity
+LLOYD_MAX_GAUSS_CENTROIDS = {
+    1: [0.7979],
+    2: [0.4528, 1.5104],
+    3: [0.2451, 0.7560, 1.3440, 2.1520],
+    4: [0.1284, 0.3881, 0.6568, 0.9424, 1.2562, 1.6181, 2.0690, 2.7326],
+}
+
+HEAD_DIMS = [64, 128, 256]
+N_HEADS = [1, 3]
+N_TOKENS = [1, 33, 70, 100]  # not multiples of the default G = 32
+F32_EPS = float(np.finfo(np.float32).eps)
+
+
+def kv_like(rng, shape, outliers=True):
+    """Gaussian rows with a few large-magnitude channels, as keys have (KIVI, fig. 2)."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    if outliers and x.shape[-1] >= 8:
+        x[..., :: max(1, x.shape[-1] // 4)] *= 8.0
+    return x
+
+
+def unpack_codes(code_bytes: np.ndarray, n: int, bits: int) -> np.ndarray:
+    """Codes of the documented bitstream: code e in bits [e*B, e*B+B), little-endian."""
+    assert len(code_bytes) == (n * bits + 7) // 8
+    stream = np.unpackbits(np.asarray(code_bytes, dtype=np.uint8), bitorder="little")[: n * bits]
+    return (stream.reshape(n, bits).astype(np.int64) << np.arange(bits)).sum(axis=1)
+
+
+def kivi_layout(buf, shape, role, bits, group_size):
+    """(min, scale, code) of every element, read from the layout kvgguf.h documents."""
+    t, h, d = shape
+    c = h * d
+    if role == "key":
+        n_groups = -(-t // group_size) * c
+        gidx = (np.arange(t)[:, None] // group_size) * c + np.arange(c)[None, :]
+    else:
+        n_cg = -(-c // group_size)
+        n_groups = t * n_cg
+        gidx = np.arange(t)[:, None] * n_cg + np.arange(c)[None, :] // group_size
+    params = np.frombuffer(buf[: 4 * n_groups].tobytes(), dtype="<f2").reshape(n_groups, 2).astype(np.float32)
+    codes = unpack_codes(buf[4 * n_groups :], t * c, bits).reshape(t, c)
+    return params[gidx, 0], params[gidx, 1], codes
+
+
+def kivi_bound(x, x_hat, mins, scales):
+    """Half a stored step per element, plus slack: 1e-3 of the step for the float32
+    (x - min) * (1/scale) near a half-step tie, and 4 float32 ulps of the magnitudes in
+    min + code * scale. Constant groups (scale 0) store the value as f16: half an f16 ulp
+    (2^-11 relative, 2^-25 absolute for f16 subnormals)."""
+    step = 0.5 * scales * (1 + 1e-3) + 4 * F32_EPS * (np.abs(x) + np.abs(mins) + np.abs(x_hat))
+    return np.where(scales == 0, np.abs(x) * 2.0**-11 + 2.0**-25, step)
+
+
+def rotq_signs(seed: int, d: int) -> np.ndarray:
+    """The documented sign rule: splitmix64 finalizer of seed + (i + 1) * golden gamma."""
+    with np.errstate(over="ignore"):
+        z = np.uint64(seed) + np.arange(1, d + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return np.where((z >> np.uint64(63)) == 1, -1.0, 1.0)
+
+
+def hadamard(d: int) -> np.ndarray:
+    w = np.ones((1, 1))
+    while w.shape[0] < d:
+        w = np.block([[w, w], [w, -w]])
+    return w
+
+
+def rotq_reference_decode(buf, shape, bits, seed):
+    """rotq decode in numpy (float64) from the documented layout: x = s * W(c) * norm / d."""
+    t, h, d = shape
+    nv = t * h
+    norms = np.frombuffer(buf[: 2 * nv].tobytes(), dtype="<f2").astype(np.float64)
+    codes = unpack_codes(buf[2 * nv :], nv * d, bits).reshape(nv, d)
+    cb = codecs.rotq_codebook(bits, d).astype(np.float64)
+    y = cb[codes] @ hadamard(d)
+    return (y * (norms[:, None] / d) * rotq_signs(seed, d)[None, :]).reshape(shape)
+
+
+# ---- the table -------------------------------------------------------------------------------
+
+
+def test_names_in_enum_order():
+    assert codecs.names() == ALL
+
+
+def test_codec_properties():
+    assert [codecs.get(n).bits for n in ALL] == [16, 2, 3, 4, 8, 1, 2, 3, 4]
+    assert codecs.get("kivi2", group_size=64).group_size == 64
+    assert codecs.get("rotq3", seed=7).seed == 7
+    assert codecs.get("rotq3").seed == codecs.get("rotq3", seed=None).seed
+
+
+# ---- f16 -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 64), (33, 3, 64), (70, 1, 128), (100, 3, 256), (5, 7)])
+def test_f16_round_trip_is_ieee_half(shape):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(shape).astype(np.float32) * 100
+    x.flat[:4] = [0.0, -0.0, 1e-8, 65504.0]  # zero, signed zero, subnormal in f16, f16 max
+    buf = codecs.encode("f16", x)
+    assert buf.tobytes() == x.astype("<f2").tobytes()  # round to nearest even, as numpy
+    np.testing.assert_array_equal(codecs.decode("f16", buf, shape), x.astype(np.float16).astype(np.float32))
+
+
+# ---- kivi ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", KIVI)
+@pytest.mark.parametrize("role", ["key", "value"])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("n_heads", N_HEADS)
+@pytest.mark.parametrize("n_tokens", N_TOKENS)
+def test_kivi_round_trip_within_half_step(name, role, head_dim, n_heads, n_tokens):
+    rng = np.random.default_rng(n_tokens * 1000 + head_dim + n_heads)
+    shape = (n_tokens, n_heads, head_dim)
+    x = kv_like(rng, shape)
+    x[:, 0, 1] = 0.3  # a constant key channel
+    c = codecs.get(name)
+    buf = c.encode(x, role)
+    x_hat = c.decode(buf, shape, role)
+
+    # The documented layout decodes to what the library decodes.
+    mins, scales, codes = kivi_layout(buf, shape, role, c.bits, c.group_size)
+    assert codes.min() >= 0 and codes.max() <= 2**c.bits - 1
+    assert np.all(scales >= 0)
+    flat = x_hat.reshape(n_tokens, -1)
+    np.testing.assert_allclose(flat, mins + codes.astype(np.float32) * scales, rtol=1e-6, atol=0)
+
+    # Every element within half a step of the stored (f16) scale.
+    xs = x.reshape(n_tokens, -1)
+    worst = np.max(np.abs(flat - xs) - kivi_bound(xs, flat, mins, scales))
+    assert worst <= 0, f"error exceeds half a step by {worst}"
+
+
+@pytest.mark.parametrize("name", KIVI)
+@pytest.mark.parametrize("role", ["key", "value"])
+def test_kivi_constant_groups_decode_to_f16_of_the_value(name, role):
+    for value in [0.0, 0.1, -3.7, 1e-6, 60000.0, -65504.0]:
+        x = np.full((40, 2, 64), value, dtype=np.float32)
+        x_hat = codecs.decode(name, codecs.encode(name, x, role), x.shape, role)
+        np.testing.assert_array_equal(x_hat, x.astype(np.float16).astype(np.float32))
+
+
+@pytest.mark.parametrize("name", KIVI)
+@pytest.mark.parametrize("group_size", [1, 7, 32, 64, 1000])
+def test_kivi_group_sizes(name, group_size):
+    rng = np.random.default_rng(group_size)
+    shape = (37, 3, 24)  # 72 channels: neither dim a multiple of most G
+    x = kv_like(rng, shape)
+    c = codecs.get(name, group_size=group_size)
+    for role in ("key", "value"):
+        buf = c.encode(x, role)
+        mins, scales, codes = kivi_layout(buf, shape, role, c.bits, group_size)
+        x_hat = c.decode(buf, shape, role).reshape(37, -1)
+        xs = x.reshape(37, -1)
+        assert np.all(np.abs(x_hat - xs) <= kivi_bound(xs, x_hat, mins, scales))
+
+
+def test_kivi_extreme_ranges():
+    # the whole f16 range in one group, and groups narrower than an f16 subnormal step
+    x = np.zeros((32, 1, 8), dtype=np.float32)
+    x[:, 0, 0] = np.linspace(-65504, 65504, 32)
+    x[:, 0, 1] = np.linspace(1e-9, 2e-9, 32)
+    x[:, 0, 2] = np.linspace(-1e-30, 1e-30, 32)
+    for name in KIVI:
+        c = codecs.get(name)
+        buf = c.encode(x, "key")
+        mins, scales, _ = kivi_layout(buf, x.shape, "key", c.bits, c.group_size)
+        x_hat = c.decode(buf, x.shape, "key").reshape(32, -1)
+        assert np.all(np.isfinite(x_hat))
+        xs = x.reshape(32, -1)
+        assert np.all(np.abs(x_hat - xs) <= kivi_bound(xs, x_hat, mins, scales))
+
+
+# ---- rotq ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ROTQ)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_rotq_mse_within_lloyd_max(name, head_dim, record_property):
+    rng = np.random.default_rng(head_dim)
+    x = rng.standard_normal((1000, 2, head_dim)).astype(np.float32)  # 2000 vectors
+    c = codecs.get(name)
+    x_hat = c.decode(c.encode(x), x.shape)
+    ratio = float(np.mean((x - x_hat) ** 2) / np.mean(x**2))
+    figure = LLOYD_MAX_GAUSS[c.bits]
+    record_property("mse_over_lloyd_max", ratio / figure)
+    assert ratio <= 1.25 * figure, f"{name} d={head_dim}: MSE {ratio:.5f} > 1.25 x {figure}"
+
+
+@pytest.mark.parametrize("name", ROTQ)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("n_heads", N_HEADS)
+@pytest.mark.parametrize("n_tokens", N_TOKENS)
+def test_rotq_round_trip_matches_documented_layout(name, head_dim, n_heads, n_tokens):
+    rng = np.random.default_rng(n_tokens * 7 + head_dim + n_heads)
+    shape = (n_tokens, n_heads, head_dim)
+    x = kv_like(rng, shape) * 3.0
+    c = codecs.get(name)
+    buf = c.encode(x)
+    assert len(buf) == 2 * n_tokens * n_heads + (x.size * c.bits + 7) // 8
+    x_hat = c.decode(buf, shape)
+    # norms: f16 of each head vector's L2 norm (1 f16 ulp for float32 summation order)
+    norms = np.frombuffer(buf[: 2 * n_tokens * n_heads].tobytes(), dtype="<f2").astype(np.float64)
+    np.testing.assert_allclose(norms, np.linalg.norm(x.astype(np.float64), axis=-1).ravel(), rtol=1e-3)
+    # bytes -> values by the documented rule, in float64 numpy
+    ref = rotq_reference_decode(buf, shape, c.bits, c.seed)
+    np.testing.assert_allclose(x_hat, ref, rtol=1e-4, atol=1e-5 * float(np.max(norms)))
+    # a loose bound per block: small blocks are noisy estimates of the MSE
+    ratio = np.mean((x - x_hat) ** 2) / np.mean(x**2)
+    assert ratio <= 2.5 * LLOYD_MAX_GAUSS[c.bits]
+
+
+@pytest.mark.parametrize("name", ROTQ)
+def test_rotq_zero_vectors_and_small_dims(name):
+    c = codecs.get(name)
+    for d in [2, 4, 8, 16, 4096]:
+        x = np.random.default_rng(d).standard_normal((3, 2, d)).astype(np.float32)
+        x[1, 0] = 0.0
+        x_hat = c.decode(c.encode(x), x.shape)
+        assert np.all(x_hat[1, 0] == 0.0)
+        assert np.all(np.isfinite(x_hat))
+        cos = np.sum(x[0] * x_hat[0], axis=-1) / (np.linalg.norm(x[0], axis=-1) * np.linalg.norm(x_hat[0], axis=-1))
+        assert np.all(cos > 0.5)  # direction kept even at 1 bit
+
+
+def test_rotq_seed_changes_signs_deterministically():
+    x = np.random.default_rng(3).standard_normal((10, 2, 64)).astype(np.float32)
+    a, b = codecs.get("rotq3", seed=1), codecs.get("rotq3", seed=2)
+    assert np.array_equal(a.encode(x), a.encode(x))
+    assert not np.array_equal(a.encode(x), b.encode(x))
+    good = np.mean((a.decode(a.encode(x), x.shape) - x) ** 2)
+    wrong = np.mean((b.decode(a.encode(x), x.shape) - x) ** 2)  # decoding with the wrong seed
+    assert wrong > 10 * good
+
+
+def test_rotq_scale_equivariance():
+    x = np.random.default_rng(4).standard_normal((8, 3, 128)).astype(np.float32)
+    c = codecs.get("rotq4")
+    a = c.decode(c.encode(x), x.shape)
+    b = c.decode(c.encode(x * 4.0), x.shape)  # powers of two scale the f16 norm exactly
+    np.testing.assert_allclose(b, 4.0 * a, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4])
+def test_rotq_codebook_symmetric_and_gaussian_limit(bits):
+    for d in [2, 8, 64, 4096]:
+        cb = codecs.rotq_codebook(bits, d)
+        assert cb.shape == (2**bits,)
+        assert np.all(np.diff(cb) > 0)
+        np.testing.assert_array_equal(cb, -cb[::-1])
+    # finite-d corrections are O(1/d): at d = 4096 within 2e-3 of the Gaussian codebook
+    cb = codecs.rotq_codebook(bits, 4096)
+    np.testing.assert_allclose(cb[2 ** (bits - 1) :], LLOYD_MAX_GAUSS_CENTROIDS[bits], atol=2e-3)
+
+
+@pytest.mark.parametrize("d", [2, 8, 64, 256])
+@pytest.mark.parametrize("bits", [1, 2, 4])
+def test_rotq_codebook_is_lloyd_max_for_the_sphere_density(d, bits):
+    # Centroid condition: each level is the mean of y = sqrt(d) sin(theta) over its cell,
+    # under the density cos(theta)^(d-2) d theta (a coordinate of a uniform unit vector).
+    cb = codecs.rotq_codebook(bits, d).astype(np.float64)
+    edges = np.concatenate([[-math.sqrt(d)], (cb[1:] + cb[:-1]) / 2, [math.sqrt(d)]])
+    th_edges = np.arcsin(np.clip(edges / math.sqrt(d), -1, 1))
+    for i in range(len(cb)):
+        th = np.linspace(th_edges[i], th_edges[i + 1], 200_001)
+        w = np.cos(th) ** (d - 2)
+        y = math.sqrt(d) * np.sin(th)
+        mass = np.trapezoid(w, th) if hasattr(np, "trapezoid") else np.trapz(w, th)
+        moment = np.trapezoid(w * y, th) if hasattr(np, "trapezoid") else np.trapz(w * y, th)
+        assert moment / mass == pytest.approx(cb[i], abs=2e-5)
+
+
+# ---- bits per value --------------------------------------------------------------------------
+
+BPV_SHAPES = [(1, 1, 64), (31, 1, 64), (32, 2, 64), (33, 3, 64), (64, 3, 128), (100, 8, 128), (7, 1, 256), (5, 3, 8), (3, 2, 2)]
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("role", ["key", "value"])
+def test_bits_per_value_is_measured_size(name, role):
+    rng = np.random.default_rng(0)
+    c = codecs.get(name)
+    for shape in BPV_SHAPES + [(9, 3, 5), (40, 1, 3)] * (name in KIVI + ["f16"]):
+        x = rng.standard_normal(shape).astype(np.float32)
+        buf = c.encode(x, role)
+        assert len(buf) == c.encoded_size(shape, role)
+        assert c.bits_per_value(shape, role) == len(buf) * 8 / x.size
+        assert codecs.bits_per_value(name, shape, role) == len(buf) * 8 / x.size
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_nominal_bits_per_value(name):
+    c = codecs.get(name)
+    for d in [64, 128, 256]:
+        x = np.zeros((128, 2, d), dtype=np.float32)  # whole groups: the nominal figure is exact
+        measured = len(c.encode(x)) * 8 / x.size
+        assert c.nominal_bits_per_value(d) == pytest.approx(measured, rel=1e-12)
+    expected = {"f16": 16.0, "kivi2": 3.0, "kivi3": 4.0, "kivi4": 5.0, "kivi8": 9.0,
+                "rotq1": 1.125, "rotq2": 2.125, "rotq3": 3.125, "rotq4": 4.125}[name]
+    assert c.nominal_bits_per_value(128) == expected
+    assert codecs.get("kivi4", group_size=128).nominal_bits_per_value(128) == 4.25
+
+
+# ---- SIMD against the scalar oracle ----------------------------------------------------------
+
+SIMD_CASES = [((1, 1, 64), 32), ((33, 3, 64), 32), ((70, 1, 128), 32), ((100, 3, 256), 32), ((65, 2, 8), 32),
+              ((17, 3, 64), 7), ((9, 2, 16), 1), ((9, 3, 4), 32), ((9, 1, 2), 32), ((33, 3, 5), 32)]
+
+
+def special_values(rng, shape):
+    x = kv_like(rng, shape)
+    flat = x.reshape(-1)
+    n = flat.size
+    flat[rng.integers(0, n, max(1, n // 50))] = 0.0
+    flat[rng.integers(0, n, max(1, n // 50))] = -0.0
+    flat[rng.integers(0, n, max(1, n // 50))] = 1e-40  # float32 subnormal
+    flat[rng.integers(0, n, max(1, n // 100))] = 3000.0
+    if shape[0] > 3:
+        x[2] = 0.0  # zero rows / vectors
+        x[1] = -0.0
+        x[3] = np.abs(x[3])
+        x[3].reshape(-1)[::3] = -0.0  # groups whose min is zero of both signs
+        x[3].reshape(-1)[1::3] = 0.0
+    return x
+
+
+@pytest.mark.skipif(codecs.simd_max_level() < 1, reason="CPU or build without AVX2+FMA: nothing to compare")
+@pytest.mark.parametrize("name", ALL)
+def test_avx2_matches_scalar_oracle(name):
+    rng = np.random.default_rng(5)
+    for shape, g in SIMD_CASES:
+        if name in ROTQ and shape[-1] & (shape[-1] - 1):
+            continue
+        x = special_values(rng, shape)
+        c = codecs.get(name, group_size=g)
+        for role in ("key", "value"):
+            with codecs.force_simd(0):
+                b0 = c.encode(x, role)
+                y0 = c.decode(b0, shape, role)
+            with codecs.force_simd(1):
+                b1 = c.encode(x, role)
+                y1 = c.decode(b0, shape, role)
+            assert np.array_equal(b0, b1), f"{name} {role} {shape} G={g}: AVX2 bytes differ"
+            assert np.max(np.abs(y0 - y1), initial=0) <= 1e-6 * max(1.0, float(np.max(np.abs(y0))))
+
+
+def test_force_simd_restores_level():
+    before = codecs.simd_level()
+    with codecs.force_simd("scalar"):
+        assert codecs.simd_level() == 0
+    assert codecs.simd_level() == before
+    if codecs.simd_max_level() < 1:
+        with pytest.raises(codecs.KvgUnsupportedError):
+            with codecs.force_simd(1):
+                pass
+    with pytest.raises(ValueError):
+        with codecs.force_simd(2):
+            pass
+
+
+# ---- bad input -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nonfinite_input_raises(name, bad):
+    x = np.random.default_rng(0).standard_normal((40, 2, 64)).astype(np.float32)
+    for pos in [(0, 0, 0), (20, 1, 33), (39, 1, 63)]:
+        y = x.copy()
+        y[pos] = bad
+        with pytest.raises(ValueError, match="NaN or Inf"):
+            codecs.encode(name, y, "key")
+        y = x.copy()
+        y[pos[0]] = bad  # a whole row
+        with pytest.raises(ValueError, match="NaN or Inf"):
+            codecs.encode(name, y, "value")
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_out_of_f16_range_raises(name):
+    x = np.ones((4, 1, 64), dtype=np.float32)
+    x[2, 0, 5] = 1e6
+    with pytest.raises(ValueError, match="f16"):
+        codecs.encode(name, x)
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("role", ["key", "value"])
+def test_decode_wrong_buffer_size_raises(name, role):
+    shape = (33, 3, 64)
+    buf = codecs.encode(name, np.ones(shape, np.float32), role)
+    with pytest.raises(ValueError, match="bytes"):
+        codecs.decode(name, buf[:-1], shape, role)
+    with pytest.raises(ValueError, match="bytes"):
+        codecs.decode(name, np.concatenate([buf, [0]]).astype(np.uint8), shape, role)
+    with pytest.raises(ValueError):
+        codecs.decode(name, b"", shape, role)
+    with pytest.raises(ValueError):  # right bytes, wrong shape
+        codecs.decode(name, buf, (34, 3, 64), role)
+
+
+def test_unknown_codec_name():
+    with pytest.raises(ValueError, match=r"codec 'rotq5' is unknown; choose one of: f16, kivi2, .*rotq4"):
+        codecs.get("rotq5")
+    with pytest.raises(ValueError, match="unknown"):
+        codecs.encode("", np.ones((1, 64), np.float32))
+    with pytest.raises(TypeError):
+        codecs.get(3)
+
+
+@pytest.mark.parametrize("name", ROTQ)
+def test_rotq_rejects_head_dims(name):
+    x = np.ones((4, 2, 96), np.float32)
+    with pytest.raises(ValueError, match=rf"{name} needs a power-of-two head_dim.*got 96"):
+        codecs.encode(name, x)
+    for d in [1, 3, 96, 8192]:
+        with pytest.raises(ValueError, match="power-of-two"):
+            codecs.encoded_size(name, (4, 2, d))
+        with pytest.raises(ValueError, match="power-of-two"):
+            codecs.get(name).nominal_bits_per_value(d)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_bad_shapes_raise(name):
+    c = codecs.get(name)
+    for shape in [(0, 1, 64), (4, 0, 64), (4, 1, 0), (-1, 1, 64), (4, -2, 64), (4, 1, -64)]:
+        with pytest.raises(ValueError):
+            c.encoded_size(shape)
+        with pytest.raises(ValueError):
+            c.decode(b"\0" * 16, shape)
+    with pytest.raises(ValueError):
+        c.encode(np.zeros((0, 1, 64), np.float32))
+    with pytest.raises(ValueError):
+        c.encode(np.zeros((2, 1, 1, 64), np.float32))  # 4-D
+    with pytest.raises(ValueError):
+        c.encode(np.zeros(64, np.float32))  # 1-D
+    with pytest.raises(ValueError):
+        c.decode(b"", (2, 3, 4, 64))
+    with pytest.raises(ValueError):
+        c.encoded_size((4, 1, 64.0))
+    with pytest.raises(ValueError):
+        c.encoded_size((1 << 30, 1 << 20, 1 << 20))  # over 2^56 values
+
+
+def test_native_rejects_bad_dims_directly():
+    from kvgguf._native import get_ffi, get_lib
+
+    ffi, lib = get_ffi(), get_lib()
+    out = ffi.new("size_t *")
+    assert lib.kvg_encoded_size(lib.KVG_CODEC_KIVI4, 0, -1, 1, 64, ffi.NULL, out) == lib.KVG_ERR_SHAPE
+    assert lib.kvg_encoded_size(lib.KVG_CODEC_KIVI4, 0, 1 << 40, 1 << 40, 64, ffi.NULL, out) == lib.KVG_ERR_SHAPE
+    assert lib.kvg_encoded_size(lib.KVG_CODEC_KIVI4, 2, 1, 1, 64, ffi.NULL, out) == lib.KVG_ERR_INVALID_ARG
+    assert lib.kvg_encoded_size(99, 0, 1, 1, 64, ffi.NULL, out) == lib.KVG_ERR_UNKNOWN_CODEC
+    assert lib.kvg_encoded_size(lib.KVG_CODEC_ROTQ2, 0, 1, 1, 96, ffi.NULL, out) == lib.KVG_ERR_SHAPE
+    assert lib.kvg_encoded_size(lib.KVG_CODEC_F16, 0, 1, 1, 64, ffi.NULL, ffi.NULL) == lib.KVG_ERR_INVALID_ARG
+    src = ffi.new("float[]", 64)
+    dst = ffi.new("uint8_t[]", 1024)
+    assert lib.kvg_encode(lib.KVG_CODEC_F16, 0, ffi.NULL, 64, 1, 1, 64, ffi.NULL, dst, 1024, ffi.NULL) == lib.KVG_ERR_INVALID_ARG
+    assert lib.kvg_encode(lib.KVG_CODEC_F16, 0, src, 63, 1, 1, 64, ffi.NULL, dst, 1024, ffi.NULL) == lib.KVG_ERR_BUFFER_SIZE
+    assert lib.kvg_encode(lib.KVG_CODEC_F16, 0, src, 64, 1, 1, 64, ffi.NULL, dst, 127, ffi.NULL) == lib.KVG_ERR_BUFFER_SIZE
+    assert lib.kvg_encode(lib.KVG_CODEC_F16, 0, src, 64, 1, 1, 64, ffi.NULL, dst, 128, ffi.NULL) == lib.KVG_OK
+    out_f = ffi.new("float[]", 64)
+    assert lib.kvg_decode(lib.KVG_CODEC_F16, 0, dst, 128, 1, 1, 64, ffi.NULL, out_f, 65) == lib.KVG_ERR_BUFFER_SIZE
+    assert lib.kvg_codec_name(-1) == ffi.NULL and lib.kvg_codec_name(lib.kvg_codec_count()) == ffi.NULL
+    t = ffi.new("int *")
+    assert lib.kvg_codec_from_name(ffi.NULL, t) == lib.KVG_ERR_INVALID_ARG
+    assert lib.kvg_set_simd_level(7) == lib.KVG_ERR_INVALID_ARG
+    assert lib.kvg_rotq_codebook(5, 64, ffi.new("float[]", 32), 32) == lib.KVG_ERR_INVALID_ARG
+    assert lib.kvg_rotq_codebook(2, 64, ffi.new("float[]", 3), 3) == lib.KVG_ERR_BUFFER_SIZE
+
+
+def test_dtypes_and_layouts():
+    rng = np.random.default_rng(9)
+    x64 = rng.standard_normal((20, 2, 64))
+    for name in ["f16", "kivi4", "rotq3"]:
+        c = codecs.get(name)
+        ref = c.encode(x64.astype(np.float32))
+        assert np.array_equal(c.encode(x64), ref)  # float64 is converted
+        assert np.array_equal(c.encode(x64.astype(np.float16)), c.encode(x64.astype(np.float16).astype(np.float32)))
+        assert np.array_equal(c.encode(x64.astype(">f4")), ref)  # byte order converted
+        assert np.array_equal(c.encode(x64.astype(np.float32).tolist()), ref)  # nested lists
+        t = np.ascontiguousarray(x64.astype(np.float32).transpose(2, 1, 0)).transpose(2, 1, 0)  # not C-contiguous
+        assert not t.flags.c_contiguous
+        assert np.array_equal(c.encode(t), ref)
+        two_d = x64[:, 0, :].astype(np.float32)
+        assert np.array_equal(c.encode(two_d), c.encode(two_d[:, None, :]))  # 2-D is one head
+        assert c.decode(c.encode(two_d), two_d.shape).shape == two_d.shape
+        for bad in [x64.astype(np.int32), x64 > 0, x64.astype(np.complex64)]:
+            with pytest.raises(TypeError, match="floating-point"):
+                c.encode(bad)
+
+
+def test_roles_and_params_validation():
+    x = np.ones((4, 64), np.float32)
+    c = codecs.get("kivi2")
+    assert np.array_equal(c.encode(x, "k"), c.encode(x, "key"))
+    assert np.array_equal(c.encode(x, "v"), c.encode(x, "value"))
+    for role in ["keys", "K", "", None, 0]:
+        with pytest.raises(ValueError, match="role"):
+            c.encode(x, role)
+    for g in [0, -1, 2**31, 1.5, True]:
+        with pytest.raises(ValueError, match="group_size"):
+            codecs.get("kivi2", group_size=g)
+    for s in [-1, 2**64, 1.0]:
+        with pytest.raises(ValueError, match="seed"):
+            codecs.get("rotq2", seed=s)
+
+
+def test_decode_into_is_zero_copy_and_checks_out():
+    x = np.random.default_rng(2).standard_normal((33, 3, 64)).astype(np.float32)
+    c = codecs.get("rotq4")
+    buf = c.encode(x)
+    out = np.empty_like(x)
+    assert c.decode_into(buf, out) is out
+    np.testing.assert_array_equal(out, c.decode(buf, x.shape))
+    np.testing.assert_array_equal(c.decode(bytes(buf), x.shape), out)  # bytes work too
+    with pytest.raises(TypeError):
+        c.decode_into(buf, np.empty(x.shape, np.float64))
+    with pytest.raises(ValueError):
+        c.decode_into(buf, np.empty((64, 3, 33), np.float32).transpose(2, 1, 0))
+    ro = np.empty_like(x)
+    ro.setflags(write=False)
+    with pytest.raises(ValueError):
+        c.decode_into(buf, ro)
+
+
+# ---- corrupt data ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_random_buffers_never_crash(name):
+    rng = np.random.default_rng(11)
+    c = codecs.get(name)
+    raised = 0
+    for i in range(300):
+        shape = [(3, 2, 64), (1, 1, 8), (5, 3, 16)][i % 3]
+        role = ("key", "value")[i % 2]
+        buf = rng.integers(0, 256, c.encoded_size(shape, role), dtype=np.uint8)
+        try:
+            y = c.decode(buf, shape, role)
+        except KvgCorruptError:
+            raised += 1
+            continue
+        assert np.all(np.isfinite(y))
+    if name != "f16":
+        assert raised > 0  # random norms/scales are often negative or NaN
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_corrupt_header_is_detected_before_writing(name):
+    shape = (4, 2, 64)
+    c = codecs.get(name)
+    buf = c.encode(np.random.default_rng(1).standard_normal(shape).astype(np.float32))
+    for bad in [0x7E00, 0x7C00, 0xFC00, 0xBC00]:  # NaN, +Inf, -Inf, -1.0
+        b = buf.copy()
+        off = 0 if name == "f16" else (2 if name in KIVI else 6)  # a value / a kivi scale / a rotq norm
+        b[off : off + 2] = np.frombuffer(np.uint16(bad).tobytes(), np.uint8)
+        out = np.full(shape, 123.0, np.float32)
+        if name == "f16" and bad == 0xBC00:
+            c.decode_into(b, out)  # -1.0 is a valid f16 value
+            continue
+        with pytest.raises(KvgCorruptError):
+            c.decode_into(b, out)
+        assert np.all(out == 123.0)
+
+
+# ---- threads ---------------------------------------------------------------------------------
+
+
+def test_concurrent_encode_decode():
+    # head_dim 2048 is used by no other test: its codebook is built while threads race for it
+    rng = np.random.default_rng(8)
+    blocks = [(name, rng.standard_normal((16, 2, 2048 if name in ROTQ else 64)).astype(np.float32))
+              for name in ALL for _ in range(3)]
+
+    def work(item):
+        name, x = item
+        buf = codecs.encode(name, x, "value")
+        return buf, codecs.decode(name, buf, x.shape, "value")
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(work, blocks * 2))
+    for (name, x), (buf, y) in zip(blocks * 2, results):
+        ref_buf, ref_y = work((name, x))
+        assert np.array_equal(buf, ref_buf)
+        assert np.array_equal(y, ref_y)
