@@ -52,5 +52,6 @@ read_rows = _bind(
     ],
     ctypes.c_int64,
 )
+compact = _bind("llama_kvgguf_compact", [C.llama_context_p_ctypes], ctypes.c_int32)
 kv_bytes = _bind("llama_kvgguf_kv_bytes", [C.llama_context_p_ctypes], ctypes.c_int64)
 n_errors = _bind("llama_kvgguf_n_errors", [C.llama_context_p_ctypes], ctypes.c_int64)

@@ -104,6 +104,10 @@ class LiveCache:
         mem = C.llama_get_memory(self.ctx)
         if not C.llama_memory_seq_rm(mem, SEQ, p0, p1):
             raise RuntimeError(f"kvgguf: llama.cpp could not remove positions [{p0}, {p1}) after encoding them")
+        # Hot rows back in position order at the front: attention then sums in the same
+        # order as a cache that never wrapped, and new tokens follow the old ones.
+        if ext.compact(self.ctx) != 0:
+            raise RuntimeError("kvgguf: llama.cpp could not compact its KV cache after an eviction")
 
     def _age(self) -> None:
         """Moves warm blocks older than the newest warm_tokens compressed rows to archive."""
