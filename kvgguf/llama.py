@@ -95,9 +95,6 @@ class Llama(llama_cpp.Llama):
         for name, t in (("type_k", type_k), ("type_v", type_v)):
             if t not in (None, llama_cpp.GGML_TYPE_F16):
                 raise ValueError(f"kv_codec keeps llama.cpp's hot window in f16; {name} must be f16 or None")
-        for name in ("kv_unified", "swa_full"):
-            if kwargs.get(name):
-                raise ValueError(f"kv_codec does not support {name}=True")
         if n_ctx <= 0:
             raise ValueError("kv_codec needs n_ctx > 0: the logical context to hold")
         config = _config_for_model(config, preset, read_metadata(model_path), model_path)
