@@ -171,4 +171,5 @@ class Llama(llama_cpp.Llama):
     def close(self) -> None:
         if getattr(self, "_kv", None) is not None:
             self._kv.close()
-        super().close()
+        if hasattr(self, "_stack"):  # absent when __init__ refused its arguments
+            super().close()

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+import kvgguf  # noqa: F401  (first: binds llama_cpp to kvgguf's patched llama.cpp)
+
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
 
