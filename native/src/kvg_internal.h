@@ -72,6 +72,8 @@ int kvg_cpu_has_avx2_fma(void);
 
 uint16_t kvg_f32_to_f16(float f);  // round to nearest even; overflow gives +-Inf
 float    kvg_f16_to_f32(uint16_t h);
+void     kvg_f32_to_f16_row(const float * x, uint16_t * y, int64_t n);       // dispatches to F16C
+void     kvg_f32_to_f16_row_avx2(const float * x, uint16_t * y, int64_t n);  // simd_avx2.c
 uint16_t kvg_f16_next_up(uint16_t h);    // next f16 towards +Inf (finite input)
 uint16_t kvg_f16_next_down(uint16_t h);  // next f16 towards -Inf (finite input)
 

@@ -8,7 +8,7 @@
 // KVG_NOT_HANDLED and run on the reference instead.
 #include "kvg_internal.h"
 
-#if (defined(__x86_64__) || defined(_M_X64)) && defined(__AVX2__) && defined(__FMA__)
+#if (defined(__x86_64__) || defined(_M_X64)) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 #    include <immintrin.h>
 #    include <math.h>
@@ -290,7 +290,26 @@ int kvg_rotq_decode_avx2(const kvg_job * job, const uint8_t * src, float * dst) 
     return kvg_rotq_decode_with(job, src, dst, &k_rotq_ops_avx2);
 }
 
+// F16C rounds to nearest even like kvg_f32_to_f16, so the bits are the same; the store's
+// read path (cold rows back to llama.cpp as f16) spends most of its time here otherwise.
+void kvg_f32_to_f16_row_avx2(const float * x, uint16_t * y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm_storeu_si128((__m128i *) (y + i), h);
+    }
+    for (; i < n; ++i) {
+        y[i] = kvg_f32_to_f16(x[i]);
+    }
+}
+
 #else  // not an AVX2 build (or not x86-64): the dispatcher never selects these
+
+void kvg_f32_to_f16_row_avx2(const float * x, uint16_t * y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        y[i] = kvg_f32_to_f16(x[i]);
+    }
+}
 
 int kvg_avx2_built(void) {
     return 0;

@@ -297,9 +297,7 @@ static int decode_range(const kvg_store * s, int32_t il, int32_t kind, int64_t r
         if (dst32) {
             memcpy(dst32 + out, tmp + first, n * sizeof(float));
         } else {
-            for (size_t i = 0; i < n; ++i) {
-                dst16[out + i] = kvg_f32_to_f16(tmp[first + i]);
-            }
+            kvg_f32_to_f16_row(tmp + first, dst16 + out, (int64_t) n);
         }
     }
     return KVG_OK;

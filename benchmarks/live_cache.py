@@ -1,0 +1,132 @@
+"""Benchmark of the live tiered cache against llama.cpp's own f16 and q4_0 caches.
+
+For each logical context and cache: prefill that many tokens of WikiText-2 in batches,
+then decode tokens one at a time, and record the KV bytes held (kv_memory(): llama.cpp's
+buffers plus the store's encoded rows), the process's RSS growth, and tokens/s.
+Each configuration runs in its own process so RSS figures do not mix.
+
+    .venv/bin/python benchmarks/live_cache.py --contexts 4096,8192,32768
+
+writes benchmarks/results/live_cache.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TEXT = HERE.parent.parent / "shared" / "data" / "wikitext-2-test.txt"
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def run_one(model: str, n_ctx: int, cache: str, n_decode: int, threads: int, batch: int) -> dict:
+    import kvgguf
+
+    path = str(kvgguf.models.path(model))
+    text = TEXT.read_text(encoding="utf-8")
+    import llama_cpp
+
+    vocab = llama_cpp.Llama(path, vocab_only=True, verbose=False)
+    tokens = vocab.tokenize(text.encode("utf-8"))
+    del vocab
+    n_prefill = n_ctx - n_decode
+    if len(tokens) < n_ctx:
+        raise SystemExit(f"the text has {len(tokens)} tokens, fewer than n_ctx={n_ctx}")
+    kw = dict(n_ctx=n_ctx, n_batch=batch, n_ubatch=batch, n_threads=threads, n_threads_batch=threads,
+              flash_attn=True, verbose=False)
+    rss0 = rss_bytes()
+    if cache in ("f16", "q8_0", "q4_0"):
+        llm = kvgguf.Llama(path, type_k=cache, type_v=cache, **kw)
+    else:
+        llm = kvgguf.Llama(path, kv_codec=cache, **kw)
+    t0 = time.perf_counter()
+    llm.eval(tokens[:n_prefill])
+    t1 = time.perf_counter()
+    for tok in tokens[n_prefill:n_ctx]:
+        llm.eval([tok])
+    t2 = time.perf_counter()
+    mem = llm.kv_memory()
+    return {
+        "model": model,
+        "n_ctx": n_ctx,
+        "cache": cache,
+        "n_prefill": n_prefill,
+        "n_decode": n_decode,
+        "prefill_tok_s": n_prefill / (t1 - t0),
+        "decode_tok_s": n_decode / (t2 - t1),
+        "kv_bytes": mem.total_bytes,
+        "kv_tiers": {t.name: [t.codec, t.bytes] for t in mem.tiers},
+        "bits_per_value": mem.bits_per_value,
+        "kv_memory": str(mem),
+        "rss_growth_bytes": rss_bytes() - rss0,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| context | cache | KV held (kv_memory) | bits/value | vs f16 | RSS growth | prefill tok/s | "
+            "decode tok/s | decode vs f16 |")
+    lines = [head, "|" + "---|" * 9]
+    f16 = {(r["model"], r["n_ctx"]): r for r in rows if r["cache"] == "f16"}
+    for r in rows:
+        base = f16.get((r["model"], r["n_ctx"]))
+        ratio = f"1/{base['kv_bytes'] / r['kv_bytes']:.1f}" if base else "n/a"
+        speed = f"{r['decode_tok_s'] / base['decode_tok_s']:.2f}x" if base else "n/a"
+        lines.append(
+            f"| {r['n_ctx'] // 1024}K | {r['cache']} | {r['kv_bytes'] / 2**20:.1f} MiB | "
+            f"{r['bits_per_value']:.2f} | {ratio} | {r['rss_growth_bytes'] / 2**20:.0f} MiB | "
+            f"{r['prefill_tok_s']:.0f} | {r['decode_tok_s']:.1f} | {speed} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m", help="model name or GGUF path")
+    p.add_argument("--contexts", default="4096,8192,32768", help="logical contexts, comma-separated")
+    p.add_argument("--caches", default="f16,q4_0,tiered", help="llama.cpp types and kvgguf codecs")
+    p.add_argument("--decode", type=int, default=32, help="tokens decoded one at a time after prefill")
+    p.add_argument("--batch", type=int, default=256, help="prefill batch (n_batch = n_ubatch)")
+    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("--out", default=str(HERE / "results" / "live_cache"), help="output path without suffix")
+    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    contexts = [int(c) for c in args.contexts.split(",")]
+    caches = args.caches.split(",")
+    if args.one:
+        print(json.dumps(run_one(args.model, contexts[0], caches[0], args.decode, args.threads, args.batch)))
+        return 0
+    rows = []
+    for n_ctx in contexts:
+        for cache in caches:
+            cmd = [sys.executable, __file__, "--one", "--model", args.model, "--contexts", str(n_ctx),
+                   "--caches", cache, "--decode", str(args.decode), "--threads", str(args.threads),
+                   "--batch", str(args.batch)]
+            print(f"[{time.strftime('%H:%M:%S')}] {n_ctx} {cache} ...", file=sys.stderr, flush=True)
+            out = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE)
+            if out.returncode != 0:
+                raise SystemExit(f"{n_ctx} {cache} failed:\n{out.stderr[-3000:]}")
+            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    result = {"command": "benchmarks/live_cache.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "threads": args.threads, "rows": rows}
+    Path(args.out + ".json").write_text(json.dumps(result, indent=2))
+    md = f"`{result['command']}` ({args.model}, {args.threads} threads, flash attention on)\n\n{table(rows)}\n"
+    Path(args.out + ".md").write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
