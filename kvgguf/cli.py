@@ -6,61 +6,12 @@ import argparse
 import sys
 import time
 
-# llama.cpp's own cache types, bits per value from ggml's block layouts (bytes per block of 32).
-LLAMA_CACHE_TYPES = {"f16": 16.0, "q8_0": 34 * 8 / 32, "q4_0": 18 * 8 / 32}
-TABLE_CONTEXTS = (4096, 32768)
-
-
-def _mib(n_bytes: float) -> str:
-    return f"{n_bytes / 2**20:,.1f} MiB"
-
-
-def codec_table(shape, contexts=TABLE_CONTEXTS) -> list[dict]:
-    """Bits per value and KV bytes each cache type would hold for `shape` at each context.
-
-    kvgguf codecs are measured with the native encoded_size query for the real K and V
-    blocks of that many tokens (codes, scales, zero points and norms all counted).
-    """
-    from . import codecs
-
-    rows = []
-    for name, bpv in LLAMA_CACHE_TYPES.items():
-        row = {"cache": name, "by": "llama.cpp", "bits_per_value": bpv}
-        for n in contexts:
-            row[n] = n * shape.values_per_token * bpv / 8
-        rows.append(row)
-    for name in codecs.names():
-        codec = codecs.get(name)
-        row = {"cache": name, "by": "kvgguf"}
-        try:
-            for n in contexts:
-                k = codec.encoded_size((n, shape.n_head_kv, shape.head_dim_k), role="key")
-                v = codec.encoded_size((n, shape.n_head_kv, shape.head_dim_v), role="value")
-                row[n] = shape.n_layer * (k + v)
-            row["bits_per_value"] = row[contexts[-1]] * 8 / (contexts[-1] * shape.values_per_token)
-        except ValueError as e:  # e.g. rotq on a head dim that is not a power of two
-            row["unavailable"] = str(e)
-        rows.append(row)
-    return rows
-
-
-def format_table(rows, contexts=TABLE_CONTEXTS) -> str:
-    head = ["cache", "from", "bits/value"] + [f"KV @ {n // 1024}K" for n in contexts]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        if "unavailable" in r:
-            cells = [r["cache"], r["by"], "n/a"] + ["n/a"] * len(contexts)
-        else:
-            cells = [r["cache"], r["by"], f"{r['bits_per_value']:.3f}"] + [_mib(r[n]) for n in contexts]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
 
 def cmd_demo(args) -> int:
     import kvgguf
     from llama_cpp import Llama
 
-    from .model_shape import KVShape
+    from . import inspect_model
 
     path = kvgguf.models.path(args.model)
     print(f"llama.cpp: {kvgguf.llama_library_path()} (kvgguf patch v{kvgguf.llama_patch_version()})")
@@ -73,15 +24,92 @@ def cmd_demo(args) -> int:
     print(f"prompt: {args.prompt!r}")
     print(f"output: {out['choices'][0]['text']!r}")
     print(f"generated {n_gen} tokens in {dt:.2f} s")
-    shape = KVShape.of(llm)
-    print(
-        f"\nKV shape: {shape.arch}, {shape.n_layer} layers, {shape.n_head_kv} KV heads, "
-        f"head dim {shape.head_dim_k}/{shape.head_dim_v}"
-        + (f", sliding window {shape.n_swa}" if shape.n_swa else "")
-    )
-    print("KV bytes each cache would hold, all layers at full context:\n")
-    print(format_table(codec_table(shape)))
+    print()
+    print(inspect_model.format_card(inspect_model.read_card(path)))
     return 0
+
+
+def cmd_chat(args) -> int:
+    import kvgguf
+
+    from .chat import FALLBACK_CHAT_FORMAT, ChatSession, log, run_interactive
+    from .gguf_meta import read_metadata
+
+    path = kvgguf.models.path(args.model)
+    kw = dict(n_ctx=args.ctx_size, seed=args.seed, verbose=False, flash_attn=args.flash_attn)
+    if args.threads:
+        kw.update(n_threads=args.threads, n_threads_batch=args.threads)
+    meta = read_metadata(path)
+    if "tokenizer.chat_template" not in meta:
+        arch = meta.get("general.architecture", "")
+        kw["chat_format"] = FALLBACK_CHAT_FORMAT.get(arch, "chatml")
+        log(f"kvgguf chat: {path.name} has no chat template; using the {kw['chat_format']} format")
+    if args.kv_codec:
+        from .tiered import TieredConfig
+
+        config = TieredConfig.parse(args.kv_codec)
+        changes = {k: v for k, v in (("hot", args.hot), ("sinks", args.sinks)) if v is not None}
+        if changes:
+            from dataclasses import replace
+
+            config = replace(config, **changes)
+        kw["kv_codec"] = config if changes else args.kv_codec
+    elif args.hot is not None or args.sinks is not None:
+        raise ValueError("--hot and --sinks need --kv-codec")
+    if args.cache_type_k:
+        kw["type_k"] = args.cache_type_k
+    if args.cache_type_v:
+        kw["type_v"] = args.cache_type_v
+    llm = kvgguf.Llama(str(path), **kw)
+    sampling = dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p)
+    session = ChatSession(llm, system=args.system, max_tokens=args.n_predict, sampling=sampling)
+    log(f"kvgguf chat: {path.name}, {llm.kv_memory()}")
+    if args.prompt is not None or not sys.stdin.isatty():
+        text = args.prompt if args.prompt is not None else sys.stdin.read()
+        session.reply(text.strip())
+        return 0
+    return run_interactive(session)
+
+
+def cmd_inspect(args) -> int:
+    import json
+
+    from . import inspect_model
+    from .models import path as model_path
+
+    card = inspect_model.read_card(model_path(args.model))
+    if args.json:
+        print(json.dumps(inspect_model.as_json(card), indent=2))
+    else:
+        print(inspect_model.format_card(card))
+    return 0
+
+
+def _cache_type(value: str) -> str:
+    from .llama import CACHE_TYPES
+
+    if value not in CACHE_TYPES:
+        raise argparse.ArgumentTypeError(f"'{value}' is not a cache type; choose one of: {', '.join(CACHE_TYPES)}")
+    return value
+
+
+def _kv_codec(value: str) -> str:
+    from . import codecs
+
+    names = ["tiered"] + codecs.names()
+    if value not in names:
+        raise argparse.ArgumentTypeError(f"'{value}' is not a kv codec; choose one of: {', '.join(names)}")
+    return value
+
+
+def _positive(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{value}' is not an integer") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {n}")
+    return n
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,6 +121,32 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("-n", "--n-predict", type=int, default=16, help="tokens to generate")
     demo.add_argument("-t", "--threads", type=int, default=None, help="threads (default: llama.cpp's)")
     demo.set_defaults(func=cmd_demo)
+
+    chat = sub.add_parser("chat", help="chat in the terminal, streaming replies (llama.cpp-style flags)")
+    chat.add_argument("model", nargs="?", default=None, help="model name or GGUF path (default: smollm2-135m)")
+    chat.add_argument("--kv-codec", type=_kv_codec, default=None,
+                      help="kvgguf cache: 'tiered' or a codec name (default: llama.cpp's own cache)")
+    chat.add_argument("--hot", type=_positive, default=None, help="tokens llama.cpp keeps exact (with --kv-codec)")
+    chat.add_argument("--sinks", type=int, default=None, help="first tokens kept exact (with --kv-codec)")
+    chat.add_argument("-c", "--ctx-size", type=_positive, default=4096, help="context size in tokens")
+    chat.add_argument("-n", "--n-predict", type=_positive, default=512, help="max tokens per reply")
+    chat.add_argument("--temp", type=float, default=0.8, help="sampling temperature (0: greedy)")
+    chat.add_argument("--top-k", type=int, default=40, help="top-k sampling (0: off)")
+    chat.add_argument("--top-p", type=float, default=0.95, help="top-p sampling (1.0: off)")
+    chat.add_argument("--seed", type=int, default=-1, help="RNG seed (-1: random)")
+    chat.add_argument("-t", "--threads", type=_positive, default=None, help="threads (default: llama.cpp's)")
+    chat.add_argument("-ctk", "--cache-type-k", type=_cache_type, default=None, help="llama.cpp K cache type (f16, q8_0, q4_0, ...)")
+    chat.add_argument("-ctv", "--cache-type-v", type=_cache_type, default=None, help="llama.cpp V cache type (f16, q8_0, q4_0, ...)")
+    chat.add_argument("-fa", "--flash-attn", action=argparse.BooleanOptionalAction, default=True,
+                      help="flash attention (needed for quantized V caches)")
+    chat.add_argument("-sys", "--system", default=None, help="system prompt")
+    chat.add_argument("-p", "--prompt", default=None, help="one message, answered on stdout, then exit")
+    chat.set_defaults(func=cmd_chat)
+
+    insp = sub.add_parser("inspect", help="a GGUF's attention shape and KV bytes per cache type (metadata only)")
+    insp.add_argument("model", help="GGUF path or model name")
+    insp.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    insp.set_defaults(func=cmd_inspect)
     return parser
 
 

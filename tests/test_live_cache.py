@@ -225,3 +225,30 @@ def test_gemma3_cold_rows_only_on_full_attention_layers():
     assert out["usage"]["completion_tokens"] >= 1
     assert kv.n_cold > 0
     assert all(kv.store.n_rows(il) == 0 for il in range(kv.shape.n_layer) if il not in kv.layers)
+
+
+def test_everyday_api_works_with_a_codec(smollm2_path, wiki_tokens):
+    config = TieredConfig(hot=64, sinks=4, warm="rotq4", warm_tokens=128, archive="rotq2", block=32)
+    llm = Llama(str(smollm2_path), kv_codec=config, n_ctx=2048, n_batch=32, verbose=False,
+                n_threads=N_THREADS)
+    assert llm.n_ctx() == 2048  # the logical context, not llama.cpp's 256 cells
+    text = llm.detokenize(wiki_tokens[:700]).decode("utf-8", "ignore")
+    assert llm.detokenize(llm.tokenize(b"hello world", add_bos=False)).strip() == b"hello world"
+    chunks = list(llm(text + "\n\nIn summary,", max_tokens=12, temperature=0.0, stream=True))
+    assert len(chunks) >= 2 and llm._kv.n_cold > 0
+    chat = llm.create_chat_completion(
+        messages=[{"role": "system", "content": text[:2500]}, {"role": "user", "content": "What is this about?"}],
+        max_tokens=8, temperature=0.0,
+    )
+    assert chat["choices"][0]["message"]["content"] is not None
+    assert llm._kv.n_cold > 0
+    tokens = list(zip(range(5), llm.generate(llm.tokenize(b"Once upon a time"), temp=0.0)))
+    assert len(tokens) == 5
+
+
+def test_embed_with_a_codec_matches_stock(smollm2_path):
+    kw = dict(n_ctx=1024, embedding=True, verbose=False, n_threads=N_THREADS)
+    mine = Llama(str(smollm2_path), kv_codec="tiered", **kw).embed("The quick brown fox")
+    ref = Llama(str(smollm2_path), **kw).embed("The quick brown fox")
+    assert np.isfinite(np.asarray(mine)).all()
+    assert np.allclose(np.asarray(mine), np.asarray(ref), atol=1e-4)

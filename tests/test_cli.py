@@ -1,0 +1,139 @@
+"""The command line: chat (through a pseudo-terminal and non-interactive), inspect, errors."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pexpect
+import pytest
+
+import kvgguf
+from kvgguf import codecs, inspect_model
+
+KVGGUF = shutil.which("kvgguf", path=str(Path(sys.executable).parent)) or "kvgguf"
+HERE = Path(__file__).parent
+
+
+def run_cli(*args, input_text=None):
+    return subprocess.run([KVGGUF, *args], capture_output=True, text=True, input=input_text, timeout=300, cwd=HERE)
+
+
+def spawn_chat(*args):
+    child = pexpect.spawn(KVGGUF, ["chat", *args], cwd=str(HERE), encoding="utf-8", timeout=120,
+                          env=dict(os.environ, COLUMNS="200"))
+    child.expect("> ")
+    return child
+
+
+def test_chat_in_a_terminal_streams_stats_resets_interrupts_and_quits():
+    child = spawn_chat("--kv-codec", "tiered", "-c", "2048", "--temp", "0", "-n", "48", "-t", "2")
+    child.sendline("What is the capital of France?")
+    child.expect("> ")
+    answer = child.before
+    assert "Paris" in answer or len(answer.strip()) > 20
+    child.sendline("/stats")
+    child.expect(r"kv cache: size = [\d.]+ MiB \(hot f16")
+    child.expect(r"tokens in context: (\d+) / 2048")
+    assert int(child.match.group(1)) > 0
+    child.expect("> ")
+    child.sendline("/reset")
+    child.expect(r"context reset \(0 tokens\)")
+    child.expect("> ")
+    # A long reply, stopped with Ctrl-C: the program stays and takes the next command.
+    child.sendline("Write a very long story about a dragon, with many chapters.")
+    child.expect(r"\S", timeout=60)  # the reply has started streaming
+    child.sendintr()
+    child.expect(r"\[stopped\]")
+    child.expect("> ")
+    child.sendline("/help")
+    child.expect("/stats")
+    child.expect("> ")
+    child.sendline("/quit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_chat_exits_on_ctrl_d():
+    child = spawn_chat("-c", "512")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_chat_non_interactive_prompt_goes_to_stdout_logs_to_stderr():
+    out = run_cli("chat", "-p", "Say hello.", "--temp", "0", "-n", "16", "-c", "512")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()
+    assert "kv cache" not in out.stdout and "kvgguf chat:" in out.stderr
+    piped = run_cli("chat", "--temp", "0", "-n", "8", "-c", "512", input_text="Say hello.\n")
+    assert piped.returncode == 0 and piped.stdout.strip()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["chat", "--kv-codec", "rotq9"], "'rotq9' is not a kv codec; choose one of: tiered, f16"),
+        (["chat", "-ctk", "q3"], "'q3' is not a cache type; choose one of: f32, f16"),
+        (["chat", "-c", "0"], "argument -c/--ctx-size: must be > 0"),
+        (["chat", "--bogus"], "unrecognized arguments: --bogus"),
+        (["chat", "/no/such/model.gguf"], "neither a known name"),
+        (["inspect", "/no/such/model.gguf"], "neither a known name"),
+    ],
+)
+def test_bad_flags_and_missing_models_exit_2_with_a_clear_message(args, message):
+    out = run_cli(*args)
+    assert out.returncode == 2
+    assert message in out.stderr
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
+def test_inspect_shapes_equal_the_gguf_metadata(name):
+    from kvgguf.gguf_meta import read_metadata
+
+    path = kvgguf.models.path(name)
+    meta = read_metadata(path)
+    arch = meta["general.architecture"]
+    out = run_cli("inspect", str(path), "--json")
+    assert out.returncode == 0, out.stderr
+    card = json.loads(out.stdout)
+    assert card["arch"] == arch
+    assert card["n_layer"] == meta[f"{arch}.block_count"]
+    assert card["n_head"] == meta[f"{arch}.attention.head_count"]
+    assert card["n_head_kv"] == meta[f"{arch}.attention.head_count_kv"]
+    head_dim = meta[f"{arch}.embedding_length"] // meta[f"{arch}.attention.head_count"]
+    assert card["head_dim_k"] == meta.get(f"{arch}.attention.key_length", head_dim)
+    assert card["n_ctx_train"] == meta[f"{arch}.context_length"]
+    assert card["sliding_window"] == meta.get(f"{arch}.attention.sliding_window", 0)
+    # The byte table is the stated bits per value times the values held.
+    per_layer = card["n_head_kv"] * (card["head_dim_k"] + card["head_dim_v"])
+    n_full = len(card["full_attention_layers"])
+    n_swa = card["n_layer"] - n_full
+    for row in card["kv_table"]:
+        if row.get("unavailable") or row["bits_per_value"] is None:
+            continue
+        if row["from"] == "kvgguf":
+            c = codecs.get(row["cache"])
+            bpv = (c.nominal_bits_per_value(card["head_dim_k"], "key") * card["head_dim_k"]
+                   + c.nominal_bits_per_value(card["head_dim_v"], "value") * card["head_dim_v"]) / (
+                card["head_dim_k"] + card["head_dim_v"])
+            assert row["bits_per_value"] == pytest.approx(bpv)
+        for n, got in row["bytes"].items():
+            n = int(n)
+            window = min(n, card["sliding_window"]) if n_swa else 0
+            want = (n_full * n * per_layer * row["bits_per_value"] + n_swa * window * per_layer * 16) / 8
+            assert got == pytest.approx(want)
+    text = run_cli("inspect", name)
+    assert text.returncode == 0 and "| rotq4 | kvgguf |" in text.stdout
+
+
+def test_inspect_full_attention_layers_match_llama_cpp():
+    """inspect's sliding-window rule (metadata only) agrees with what llama.cpp reports."""
+    path = kvgguf.models.path("gemma3-270m")
+    card = inspect_model.read_card(path)
+    llm = kvgguf.Llama(str(path), kv_codec="tiered", n_ctx=1024, verbose=False)
+    assert card.full_layers == llm._kv.layers

@@ -1,0 +1,81 @@
+"""The native store: rows in blocks and tiers, exact byte accounting, errors as exceptions."""
+
+import numpy as np
+import pytest
+
+from kvgguf import codecs
+from kvgguf.store import KIND_K, KIND_V, TIER_ARCHIVE, TIER_SINK, TIER_WARM, KVStore
+
+
+def make_store():
+    return KVStore(n_layer=3, n_head_kv=2, head_dim_k=64, head_dim_v=64)
+
+
+def rows(n, seed=0):
+    return np.random.default_rng(seed).standard_normal((n, 128)).astype(np.float32)
+
+
+def test_append_decode_and_byte_accounting():
+    s = make_store()
+    x = rows(70)
+    s.append(0, KIND_K, TIER_SINK, "f16", x[:4])
+    s.append(0, KIND_K, TIER_WARM, "rotq4", x[4:70])
+    assert s.n_rows(0, KIND_K) == 70 and s.n_rows(1, KIND_K) == 0
+    back = s.decode(0, KIND_K, 0, 70)
+    assert np.array_equal(back[:4], x[:4].astype(np.float16).astype(np.float32))  # sinks exact
+    assert np.array_equal(s.decode(0, KIND_K, 2, 9), back[2:9])  # ranges across blocks
+    assert np.array_equal(s.decode_f16(0, KIND_K, 0, 70), back.astype(np.float16))
+    held = s.held(TIER_WARM)
+    assert held.bytes == codecs.encoded_size("rotq4", (66, 2, 64), "key")
+    assert held.values == 66 * 128
+    assert s.held(TIER_SINK).bytes == 4 * 128 * 2
+    assert s.held().bytes == s.held(TIER_SINK).bytes + held.bytes
+
+
+def test_retier_reencodes_whole_blocks_and_refuses_cut_blocks():
+    s = make_store()
+    for il in range(3):
+        for kind in (KIND_K, KIND_V):
+            s.append(il, kind, TIER_WARM, "rotq4", rows(32, il))
+            s.append(il, kind, TIER_WARM, "rotq4", rows(32, il + 10))
+    before = s.held(TIER_WARM).bytes
+    with pytest.raises(ValueError, match="cut block"):
+        s.retier(0, 40, TIER_ARCHIVE, "rotq2")
+    assert s.held(TIER_WARM).bytes == before  # nothing changed
+    s.retier(0, 32, TIER_ARCHIVE, "rotq2")
+    assert s.held(TIER_ARCHIVE).bytes == 6 * codecs.encoded_size("rotq2", (32, 2, 64))
+    assert s.held(TIER_WARM).bytes == before // 2
+    err = np.abs(s.decode(0, KIND_K, 0, 32) - rows(32, 0)).mean()
+    assert err < 0.5  # 2-bit rows, still the same rows
+
+
+def test_truncate_cuts_inside_a_block():
+    s = make_store()
+    x = rows(64)
+    for kind in (KIND_K, KIND_V):
+        s.append(1, kind, TIER_WARM, "f16", x[:32])
+        s.append(1, kind, TIER_WARM, "f16", x[32:])
+    s.truncate(40)
+    assert s.n_rows(1, KIND_K) == 40 and s.n_rows(1, KIND_V) == 40
+    assert np.array_equal(s.decode(1, KIND_V, 0, 40), x[:40].astype(np.float16).astype(np.float32))
+    assert s.held().bytes == 2 * 40 * 128 * 2
+    s.clear()
+    assert s.held().bytes == 0 and s.n_rows(1, KIND_K) == 0
+
+
+def test_bad_input_raises_and_leaves_the_store_intact():
+    s = make_store()
+    s.append(0, KIND_K, TIER_WARM, "rotq4", rows(8))
+    with pytest.raises(ValueError, match="layer 7"):
+        s.append(7, KIND_K, TIER_WARM, "rotq4", rows(8))
+    with pytest.raises(ValueError):
+        s.append(0, KIND_K, TIER_WARM, "rotq4", np.full((2, 128), np.nan, np.float32))
+    with pytest.raises(ValueError, match="outside"):
+        s.decode(0, KIND_K, 0, 9)
+    with pytest.raises(ValueError, match="codec 'nope' is unknown"):
+        s.append(0, KIND_K, TIER_WARM, "nope", rows(8))
+    s.set_layer_enabled(2, False)
+    with pytest.raises(ValueError, match="disabled"):
+        s.append(2, KIND_K, TIER_WARM, "f16", rows(1))
+    assert s.n_rows(0, KIND_K) == 8
+    assert s.decode(0, KIND_K, 0, 8).shape == (8, 128)
