@@ -79,13 +79,15 @@ def read_card(path) -> ModelCard:
     )
 
 
-def kv_bytes(card: ModelCard, n_tokens: int, bits_per_value: float) -> float:
-    """Bytes of K and V at `bits_per_value`: full-attention layers hold every token,
-    sliding-window layers at most their window (in f16, as llama.cpp keeps them)."""
+def kv_bytes(card: ModelCard, n_tokens: int, bits_per_value: float, swa_bits_per_value: float = 16.0) -> float:
+    """Bytes of K and V: full-attention layers hold every token at `bits_per_value`,
+    sliding-window layers their window at `swa_bits_per_value` (kvgguf leaves them to
+    llama.cpp's f16 cache; a llama.cpp cache type applies to them too)."""
     per_layer = card.values_per_token_layer
     full = len(card.full_layers)
     swa = card.n_layer - full
-    return (full * n_tokens * per_layer * bits_per_value + swa * min(n_tokens, card.sliding_window) * per_layer * 16) / 8
+    window = min(n_tokens, card.sliding_window)
+    return (full * n_tokens * bits_per_value + swa * window * swa_bits_per_value) * per_layer / 8
 
 
 def codec_bits(card: ModelCard, name: str) -> float:
@@ -122,7 +124,7 @@ def kv_table(card: ModelCard, contexts=None) -> list[dict]:
     rows = []
     for name, bpv in LLAMA_TYPES.items():
         rows.append({"cache": name, "from": "llama.cpp", "bits_per_value": bpv,
-                     "bytes": {n: kv_bytes(card, n, bpv) for n in contexts}})
+                     "bytes": {n: kv_bytes(card, n, bpv, bpv) for n in contexts}})
     for name in codecs.names():
         try:
             bpv = codec_bits(card, name)  # ValueError for a head dim the codec cannot take
@@ -153,6 +155,7 @@ def format_card(card: ModelCard) -> str:
         f"heads:        {card.n_head} (KV heads {card.n_head_kv})",
         f"head dims:    K {card.head_dim_k}, V {card.head_dim_v}",
         f"attention:    {swa}",
+        "(sliding-window layers are counted at their window, as llama.cpp holds them with swa_full off)",
         f"context:      {card.n_ctx_train} tokens (trained)",
         "",
     ]

@@ -44,7 +44,5 @@ class KVMemory:
 
     def __str__(self) -> str:
         parts = ", ".join(f"{t.name} {t.codec} {t.bytes / MIB:.2f}" for t in self.tiers)
-        return (
-            f"kv cache: size = {self.total_bytes / MIB:.2f} MiB ({parts}), "
-            f"{self.bits_per_value:.2f} bits/value over {self.n_tokens} tokens"
-        )
+        bpv = f"{self.bits_per_value:.2f}" if self.n_tokens else "n/a"
+        return f"kv cache: size = {self.total_bytes / MIB:.2f} MiB ({parts}), {bpv} bits/value over {self.n_tokens} tokens"

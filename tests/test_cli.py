@@ -125,7 +125,8 @@ def test_inspect_shapes_equal_the_gguf_metadata(name):
         for n, got in row["bytes"].items():
             n = int(n)
             window = min(n, card["sliding_window"]) if n_swa else 0
-            want = (n_full * n * per_layer * row["bits_per_value"] + n_swa * window * per_layer * 16) / 8
+            swa_bpv = row["bits_per_value"] if row["from"] == "llama.cpp" else 16  # kvgguf leaves them to llama.cpp's f16
+            want = (n_full * n * per_layer * row["bits_per_value"] + n_swa * window * per_layer * swa_bpv) / 8
             assert got == pytest.approx(want)
     text = run_cli("inspect", name)
     assert text.returncode == 0 and "| rotq4 | kvgguf |" in text.stdout
