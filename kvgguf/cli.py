@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 
 def cmd_demo(args) -> int:
@@ -85,6 +86,34 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+def cmd_eval(args) -> int:
+    import kvgguf
+
+    from . import evaluate
+
+    if args.quick:  # small enough for a laptop minute, with most of the chunk compressed
+        args.ctx, args.chunks, args.batch = 512, 1, 64
+        args.hot = args.hot or 128
+        args.codecs = args.codecs or evaluate.QUICK_CONFIGS
+    configs = evaluate.parse_configs(args.codecs or evaluate.DEFAULT_CONFIGS)
+    path = kvgguf.models.path(args.model)
+    text_path = Path(args.text) if args.text else evaluate.default_text()
+    if not text_path.is_file():
+        raise FileNotFoundError(f"--text {text_path} does not exist")
+    from llama_cpp import Llama as _Vocab
+
+    vocab = _Vocab(str(path), vocab_only=True, verbose=False)
+    tokens = vocab.tokenize(text_path.read_text(encoding="utf-8").encode("utf-8"))
+    meta, results = evaluate.run_eval(str(path), configs, tokens, ctx=args.ctx, chunks=args.chunks,
+                                      batch=args.batch, threads=args.threads, hot=args.hot)
+    stem = f"{Path(str(args.model or 'smollm2-135m')).stem}_ctx{args.ctx}x{args.chunks}"
+    command = "kvgguf eval " + " ".join(sys.argv[2:]) if args.argv is None else "kvgguf " + " ".join(args.argv)
+    md = evaluate.write_outputs(meta, results, Path(args.out), stem, command)
+    print(md.read_text())
+    print(f"results: {md.with_suffix('.json')}, {md.with_suffix('.png')}", file=sys.stderr)
+    return 0
+
+
 def _cache_type(value: str) -> str:
     from .llama import CACHE_TYPES
 
@@ -143,6 +172,20 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("-p", "--prompt", default=None, help="one message, answered on stdout, then exit")
     chat.set_defaults(func=cmd_chat)
 
+    ev = sub.add_parser("eval", help="KL, top-1 and perplexity against the f16 cache, every cache side by side")
+    ev.add_argument("model", nargs="?", default=None, help="model name or GGUF path (default: smollm2-135m)")
+    ev.add_argument("--codecs", default=None,
+                    help="comma-separated: llama.cpp types (f16, q8_0, ...), 'tiered', kvgguf codecs, 'kvgguf:f16'")
+    ev.add_argument("--ctx", type=_positive, default=1024, help="tokens per chunk (C)")
+    ev.add_argument("--chunks", type=_positive, default=4, help="chunks of the text to score")
+    ev.add_argument("--batch", type=_positive, default=256, help="tokens per decode batch (B)")
+    ev.add_argument("--hot", type=_positive, default=None, help="kvgguf hot window (default: the preset's)")
+    ev.add_argument("--quick", action="store_true", help="one chunk of 512 tokens in batches of 64, hot window 128, five caches")
+    ev.add_argument("--text", default=None, help="UTF-8 text to score (default: WikiText-2 test)")
+    ev.add_argument("--out", default="kvgguf-eval", help="folder for the JSON, Markdown and PNG results")
+    ev.add_argument("-t", "--threads", type=_positive, default=2, help="threads")
+    ev.set_defaults(func=cmd_eval)
+
     insp = sub.add_parser("inspect", help="a GGUF's attention shape and KV bytes per cache type (metadata only)")
     insp.add_argument("model", help="GGUF path or model name")
     insp.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -152,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = argv
     try:
         return args.func(args)
     except (FileNotFoundError, ValueError) as e:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Iterator, Optional, Sequence, Union
 
 import llama_cpp
 import numpy as np
@@ -138,6 +138,30 @@ class Llama(llama_cpp.Llama):
             self._kv.make_room(self.n_tokens, len(batch))
             super().eval(batch)
             self._kv.check_errors()
+
+    def eval_logits(self, tokens: Sequence[int]) -> Iterator[tuple[int, np.ndarray]]:
+        """Evaluates tokens in batches of n_batch, yielding (position of the batch's first
+        token, its logits [n, n_vocab]) per batch, without keeping them (llama.cpp's buffer,
+        valid until the next batch). For scoring long texts with large vocabularies."""
+        if self.n_tokens + len(tokens) > self.n_ctx():
+            raise ValueError(f"{self.n_tokens} tokens in context + {len(tokens)} new exceed n_ctx={self.n_ctx()}")
+        if self._kv is not None:
+            self._kv.truncate(self.n_tokens)
+        self._ctx.kv_cache_seq_rm(-1, self.n_tokens, -1)
+        for i in range(0, len(tokens), self.n_batch):
+            batch = tokens[i : i + self.n_batch]
+            if self._kv is not None:
+                self._kv.make_room(self.n_tokens, len(batch))
+            n_past = self.n_tokens
+            self._batch.set_batch(batch=batch, n_past=n_past, logits_all=True)
+            self._ctx.decode(self._batch)
+            if self._kv is not None:
+                self._kv.check_errors()
+            self.input_ids[n_past : n_past + len(batch)] = batch
+            self.n_tokens += len(batch)
+            self._requires_eval = False
+            n = len(batch)
+            yield n_past, np.ctypeslib.as_array(self._ctx.get_logits(), shape=(n * self._n_vocab,)).reshape(n, self._n_vocab)
 
     def reset(self):
         super().reset()
