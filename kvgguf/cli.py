@@ -96,6 +96,7 @@ def cmd_eval(args) -> int:
         args.hot = args.hot or 128
         args.codecs = args.codecs or evaluate.QUICK_CONFIGS
     configs = evaluate.parse_configs(args.codecs or evaluate.DEFAULT_CONFIGS)
+    args.model = args.model_opt or args.model
     path = kvgguf.models.path(args.model)
     text_path = Path(args.text) if args.text else evaluate.default_text()
     if not text_path.is_file():
@@ -174,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="KL, top-1 and perplexity against the f16 cache, every cache side by side")
     ev.add_argument("model", nargs="?", default=None, help="model name or GGUF path (default: smollm2-135m)")
+    ev.add_argument("--model", dest="model_opt", default=None, help="the same as MODEL")
     ev.add_argument("--codecs", default=None,
                     help="comma-separated: llama.cpp types (f16, q8_0, ...), 'tiered', kvgguf codecs, 'kvgguf:f16'")
     ev.add_argument("--ctx", type=_positive, default=1024, help="tokens per chunk (C)")
