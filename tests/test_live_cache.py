@@ -1,5 +1,6 @@
 """The live tiered cache inside llama.cpp: exactness, quality, memory, policy, reuse, errors."""
 
+import ctypes
 import struct
 
 import llama_cpp
@@ -8,6 +9,7 @@ import pytest
 
 import kvgguf
 from kvgguf import Llama, TieredConfig, codecs
+from kvgguf import _llama_ext as ext
 from kvgguf.store import KIND_K, KIND_V, TIER_ARCHIVE, TIER_SINK, TIER_WARM
 
 from conftest import SHARED
@@ -117,16 +119,10 @@ def test_sinks_stay_exact_and_warm_rows_age_into_archive(smollm2_path, wiki_toke
     kv = llm._kv
     ref = stock(smollm2_path, 1024, 32, flash_attn=False)
     ref.eval(toks[:64])
-    from kvgguf.live_cache import LiveCache  # noqa: F401  (the reader used below)
-
     for il in (0, 29):
         for kind in (KIND_K, KIND_V):
             rows = np.empty((4, kv.store.width(kind)), np.float16)
             pos = np.empty(4, np.int32)
-            import ctypes
-
-            from kvgguf import _llama_ext as ext
-
             got = ext.read_rows(ref._ctx.ctx, 0, il, kind, 0, 4, rows.ctypes.data, rows.nbytes,
                                 pos.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)))
             assert got == 4
