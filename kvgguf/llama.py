@@ -125,14 +125,18 @@ class Llama(llama_cpp.Llama):
     def n_ctx(self) -> int:
         return self._n_ctx if self._kv else super().n_ctx()
 
+    def _begin_eval(self, n_new: int) -> None:
+        """Refuses tokens past the logical context, and drops compressed rows past n_tokens
+        (what llama-cpp-python's truncation does to llama.cpp's own cells)."""
+        if self.n_tokens + n_new > self.n_ctx():
+            raise ValueError(f"{self.n_tokens} tokens in context + {n_new} new exceed n_ctx={self.n_ctx()}")
+        if self._kv is not None:
+            self._kv.truncate(self.n_tokens)
+
     def eval(self, tokens: Sequence[int]):
         if self._kv is None:
             return super().eval(tokens)
-        if self.n_tokens + len(tokens) > self._n_ctx:
-            raise ValueError(
-                f"{self.n_tokens} tokens in context + {len(tokens)} new exceed n_ctx={self._n_ctx}"
-            )
-        self._kv.truncate(self.n_tokens)
+        self._begin_eval(len(tokens))
         for i in range(0, len(tokens), self.n_batch):
             batch = tokens[i : i + self.n_batch]
             self._kv.make_room(self.n_tokens, len(batch))
@@ -143,10 +147,7 @@ class Llama(llama_cpp.Llama):
         """Evaluates tokens in batches of n_batch, yielding (position of the batch's first
         token, its logits [n, n_vocab]) per batch, without keeping them (llama.cpp's buffer,
         valid until the next batch). For scoring long texts with large vocabularies."""
-        if self.n_tokens + len(tokens) > self.n_ctx():
-            raise ValueError(f"{self.n_tokens} tokens in context + {len(tokens)} new exceed n_ctx={self.n_ctx()}")
-        if self._kv is not None:
-            self._kv.truncate(self.n_tokens)
+        self._begin_eval(len(tokens))
         self._ctx.kv_cache_seq_rm(-1, self.n_tokens, -1)
         for i in range(0, len(tokens), self.n_batch):
             batch = tokens[i : i + self.n_batch]
