@@ -6,6 +6,8 @@ builds its context; arrays (the tokenizer's vocabulary) are skipped, not decoded
 
 from __future__ import annotations
 
+import hashlib
+import mmap
 import struct
 from pathlib import Path
 from typing import Union
@@ -74,3 +76,48 @@ def read_metadata(path: Union[str, Path]) -> dict:
             else:
                 _skip_value(f, vtype)
     return out
+
+
+def metadata_digests(path: Union[str, Path]) -> tuple[str, str]:
+    """SHA-256 of a GGUF file's whole metadata section (every key/value as stored) and of its
+    tokenizer.* entries alone: what a session file's model fingerprint compares."""
+    meta, tok = hashlib.sha256(), hashlib.sha256()
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        if m[:4] != b"GGUF":
+            raise GGUFError(f"{path} is not a GGUF file")
+        buf = memoryview(m)
+        try:
+            version, _n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+            if version not in (2, 3):
+                raise GGUFError(f"{path}: GGUF version {version} is not supported")
+            off = 24
+            for _ in range(n_kv):
+                start = off
+                (n,) = struct.unpack_from("<Q", buf, off)
+                key = bytes(buf[off + 8 : off + 8 + n])
+                (vtype,) = struct.unpack_from("<I", buf, off + 8 + n)
+                off = _value_end(buf, off + 12 + n, vtype)
+                meta.update(buf[start:off])
+                if key.startswith(b"tokenizer."):
+                    tok.update(buf[start:off])
+        except struct.error:
+            raise GGUFError(f"{path} ends inside its metadata (truncated?)") from None
+        finally:
+            del buf
+    return meta.hexdigest(), tok.hexdigest()
+
+
+def _value_end(buf: memoryview, off: int, vtype: int) -> int:
+    if vtype in _SCALARS:
+        return off + struct.calcsize("<" + _SCALARS[vtype])
+    if vtype == _STRING:
+        return off + 8 + struct.unpack_from("<Q", buf, off)[0]
+    if vtype == _ARRAY:
+        etype, n = struct.unpack_from("<IQ", buf, off)
+        off += 12
+        if etype in _SCALARS:
+            return off + n * struct.calcsize("<" + _SCALARS[etype])
+        for _ in range(n):
+            off = _value_end(buf, off, etype)
+        return off
+    raise GGUFError(f"unknown GGUF value type {vtype}")

@@ -48,11 +48,25 @@ class LiveCache:
         if not self.layers:
             raise ValueError("this model has no full-attention layer with a KV cache to compress")
         self.blocks: list[_Block] = []
-        n_cold_fn, decode_fn = self.store.hook_functions()
-        hooks = ext.llama_kvgguf_hooks(self.store.address, n_cold_fn, decode_fn, 0, 0)
-        if ext.set_hooks(ctx, ctypes.byref(hooks)) != 0:
-            raise ValueError("llama.cpp refused kvgguf's hooks: this context's memory is not a KV cache")
+        self._attach(self.store)
         self._errors_seen = 0
+
+    def _attach(self, store: KVStore) -> None:
+        """Points llama.cpp's hooks at store (the C entry points read it, no Python)."""
+        n_cold_fn, decode_fn = store.hook_functions()
+        hooks = ext.llama_kvgguf_hooks(store.address, n_cold_fn, decode_fn, 0, 0)
+        if ext.set_hooks(self.ctx, ctypes.byref(hooks)) != 0:
+            raise ValueError("llama.cpp refused kvgguf's hooks: this context's memory is not a KV cache")
+        self.store = store
+
+    def snapshot(self) -> tuple[KVStore, list[tuple[int, int, int]]]:
+        """The store and block list now, for adopt() to put back."""
+        return self.store, [(b.r0, b.r1, b.tier) for b in self.blocks]
+
+    def adopt(self, store: KVStore, blocks: list[tuple[int, int, int]]) -> None:
+        """Replaces the compressed rows by another store's (a restored session's)."""
+        self._attach(store)
+        self.blocks = [_Block(*b) for b in blocks]
 
     @property
     def n_cold(self) -> int:

@@ -12,6 +12,11 @@ from .live_cache import LiveCache
 from .memory import KVMemory, TierMemory
 from .model_shape import KVShape
 from .tiered import TieredConfig
+from .session import session
+from .session.container import write_atomic
+from .session.prompt_cache import CompressedCache
+from .session.session import SessionInfo
+from .session.state import SessionState
 from . import _llama_ext as ext
 
 # llama.cpp's own cache types, by the names its CLI uses (-ctk/-ctv).
@@ -175,14 +180,52 @@ class Llama(llama_cpp.Llama):
             self.n_tokens = 0
         return super().embed(*args, **kwargs)
 
+    # --- sessions -------------------------------------------------------------------------
+
+    def save_session(self, path, *, codec: Optional[str] = None, exact: bool = False,
+                     entropy: bool = True) -> SessionInfo:
+        """Writes the context (tokens and KV cache) to a .kvz file, atomically.
+
+        Compressed rows are written as held. Rows llama.cpp holds exactly (the hot window,
+        or the whole stock cache) are encoded with `codec` (default: the warm codec, or
+        rotq4 for the stock cache), or kept bit for bit with exact=True. entropy=True
+        zstd-codes the file's sections.
+        """
+        data, info = session.dump(self, codec=codec, exact=exact, entropy=entropy)
+        write_atomic(path, data)
+        return info
+
+    def load_session(self, path) -> SessionInfo:
+        """Restores a context saved by save_session. A file that is damaged, from another
+        model or for another cache raises a SessionError and leaves this context as it was."""
+        with open(path, "rb") as f:
+            data = f.read()
+        return self._load_session_bytes(data)
+
+    def _load_session_bytes(self, data: bytes) -> SessionInfo:
+        restored = session.parse(self, data)
+        session.apply(self, restored)
+        meta = restored.meta
+        return SessionInfo(meta["n_tokens"], meta["n_cold"], len(data), meta["codec"])
+
     def save_state(self):
-        if self._kv is not None:
-            raise NotImplementedError("save_state/load_state do not carry kvgguf's compressed rows yet")
-        return super().save_state()
+        """llama-cpp-python's state; with a kv_codec or a compressed prompt cache, a
+        SessionState holding .kvz bytes (encoded with the cache's codec)."""
+        cache = self.cache if isinstance(self.cache, CompressedCache) else None
+        if self._kv is None and cache is None:
+            return super().save_state()
+        codec = cache.codec if cache is not None else None
+        data, _info = session.dump(self, codec=codec, exact=codec is None and cache is None,
+                                   entropy=cache.entropy if cache is not None else False)
+        return SessionState(self.input_ids[: self.n_tokens].copy(), data, self._seed)
 
     def load_state(self, state):
+        if isinstance(state, SessionState):
+            self._load_session_bytes(state.llama_state)
+            self._seed = state.seed
+            return
         if self._kv is not None:
-            raise NotImplementedError("save_state/load_state do not carry kvgguf's compressed rows yet")
+            raise TypeError("with a kv_codec, load_state takes the SessionState that save_state returns")
         return super().load_state(state)
 
     def kv_memory(self) -> KVMemory:

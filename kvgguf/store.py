@@ -21,6 +21,14 @@ class TierBytes:
     values: int  # K/V values those bytes stand for
 
 
+@dataclass(frozen=True)
+class EncodedBlock:
+    n_rows: int
+    codec: str
+    tier: int
+    data: bytes
+
+
 class KVStore:
     """Compressed rows [0, n_rows) of one sequence, per layer and kind, in blocks and tiers."""
 
@@ -39,6 +47,7 @@ class KVStore:
         self._ptr = ffi.gc(out[0], lib.kvg_store_free)
         self.n_layer, self.n_head_kv = n_layer, n_head_kv
         self.head_dim = (head_dim_k, head_dim_v)
+        self.group_size, self.seed = group_size, int(params.codec.seed)
 
     @property
     def address(self) -> int:
@@ -61,6 +70,30 @@ class KVStore:
                                        ffi.from_buffer("float[]", rows), rows.size, n_rows),
             f"append {n_rows} rows to layer {il} {'KV'[kind]} as {codec}",
         )
+
+    def append_encoded(self, il: int, kind: int, block: "EncodedBlock") -> None:
+        """Appends a block's encoded bytes as they are (checked to decode before it is linked)."""
+        ffi = get_ffi()
+        check(
+            get_lib().kvg_store_append_encoded(self._ptr, il, kind, block.tier, codecs.get(block.codec).type,
+                                               block.n_rows, ffi.from_buffer(block.data), len(block.data)),
+            f"encoded block of {block.n_rows} rows for layer {il} {'KV'[kind]}",
+        )
+
+    def blocks(self, il: int, kind: int) -> list["EncodedBlock"]:
+        """The blocks of (il, kind) in row order, with copies of their encoded bytes."""
+        ffi, lib = get_ffi(), get_lib()
+        n = ffi.new("int64_t *")
+        check(lib.kvg_store_n_blocks(self._ptr, il, kind, n))
+        info = ffi.new("kvg_block_info *")
+        out = []
+        for bi in range(int(n[0])):
+            check(lib.kvg_store_block(self._ptr, il, kind, bi, info, ffi.NULL, 0))
+            data = bytearray(info.n_bytes)
+            check(lib.kvg_store_block(self._ptr, il, kind, bi, info, ffi.from_buffer(data), len(data)))
+            codec = codecs.names()[info.codec]
+            out.append(EncodedBlock(int(info.n_rows), codec, int(info.tier), bytes(data)))
+        return out
 
     def n_rows(self, il: int = 0, kind: int = KIND_K) -> int:
         out = get_ffi().new("int64_t *")

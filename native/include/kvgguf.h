@@ -189,6 +189,28 @@ void kvg_store_clear(kvg_store * s);
 int kvg_store_bytes(const kvg_store * s, int32_t tier, uint64_t * out_bytes, uint64_t * out_values,
                     uint64_t * out_index_bytes);
 
+// ---- store blocks, for session files: the encoded bytes leave and come back unchanged ----
+
+typedef struct kvg_block_info {
+    int64_t  row0;
+    int64_t  n_rows;
+    int32_t  codec;
+    int32_t  tier;
+    uint64_t n_bytes;
+} kvg_block_info;
+
+int kvg_store_n_blocks(const kvg_store * s, int32_t il, int32_t kind, int64_t * out_blocks);
+
+// Block `bi` of (il, kind): its info, and (dst != NULL) its encoded bytes; dst_bytes must be
+// exactly info.n_bytes then.
+int kvg_store_block(const kvg_store * s, int32_t il, int32_t kind, int64_t bi, kvg_block_info * out,
+                    void * dst, size_t dst_bytes);
+
+// Appends an already encoded block at the end of (il, kind). The bytes must be exactly
+// kvg_encoded_size long and decode without error (checked before anything changes).
+int kvg_store_append_encoded(kvg_store * s, int32_t il, int32_t kind, int32_t tier, int32_t codec,
+                             int64_t n_rows, const void * data, size_t n_bytes);
+
 // Entry points with the signatures of llama_kvgguf_hooks (patches/0002), user = the store.
 int32_t kvg_store_hook_n_cold(void * user, int32_t il);
 int32_t kvg_store_hook_decode(void * user, int32_t il, int32_t kind, int64_t r0, int64_t r1,

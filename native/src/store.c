@@ -184,9 +184,29 @@ static int decode_block(const kvg_store * s, int32_t kind, const kvg_block * b, 
                       &s->p.codec, dst, count);
 }
 
-int kvg_store_append(kvg_store * s, int32_t il, int32_t kind, int32_t tier, int32_t codec,
-                     const float * rows, size_t count, int64_t n_rows) {
-    kvg_clear_error();
+// Room in the index for one more block.
+static int reserve_block(kvg_rows * r) {
+    if (r->n_blocks < r->cap) {
+        return KVG_OK;
+    }
+    const int64_t cap = r->cap ? r->cap * 2 : 16;
+    kvg_block *   nb  = (kvg_block *) realloc(r->blocks, (size_t) cap * sizeof(kvg_block));
+    if (!nb) {
+        return kvg_fail(KVG_ERR_NO_MEMORY, "block index");
+    }
+    r->blocks = nb;
+    r->cap    = cap;
+    return KVG_OK;
+}
+
+// Puts block b after the last row (reserve_block must have succeeded).
+static void link_block(kvg_rows * r, kvg_block * b) {
+    b->row0                  = r->n_rows;
+    r->blocks[r->n_blocks++] = *b;
+    r->n_rows += b->n_rows;
+}
+
+static int check_append(const kvg_store * s, int32_t il, int32_t kind, int32_t tier, int64_t n_rows) {
     int rc = check_layer_kind(s, il, kind);
     if (rc != KVG_OK) {
         return rc;
@@ -197,31 +217,118 @@ int kvg_store_append(kvg_store * s, int32_t il, int32_t kind, int32_t tier, int3
     if (tier < 0 || tier >= KVG_TIER_COUNT) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "tier %d is unknown", (int) tier);
     }
-    if (!rows || n_rows <= 0) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "append needs rows and n_rows > 0");
+    if (n_rows <= 0) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "append needs n_rows > 0");
+    }
+    return KVG_OK;
+}
+
+int kvg_store_append(kvg_store * s, int32_t il, int32_t kind, int32_t tier, int32_t codec,
+                     const float * rows, size_t count, int64_t n_rows) {
+    kvg_clear_error();
+    int rc = check_append(s, il, kind, tier, n_rows);
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    if (!rows) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "rows is NULL");
     }
     if (count != (size_t) n_rows * (size_t) row_width(s, kind)) {
         return kvg_fail(KVG_ERR_BUFFER_SIZE, "%zu floats given for %lld rows of %lld", count,
                         (long long) n_rows, (long long) row_width(s, kind));
     }
     kvg_rows * r = &s->rows[il * 2 + kind];
-    if (r->n_blocks == r->cap) {
-        const int64_t cap = r->cap ? r->cap * 2 : 16;
-        kvg_block * nb = (kvg_block *) realloc(r->blocks, (size_t) cap * sizeof(kvg_block));
-        if (!nb) {
-            return kvg_fail(KVG_ERR_NO_MEMORY, "block index");
-        }
-        r->blocks = nb;
-        r->cap    = cap;
+    rc = reserve_block(r);
+    if (rc != KVG_OK) {
+        return rc;
     }
     kvg_block b;
     rc = encode_block(s, kind, tier, codec, rows, n_rows, &b);
     if (rc != KVG_OK) {
         return rc;
     }
-    b.row0 = r->n_rows;
-    r->blocks[r->n_blocks++] = b;
-    r->n_rows += n_rows;
+    link_block(r, &b);
+    return KVG_OK;
+}
+
+int kvg_store_append_encoded(kvg_store * s, int32_t il, int32_t kind, int32_t tier, int32_t codec,
+                             int64_t n_rows, const void * data, size_t n_bytes) {
+    kvg_clear_error();
+    int rc = check_append(s, il, kind, tier, n_rows);
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    if (!data) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "data is NULL");
+    }
+    size_t want = 0;
+    rc = kvg_encoded_size(codec, kind, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &s->p.codec, &want);
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    if (n_bytes != want) {
+        return kvg_fail(KVG_ERR_BUFFER_SIZE, "%zu bytes given for %lld rows of %s, which take %zu", n_bytes,
+                        (long long) n_rows, kvg_codec_name(codec), want);
+    }
+    kvg_rows * r = &s->rows[il * 2 + kind];
+    rc = reserve_block(r);
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    kvg_block b = { 0, n_rows, codec, tier, n_bytes, (uint8_t *) malloc(n_bytes ? n_bytes : 1) };
+    if (!b.data) {
+        return kvg_fail(KVG_ERR_NO_MEMORY, "block of %zu bytes", n_bytes);
+    }
+    memcpy(b.data, data, n_bytes);
+    // Bytes from a file: refuse what no encoder writes before the block is visible to readers.
+    float * tmp = (float *) malloc((size_t) n_rows * (size_t) row_width(s, kind) * sizeof(float));
+    rc = tmp ? decode_block(s, kind, &b, tmp) : kvg_fail(KVG_ERR_NO_MEMORY, "check buffer");
+    free(tmp);
+    if (rc != KVG_OK) {
+        free(b.data);
+        return rc;
+    }
+    link_block(r, &b);
+    return KVG_OK;
+}
+
+int kvg_store_n_blocks(const kvg_store * s, int32_t il, int32_t kind, int64_t * out_blocks) {
+    kvg_clear_error();
+    int rc = check_layer_kind(s, il, kind);
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    if (!out_blocks) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "out_blocks is NULL");
+    }
+    *out_blocks = s->rows[il * 2 + kind].n_blocks;
+    return KVG_OK;
+}
+
+int kvg_store_block(const kvg_store * s, int32_t il, int32_t kind, int64_t bi, kvg_block_info * out,
+                    void * dst, size_t dst_bytes) {
+    kvg_clear_error();
+    int rc = check_layer_kind(s, il, kind);
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    const kvg_rows * r = &s->rows[il * 2 + kind];
+    if (!out || bi < 0 || bi >= r->n_blocks) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "block %lld is outside [0, %lld) or out is NULL", (long long) bi,
+                        (long long) r->n_blocks);
+    }
+    const kvg_block * b = &r->blocks[bi];
+    out->row0           = b->row0;
+    out->n_rows         = b->n_rows;
+    out->codec          = b->codec;
+    out->tier           = b->tier;
+    out->n_bytes        = b->n_bytes;
+    if (dst) {
+        if (dst_bytes != b->n_bytes) {
+            return kvg_fail(KVG_ERR_BUFFER_SIZE, "block holds %zu bytes, %zu given", b->n_bytes, dst_bytes);
+        }
+        memcpy(dst, b->data, b->n_bytes);
+    }
     return KVG_OK;
 }
 

@@ -1,0 +1,19 @@
+"""What can go wrong reading a session: each a ValueError the caller can catch as one."""
+
+from __future__ import annotations
+
+
+class SessionError(ValueError):
+    """A session file kvgguf will not load; the live context is left as it was."""
+
+
+class SessionCorruptError(SessionError):
+    """The bytes are not what kvgguf wrote: truncated, a checksum fails, a field is impossible."""
+
+
+class SessionVersionError(SessionError):
+    """Written by a format version (or with a codec) this kvgguf does not know."""
+
+
+class SessionMismatchError(SessionError):
+    """A sound file for another model, or for a cache this Llama cannot hold."""

@@ -1,0 +1,374 @@
+"""Saving and restoring one Llama's whole KV cache as a .kvz session.
+
+What a session holds, section by section (container.py frames them):
+
+    META  JSON: model fingerprint, mode ("stock" or "tiered"), token count, compressed-row
+          blocks, codecs and their parameters, the layout of llama.cpp's cache records
+    TOKS  the token ids (int32)
+    CELL  llama.cpp's cell records (positions), verbatim
+    Lnnn  per model layer nnn: K then V, each = the store's compressed blocks (as held, not
+          re-encoded) + the rows llama.cpp holds exactly, encoded with the session codec
+          (f16 when exact: bit for bit) or kept raw for quantized llama.cpp cache types
+
+Restoring checks and decodes everything into new objects first, then swaps them in; if
+llama.cpp still refuses, the previous state is put back. A bad file never half-applies.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import struct
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import llama_cpp.llama_cpp as C
+import numpy as np
+
+from .. import _llama_ext as ext
+from .. import codecs
+from ..model_shape import KVShape
+from ..store import KIND_K, KIND_V, EncodedBlock, KVStore
+from . import container, llama_state
+from .errors import SessionCorruptError, SessionError, SessionMismatchError, SessionVersionError
+from .fingerprint import ModelFingerprint
+
+FORMAT = "kvgguf-session"
+SEQ = 0
+RAW = 0xFF  # hot rows kept as llama.cpp's bytes (quantized cache types)
+_BLOCK = struct.Struct("<IBBHQ")  # n_rows, codec, tier, 0, n_bytes
+_HOT = struct.Struct("<iIIBBHQ")  # ggml type, n_rows, row bytes, codec (RAW), 0, 0, n_bytes
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """What a save wrote or a load restored."""
+
+    n_tokens: int
+    n_compressed: int  # tokens that were in the store (compressed tiers)
+    file_bytes: int
+    codec: str  # the codec of the rows llama.cpp held exactly
+
+
+# --- save ----------------------------------------------------------------------------------
+
+def dump(llm, *, codec: Optional[str] = None, exact: bool = False, entropy: bool = True) -> tuple[bytes, SessionInfo]:
+    """The .kvz bytes of llm's current context."""
+    kv = llm._kv
+    if exact:
+        codec = "f16"
+    elif codec is None:
+        codec = kv.config.warm if kv is not None else DEFAULT_STOCK_CODEC
+    codecs.get(codec)  # unknown names fail here, naming the known ones
+    shape = KVShape.of(llm)
+    fp = ModelFingerprint.of(llm)
+    ctx = llm._ctx.ctx
+    n_tokens = int(llm.n_tokens)
+    # Rows past n_tokens are dead (llama-cpp-python drops them lazily, at the next eval).
+    llm._ctx.kv_cache_seq_rm(-1, n_tokens, -1)
+    if kv is not None:
+        kv.truncate(n_tokens)
+    layers_of_cache = llama_state.cache_layers(ctx, shape.n_layer, ext.layer_info)
+    caches = llama_state.parse(_seq_state(ctx), layers_of_cache)
+    store = kv.store if kv is not None else None
+    n_cold = kv.n_cold if kv is not None else 0
+    _check_positions(caches, n_cold, n_tokens)
+
+    hot_rows = {layer.il: layer for c in caches for layer in c.layers}
+    cold_layers = list(kv.layers) if kv is not None and n_cold else []
+    meta = {
+        "format": FORMAT,
+        "fingerprint": fp.to_json(),
+        "mode": "tiered" if kv is not None else "stock",
+        "n_tokens": n_tokens,
+        "n_cold": n_cold,
+        "blocks": [[b.r0, b.r1, b.tier] for b in kv.blocks] if kv is not None else [],
+        "cold_layers": cold_layers,
+        "store": {"group_size": store.group_size, "seed": str(store.seed)} if store else None,
+        "codec": codec,
+        "caches": [{"n_cells": c.n_cells, "v_trans": c.v_trans, "layers": [l.il for l in c.layers]} for c in caches],
+        "config": asdict(kv.config) if kv is not None else None,
+    }
+    params = {"group_size": store.group_size, "seed": store.seed} if store else {}
+    hot_codec = codecs.get(codec, **params)
+    sections = [
+        (b"META", json.dumps(meta, sort_keys=True).encode()),
+        (b"TOKS", np.asarray(llm.input_ids[:n_tokens], dtype="<i4").tobytes()),
+        (b"CELL", b"".join(c.cells for c in caches)),
+    ]
+    for il in sorted(set(hot_rows) | set(cold_layers)):
+        parts = [struct.pack("<I", il)]
+        for kind in (KIND_K, KIND_V):
+            blocks = store.blocks(il, kind) if il in cold_layers else []
+            parts.append(struct.pack("<I", len(blocks)))
+            for b in blocks:
+                parts += [_BLOCK.pack(b.n_rows, codecs.get(b.codec).type, b.tier, 0, len(b.data)), b.data]
+            parts.append(_encode_hot(hot_rows.get(il), kind, shape, hot_codec))
+        sections.append((f"L{il:03d}".encode(), b"".join(parts)))
+    data = container.pack(sections, entropy=entropy)
+    return data, SessionInfo(n_tokens, n_cold, len(data), codec)
+
+
+DEFAULT_STOCK_CODEC = "rotq4"
+
+
+def _seq_state(ctx) -> bytes:
+    n = C.llama_state_seq_get_size(ctx, SEQ)
+    buf = (ctypes.c_uint8 * n)()
+    got = C.llama_state_seq_get_data(ctx, buf, n, SEQ)
+    if got != n:
+        raise RuntimeError(f"llama.cpp wrote {got} bytes of sequence state, announced {n}")
+    return bytes(buf)
+
+
+def _check_positions(caches, n_cold: int, n_tokens: int) -> None:
+    """The full-attention cache must hold exactly positions [n_cold, n_tokens)."""
+    pos = np.frombuffer(caches[0].cells, dtype="<i4").reshape(-1, 3)[:, 0] if caches[0].n_cells else np.empty(0)
+    if not np.array_equal(np.sort(pos), np.arange(n_cold, n_tokens)):
+        raise SessionError(
+            f"llama.cpp's cache holds positions other than [{n_cold}, {n_tokens}): the context was "
+            f"changed behind kvgguf.Llama's back (or a sequence other than 0 is in use)"
+        )
+
+
+def _head_dim(shape: KVShape, kind: int) -> int:
+    return shape.head_dim_k if kind == KIND_K else shape.head_dim_v
+
+
+def _encode_hot(layer: Optional[llama_state.LayerRows], kind: int, shape: KVShape, codec) -> bytes:
+    if layer is None:
+        return b"\x00"
+    ggml_type, rows = (layer.k_type, layer.k) if kind == KIND_K else (layer.v_type, layer.v)
+    n, row_bytes = rows.shape
+    if ggml_type in (llama_state.GGML_F16, llama_state.GGML_F32) and n:
+        dtype = np.float16 if ggml_type == llama_state.GGML_F16 else np.float32
+        x = rows.view(dtype).astype(np.float32).reshape(n, shape.n_head_kv, _head_dim(shape, kind))
+        data, codec_id = codec.encode(x, ("key", "value")[kind]).tobytes(), codec.type
+    else:
+        data, codec_id = rows.tobytes(), RAW
+    return b"\x01" + _HOT.pack(ggml_type, n, row_bytes, codec_id, 0, 0, len(data)) + data
+
+
+# --- load ----------------------------------------------------------------------------------
+
+@dataclass
+class _Restored:
+    meta: dict
+    tokens: np.ndarray
+    state: bytes  # for llama_state_seq_set_data
+    store: Optional[KVStore]
+
+
+def _json(payload: bytes) -> dict:
+    try:
+        meta = json.loads(payload.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise SessionCorruptError("session metadata is not JSON") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise SessionCorruptError("session metadata is not a kvgguf session's")
+    return meta
+
+
+def _field(meta: dict, key: str, kind, check=lambda v: True):
+    v = meta.get(key)
+    if not isinstance(v, kind) or isinstance(v, bool) and kind is not bool or not check(v):
+        raise SessionCorruptError(f"session metadata field {key!r} is missing or impossible")
+    return v
+
+
+def parse(llm, data: bytes) -> _Restored:
+    """Checks a session against llm and decodes it into new objects; changes nothing in llm."""
+    sections = container.unpack(data)
+    tags = [t for t, _ in sections]
+    if tags[:3] != [b"META", b"TOKS", b"CELL"]:
+        raise SessionCorruptError("a session starts with META, TOKS and CELL sections")
+    meta = _json(sections[0][1])
+    ModelFingerprint.from_json(meta.get("fingerprint")).require_same(ModelFingerprint.of(llm))
+    mode = _field(meta, "mode", str, lambda v: v in ("stock", "tiered"))
+    live_mode = "tiered" if llm._kv is not None else "stock"
+    if mode != live_mode:
+        raise SessionMismatchError(
+            f"the session was saved from a Llama with {'a kv_codec' if mode == 'tiered' else 'kv_codec=None'}; "
+            f"load it into one with {'a kv_codec' if mode == 'tiered' else 'kv_codec=None'}"
+        )
+    n_tokens = _field(meta, "n_tokens", int, lambda v: v >= 0)
+    n_cold = _field(meta, "n_cold", int, lambda v: 0 <= v <= n_tokens)
+    codec_name = _field(meta, "codec", str)
+    if codec_name not in codecs.names():
+        raise SessionVersionError(f"the session's codec {codec_name!r} is unknown to this kvgguf")
+    if n_tokens > llm.n_ctx():
+        raise SessionMismatchError(f"the session holds {n_tokens} tokens; this Llama's n_ctx is {llm.n_ctx()}")
+    tokens = np.frombuffer(sections[1][1], dtype="<i4")
+    if len(tokens) != n_tokens or (n_tokens and (tokens.min() < 0 or tokens.max() >= llm.n_vocab())):
+        raise SessionCorruptError("the session's token ids do not match its metadata or the vocabulary")
+
+    shape = KVShape.of(llm)
+    layers_of_cache = llama_state.cache_layers(llm._ctx.ctx, shape.n_layer, ext.layer_info)
+    caches = _caches_from_meta(meta, layers_of_cache, sections[2][1])
+    _check_positions(caches, n_cold, n_tokens)
+    hot_n = n_tokens - n_cold
+    if hot_n > C.llama_n_ctx(llm._ctx.ctx):
+        raise SessionMismatchError(
+            f"the session's {hot_n} exact rows do not fit this Llama's llama.cpp cache "
+            f"({C.llama_n_ctx(llm._ctx.ctx)} cells): use the hot window it was saved with"
+        )
+    store, blocks = _new_store(llm, meta, shape, n_cold) if mode == "tiered" else (None, [])
+    cold_layers = set(meta.get("cold_layers") or []) if n_cold else set()
+    hot_of = {il: c for c, layers in zip(caches, layers_of_cache) if c.n_cells for il in layers}
+    expect = sorted(set(hot_of) | cold_layers)
+    got = [t for t in tags[3:]]
+    if got != [f"L{il:03d}".encode() for il in expect]:
+        raise SessionCorruptError("the session's layer sections do not match its metadata")
+    params = {"group_size": store.group_size, "seed": store.seed} if store else {}
+    hot_codec = codecs.get(codec_name, **params)
+    for (tag, payload), il in zip(sections[3:], expect):
+        _read_layer(payload, il, il in cold_layers, store, hot_of.get(il), shape, hot_codec, n_cold)
+    state = llama_state.build(caches)
+    return _Restored(meta, tokens.astype(np.intc), state, store)
+
+
+def _caches_from_meta(meta: dict, layers_of_cache, cells: bytes) -> list[llama_state.CacheState]:
+    described = meta.get("caches")
+    if not isinstance(described, list) or len(described) != len(layers_of_cache):
+        raise SessionMismatchError("the session's llama.cpp cache layout differs from this model's")
+    caches, off = [], 0
+    for d, layers in zip(described, layers_of_cache):
+        if not isinstance(d, dict) or d.get("layers") != layers:
+            raise SessionMismatchError("the session's llama.cpp cache layout differs from this model's")
+        n = _field(d, "n_cells", int, lambda v: v >= 0)
+        v_trans = _field(d, "v_trans", bool)
+        size = 12 * n
+        if off + size > len(cells):
+            raise SessionCorruptError("the session's cell records are shorter than its metadata says")
+        rec = np.frombuffer(cells[off : off + size], dtype="<i4").reshape(-1, 3)
+        if n and (np.any(rec[:, 1] != 1) or np.any(rec[:, 2] != 0)):
+            raise SessionCorruptError("the session's cell records are not sequence 0's")
+        caches.append(llama_state.CacheState(cells[off : off + size], n, v_trans, []))
+        off += size
+    if off != len(cells):
+        raise SessionCorruptError("the session's cell records are longer than its metadata says")
+    return caches
+
+
+def _new_store(llm, meta: dict, shape: KVShape, n_cold: int):
+    params = meta.get("store")
+    if not isinstance(params, dict):
+        raise SessionCorruptError("a tiered session without store parameters")
+    group_size = _field(params, "group_size", int, lambda v: 0 < v < 2**31)
+    seed = _field(params, "seed", str, lambda v: v.isdigit() and int(v) < 2**64)
+    store = KVStore(shape.n_layer, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v,
+                    group_size=group_size, seed=int(seed))
+    live_layers = list(llm._kv.layers)
+    for il in range(shape.n_layer):
+        if il not in live_layers:
+            store.set_layer_enabled(il, False)
+    if n_cold and meta.get("cold_layers") != live_layers:
+        raise SessionMismatchError("the session compresses other layers than this Llama does")
+    blocks = meta.get("blocks")
+    if not isinstance(blocks, list):
+        raise SessionCorruptError("session metadata field 'blocks' is missing")
+    end = 0
+    for b in blocks:
+        if (not isinstance(b, list) or len(b) != 3 or not all(type(x) is int for x in b)
+                or b[0] != end or b[1] <= b[0] or b[2] not in (0, 1, 2)):
+            raise SessionCorruptError("session block list is not contiguous from row 0")
+        end = b[1]
+    if end != n_cold:
+        raise SessionCorruptError("session block list does not cover its compressed rows")
+    return store, blocks
+
+
+def _read_layer(payload: bytes, il: int, has_cold: bool, store, cache, shape, hot_codec, n_cold: int) -> None:
+    view, off = memoryview(payload), 0
+
+    def take(n: int) -> memoryview:
+        nonlocal off
+        if n < 0 or off + n > len(view):
+            raise SessionCorruptError(f"layer {il}'s section ends early")
+        off += n
+        return view[off - n : off]
+
+    if struct.unpack("<I", take(4))[0] != il:
+        raise SessionCorruptError(f"section of layer {il} names another layer")
+    names = codecs.names()
+    for kind in (KIND_K, KIND_V):
+        (n_blocks,) = struct.unpack("<I", take(4))
+        if n_blocks and not has_cold:
+            raise SessionCorruptError(f"layer {il} holds compressed rows the metadata does not list")
+        for _ in range(n_blocks):
+            n_rows, codec_id, tier, _z, n_bytes = _BLOCK.unpack(take(_BLOCK.size))
+            if codec_id >= len(names):
+                raise SessionVersionError(f"layer {il}: codec number {codec_id} is unknown to this kvgguf")
+            store.append_encoded(il, kind, EncodedBlock(n_rows, names[codec_id], tier, bytes(take(n_bytes))))
+        if has_cold and store.n_rows(il, kind) != n_cold:
+            raise SessionCorruptError(f"layer {il} holds {store.n_rows(il, kind)} compressed rows, not {n_cold}")
+        (has_hot,) = take(1)
+        if bool(has_hot) != (cache is not None) or has_hot > 1:
+            raise SessionCorruptError(f"layer {il}'s exact rows do not match the cache layout")
+        if has_hot:
+            _read_hot(take, il, kind, cache, shape, hot_codec)
+    if off != len(view):
+        raise SessionCorruptError(f"layer {il}'s section has trailing bytes")
+
+
+def _read_hot(take, il: int, kind: int, cache, shape: KVShape, hot_codec) -> None:
+    ggml_type, n, row_bytes, codec_id, _a, _b, n_bytes = _HOT.unpack(take(_HOT.size))
+    if n != cache.n_cells:
+        raise SessionCorruptError(f"layer {il} holds {n} exact rows, the cache {cache.n_cells}")
+    data = take(n_bytes)
+    width = shape.n_head_kv * _head_dim(shape, kind)
+    if codec_id == RAW:
+        if n_bytes != n * row_bytes:
+            raise SessionCorruptError(f"layer {il}: raw rows of the wrong size")
+        rows = np.frombuffer(data, dtype=np.uint8).reshape(n, row_bytes).copy()
+    else:
+        el = {llama_state.GGML_F16: 2, llama_state.GGML_F32: 4}.get(ggml_type)
+        if codec_id != hot_codec.type or el is None or row_bytes != width * el:
+            raise SessionCorruptError(f"layer {il}: exact rows with an impossible codec, type or width")
+        try:
+            x = hot_codec.decode(data, (n, shape.n_head_kv, _head_dim(shape, kind)), ("key", "value")[kind])
+        except ValueError as e:
+            raise SessionCorruptError(f"layer {il}: exact rows do not decode: {e}") from None
+        dtype = np.float16 if el == 2 else np.float32
+        rows = x.reshape(n, width).astype(dtype).view(np.uint8).reshape(n, row_bytes)
+    layer = next((l for l in cache.layers if l.il == il), None)
+    if layer is None:
+        layer = llama_state.LayerRows(il, 0, np.empty((0, 0), np.uint8), 0, np.empty((0, 0), np.uint8))
+        cache.layers.append(layer)
+    if kind == KIND_K:
+        layer.k_type, layer.k = ggml_type, rows
+    else:
+        layer.v_type, layer.v = ggml_type, rows
+
+
+def apply(llm, restored: _Restored) -> None:
+    """Swaps a parsed session into llm; puts the previous context back if llama.cpp refuses."""
+    ctx = llm._ctx.ctx
+    kv = llm._kv
+    before = _seq_state(ctx)
+    old = (llm.input_ids.copy(), llm.n_tokens, llm._requires_eval)
+    old_store = kv.snapshot() if kv is not None else None
+    try:
+        if kv is not None:
+            blocks = [tuple(b) for b in restored.meta["blocks"]]
+            kv.adopt(restored.store, blocks)
+        _set_seq_state(ctx, restored.state)
+    except BaseException:
+        if kv is not None:
+            kv.adopt(*old_store)
+        _set_seq_state(ctx, before)
+        llm.input_ids[:], llm.n_tokens, llm._requires_eval = old
+        raise
+    n = len(restored.tokens)
+    llm.input_ids[:n] = restored.tokens
+    llm.n_tokens = n
+    llm._requires_eval = True  # llama-cpp-python replays the last token before sampling
+
+
+def _set_seq_state(ctx, state: bytes) -> None:
+    C.llama_memory_seq_rm(C.llama_get_memory(ctx), SEQ, -1, -1)
+    buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+    if C.llama_state_seq_set_data(ctx, buf, len(state), SEQ) != len(state):
+        raise SessionMismatchError("llama.cpp refused the session's cache rows (its cache is too small?)")
+    if ext.compact(ctx) != 0:
+        raise RuntimeError("kvgguf: llama.cpp could not compact its KV cache after a restore")
