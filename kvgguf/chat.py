@@ -7,8 +7,8 @@ import time
 
 HELP = """commands:
   /stats        KV memory per tier, bits per value, tokens in context, last token rate
-  /save FILE    save the conversation (compressed sessions: not available yet)
-  /load FILE    load a saved conversation (compressed sessions: not available yet)
+  /save FILE    save the conversation and its KV cache, compressed (.kvz)
+  /load FILE    load a saved conversation (the same model)
   /reset        forget the conversation and empty the context
   /help         this text
   /quit         leave (Ctrl-D too); Ctrl-C stops a reply"""
@@ -64,6 +64,27 @@ class ChatSession:
         self.messages.append({"role": "assistant", "content": text})
         return text
 
+    def save(self, path: str) -> None:
+        try:
+            info = self.llm.save_session(path, app={"chat_messages": self.messages})
+        except (OSError, ValueError) as e:
+            print(f"/save failed: {e}", file=self.out)
+            return
+        print(f"saved {info.n_tokens} tokens to {path} ({info.file_bytes / 2**20:.2f} MiB, {info.codec})",
+              file=self.out)
+
+    def load(self, path: str) -> None:
+        from .session import SessionError
+
+        try:
+            info = self.llm.load_session(path)
+        except (OSError, SessionError) as e:
+            print(f"/load failed, the conversation is unchanged: {e}", file=self.out)
+            return
+        messages = (info.app or {}).get("chat_messages")
+        self.messages = list(messages) if isinstance(messages, list) else []
+        print(f"loaded {info.n_tokens} tokens, {len(self.messages)} messages from {path}", file=self.out)
+
     def stats(self) -> str:
         mem = self.llm.kv_memory()
         rate = f"{self.last_rate:.1f} tokens/s" if self.last_rate else "n/a"
@@ -82,7 +103,10 @@ class ChatSession:
             self.reset()
             print(f"context reset ({self.llm.n_tokens} tokens)", file=self.out)
         elif name in ("/save", "/load"):
-            print(f"{name}: compressed session files are not available in this version yet", file=self.out)
+            if not arg.strip():
+                print(f"{name} needs a file name", file=self.out)
+            else:
+                self.save(arg.strip()) if name == "/save" else self.load(arg.strip())
         else:
             print(f"unknown command {name!r}; /help lists them", file=self.out)
         self.out.flush()

@@ -126,7 +126,7 @@ class Codec:
 
     @property
     def family(self) -> str:
-        """``"f16"``, ``"kivi"`` or ``"rotq"``."""
+        """``"f16"``, ``"kivi"``, ``"rotq"`` or ``"crotq"``."""
         return self.name.rstrip("0123456789") if self.name != "f16" else "f16"
 
     def _params(self):
@@ -158,6 +158,8 @@ class Codec:
             return self.bits + 32 / self.group_size
         if self.family == "rotq":
             return self.bits + 16 / head_dim
+        if self.family == "crotq":  # + an f16 mean per channel per 128 tokens
+            return self.bits + 16 / head_dim + 16 / 128
         return float(self.bits)
 
     def encode(self, x, role: str = "key") -> np.ndarray:

@@ -182,16 +182,18 @@ class Llama(llama_cpp.Llama):
 
     # --- sessions -------------------------------------------------------------------------
 
-    def save_session(self, path, *, codec: Optional[str] = None, exact: bool = False,
-                     entropy: bool = True) -> SessionInfo:
+    def save_session(self, path, *, codec: Optional[session.CodecSpec] = None, exact: bool = False,
+                     entropy: bool = True, app: Optional[dict] = None) -> SessionInfo:
         """Writes the context (tokens and KV cache) to a .kvz file, atomically.
 
         Compressed rows are written as held. Rows llama.cpp holds exactly (the hot window,
-        or the whole stock cache) are encoded with `codec` (default: the warm codec, or
-        rotq4 for the stock cache), or kept bit for bit with exact=True. entropy=True
-        zstd-codes the file's sections.
+        or the whole stock cache) are encoded with `codec`: a codec name, a (K, V) pair of
+        names, or {layer: name or pair, "default": ...}; by default the warm codec (the
+        tiered cache) or kvgguf.session.DEFAULT_STOCK_CODEC. exact=True keeps them bit for
+        bit. entropy=True zstd-codes the file's sections. app: JSON data stored with it,
+        returned by load_session (the chat keeps its messages there).
         """
-        data, info = session.dump(self, codec=codec, exact=exact, entropy=entropy)
+        data, info = session.dump(self, codec=codec, exact=exact, entropy=entropy, app=app)
         write_atomic(path, data)
         return info
 
@@ -206,7 +208,9 @@ class Llama(llama_cpp.Llama):
         restored = session.parse(self, data)
         session.apply(self, restored)
         meta = restored.meta
-        return SessionInfo(meta["n_tokens"], meta["n_cold"], len(data), meta["codec"])
+        app = meta.get("app")
+        return SessionInfo(meta["n_tokens"], meta["n_cold"], len(data), meta["codec"],
+                           app if isinstance(app, dict) else None)
 
     def save_state(self):
         """llama-cpp-python's state; with a kv_codec or a compressed prompt cache, a

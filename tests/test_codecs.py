@@ -14,7 +14,8 @@ from kvgguf.codecs import KvgCorruptError
 
 KIVI = ["kivi2", "kivi3", "kivi4", "kivi8"]
 ROTQ = ["rotq1", "rotq2", "rotq3", "rotq4"]
-ALL = ["f16"] + KIVI + ROTQ
+CROTQ = ["crotq2", "crotq3", "crotq4"]
+ALL = ["f16"] + KIVI + ROTQ + CROTQ
 
 # MSE per unit variance of the optimal (Lloyd-Max) scalar quantizer of N(0, 1), by bits
 # (Max 1960, Table I). rotq must stay within 1.25x of it (TurboQuant's claim is ~1x).
@@ -109,7 +110,7 @@ def test_names_in_enum_order():
 
 
 def test_codec_properties():
-    assert [codecs.get(n).bits for n in ALL] == [16, 2, 3, 4, 8, 1, 2, 3, 4]
+    assert [codecs.get(n).bits for n in ALL] == [16, 2, 3, 4, 8, 1, 2, 3, 4, 2, 3, 4]
     assert codecs.get("kivi2", group_size=64).group_size == 64
     assert codecs.get("rotq3", seed=7).seed == 7
     assert codecs.get("rotq3").seed == codecs.get("rotq3", seed=None).seed
@@ -323,7 +324,8 @@ def test_nominal_bits_per_value(name):
         measured = len(c.encode(x)) * 8 / x.size
         assert c.nominal_bits_per_value(d) == pytest.approx(measured, rel=1e-12)
     expected = {"f16": 16.0, "kivi2": 3.0, "kivi3": 4.0, "kivi4": 5.0, "kivi8": 9.0,
-                "rotq1": 1.125, "rotq2": 2.125, "rotq3": 3.125, "rotq4": 4.125}[name]
+                "rotq1": 1.125, "rotq2": 2.125, "rotq3": 3.125, "rotq4": 4.125,
+                "crotq2": 2.25, "crotq3": 3.25, "crotq4": 4.25}[name]
     assert c.nominal_bits_per_value(128) == expected
     assert codecs.get("kivi4", group_size=128).nominal_bits_per_value(128) == 4.25
 
@@ -356,7 +358,7 @@ def special_values(rng, shape):
 def test_avx2_matches_scalar_oracle(name):
     rng = np.random.default_rng(5)
     for shape, g in SIMD_CASES:
-        if name in ROTQ and shape[-1] & (shape[-1] - 1):
+        if name in ROTQ + CROTQ and shape[-1] & (shape[-1] - 1):
             continue
         x = special_values(rng, shape)
         c = codecs.get(name, group_size=g)
@@ -581,6 +583,8 @@ def test_corrupt_header_is_detected_before_writing(name):
     for bad in [0x7E00, 0x7C00, 0xFC00, 0xBC00]:  # NaN, +Inf, -Inf, -1.0
         b = buf.copy()
         off = 0 if name == "f16" else (2 if name in KIVI else 6)  # a value / a kivi scale / a rotq norm
+        if name in CROTQ:
+            off += 2 * 64 * 2  # past the channel means (one group): a rotq norm
         b[off : off + 2] = np.frombuffer(np.uint16(bad).tobytes(), np.uint8)
         out = np.full(shape, 123.0, np.float32)
         if name == "f16" and bad == 0xBC00:
@@ -597,7 +601,7 @@ def test_corrupt_header_is_detected_before_writing(name):
 def test_concurrent_encode_decode():
     # head_dim 2048 is used by no other test: its codebook is built while threads race for it
     rng = np.random.default_rng(8)
-    blocks = [(name, rng.standard_normal((16, 2, 2048 if name in ROTQ else 64)).astype(np.float32))
+    blocks = [(name, rng.standard_normal((16, 2, 2048 if name in ROTQ + CROTQ else 64)).astype(np.float32))
               for name in ALL for _ in range(3)]
 
     def work(item):
@@ -611,3 +615,30 @@ def test_concurrent_encode_decode():
         ref_buf, ref_y = work((name, x))
         assert np.array_equal(buf, ref_buf)
         assert np.array_equal(y, ref_y)
+
+
+@pytest.mark.parametrize("name", CROTQ)
+def test_crotq_nonfinite_channel_mean_is_corrupt(name):
+    x = np.random.default_rng(2).standard_normal((4, 2, 64)).astype(np.float32)
+    buf = codecs.encode(name, x)
+    buf[10:12] = np.frombuffer(np.uint16(0x7E00).tobytes(), np.uint8)
+    out = np.full(x.shape, 123.0, np.float32)
+    with pytest.raises(KvgCorruptError):
+        codecs.get(name).decode_into(buf, out)
+    assert np.all(out == 123.0)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_crotq_removes_channel_offsets_that_rotq_pays_for(bits):
+    """Keys with per-channel offsets (outlier channels): centering first cuts the error."""
+    rng = np.random.default_rng(5)
+    offsets = rng.standard_normal((1, 2, 64)).astype(np.float32) * 4
+    x = rng.standard_normal((300, 2, 64)).astype(np.float32) + offsets
+    err = {}
+    for name in (f"rotq{bits}", f"crotq{bits}"):
+        y = codecs.decode(name, codecs.encode(name, x, "key"), x.shape, "key")
+        err[name] = float(((y - x) ** 2).sum() / (x ** 2).sum())
+    assert err[f"crotq{bits}"] < 0.5 * err[f"rotq{bits}"]
+    # 3 groups of 128 tokens' f16 means on top of rotq's bytes
+    extra = codecs.encoded_size(f"crotq{bits}", x.shape) - codecs.encoded_size(f"rotq{bits}", x.shape)
+    assert extra == 3 * 2 * 64 * 2

@@ -80,7 +80,11 @@ enum kvg_codec_type {
     KVG_CODEC_ROTQ1 = 5,
     KVG_CODEC_ROTQ2 = 6,
     KVG_CODEC_ROTQ3 = 7,
-    KVG_CODEC_ROTQ4 = 8
+    KVG_CODEC_ROTQ4 = 8,
+    // rotq of the residual after subtracting each channel's mean over 128-token groups (f16)
+    KVG_CODEC_CROTQ2 = 9,
+    KVG_CODEC_CROTQ3 = 10,
+    KVG_CODEC_CROTQ4 = 11
 };
 
 enum kvg_role {

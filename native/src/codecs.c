@@ -58,6 +58,9 @@ static const kvg_codec_traits k_traits[] = {
     [KVG_CODEC_ROTQ2] = { "rotq2",  2, kvg_rotq_size, kvg_rotq_encode_ref, kvg_rotq_decode_ref, kvg_rotq_encode_avx2, kvg_rotq_decode_avx2 },
     [KVG_CODEC_ROTQ3] = { "rotq3",  3, kvg_rotq_size, kvg_rotq_encode_ref, kvg_rotq_decode_ref, kvg_rotq_encode_avx2, kvg_rotq_decode_avx2 },
     [KVG_CODEC_ROTQ4] = { "rotq4",  4, kvg_rotq_size, kvg_rotq_encode_ref, kvg_rotq_decode_ref, kvg_rotq_encode_avx2, kvg_rotq_decode_avx2 },
+    [KVG_CODEC_CROTQ2] = { "crotq2", 2, kvg_crotq_size, kvg_crotq_encode_ref, kvg_crotq_decode_ref, kvg_crotq_encode_avx2, kvg_crotq_decode_avx2 },
+    [KVG_CODEC_CROTQ3] = { "crotq3", 3, kvg_crotq_size, kvg_crotq_encode_ref, kvg_crotq_decode_ref, kvg_crotq_encode_avx2, kvg_crotq_decode_avx2 },
+    [KVG_CODEC_CROTQ4] = { "crotq4", 4, kvg_crotq_size, kvg_crotq_encode_ref, kvg_crotq_decode_ref, kvg_crotq_encode_avx2, kvg_crotq_decode_avx2 },
 };
 _Static_assert(sizeof(k_traits) / sizeof(k_traits[0]) == KVG_CODEC_COUNT_, "one traits row per codec type");
 

@@ -13,7 +13,7 @@
 #    pragma GCC visibility push(hidden)
 #endif
 
-#define KVG_CODEC_COUNT_ 9
+#define KVG_CODEC_COUNT_ 12
 
 // A SIMD kernel returns this when the shape is outside its fast path; the caller then
 // runs the reference. Positive, so it can never be mistaken for a public status.
@@ -180,6 +180,14 @@ int kvg_rotq_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_rotq_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
 int kvg_rotq_encode_avx2(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_rotq_decode_avx2(const kvg_job * job, const uint8_t * src, float * dst);
+
+// ---- crotq: rotq of the residual after per-channel group means (crotq.c) ----------------
+
+int kvg_crotq_size(const kvg_job * job, size_t * out_bytes);
+int kvg_crotq_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
+int kvg_crotq_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
+int kvg_crotq_encode_avx2(const kvg_job * job, const float * src, uint8_t * dst);
+int kvg_crotq_decode_avx2(const kvg_job * job, const uint8_t * src, float * dst);
 
 // ---- simd_avx2.c ---------------------------------------------------------------------------
 

@@ -1,0 +1,170 @@
+"""Session files: size, save/load time and quality after restore, against llama.cpp's own.
+
+For each context length, a stretch of WikiText-2 is prefilled, the context is saved and
+restored, and the next 256 tokens are scored (teacher forcing) against the logits of the same
+context never saved (stock llama.cpp, f16 cache). llama.cpp's rows use llama_state_seq_save_file /
+_load_file with an f16 and a q8_0 cache; kvgguf's use Llama.save_session / load_session on the
+stock f16 cache (one codec for every row) and on the live tiered cache.
+
+    .venv/bin/python benchmarks/sessions.py --ctx 2048,8192
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+TEXT = HERE.parent.parent / "shared" / "data" / "wikitext-2-test.txt"
+NEXT = 256
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    x = x - x.max(axis=1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+
+
+def score(llm, tokens) -> np.ndarray:
+    return np.concatenate([lg.copy() for _, lg in llm.eval_logits(tokens)])
+
+
+def compare(ref: np.ndarray, got: np.ndarray) -> dict:
+    lr, lg = log_softmax(ref), log_softmax(got)
+    kl = (np.exp(lr) * (lr - lg)).sum(axis=1)
+    return {"kl": float(kl.mean()), "top1": float((ref.argmax(1) == got.argmax(1)).mean())}
+
+
+def llama_cpp_session(src, dst, path: str, ctx_tokens, next_tokens, ref) -> dict:
+    """llama.cpp's own sequence file: save from src, load into the fresh dst, continue there."""
+    import llama_cpp.llama_cpp as C
+
+    n = len(ctx_tokens)
+    src._ctx.kv_cache_seq_rm(-1, n, -1)  # rows past the context (from scoring) are not part of it
+    toks = (C.llama_token * n)(*ctx_tokens)
+    t0 = time.perf_counter()
+    if C.llama_state_seq_save_file(src._ctx.ctx, path.encode(), 0, toks, n) == 0:
+        raise RuntimeError("llama_state_seq_save_file failed")
+    t_save = time.perf_counter() - t0
+    dst.reset()
+    C.llama_memory_clear(C.llama_get_memory(dst._ctx.ctx), True)
+    out = (C.llama_token * n)()
+    n_out = ctypes.c_size_t()
+    t0 = time.perf_counter()
+    if C.llama_state_seq_load_file(dst._ctx.ctx, path.encode(), 0, out, n, ctypes.byref(n_out)) == 0:
+        raise RuntimeError("llama_state_seq_load_file failed")
+    t_load = time.perf_counter() - t0
+    dst.input_ids[:n] = ctx_tokens
+    dst.n_tokens = n
+    row = {"bytes": os.path.getsize(path), "save_s": t_save, "load_s": t_load}
+    row.update(compare(ref, score(dst, next_tokens)))
+    return row
+
+
+def kvgguf_session(src, dst, path: str, n: int, next_tokens, ref, unsaved=None, **save_kw) -> dict:
+    """Llama.save_session from src, load_session into the fresh dst, continue there."""
+    src.n_tokens = n
+    t0 = time.perf_counter()
+    info = src.save_session(path, **save_kw)
+    t_save = time.perf_counter() - t0
+    if unsaved is not None:  # the same cache continuing without a save (lossy caches)
+        unsaved = score(src, next_tokens)
+    dst.reset()
+    t0 = time.perf_counter()
+    dst.load_session(path)
+    t_load = time.perf_counter() - t0
+    assert dst.n_tokens == n
+    row = {"bytes": info.file_bytes, "save_s": t_save, "load_s": t_load, "compressed_tokens": info.n_compressed}
+    got = score(dst, next_tokens)
+    row.update(compare(ref, got))
+    if unsaved is not None:
+        row["kl_vs_same_cache_unsaved"] = compare(unsaved, got)["kl"]
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--ctx", default="2048,8192")
+    p.add_argument("--codecs", default="f16,f16+zstd,rotq4,rotq4+zstd,kivi4+zstd,rotq3+zstd,kivi3+zstd",
+                   help="session codecs for the stock cache (f16 = exact; +zstd: entropy-coded)")
+    p.add_argument("--batch", type=int, default=512)
+    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("--out", default=str(HERE / "results" / "sessions"))
+    args = p.parse_args(argv)
+
+    import kvgguf
+
+    path = str(kvgguf.models.path(args.model))
+    text = TEXT.read_text(encoding="utf-8")
+    results = {"model": args.model, "next_tokens": NEXT, "contexts": {}}
+    tmp = tempfile.mkdtemp(prefix="kvgguf-sessions-")
+    for n in (int(c) for c in args.ctx.split(",")):
+        kw = dict(n_ctx=n + NEXT, n_batch=args.batch, n_ubatch=args.batch, flash_attn=True, verbose=False,
+                  n_threads=args.threads, n_threads_batch=args.threads)
+        rows = {}
+        src, dst = kvgguf.Llama(path, **kw), kvgguf.Llama(path, **kw)
+        tokens = src.tokenize(text[: (n + NEXT) * 12].encode("utf-8"))[: n + NEXT]
+        ctx_tokens, next_tokens = tokens[:n], tokens[n:]
+        print(f"ctx {n}: prefill f16", file=sys.stderr, flush=True)
+        src.eval(ctx_tokens)
+        ref = score(src, next_tokens)
+        src.n_tokens = n
+        rows["llama.cpp f16"] = llama_cpp_session(src, dst, f"{tmp}/f16.bin", ctx_tokens, next_tokens, ref)
+        for variant in args.codecs.split(","):
+            codec, _, zstd = variant.partition("+")
+            name = f"kvgguf {codec}{' +zstd' if zstd else ''}"
+            print(f"ctx {n}: {name}", file=sys.stderr, flush=True)
+            rows[name] = kvgguf_session(src, dst, f"{tmp}/s.kvz", n, next_tokens, ref,
+                                        codec=codec, exact=codec == "f16", entropy=bool(zstd))
+        src.close(), dst.close()
+
+        print(f"ctx {n}: prefill q8_0", file=sys.stderr, flush=True)
+        src, dst = (kvgguf.Llama(path, type_k="q8_0", type_v="q8_0", **kw) for _ in range(2))
+        src.eval(ctx_tokens)
+        rows["llama.cpp q8_0"] = llama_cpp_session(src, dst, f"{tmp}/q8.bin", ctx_tokens, next_tokens, ref)
+        src.close(), dst.close()
+
+        print(f"ctx {n}: prefill tiered", file=sys.stderr, flush=True)
+        tkw = {**kw, "n_batch": 256, "n_ubatch": 256}
+        src, dst = (kvgguf.Llama(path, kv_codec="tiered", **tkw) for _ in range(2))
+        src.eval(ctx_tokens)
+        rows["kvgguf tiered +zstd"] = kvgguf_session(src, dst, f"{tmp}/t.kvz", n, next_tokens, ref,
+                                                     unsaved=True, entropy=True)
+        src.close(), dst.close()
+
+        f16 = rows["llama.cpp f16"]["bytes"]
+        for r in rows.values():
+            r["fraction_of_f16"] = r["bytes"] / f16
+        results["contexts"][str(n)] = rows
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out + ".json").write_text(json.dumps(results, indent=1))
+    Path(args.out + ".md").write_text(markdown(results))
+    print(markdown(results))
+    return 0
+
+
+def markdown(results: dict) -> str:
+    lines = [f"Sessions, {results['model']}: KL and top-1 over the next {results['next_tokens']} tokens "
+             "after restore, against the f16 cache never saved.", ""]
+    for n, rows in results["contexts"].items():
+        lines += [f"**{n} tokens of context**", "",
+                  "| session | file MiB | of f16 file | save s | load s | KL | top-1 |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for name, r in rows.items():
+            lines.append(f"| {name} | {r['bytes'] / 2**20:.2f} | 1/{1 / r['fraction_of_f16']:.2f} | "
+                         f"{r['save_s']:.2f} | {r['load_s']:.2f} | {r['kl']:.4f} | {r['top1']:.3f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
