@@ -6,7 +6,7 @@ context never saved (stock llama.cpp, f16 cache). llama.cpp's rows use llama_sta
 _load_file with an f16 and a q8_0 cache; kvgguf's use Llama.save_session / load_session on the
 stock f16 cache (one codec for every row) and on the live tiered cache.
 
-    .venv/bin/python benchmarks/sessions.py --ctx 2048,8192
+    .venv/bin/python benchmarks/sessions.py --ctx 2048,8192 --readme README.md
 """
 
 from __future__ import annotations
@@ -94,11 +94,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--ctx", default="2048,8192")
-    p.add_argument("--codecs", default="f16,f16+zstd,rotq4,rotq4+zstd,kivi4+zstd,rotq3+zstd,kivi3+zstd",
-                   help="session codecs for the stock cache (f16 = exact; +zstd: entropy-coded)")
+    p.add_argument("--codecs", default="f16,f16+zstd,rotq4+zstd,rotq4/rotq3,rotq4/rotq3+zstd,kivi4+zstd,"
+                                       "crotq3/rotq3+zstd,rotq3+zstd",
+                   help="session codecs for the stock cache (f16 = exact; K/V for a pair; +zstd: "
+                        "entropy-coded); the default of save_session is rotq4/rotq3+zstd")
     p.add_argument("--batch", type=int, default=512)
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--out", default=str(HERE / "results" / "sessions"))
+    p.add_argument("--readme", help="also put the table into this README between the sessions markers")
     args = p.parse_args(argv)
 
     import kvgguf
@@ -120,11 +123,12 @@ def main(argv=None) -> int:
         src.n_tokens = n
         rows["llama.cpp f16"] = llama_cpp_session(src, dst, f"{tmp}/f16.bin", ctx_tokens, next_tokens, ref)
         for variant in args.codecs.split(","):
-            codec, _, zstd = variant.partition("+")
-            name = f"kvgguf {codec}{' +zstd' if zstd else ''}"
+            spec, _, zstd = variant.partition("+")
+            codec = tuple(spec.split("/")) if "/" in spec else spec  # "K/V"
+            name = f"kvgguf {spec}{' +zstd' if zstd else ''}"
             print(f"ctx {n}: {name}", file=sys.stderr, flush=True)
             rows[name] = kvgguf_session(src, dst, f"{tmp}/s.kvz", n, next_tokens, ref,
-                                        codec=codec, exact=codec == "f16", entropy=bool(zstd))
+                                        codec=codec, exact=spec == "f16", entropy=bool(zstd))
         src.close(), dst.close()
 
         print(f"ctx {n}: prefill q8_0", file=sys.stderr, flush=True)
@@ -149,7 +153,16 @@ def main(argv=None) -> int:
     Path(args.out + ".json").write_text(json.dumps(results, indent=1))
     Path(args.out + ".md").write_text(markdown(results))
     print(markdown(results))
+    if args.readme:
+        write_readme(Path(args.readme), markdown(results))
     return 0
+
+
+def write_readme(path: Path, table: str) -> None:
+    begin, end = "<!-- sessions:begin -->", "<!-- sessions:end -->"
+    text = path.read_text(encoding="utf-8")
+    a, b = text.index(begin) + len(begin), text.index(end)
+    path.write_text(text[:a] + "\n" + table.strip() + "\n" + text[b:], encoding="utf-8")
 
 
 def markdown(results: dict) -> str:
@@ -163,6 +176,11 @@ def markdown(results: dict) -> str:
             lines.append(f"| {name} | {r['bytes'] / 2**20:.2f} | 1/{1 / r['fraction_of_f16']:.2f} | "
                          f"{r['save_s']:.2f} | {r['load_s']:.2f} | {r['kl']:.4f} | {r['top1']:.3f} |")
         lines.append("")
+        for name, r in rows.items():
+            if "kl_vs_same_cache_unsaved" in r:
+                lines += [f"{name}: {r['compressed_tokens']} of the {n} tokens were in the compressed tiers "
+                          f"before saving; KL against the same tiered cache never saved "
+                          f"{r['kl_vs_same_cache_unsaved']:.4f}.", ""]
     return "\n".join(lines)
 
 

@@ -226,7 +226,8 @@ class Llama(llama_cpp.Llama):
     def load_state(self, state):
         if isinstance(state, SessionState):
             self._load_session_bytes(state.llama_state)
-            self._seed = state.seed
+            if state.seed is not None:  # None: a state read back from disk
+                self._seed = state.seed
             return
         if self._kv is not None:
             raise TypeError("with a kv_codec, load_state takes the SessionState that save_state returns")

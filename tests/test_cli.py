@@ -57,6 +57,38 @@ def test_chat_in_a_terminal_streams_stats_resets_interrupts_and_quits():
     assert child.exitstatus == 0
 
 
+def test_chat_saves_and_loads_a_conversation(tmp_path):
+    child = spawn_chat("--kv-codec", "tiered", "-c", "1024", "--temp", "0", "-n", "16", "-t", "2")
+    child.sendline("Name a color.")
+    child.expect("> ")
+    child.sendline(f"/save {tmp_path / 'chat.kvz'}")
+    child.expect(r"saved (\d+) tokens to .*chat\.kvz \([\d.]+ MiB")
+    saved = int(child.match.group(1))
+    assert saved > 0 and (tmp_path / "chat.kvz").exists()
+    child.expect("> ")
+    child.sendline("/reset")
+    child.expect(r"context reset \(0 tokens\)")
+    child.expect("> ")
+    child.sendline(f"/load {tmp_path / 'missing.kvz'}")
+    child.expect("/load failed, the conversation is unchanged")
+    child.expect("> ")
+    child.sendline(f"/load {tmp_path / 'chat.kvz'}")
+    child.expect(r"loaded (\d+) tokens, 2 messages")
+    assert int(child.match.group(1)) == saved
+    child.expect("> ")
+    child.sendline("/stats")
+    child.expect(r"tokens in context: (\d+) / 1024")
+    assert int(child.match.group(1)) == saved
+    child.expect("> ")
+    child.sendline("And another one?")  # the conversation goes on from the loaded context
+    child.expect("> ")
+    assert len(child.before.strip()) > 0
+    child.sendline("/quit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
 def test_chat_exits_on_ctrl_d():
     child = spawn_chat("-c", "512")
     child.sendeof()

@@ -131,7 +131,7 @@ class CompressedDiskCache(CompressedCache):
             self._remove(k)
             raise KeyError("the cached session no longer loads") from None
         os.utime(self._file(name))  # most recently used
-        return SessionState(tokens, data, 0)
+        return SessionState(tokens, data, None)
 
     def __contains__(self, key: Sequence[int]) -> bool:
         return self._find_longest_prefix_key(tuple(key)) is not None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import llama_cpp
 import numpy as np
 
@@ -11,7 +13,7 @@ class SessionState(llama_cpp.LlamaState):
     their tokens) instead of llama.cpp's raw state; llama_state_size is its length, the
     bytes a prompt cache holds for it. No logits: a restored context replays its last token."""
 
-    def __init__(self, input_ids: np.ndarray, kvz: bytes, seed: int):
+    def __init__(self, input_ids: np.ndarray, kvz: bytes, seed: Optional[int]):
         super().__init__(
             input_ids=input_ids,
             scores=np.empty((0, 0), dtype=np.single),
