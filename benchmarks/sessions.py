@@ -27,20 +27,15 @@ TEXT = HERE.parent.parent / "shared" / "data" / "wikitext-2-test.txt"
 NEXT = 256
 
 
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    x = x - x.max(axis=1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
-
-
 def score(llm, tokens) -> np.ndarray:
     return np.concatenate([lg.copy() for _, lg in llm.eval_logits(tokens)])
 
 
 def compare(ref: np.ndarray, got: np.ndarray) -> dict:
-    lr, lg = log_softmax(ref), log_softmax(got)
-    kl = (np.exp(lr) * (lr - lg)).sum(axis=1)
-    return {"kl": float(kl.mean()), "top1": float((ref.argmax(1) == got.argmax(1)).mean())}
+    from kvgguf.evaluate import kl_top1
+
+    kl, top1 = kl_top1(ref, got)
+    return {"kl": kl, "top1": top1}
 
 
 def llama_cpp_session(src, dst, path: str, ctx_tokens, next_tokens, ref) -> dict:

@@ -96,6 +96,12 @@ def score(ref_logits: np.ndarray, test_logits: np.ndarray, next_tokens: np.ndarr
     return np.concatenate(kl), np.concatenate(agree), np.concatenate(nll_ref), np.concatenate(nll_test)
 
 
+def kl_top1(ref_logits: np.ndarray, test_logits: np.ndarray) -> tuple[float, float]:
+    """Mean KL(p_ref || p_test) and top-1 agreement over the rows of two logit arrays."""
+    kl, agree, _, _ = score(ref_logits, test_logits, np.full(len(ref_logits), -1))
+    return float(kl.mean()), float(agree.mean())
+
+
 @dataclass
 class Result:
     name: str

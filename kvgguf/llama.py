@@ -219,7 +219,7 @@ class Llama(llama_cpp.Llama):
         if self._kv is None and cache is None:
             return super().save_state()
         codec = cache.codec if cache is not None else None
-        data, _info = session.dump(self, codec=codec, exact=codec is None and cache is None,
+        data, _info = session.dump(self, codec=codec, exact=cache is None,
                                    entropy=cache.entropy if cache is not None else False)
         return SessionState(self.input_ids[: self.n_tokens].copy(), data, self._seed)
 

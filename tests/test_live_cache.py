@@ -10,6 +10,7 @@ import pytest
 import kvgguf
 from kvgguf import Llama, TieredConfig, codecs
 from kvgguf import _llama_ext as ext
+from kvgguf.evaluate import kl_top1
 from kvgguf.store import KIND_K, KIND_V, TIER_ARCHIVE, TIER_SINK, TIER_WARM
 
 from conftest import SHARED
@@ -27,18 +28,6 @@ def wiki_tokens(smollm2_path):
 def stock(path, n_ctx, n_batch, **kw):
     return llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, logits_all=True,
                            verbose=False, n_threads=N_THREADS, **kw)
-
-
-def log_softmax(x):
-    x = x.astype(np.float64)
-    x = x - x.max(axis=1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
-
-
-def kl_top1(ref_logits, test_logits):
-    lr, lt = log_softmax(ref_logits), log_softmax(test_logits)
-    kl = (np.exp(lr) * (lr - lt)).sum(axis=1)
-    return kl.mean(), (lr.argmax(1) == lt.argmax(1)).mean()
 
 
 F16_COLD = TieredConfig(hot=64, sinks=0, warm="f16", warm_tokens=0, archive=None, block=32)

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import kvgguf
 from kvgguf import (CompressedDiskCache, CompressedRAMCache, Llama, SessionCorruptError, SessionError,
                     SessionMismatchError, SessionVersionError, TieredConfig)
+from kvgguf.evaluate import kl_top1
 from kvgguf.session import container
 from kvgguf.session import session as kvz
 
@@ -42,15 +43,8 @@ def greedy(llm, tokens, n=12):
     return out
 
 
-def log_softmax(x):
-    x = x.astype(np.float64)
-    x = x - x.max(axis=1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
-
-
 def kl(ref, got):
-    lr, lg = log_softmax(ref), log_softmax(got)
-    return float((np.exp(lr) * (lr - lg)).sum(axis=1).mean())
+    return kl_top1(ref, got)[0]
 
 
 def scores(llm, tokens):

@@ -61,6 +61,11 @@ class _Reader:
         return struct.unpack(fmt, self.take(struct.calcsize(fmt)))
 
 
+def cell_records(cells: bytes) -> np.ndarray:
+    """The cell records of a single-sequence state as rows of (pos, n_seq_id, seq_id)."""
+    return np.frombuffer(cells, dtype="<i4").reshape(-1, 3)
+
+
 def cache_layers(llm_ctx, n_layer: int, layer_info) -> list[list[int]]:
     """The model layers of each cache record, in record order (full-attention layers first)."""
     full, swa = [], []

@@ -43,6 +43,9 @@ class CompressedCache(BaseLlamaCache):
                 best, best_len = k, n
         return best
 
+    def __contains__(self, key: Sequence[int]) -> bool:
+        return self._find_longest_prefix_key(tuple(key)) is not None
+
     @staticmethod
     def _check_state(value) -> SessionState:
         if not isinstance(value, SessionState):
@@ -78,9 +81,6 @@ class CompressedRAMCache(CompressedCache):
             raise KeyError("no cached prefix")
         self.cache_state.move_to_end(k)
         return self.cache_state[k]
-
-    def __contains__(self, key: Sequence[int]) -> bool:
-        return self._find_longest_prefix_key(tuple(key)) is not None
 
     def __setitem__(self, key: Sequence[int], value: SessionState) -> None:
         value = self._check_state(value)
@@ -132,9 +132,6 @@ class CompressedDiskCache(CompressedCache):
             raise KeyError("the cached session no longer loads") from None
         os.utime(self._file(name))  # most recently used
         return SessionState(tokens, data, None)
-
-    def __contains__(self, key: Sequence[int]) -> bool:
-        return self._find_longest_prefix_key(tuple(key)) is not None
 
     def __setitem__(self, key: Sequence[int], value: SessionState) -> None:
         value = self._check_state(value)

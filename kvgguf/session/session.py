@@ -43,7 +43,6 @@ _SEGMENT = struct.Struct("<IBBHQ")  # n_rows, codec (or RAW), 0, 0, n_bytes
 SINKS = 4  # first positions kept exact in every session (attention sinks)
 # Keeping the newest positions exact too was measured and dropped: on SmolLM2 at 600 tokens,
 # 128 exact recent rows moved KL from 0.030 to 0.026 for 60% more bytes.
-RECENT = 0
 
 
 @dataclass(frozen=True)
@@ -115,9 +114,13 @@ def dump(llm, *, codec: Optional[CodecSpec] = None, exact: bool = False, entropy
     n_cold = kv.n_cold if kv is not None else 0
     _check_positions(caches, n_cold, n_tokens)
     choice = codec_choice(codec, shape.n_layer)
+    described = describe(choice)
 
-    hot_rows = {layer.il: layer for c in caches for layer in c.layers}
-    exact_rows = {layer.il: _exact_rows(c.cells, SINKS, n_tokens - RECENT) for c in caches for layer in c.layers}
+    hot_rows, sink_rows = {}, {}
+    for c in caches:
+        n_sink = _sink_rows(c.cells)
+        for layer in c.layers:
+            hot_rows[layer.il], sink_rows[layer.il] = layer, n_sink
     cold_layers = list(kv.layers) if kv is not None and n_cold else []
     meta = {
         "format": FORMAT,
@@ -128,7 +131,7 @@ def dump(llm, *, codec: Optional[CodecSpec] = None, exact: bool = False, entropy
         "blocks": [[b.r0, b.r1, b.tier] for b in kv.blocks] if kv is not None else [],
         "cold_layers": cold_layers,
         "store": {"group_size": store.group_size, "seed": str(store.seed)} if store else None,
-        "codec": describe(choice),
+        "codec": described,
         "caches": [{"n_cells": c.n_cells, "v_trans": c.v_trans, "layers": [l.il for l in c.layers]} for c in caches],
         "config": asdict(kv.config) if kv is not None else None,
         "app": app,
@@ -147,10 +150,10 @@ def dump(llm, *, codec: Optional[CodecSpec] = None, exact: bool = False, entropy
             for b in blocks:
                 parts += [_BLOCK.pack(b.n_rows, codecs.get(b.codec).type, b.tier, 0, len(b.data)), b.data]
             parts.append(_encode_hot(hot_rows.get(il), kind, shape, codecs.get(choice[il, kind], **params),
-                                     exact_rows.get(il, (0, 0))))
+                                     sink_rows.get(il, 0)))
         sections.append((f"L{il:03d}".encode(), b"".join(parts)))
     data = container.pack(sections, entropy=entropy)
-    return data, SessionInfo(n_tokens, n_cold, len(data), describe(choice), app)
+    return data, SessionInfo(n_tokens, n_cold, len(data), described, app)
 
 
 # Measured (benchmarks/sessions.py, SmolLM2 2K): keys need the 4th bit far more than values.
@@ -168,7 +171,7 @@ def _seq_state(ctx) -> bytes:
 
 def _check_positions(caches, n_cold: int, n_tokens: int) -> None:
     """The full-attention cache must hold exactly positions [n_cold, n_tokens)."""
-    pos = np.frombuffer(caches[0].cells, dtype="<i4").reshape(-1, 3)[:, 0] if caches[0].n_cells else np.empty(0)
+    pos = llama_state.cell_records(caches[0].cells)[:, 0]
     if not np.array_equal(np.sort(pos), np.arange(n_cold, n_tokens)):
         raise SessionError(
             f"llama.cpp's cache holds positions other than [{n_cold}, {n_tokens}): the context was "
@@ -180,20 +183,18 @@ def _head_dim(shape: KVShape, kind: int) -> int:
     return shape.head_dim_k if kind == KIND_K else shape.head_dim_v
 
 
-def _exact_rows(cells: bytes, sinks: int, recent_from: int) -> tuple[int, int]:
-    """(leading, trailing) rows, in cell order, kept exact in the file: the attention sinks
-    (positions < sinks) and the newest tokens (positions >= recent_from). Only where llama.cpp
-    holds the rows in position order (it does after kvgguf's compaction); else (0, 0)."""
-    pos = np.frombuffer(cells, dtype="<i4").reshape(-1, 3)[:, 0]
-    if len(pos) == 0 or np.any(np.diff(pos) <= 0):
-        return 0, 0
-    lead = int(np.searchsorted(pos, sinks))
-    trail = len(pos) - max(int(np.searchsorted(pos, recent_from)), lead)
-    return lead, trail
+def _sink_rows(cells: bytes) -> int:
+    """Leading rows (cell order) that hold the attention sinks (positions < SINKS), kept exact
+    in the file; only where llama.cpp holds the rows in position order (it does after
+    kvgguf's compaction), else 0."""
+    pos = llama_state.cell_records(cells)[:, 0]
+    if np.any(np.diff(pos) <= 0):
+        return 0
+    return int(np.searchsorted(pos, SINKS))
 
 
 def _encode_hot(layer: Optional[llama_state.LayerRows], kind: int, shape: KVShape, codec,
-                exact: tuple[int, int]) -> bytes:
+                n_sink: int) -> bytes:
     """Exact rows of one layer and kind: ggml type, count, row bytes, then segments (the
     attention sinks in f16, the rest with codec; raw bytes for quantized cache types)."""
     if layer is None:
@@ -205,8 +206,7 @@ def _encode_hot(layer: Optional[llama_state.LayerRows], kind: int, shape: KVShap
         dtype = np.float16 if ggml_type == llama_state.GGML_F16 else np.float32
         x = rows.view(dtype).astype(np.float32).reshape(n, shape.n_head_kv, _head_dim(shape, kind))
         f16 = codecs.get("f16")
-        lead, trail = exact
-        for c, part in ((f16, x[:lead]), (codec, x[lead : n - trail]), (f16, x[n - trail :])):
+        for c, part in ((f16, x[:n_sink]), (codec, x[n_sink:])):
             if len(part):
                 segments.append((len(part), c.type, c.encode(part, ("key", "value")[kind]).tobytes()))
     elif n:
@@ -225,6 +225,7 @@ class _Restored:
     tokens: np.ndarray
     state: bytes  # for llama_state_seq_set_data
     store: Optional[KVStore]
+    blocks: list  # (r0, r1, tier) of the store's blocks
 
 
 def _json(payload: bytes) -> dict:
@@ -292,7 +293,7 @@ def parse(llm, data: bytes) -> _Restored:
         except KvgError as e:  # the codecs refuse bytes no encoder writes, or sizes that do not fit
             raise SessionCorruptError(f"layer {il}: {e}") from None
     state = llama_state.build(caches)
-    return _Restored(meta, tokens.astype(np.intc), state, store)
+    return _Restored(meta, tokens.astype(np.intc), state, store, [tuple(b) for b in blocks])
 
 
 def _caches_from_meta(meta: dict, layers_of_cache, cells: bytes) -> list[llama_state.CacheState]:
@@ -308,7 +309,7 @@ def _caches_from_meta(meta: dict, layers_of_cache, cells: bytes) -> list[llama_s
         size = 12 * n
         if off + size > len(cells):
             raise SessionCorruptError("the session's cell records are shorter than its metadata says")
-        rec = np.frombuffer(cells[off : off + size], dtype="<i4").reshape(-1, 3)
+        rec = llama_state.cell_records(cells[off : off + size])
         if n and (np.any(rec[:, 1] != 1) or np.any(rec[:, 2] != 0)):
             raise SessionCorruptError("the session's cell records are not sequence 0's")
         caches.append(llama_state.CacheState(cells[off : off + size], n, v_trans, []))
@@ -426,8 +427,7 @@ def apply(llm, restored: _Restored) -> None:
     old_store = kv.snapshot() if kv is not None else None
     try:
         if kv is not None:
-            blocks = [tuple(b) for b in restored.meta["blocks"]]
-            kv.adopt(restored.store, blocks)
+            kv.adopt(restored.store, restored.blocks)
         _set_seq_state(ctx, restored.state)
     except BaseException:
         if kv is not None:
