@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-TEXT = HERE.parent.parent / "shared" / "data" / "wikitext-2-test.txt"
 
 
 def rss_bytes() -> int:
@@ -32,9 +31,10 @@ def rss_bytes() -> int:
 
 def run_one(model: str, n_ctx: int, cache: str, n_decode: int, threads: int, batch: int) -> dict:
     import kvgguf
+    from kvgguf.evaluation.text import wikitext2_test
 
     path = str(kvgguf.models.path(model))
-    text = TEXT.read_text(encoding="utf-8")
+    text = wikitext2_test()
     import llama_cpp
 
     vocab = llama_cpp.Llama(path, vocab_only=True, verbose=False)
@@ -69,24 +69,27 @@ def run_one(model: str, n_ctx: int, cache: str, n_decode: int, threads: int, bat
         "kv_tiers": {t.name: [t.codec, t.bytes] for t in mem.tiers},
         "bits_per_value": mem.bits_per_value,
         "kv_memory": str(mem),
+        "compute_bytes": mem.compute_bytes,
         "rss_growth_bytes": rss_bytes() - rss0,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| context | cache | KV held (kv_memory) | bits/value | vs f16 | RSS growth | prefill tok/s | "
-            "decode tok/s | decode vs f16 |")
-    lines = [head, "|" + "---|" * 9]
+    head = ("| context | cache | KV held (kv_memory) | bits/value | vs f16 | compute scratch (peak) | RSS growth | "
+            "prefill tok/s | prefill vs f16 | decode tok/s | decode vs f16 |")
+    lines = [head, "|" + "---|" * 11]
     f16 = {(r["model"], r["n_ctx"]): r for r in rows if r["cache"] == "f16"}
     for r in rows:
         base = f16.get((r["model"], r["n_ctx"]))
         ratio = f"1/{base['kv_bytes'] / r['kv_bytes']:.1f}" if base else "n/a"
         speed = f"{r['decode_tok_s'] / base['decode_tok_s']:.2f}x" if base else "n/a"
+        prefill = f"{r['prefill_tok_s'] / base['prefill_tok_s']:.2f}x" if base else "n/a"
         lines.append(
             f"| {r['n_ctx'] // 1024}K | {r['cache']} | {r['kv_bytes'] / 2**20:.1f} MiB | "
-            f"{r['bits_per_value']:.2f} | {ratio} | {r['rss_growth_bytes'] / 2**20:.0f} MiB | "
-            f"{r['prefill_tok_s']:.0f} | {r['decode_tok_s']:.1f} | {speed} |"
+            f"{r['bits_per_value']:.2f} | {ratio} | {r.get('compute_bytes', 0) / 2**20:.1f} MiB | "
+            f"{r['rss_growth_bytes'] / 2**20:.0f} MiB | {r['prefill_tok_s']:.0f} | {prefill} | "
+            f"{r['decode_tok_s']:.1f} | {speed} |"
         )
     return "\n".join(lines)
 
@@ -113,11 +116,14 @@ def main(argv=None) -> int:
             cmd = [sys.executable, __file__, "--one", "--model", args.model, "--contexts", str(n_ctx),
                    "--caches", cache, "--decode", str(args.decode), "--threads", str(args.threads),
                    "--batch", str(args.batch)]
-            print(f"[{time.strftime('%H:%M:%S')}] {n_ctx} {cache} ...", file=sys.stderr, flush=True)
+            load = os.getloadavg()[0]
+            # llama.cpp's threads spin: anything else running makes decode several times slower.
+            note = f" (load average {load:.2f}: the machine is not idle, speed figures are unreliable)" if load > 0.5 else ""
+            print(f"[{time.strftime('%H:%M:%S')}] {n_ctx} {cache} ...{note}", file=sys.stderr, flush=True)
             out = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE)
             if out.returncode != 0:
                 raise SystemExit(f"{n_ctx} {cache} failed:\n{out.stderr[-3000:]}")
-            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            rows.append(dict(json.loads(out.stdout.strip().splitlines()[-1]), load_average_before=load))
             print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     result = {"command": "benchmarks/live_cache.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "threads": args.threads, "rows": rows}

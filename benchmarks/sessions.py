@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-TEXT = HERE.parent.parent / "shared" / "data" / "wikitext-2-test.txt"
 NEXT = 256
 
 
@@ -32,7 +31,7 @@ def score(llm, tokens) -> np.ndarray:
 
 
 def compare(ref: np.ndarray, got: np.ndarray) -> dict:
-    from kvgguf.evaluate import kl_top1
+    from kvgguf.evaluation.harness import kl_top1
 
     kl, top1 = kl_top1(ref, got)
     return {"kl": kl, "top1": top1}
@@ -100,9 +99,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     import kvgguf
+    from kvgguf.evaluation.text import wikitext2_test
 
     path = str(kvgguf.models.path(args.model))
-    text = TEXT.read_text(encoding="utf-8")
+    text = wikitext2_test()
     results = {"model": args.model, "next_tokens": NEXT, "contexts": {}}
     tmp = tempfile.mkdtemp(prefix="kvgguf-sessions-")
     for n in (int(c) for c in args.ctx.split(",")):

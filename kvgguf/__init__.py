@@ -2,21 +2,32 @@
 
 Importing kvgguf makes llama-cpp-python use kvgguf's patched llama.cpp, so import it
 before llama_cpp.
+
+Layers, top to bottom (each imports only those below it; docs/data-path.md follows a token):
+
+- ``kvgguf.llama``: the facade, ``Llama`` (a drop-in ``llama_cpp.Llama``);
+  ``kvgguf.cli``: the command; ``kvgguf.evaluation``: the quality harness;
+  ``kvgguf.session``: .kvz session files and compressed prompt caches.
+- ``kvgguf.policy``: which token lives in which tier (pure Python).
+- ``kvgguf.runtime``: carries plans out against llama.cpp; memory reports.
+- ``kvgguf.model``: model files, GGUF metadata, KV shape.
+- ``kvgguf.llamacpp``: the patched llama.cpp (ctypes); ``kvgguf.native``: libkvgguf (cffi).
 """
 
-from ._llama_lib import bind as _bind
+from .llamacpp.library import bind as _bind
 
 _bind()
 
-from . import codecs, models  # noqa: E402
+from .native import codecs  # noqa: E402
+from .model import registry as models  # noqa: E402
 from .llama import Llama  # noqa: E402
-from .memory import KVMemory  # noqa: E402
-from .tiered import TieredConfig  # noqa: E402
-from .session import SessionCorruptError, SessionError, SessionMismatchError, SessionVersionError  # noqa: E402
+from .runtime.memory import KVMemory  # noqa: E402
+from .policy.tiered import TieredConfig  # noqa: E402
+from .errors import SessionCorruptError, SessionError, SessionMismatchError, SessionVersionError  # noqa: E402
 from .session.prompt_cache import CompressedDiskCache, CompressedRAMCache  # noqa: E402
 from .session.session import SessionInfo  # noqa: E402
-from ._llama_lib import library_path as llama_library_path  # noqa: E402
-from ._llama_lib import patch_version as llama_patch_version  # noqa: E402
+from .llamacpp.library import library_path as llama_library_path  # noqa: E402
+from .llamacpp.library import patch_version as llama_patch_version  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterator, Optional, Sequence, Union
 
 import llama_cpp
 import numpy as np
 
-from .gguf_meta import read_metadata
-from .live_cache import LiveCache
-from .memory import KVMemory, TierMemory
-from .model_shape import KVShape
-from .tiered import TieredConfig
+from .model.gguf_file import read_metadata
+from .runtime.live_cache import LiveCache
+from .runtime.memory import KVMemory, TierMemory
+from .model.shape import KVShape
+from .policy.tiered import TieredConfig
 from .session import session
 from .session.container import write_atomic
 from .session.prompt_cache import CompressedCache
 from .session.session import SessionInfo
+from .session.fingerprint import ModelFingerprint
 from .session.state import SessionState
-from . import _llama_ext as ext
+from .llamacpp import hooks
 
 # llama.cpp's own cache types, by the names its CLI uses (-ctk/-ctv).
 CACHE_TYPES = {
@@ -55,7 +57,7 @@ def _config_for_model(config: TieredConfig, preset: bool, meta: dict, model_path
                 f"{model_path} has sliding-window layers of {n_swa} tokens: TieredConfig.hot must be "
                 f">= {need} (window + block), got {config.hot}"
             )
-        config = config.with_hot(need)
+        config = replace(config, hot=need)
     return config
 
 
@@ -109,7 +111,11 @@ class Llama(llama_cpp.Llama):
                 f"the hot window ({config.hot} tokens) is smaller than a batch (n_batch={n_batch}); "
                 f"lower n_batch or raise TieredConfig.hot"
             )
+        # llama.cpp's cells: the hot window plus one batch (it pads this to a multiple of 256;
+        # LiveCache evicts against config.hot, not against the padded size). Sliding-window
+        # layers keep their window only (swa_full off), as the compressed cache is meant to.
         physical = min(n_ctx, config.hot + n_batch)
+        kwargs.setdefault("swa_full", False)
         super().__init__(model_path, n_ctx=physical, n_batch=n_batch, n_ubatch=min(n_ubatch, n_batch),
                          type_k=type_k, type_v=type_v, **kwargs)
         try:
@@ -144,7 +150,7 @@ class Llama(llama_cpp.Llama):
         self._begin_eval(len(tokens))
         for i in range(0, len(tokens), self.n_batch):
             batch = tokens[i : i + self.n_batch]
-            self._kv.make_room(self.n_tokens, len(batch))
+            self._kv.before_batch(self.n_tokens, len(batch))
             super().eval(batch)
             self._kv.check_errors()
 
@@ -157,7 +163,7 @@ class Llama(llama_cpp.Llama):
         for i in range(0, len(tokens), self.n_batch):
             batch = tokens[i : i + self.n_batch]
             if self._kv is not None:
-                self._kv.make_room(self.n_tokens, len(batch))
+                self._kv.before_batch(self.n_tokens, len(batch))
             n_past = self.n_tokens
             self._batch.set_batch(batch=batch, n_past=n_past, logits_all=True)
             self._ctx.decode(self._batch)
@@ -193,7 +199,8 @@ class Llama(llama_cpp.Llama):
         bit. entropy=True zstd-codes the file's sections. app: JSON data stored with it,
         returned by load_session (the chat keeps its messages there).
         """
-        data, info = session.dump(self, codec=codec, exact=exact, entropy=entropy, app=app)
+        data, info = session.dump(self._session_view(drop_dead_rows=True), codec=codec, exact=exact,
+                                  entropy=entropy, app=app)
         write_atomic(path, data)
         return info
 
@@ -205,12 +212,29 @@ class Llama(llama_cpp.Llama):
         return self._load_session_bytes(data)
 
     def _load_session_bytes(self, data: bytes) -> SessionInfo:
-        restored = session.parse(self, data)
-        session.apply(self, restored)
+        live = self._session_view()
+        restored = session.parse(live, data)
+        session.apply(live, restored)
+        n = len(restored.tokens)
+        self.input_ids[:n] = restored.tokens
+        self.n_tokens = n
+        self._requires_eval = True  # llama-cpp-python replays the last token before sampling
         meta = restored.meta
         app = meta.get("app")
         return SessionInfo(meta["n_tokens"], meta["n_cold"], len(data), meta["codec"],
                            app if isinstance(app, dict) else None)
+
+    def _session_view(self, drop_dead_rows: bool = False) -> session.LiveContext:
+        """This context as the session code sees it. drop_dead_rows: first remove cache rows past
+        n_tokens (llama-cpp-python drops them lazily, at the next eval), so the cache holds
+        exactly the tokens a session records."""
+        n = int(self.n_tokens)
+        if drop_dead_rows:
+            self._ctx.kv_cache_seq_rm(-1, n, -1)
+            if self._kv is not None:
+                self._kv.truncate(n)
+        return session.LiveContext(self._ctx.ctx, self._kv, KVShape.of(self), ModelFingerprint.of(self),
+                                   self.input_ids[:n].copy(), self.n_ctx(), self.n_vocab())
 
     def save_state(self):
         """llama-cpp-python's state; with a kv_codec or a compressed prompt cache, a
@@ -219,7 +243,7 @@ class Llama(llama_cpp.Llama):
         if self._kv is None and cache is None:
             return super().save_state()
         codec = cache.codec if cache is not None else None
-        data, _info = session.dump(self, codec=codec, exact=cache is None,
+        data, _info = session.dump(self._session_view(drop_dead_rows=True), codec=codec, exact=cache is None,
                                    entropy=cache.entropy if cache is not None else False)
         return SessionState(self.input_ids[: self.n_tokens].copy(), data, self._seed)
 
@@ -237,8 +261,8 @@ class Llama(llama_cpp.Llama):
         """Bytes held for the KV cache now, per tier, and bits per value."""
         shape = KVShape.of(self)
         if self._kv is None:
-            hot = TierMemory("hot", "llama.cpp", int(ext.kv_bytes(self._ctx.ctx)))
-            return KVMemory((hot,), 0, self.n_tokens, shape.values_per_token)
+            hot = TierMemory("hot", "llama.cpp", int(hooks.kv_bytes(self._ctx.ctx)))
+            return KVMemory((hot,), 0, self.n_tokens, shape.values_per_token, int(hooks.compute_bytes(self._ctx.ctx)))
         return self._kv.memory(self.n_tokens)
 
     def close(self) -> None:

@@ -7,8 +7,6 @@ import pytest
 
 import kvgguf  # noqa: F401  (first: binds llama_cpp to kvgguf's patched llama.cpp)
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-
 
 @pytest.fixture(scope="session")
 def smollm2_path():

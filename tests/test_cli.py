@@ -11,7 +11,8 @@ import pexpect
 import pytest
 
 import kvgguf
-from kvgguf import codecs, inspect_model
+from kvgguf import codecs
+from kvgguf.cli import inspect as inspect_model
 
 KVGGUF = shutil.which("kvgguf", path=str(Path(sys.executable).parent)) or "kvgguf"
 HERE = Path(__file__).parent
@@ -125,7 +126,7 @@ def test_bad_flags_and_missing_models_exit_2_with_a_clear_message(args, message)
 
 @pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
 def test_inspect_shapes_equal_the_gguf_metadata(name):
-    from kvgguf.gguf_meta import read_metadata
+    from kvgguf.model.gguf_file import read_metadata
 
     path = kvgguf.models.path(name)
     meta = read_metadata(path)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kvgguf import codecs
-from kvgguf.codecs import KvgCorruptError
+from kvgguf.native.codecs import KvgCorruptError
 
 KIVI = ["kivi2", "kivi3", "kivi4", "kivi8"]
 ROTQ = ["rotq1", "rotq2", "rotq3", "rotq4"]
@@ -472,7 +472,7 @@ def test_bad_shapes_raise(name):
 
 
 def test_native_rejects_bad_dims_directly():
-    from kvgguf._native import get_ffi, get_lib
+    from kvgguf.native.binding import get_ffi, get_lib
 
     ffi, lib = get_ffi(), get_lib()
     out = ffi.new("size_t *")

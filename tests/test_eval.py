@@ -6,10 +6,10 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from kvgguf import evaluate
+from kvgguf.evaluation import harness as evaluate
+from kvgguf.evaluation.text import wikitext2_test
 
-from conftest import SHARED
-from test_cli import run_cli
+from test_cli import HERE, run_cli
 
 
 def test_scoring_math_on_a_hand_computed_example():
@@ -24,7 +24,7 @@ def test_scoring_math_on_a_hand_computed_example():
 
 
 def test_harness_gives_zero_for_the_reference_and_for_exact_cold_rows(smollm2_path):
-    text = (SHARED / "data" / "wikitext-2-test.txt").read_text(encoding="utf-8")[:8000]
+    text = wikitext2_test()[:8000]
     tokens = llama_cpp.Llama(str(smollm2_path), vocab_only=True, verbose=False).tokenize(text.encode())
     configs = evaluate.parse_configs("f16,kvgguf:f16,rotq4")
     meta, results = evaluate.run_eval(str(smollm2_path), configs, tokens, ctx=512, chunks=2, batch=32, hot=64)
@@ -50,3 +50,41 @@ def test_bad_arguments_give_clear_errors(smollm2_path, tmp_path):
     small.write_text("Just a few words.")
     out = run_cli("eval", "--text", str(small), "--ctx", "1024")
     assert out.returncode == 2 and "the text has" in out.stderr
+
+
+def test_eval_refuses_a_cache_that_compresses_nothing(smollm2_path):
+    # The preset keeps 256 tokens hot; in a 512-token chunk decoded in batches of 256 the last
+    # batch starts at token 256, so no row would ever leave the hot window.
+    tokens = list(range(1000, 1512))
+    with pytest.raises(ValueError, match="'tiered' compresses nothing at ctx 512.*keeps 256 tokens exact"):
+        evaluate.run_eval(str(smollm2_path), evaluate.parse_configs("f16,tiered"), tokens, ctx=512, chunks=1,
+                          batch=256)
+    out = run_cli("eval", "--codecs", "f16,tiered", "--ctx", "512", "--chunks", "1")
+    assert out.returncode == 2 and "compresses nothing" in out.stderr
+
+
+def test_sliding_window_models_run_llama_types_both_ways():
+    configs = evaluate.parse_configs("f16,q4_0,rotq4")
+    assert evaluate.split_sliding_window(configs, 0) == configs
+    split = evaluate.split_sliding_window(configs, 512)
+    assert [(c.name, c.swa_full) for c in split] == [
+        ("f16 (swa full)", True), ("f16 (swa window)", False), ("q4_0 (swa full)", True),
+        ("q4_0 (swa window)", False), ("rotq4", None)]
+
+
+def test_markdown_says_na_where_nothing_was_compressed():
+    r = evaluate.Result("kvgguf:f16", "kvgguf", bits_per_value=16.0, cold_bits_per_value=None)
+    meta = {"model": "m.gguf", "ctx": 512, "chunks": 1, "batch": 64, "scored_positions": 256}
+    row = [line for line in evaluate.markdown(meta, [r]).splitlines() if line.startswith("| kvgguf:f16")][0]
+    assert row.split("|")[4].strip() == "n/a"
+
+
+def test_eval_writes_where_it_is_told_and_never_into_the_current_folder(tmp_path):
+    before = sorted(p.name for p in HERE.iterdir())
+    out = run_cli("eval", "--codecs", "f16,rotq4", "--ctx", "256", "--chunks", "1", "--batch", "32",
+                  "--hot", "64", "--out", str(tmp_path / "res"))
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "res" / "smollm2-135m_ctx256x1.json").is_file()
+    assert (tmp_path / "res" / "smollm2-135m_ctx256x1.md").is_file()
+    assert "| rotq4 | kvgguf |" in out.stdout
+    assert sorted(p.name for p in HERE.iterdir()) == before

@@ -10,7 +10,7 @@ from conftest import run_python
 def test_loaded_library_is_the_patched_one():
     import kvgguf
 
-    assert kvgguf.llama_patch_version() == 2
+    assert kvgguf.llama_patch_version() == 3
     lib = kvgguf.llama_library_path()
     assert lib.parent == Path(str(resources.files("kvgguf").joinpath("lib"))).resolve()
 

@@ -10,7 +10,8 @@ import subprocess
 import cffi
 import pytest
 
-from kvgguf import _native, codecs
+from kvgguf import codecs
+from kvgguf.native import binding as _native
 
 
 def region() -> str:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from kvgguf import codecs
-from kvgguf.store import KIND_K, KIND_V, TIER_ARCHIVE, TIER_SINK, TIER_WARM, KVStore
+from kvgguf.native.store import KIND_K, KIND_V, TIER_ARCHIVE, TIER_SINK, TIER_WARM, KVStore
 
 
 def make_store():

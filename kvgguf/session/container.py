@@ -20,7 +20,7 @@ from typing import Iterable, Union
 
 import zstandard
 
-from .errors import SessionCorruptError, SessionVersionError
+from ..errors import SessionCorruptError, SessionVersionError
 
 MAGIC = b"KVGGUFZ\x00"
 FORMAT_VERSION = 1

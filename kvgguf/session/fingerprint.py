@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from ..gguf_meta import metadata_digests
-from ..model_shape import KVShape
-from .errors import SessionCorruptError, SessionMismatchError
+from ..model.gguf_file import metadata_digests
+from ..model.shape import KVShape
+from ..errors import SessionCorruptError, SessionMismatchError
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_cache import BaseLlamaCache
 
-from .. import codecs
+from ..native import codecs
 from . import container
-from .errors import SessionError
+from ..errors import SessionError
 from .state import SessionState
 
 Key = Tuple[int, ...]

@@ -25,13 +25,14 @@ from typing import Mapping, Optional, Tuple, Union
 import llama_cpp.llama_cpp as C
 import numpy as np
 
-from .. import _llama_ext as ext
-from .. import codecs
-from .._native import KvgError
-from ..model_shape import KVShape
-from ..store import KIND_K, KIND_V, EncodedBlock, KVStore
-from . import container, llama_state
-from .errors import SessionCorruptError, SessionError, SessionMismatchError, SessionVersionError
+from ..errors import SessionCorruptError, SessionError, SessionMismatchError, SessionVersionError
+from ..llamacpp import hooks, state_format
+from ..model.shape import KVShape
+from ..native import codecs
+from ..native.binding import KvgError
+from ..native.store import KIND_K, KIND_V, EncodedBlock, KVStore
+from ..runtime.live_cache import LiveCache
+from . import container
 from .fingerprint import ModelFingerprint
 
 FORMAT = "kvgguf-session"
@@ -60,6 +61,20 @@ class SessionInfo:
 
 # A codec for every exact row, a (K, V) pair, or per layer {il: name or (K, V)} over a default.
 CodecSpec = Union[str, Tuple[str, str], Mapping[Union[int, str], Union[str, Tuple[str, str]]]]
+
+
+@dataclass
+class LiveContext:
+    """What a session reads from and restores into, handed over by the facade (kvgguf.Llama):
+    the session code never reaches into a Llama's private fields."""
+
+    ctx: object  # llama_context_p
+    kv: Optional[LiveCache]  # the tiered cache; None for llama.cpp's own cache
+    shape: KVShape
+    fingerprint: ModelFingerprint
+    tokens: np.ndarray  # the token ids in context (a copy)
+    n_ctx: int  # the logical context
+    n_vocab: int
 
 
 def codec_choice(spec: CodecSpec, n_layer: int) -> dict[tuple[int, int], str]:
@@ -92,24 +107,17 @@ def describe(choice: dict[tuple[int, int], str]) -> str:
     return "per layer: " + ", ".join(f"{n} x{list(choice.values()).count(n)}" for n in sorted(names))
 
 
-def dump(llm, *, codec: Optional[CodecSpec] = None, exact: bool = False, entropy: bool = True,
+def dump(live: LiveContext, *, codec: Optional[CodecSpec] = None, exact: bool = False, entropy: bool = True,
          app: Optional[dict] = None) -> tuple[bytes, SessionInfo]:
-    """The .kvz bytes of llm's current context."""
-    kv = llm._kv
+    """The .kvz bytes of a context (whose cache holds exactly its tokens)."""
+    kv, shape, fp, ctx = live.kv, live.shape, live.fingerprint, live.ctx
     if exact:
         codec = "f16"
     elif codec is None:
         codec = kv.config.warm if kv is not None else DEFAULT_STOCK_CODEC
-    shape = KVShape.of(llm)
-    fp = ModelFingerprint.of(llm)
-    ctx = llm._ctx.ctx
-    n_tokens = int(llm.n_tokens)
-    # Rows past n_tokens are dead (llama-cpp-python drops them lazily, at the next eval).
-    llm._ctx.kv_cache_seq_rm(-1, n_tokens, -1)
-    if kv is not None:
-        kv.truncate(n_tokens)
-    layers_of_cache = llama_state.cache_layers(ctx, shape.n_layer, ext.layer_info)
-    caches = llama_state.parse(_seq_state(ctx), layers_of_cache)
+    n_tokens = len(live.tokens)
+    layers_of_cache = state_format.cache_layers(ctx, shape.n_layer, hooks.layer_info)
+    caches = state_format.parse(_seq_state(ctx), layers_of_cache)
     store = kv.store if kv is not None else None
     n_cold = kv.n_cold if kv is not None else 0
     _check_positions(caches, n_cold, n_tokens)
@@ -139,7 +147,7 @@ def dump(llm, *, codec: Optional[CodecSpec] = None, exact: bool = False, entropy
     params = {"group_size": store.group_size, "seed": store.seed} if store else {}
     sections = [
         (b"META", json.dumps(meta, sort_keys=True).encode()),
-        (b"TOKS", np.asarray(llm.input_ids[:n_tokens], dtype="<i4").tobytes()),
+        (b"TOKS", np.asarray(live.tokens, dtype="<i4").tobytes()),
         (b"CELL", b"".join(c.cells for c in caches)),
     ]
     for il in sorted(set(hot_rows) | set(cold_layers)):
@@ -171,7 +179,7 @@ def _seq_state(ctx) -> bytes:
 
 def _check_positions(caches, n_cold: int, n_tokens: int) -> None:
     """The full-attention cache must hold exactly positions [n_cold, n_tokens)."""
-    pos = llama_state.cell_records(caches[0].cells)[:, 0]
+    pos = state_format.cell_records(caches[0].cells)[:, 0]
     if not np.array_equal(np.sort(pos), np.arange(n_cold, n_tokens)):
         raise SessionError(
             f"llama.cpp's cache holds positions other than [{n_cold}, {n_tokens}): the context was "
@@ -187,13 +195,13 @@ def _sink_rows(cells: bytes) -> int:
     """Leading rows (cell order) that hold the attention sinks (positions < SINKS), kept exact
     in the file; only where llama.cpp holds the rows in position order (it does after
     kvgguf's compaction), else 0."""
-    pos = llama_state.cell_records(cells)[:, 0]
+    pos = state_format.cell_records(cells)[:, 0]
     if np.any(np.diff(pos) <= 0):
         return 0
     return int(np.searchsorted(pos, SINKS))
 
 
-def _encode_hot(layer: Optional[llama_state.LayerRows], kind: int, shape: KVShape, codec,
+def _encode_hot(layer: Optional[state_format.LayerRows], kind: int, shape: KVShape, codec,
                 n_sink: int) -> bytes:
     """Exact rows of one layer and kind: ggml type, count, row bytes, then segments (the
     attention sinks in f16, the rest with codec; raw bytes for quantized cache types)."""
@@ -202,8 +210,8 @@ def _encode_hot(layer: Optional[llama_state.LayerRows], kind: int, shape: KVShap
     ggml_type, rows = (layer.k_type, layer.k) if kind == KIND_K else (layer.v_type, layer.v)
     n, row_bytes = rows.shape
     segments = []
-    if ggml_type in (llama_state.GGML_F16, llama_state.GGML_F32):
-        dtype = np.float16 if ggml_type == llama_state.GGML_F16 else np.float32
+    if ggml_type in (state_format.GGML_F16, state_format.GGML_F32):
+        dtype = np.float16 if ggml_type == state_format.GGML_F16 else np.float32
         x = rows.view(dtype).astype(np.float32).reshape(n, shape.n_head_kv, _head_dim(shape, kind))
         f16 = codecs.get("f16")
         for c, part in ((f16, x[:n_sink]), (codec, x[n_sink:])):
@@ -245,16 +253,16 @@ def _field(meta: dict, key: str, kind, check=lambda v: True):
     return v
 
 
-def parse(llm, data: bytes) -> _Restored:
-    """Checks a session against llm and decodes it into new objects; changes nothing in llm."""
+def parse(live: LiveContext, data: bytes) -> _Restored:
+    """Checks a session against a context and decodes it into new objects; changes nothing."""
     sections = container.unpack(data)
     tags = [t for t, _ in sections]
     if tags[:3] != [b"META", b"TOKS", b"CELL"]:
         raise SessionCorruptError("a session starts with META, TOKS and CELL sections")
     meta = _json(sections[0][1])
-    ModelFingerprint.from_json(meta.get("fingerprint")).require_same(ModelFingerprint.of(llm))
+    ModelFingerprint.from_json(meta.get("fingerprint")).require_same(live.fingerprint)
     mode = _field(meta, "mode", str, lambda v: v in ("stock", "tiered"))
-    live_mode = "tiered" if llm._kv is not None else "stock"
+    live_mode = "tiered" if live.kv is not None else "stock"
     if mode != live_mode:
         raise SessionMismatchError(
             f"the session was saved from a Llama with {'a kv_codec' if mode == 'tiered' else 'kv_codec=None'}; "
@@ -263,23 +271,23 @@ def parse(llm, data: bytes) -> _Restored:
     n_tokens = _field(meta, "n_tokens", int, lambda v: v >= 0)
     n_cold = _field(meta, "n_cold", int, lambda v: 0 <= v <= n_tokens)
     _field(meta, "codec", str)
-    if n_tokens > llm.n_ctx():
-        raise SessionMismatchError(f"the session holds {n_tokens} tokens; this Llama's n_ctx is {llm.n_ctx()}")
+    if n_tokens > live.n_ctx:
+        raise SessionMismatchError(f"the session holds {n_tokens} tokens; this Llama's n_ctx is {live.n_ctx}")
     tokens = np.frombuffer(sections[1][1], dtype="<i4")
-    if len(tokens) != n_tokens or (n_tokens and (tokens.min() < 0 or tokens.max() >= llm.n_vocab())):
+    if len(tokens) != n_tokens or (n_tokens and (tokens.min() < 0 or tokens.max() >= live.n_vocab)):
         raise SessionCorruptError("the session's token ids do not match its metadata or the vocabulary")
 
-    shape = KVShape.of(llm)
-    layers_of_cache = llama_state.cache_layers(llm._ctx.ctx, shape.n_layer, ext.layer_info)
+    shape = live.shape
+    layers_of_cache = state_format.cache_layers(live.ctx, shape.n_layer, hooks.layer_info)
     caches = _caches_from_meta(meta, layers_of_cache, sections[2][1])
     _check_positions(caches, n_cold, n_tokens)
     hot_n = n_tokens - n_cold
-    if hot_n > C.llama_n_ctx(llm._ctx.ctx):
+    if hot_n > C.llama_n_ctx(live.ctx):
         raise SessionMismatchError(
             f"the session's {hot_n} exact rows do not fit this Llama's llama.cpp cache "
-            f"({C.llama_n_ctx(llm._ctx.ctx)} cells): use the hot window it was saved with"
+            f"({C.llama_n_ctx(live.ctx)} cells): use the hot window it was saved with"
         )
-    store, blocks = _new_store(llm, meta, shape, n_cold) if mode == "tiered" else (None, [])
+    store, blocks = _new_store(live.kv, meta, shape, n_cold) if mode == "tiered" else (None, [])
     cold_layers = set(meta.get("cold_layers") or []) if n_cold else set()
     hot_of = {il: c for c, layers in zip(caches, layers_of_cache) if c.n_cells for il in layers}
     expect = sorted(set(hot_of) | cold_layers)
@@ -292,11 +300,11 @@ def parse(llm, data: bytes) -> _Restored:
             _read_layer(payload, il, il in cold_layers, store, hot_of.get(il), shape, params, n_cold)
         except KvgError as e:  # the codecs refuse bytes no encoder writes, or sizes that do not fit
             raise SessionCorruptError(f"layer {il}: {e}") from None
-    state = llama_state.build(caches)
+    state = state_format.build(caches)
     return _Restored(meta, tokens.astype(np.intc), state, store, [tuple(b) for b in blocks])
 
 
-def _caches_from_meta(meta: dict, layers_of_cache, cells: bytes) -> list[llama_state.CacheState]:
+def _caches_from_meta(meta: dict, layers_of_cache, cells: bytes) -> list[state_format.CacheState]:
     described = meta.get("caches")
     if not isinstance(described, list) or len(described) != len(layers_of_cache):
         raise SessionMismatchError("the session's llama.cpp cache layout differs from this model's")
@@ -309,17 +317,17 @@ def _caches_from_meta(meta: dict, layers_of_cache, cells: bytes) -> list[llama_s
         size = 12 * n
         if off + size > len(cells):
             raise SessionCorruptError("the session's cell records are shorter than its metadata says")
-        rec = llama_state.cell_records(cells[off : off + size])
+        rec = state_format.cell_records(cells[off : off + size])
         if n and (np.any(rec[:, 1] != 1) or np.any(rec[:, 2] != 0)):
             raise SessionCorruptError("the session's cell records are not sequence 0's")
-        caches.append(llama_state.CacheState(cells[off : off + size], n, v_trans, []))
+        caches.append(state_format.CacheState(cells[off : off + size], n, v_trans, []))
         off += size
     if off != len(cells):
         raise SessionCorruptError("the session's cell records are longer than its metadata says")
     return caches
 
 
-def _new_store(llm, meta: dict, shape: KVShape, n_cold: int):
+def _new_store(kv: LiveCache, meta: dict, shape: KVShape, n_cold: int):
     params = meta.get("store")
     if not isinstance(params, dict):
         raise SessionCorruptError("a tiered session without store parameters")
@@ -327,7 +335,7 @@ def _new_store(llm, meta: dict, shape: KVShape, n_cold: int):
     seed = _field(params, "seed", str, lambda v: v.isdigit() and int(v) < 2**64)
     store = KVStore(shape.n_layer, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v,
                     group_size=group_size, seed=int(seed))
-    live_layers = list(llm._kv.layers)
+    live_layers = list(kv.layers)
     for il in range(shape.n_layer):
         if il not in live_layers:
             store.set_layer_enabled(il, False)
@@ -385,7 +393,7 @@ def _read_hot(take, il: int, kind: int, cache, shape: KVShape, params: dict) -> 
     if n != cache.n_cells or n_segments > n:
         raise SessionCorruptError(f"layer {il} holds {n} exact rows in {n_segments} parts, the cache {cache.n_cells}")
     width = shape.n_head_kv * _head_dim(shape, kind)
-    el = {llama_state.GGML_F16: 2, llama_state.GGML_F32: 4}.get(ggml_type)
+    el = {state_format.GGML_F16: 2, state_format.GGML_F32: 4}.get(ggml_type)
     names = codecs.names()
     parts = []
     for _ in range(n_segments):
@@ -410,7 +418,7 @@ def _read_hot(take, il: int, kind: int, cache, shape: KVShape, params: dict) -> 
         raise SessionCorruptError(f"layer {il}: its parts hold {rows.shape[0]} rows, not {n}")
     layer = next((l for l in cache.layers if l.il == il), None)
     if layer is None:
-        layer = llama_state.LayerRows(il, 0, np.empty((0, 0), np.uint8), 0, np.empty((0, 0), np.uint8))
+        layer = state_format.LayerRows(il, 0, np.empty((0, 0), np.uint8), 0, np.empty((0, 0), np.uint8))
         cache.layers.append(layer)
     if kind == KIND_K:
         layer.k_type, layer.k = ggml_type, rows
@@ -418,27 +426,21 @@ def _read_hot(take, il: int, kind: int, cache, shape: KVShape, params: dict) -> 
         layer.v_type, layer.v = ggml_type, rows
 
 
-def apply(llm, restored: _Restored) -> None:
-    """Swaps a parsed session into llm; puts the previous context back if llama.cpp refuses."""
-    ctx = llm._ctx.ctx
-    kv = llm._kv
-    before = _seq_state(ctx)
-    old = (llm.input_ids.copy(), llm.n_tokens, llm._requires_eval)
+def apply(live: LiveContext, restored: _Restored) -> None:
+    """Swaps a parsed session's cache rows into the context; puts the previous rows back if
+    llama.cpp refuses. The caller then takes restored.tokens as the context's tokens."""
+    kv = live.kv
+    before = _seq_state(live.ctx)
     old_store = kv.snapshot() if kv is not None else None
     try:
         if kv is not None:
             kv.adopt(restored.store, restored.blocks)
-        _set_seq_state(ctx, restored.state)
+        _set_seq_state(live.ctx, restored.state)
     except BaseException:
         if kv is not None:
             kv.adopt(*old_store)
-        _set_seq_state(ctx, before)
-        llm.input_ids[:], llm.n_tokens, llm._requires_eval = old
+        _set_seq_state(live.ctx, before)
         raise
-    n = len(restored.tokens)
-    llm.input_ids[:n] = restored.tokens
-    llm.n_tokens = n
-    llm._requires_eval = True  # llama-cpp-python replays the last token before sampling
 
 
 def _set_seq_state(ctx, state: bytes) -> None:
@@ -446,5 +448,5 @@ def _set_seq_state(ctx, state: bytes) -> None:
     buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
     if C.llama_state_seq_set_data(ctx, buf, len(state), SEQ) != len(state):
         raise SessionMismatchError("llama.cpp refused the session's cache rows (its cache is too small?)")
-    if ext.compact(ctx) != 0:
+    if hooks.compact(ctx) != 0:
         raise RuntimeError("kvgguf: llama.cpp could not compact its KV cache after a restore")

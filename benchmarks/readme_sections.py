@@ -1,0 +1,55 @@
+"""Writes README.md's generated sections from the committed benchmark results, so that every
+figure there is what a committed command wrote (the command heads each block).
+
+    .venv/bin/python benchmarks/readme_sections.py
+
+- usage:   benchmarks/results/usage_example.txt   (benchmarks/usage_example.py)
+- live:    benchmarks/results/live_cache_*.md      (benchmarks/live_cache.py)
+- quality: benchmarks/results/eval/*.md            (kvgguf eval ... --out benchmarks/results/eval)
+"""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def usage() -> str:
+    out = (RESULTS / "usage_example.txt").read_text().rstrip()
+    return "Output of `.venv/bin/python benchmarks/usage_example.py` (the code above, run as written):\n\n```text\n" + out + "\n```"
+
+
+def live() -> str:
+    return "\n\n".join(md.read_text().strip() for md in sorted(RESULTS.glob("live_cache_*.md")))
+
+
+def quality() -> str:
+    parts = []
+    for md in sorted((RESULTS / "eval").glob("*.md")):
+        part = md.read_text().strip()
+        png = md.with_suffix(".png")
+        if png.exists():
+            part += f"\n\n![KL against bits per value]({png.relative_to(ROOT)})"
+        parts.append(part)
+    return "\n\n".join(parts)
+
+
+def replace(text: str, name: str, body: str) -> str:
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    if begin not in text or end not in text:
+        raise SystemExit(f"README.md has no {begin} ... {end} markers")
+    block = begin + "\n" + body + "\n" + end
+    return re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+
+
+def main() -> None:
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    for name, make in (("usage", usage), ("live", live), ("quality", quality)):
+        text = replace(text, name, make())
+    readme.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""ctypes bindings for the functions patches/ add to llama.cpp (include/llama-kvgguf.h)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import llama_cpp.llama_cpp as C
+
+LLAMA_KVGGUF_K = 0
+LLAMA_KVGGUF_V = 1
+
+
+class llama_kvgguf_hooks(ctypes.Structure):
+    """struct llama_kvgguf_hooks: llama.cpp copies it, so it need not outlive the call."""
+
+    _fields_ = [
+        ("user", ctypes.c_void_p),
+        ("n_cold", ctypes.c_void_p),  # int32_t (*)(void * user, int32_t il)
+        ("decode", ctypes.c_void_p),  # int32_t (*)(void * user, int32_t il, int32_t kind, ...)
+        ("n_threads", ctypes.c_int32),  # max concurrent decode() calls; <= 0: all threads
+        ("max_rows_per_call", ctypes.c_int32),
+    ]
+
+
+def _bind(name, argtypes, restype):
+    fn = getattr(C._lib, name)
+    fn.argtypes = argtypes
+    fn.restype = restype
+    return fn
+
+
+set_hooks = _bind(
+    "llama_kvgguf_set_hooks", [C.llama_context_p_ctypes, ctypes.POINTER(llama_kvgguf_hooks)], ctypes.c_int32
+)
+layer_info = _bind(
+    "llama_kvgguf_layer_info",
+    [C.llama_context_p_ctypes, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int32)],
+    ctypes.c_int32,
+)
+read_rows = _bind(
+    "llama_kvgguf_read_rows",
+    [
+        C.llama_context_p_ctypes,
+        ctypes.c_int32,  # seq_id
+        ctypes.c_int32,  # il
+        ctypes.c_int32,  # kind
+        ctypes.c_int32,  # p0
+        ctypes.c_int32,  # p1
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.POINTER(ctypes.c_int32),
+    ],
+    ctypes.c_int64,
+)
+compact = _bind("llama_kvgguf_compact", [C.llama_context_p_ctypes], ctypes.c_int32)
+kv_bytes = _bind("llama_kvgguf_kv_bytes", [C.llama_context_p_ctypes], ctypes.c_int64)
+# The scheduler's compute buffers: peak transient scratch (cold rows expanded for attention included).
+compute_bytes = _bind("llama_kvgguf_compute_bytes", [C.llama_context_p_ctypes], ctypes.c_int64)
+n_errors = _bind("llama_kvgguf_n_errors", [C.llama_context_p_ctypes], ctypes.c_int64)

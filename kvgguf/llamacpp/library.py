@@ -1,0 +1,87 @@
+"""Binds llama-cpp-python to kvgguf's patched llama.cpp.
+
+llama-cpp-python loads its shared library once, at import, from LLAMA_CPP_LIB_PATH. kvgguf
+ships llama.cpp with its read-side hooks compiled in, so it must be that library, and we
+prove it by calling a symbol that only our patch exports.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from importlib import resources
+from pathlib import Path
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # its vendored llama.cpp (0c1e570) is what patches/ target
+PATCH_VERSION = 3  # LLAMA_KVGGUF_PATCH_VERSION in patches/ (0001 added it, 0002 the cold-row hooks, 0003 compute bytes)
+
+_ENV_OVERRIDE = "KVGGUF_LLAMA_LIB_DIR"
+
+
+def library_dir() -> Path:
+    """Folder holding the patched libllama; KVGGUF_LLAMA_LIB_DIR overrides it."""
+    override = os.environ.get(_ENV_OVERRIDE)
+    if override:
+        return Path(override)
+    return Path(str(resources.files("kvgguf").joinpath("lib")))
+
+
+def _loaded_library(llama_cpp_module) -> Path:
+    return Path(llama_cpp_module._lib._name).resolve()
+
+
+def bind():
+    """Imports llama_cpp on the patched library and returns the llama_cpp.llama_cpp module."""
+    lib_dir = library_dir()
+    if not any(lib_dir.glob("libllama.*")) and not (lib_dir / "llama.dll").exists():
+        raise ImportError(
+            f"kvgguf's patched llama.cpp is not in {lib_dir}; reinstall kvgguf "
+            f"(see README) or point {_ENV_OVERRIDE} at a folder holding libllama"
+        )
+    already = sys.modules.get("llama_cpp.llama_cpp")
+    if already is not None:
+        loaded = _loaded_library(already)
+        if loaded.parent != lib_dir.resolve():
+            raise ImportError(
+                f"llama_cpp was imported before kvgguf and loaded {loaded}, not kvgguf's patched "
+                f"llama.cpp in {lib_dir}. Import kvgguf before llama_cpp (or set "
+                f"LLAMA_CPP_LIB_PATH={lib_dir} before starting Python)."
+            )
+    else:
+        os.environ["LLAMA_CPP_LIB_PATH"] = str(lib_dir)
+    import llama_cpp
+    import llama_cpp.llama_cpp as llama_cpp_lib
+
+    if llama_cpp.__version__ != LLAMA_CPP_PYTHON_VERSION:
+        raise ImportError(
+            f"kvgguf needs llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} (its patches target the "
+            f"llama.cpp that version vendors), found {llama_cpp.__version__}; "
+            f"pip install 'llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}'"
+        )
+    found = patch_version(llama_cpp_lib)
+    if found != PATCH_VERSION:
+        raise ImportError(
+            f"{_loaded_library(llama_cpp_lib)} carries kvgguf patch version {found}, this kvgguf "
+            f"needs {PATCH_VERSION}; reinstall kvgguf so its llama.cpp is rebuilt"
+        )
+    return llama_cpp_lib
+
+
+def patch_version(llama_cpp_lib=None) -> int:
+    """The kvgguf patch version compiled into the loaded libllama (-1 if it is not patched)."""
+    if llama_cpp_lib is None:
+        import llama_cpp.llama_cpp as llama_cpp_lib
+    fn = getattr(llama_cpp_lib._lib, "llama_kvgguf_patch_version", None)
+    if fn is None:
+        return -1
+    fn.argtypes = []
+    fn.restype = ctypes.c_int32
+    return int(fn())
+
+
+def library_path() -> Path:
+    """Path of the libllama that llama_cpp actually loaded."""
+    import llama_cpp.llama_cpp as llama_cpp_lib
+
+    return _loaded_library(llama_cpp_lib)

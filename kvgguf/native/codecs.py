@@ -1,0 +1,299 @@
+"""KV-cache codecs of libkvgguf, on numpy arrays.
+
+A block is a float32 array of shape ``(n_tokens, n_heads, head_dim)`` (or
+``(n_tokens, head_dim)`` for one head): rows of llama.cpp's K or V cache. Encoding gives
+bytes with no header; decoding needs the same codec, shape and role::
+
+    from kvgguf import codecs
+    c = codecs.get("rotq3")
+    buf = c.encode(k_rows, role="key")          # numpy uint8, exactly c.encoded_size(...) bytes
+    k_hat = c.decode(buf, k_rows.shape, role="key")
+    c.bits_per_value(k_rows.shape)               # measured on this shape: every stored byte
+
+Codecs (see native/include/kvgguf.h for the byte layouts):
+
+- ``f16``: IEEE half precision, 16 bits per value.
+- ``kivi2/3/4/8`` (KIVI, Liu et al. 2024): min/max integer codes; keys per channel over
+  ``group_size`` tokens, values per token over ``group_size`` channels; B + 32/G bits per value.
+- ``rotq1..4`` (TurboQuant, Zandieh et al. 2025): random-sign Hadamard rotation, Lloyd-Max
+  codes, one f16 norm per head vector; B + 16/head_dim bits per value. head_dim must be a
+  power of two in [2, 4096].
+
+Input dtypes: float32 is used as is (zero-copy when C-contiguous); other floating dtypes
+(float16, float64) are converted to float32; integer, bool and complex arrays are rejected
+with TypeError. NaN/Inf, values beyond the f16 range (|x| > 65504), bad shapes or sizes raise
+ValueError; corrupt encoded bytes raise :class:`KvgCorruptError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from . import binding
+from .binding import KvgCorruptError, KvgError, KvgUnsupportedError, KvgValueError, check
+
+__all__ = [
+    "Codec",
+    "KvgCorruptError",
+    "KvgError",
+    "KvgUnsupportedError",
+    "KvgValueError",
+    "bits_per_value",
+    "decode",
+    "decode_into",
+    "encode",
+    "encoded_size",
+    "force_simd",
+    "get",
+    "names",
+    "rotq_codebook",
+    "simd_level",
+    "simd_max_level",
+]
+
+_ROLES = {"key": 0, "k": 0, "value": 1, "v": 1}
+_ROLE_NAMES = ("key", "value")
+_SIMD_LEVELS = {"scalar": 0, "avx2": 1}
+_MAX_DIM = 1 << 56  # the library's limit on values per block
+
+
+def names() -> list[str]:
+    """Codec names in the order of ``enum kvg_codec_type``."""
+    ffi, lib = binding.get_ffi(), binding.get_lib()
+    return [ffi.string(lib.kvg_codec_name(i)).decode() for i in range(lib.kvg_codec_count())]
+
+
+def _role(role: str) -> int:
+    r = _ROLES.get(role) if isinstance(role, str) else None
+    if r is None:
+        raise ValueError(f"role {role!r} is unknown; choose 'key' (or 'k') or 'value' (or 'v')")
+    return r
+
+
+def _shape3(shape: Sequence[int]) -> tuple[int, int, int]:
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise ValueError(f"shape must be (n_tokens, n_heads, head_dim) or (n_tokens, head_dim), got {shape!r}") from None
+    if len(dims) not in (2, 3):
+        raise ValueError(f"shape must be (n_tokens, n_heads, head_dim) or (n_tokens, head_dim), got {dims!r}")
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, numbers.Integral):
+            raise ValueError(f"shape {dims!r} must hold integers")
+        if not 0 < int(d) <= _MAX_DIM:
+            raise ValueError(f"shape {dims!r}: every dimension must be > 0 (and at most 2^56)")
+    dims = tuple(int(d) for d in dims)
+    return (dims[0], 1, dims[1]) if len(dims) == 2 else dims
+
+
+def _as_float32(x) -> np.ndarray:
+    a = np.asarray(x)
+    if a.dtype == np.float32 and a.flags.c_contiguous:
+        return a
+    if a.dtype.kind != "f":
+        raise TypeError(
+            f"codecs encode floating-point arrays (float32, or float16/float64 converted), got dtype {a.dtype}; "
+            f"convert with x.astype(np.float32) if that is what you mean"
+        )
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _byte_buffer(buf):
+    """A cffi uint8_t[] view of buf (bytes, bytearray, memoryview, numpy array) without copying."""
+    ffi = binding.get_ffi()
+    if isinstance(buf, np.ndarray) and not buf.flags.c_contiguous:
+        buf = np.ascontiguousarray(buf)
+    try:
+        return ffi.from_buffer("uint8_t[]", buf)
+    except TypeError:
+        raise TypeError(f"encoded data must be bytes-like (bytes, bytearray, numpy uint8 array), got {type(buf).__name__}") from None
+
+
+@dataclass(frozen=True)
+class Codec:
+    """One codec with its parameters; obtain it with :func:`get`."""
+
+    name: str
+    type: int  # enum kvg_codec_type
+    bits: int  # bits per code (16 for f16)
+    group_size: int  # kivi G; kept (unused) for other codecs
+    seed: int  # rotq sign seed; kept (unused) for other codecs
+
+    @property
+    def family(self) -> str:
+        """``"f16"``, ``"kivi"``, ``"rotq"`` or ``"crotq"``."""
+        return self.name.rstrip("0123456789") if self.name != "f16" else "f16"
+
+    def _params(self):
+        p = binding.get_ffi().new("kvg_codec_params *")
+        p.group_size = self.group_size
+        p.seed = self.seed
+        return p
+
+    def _context(self, role: int, shape: tuple[int, int, int]) -> str:
+        return f"role {_ROLE_NAMES[role]}, shape {shape}"
+
+    def encoded_size(self, shape: Sequence[int], role: str = "key") -> int:
+        """Exact number of bytes :meth:`encode` writes for a block of this shape."""
+        r, (t, h, d) = _role(role), _shape3(shape)
+        ffi, lib = binding.get_ffi(), binding.get_lib()
+        out = ffi.new("size_t *")
+        check(lib.kvg_encoded_size(self.type, r, t, h, d, self._params(), out))
+        return int(out[0])
+
+    def bits_per_value(self, shape: Sequence[int], role: str = "key") -> float:
+        """Stored bits per value for this shape: encoded bytes * 8 / values (all bytes counted)."""
+        t, h, d = _shape3(shape)
+        return self.encoded_size(shape, role) * 8 / (t * h * d)
+
+    def nominal_bits_per_value(self, head_dim: int, role: str = "key") -> float:
+        """Bits per value for long sequences: kivi B + 32/G, rotq B + 16/head_dim, f16 16."""
+        self.encoded_size((1, 1, head_dim), role)  # validates head_dim (rotq: power of two)
+        if self.family == "kivi":
+            return self.bits + 32 / self.group_size
+        if self.family == "rotq":
+            return self.bits + 16 / head_dim
+        if self.family == "crotq":  # + an f16 mean per channel per 128 tokens
+            return self.bits + 16 / head_dim + 16 / 128
+        return float(self.bits)
+
+    def encode(self, x, role: str = "key") -> np.ndarray:
+        """Encodes a (n_tokens, n_heads, head_dim) or (n_tokens, head_dim) block; returns uint8 bytes."""
+        r = _role(role)
+        a = _as_float32(x)
+        if a.ndim not in (2, 3):
+            raise ValueError(
+                f"{self.name} encode expects an array of shape (n_tokens, n_heads, head_dim) or "
+                f"(n_tokens, head_dim), got shape {a.shape}"
+            )
+        shape = _shape3(a.shape)
+        size = self.encoded_size(shape, role)
+        out = np.empty(size, dtype=np.uint8)
+        ffi, lib = binding.get_ffi(), binding.get_lib()
+        written = ffi.new("size_t *")
+        st = lib.kvg_encode(
+            self.type, r, ffi.from_buffer("float[]", a), a.size, *shape,
+            self._params(), ffi.from_buffer("uint8_t[]", out, require_writable=True), size, written,
+        )
+        check(st, self._context(r, shape))
+        if written[0] != size:  # the library promises exactly encoded_size bytes
+            raise KvgError(f"{self.name} encode wrote {written[0]} bytes, expected {size}", -1)
+        return out
+
+    def decode_into(self, buf, out: np.ndarray, role: str = "key") -> np.ndarray:
+        """Decodes buf into the preallocated C-contiguous float32 array out (zero-copy); returns out."""
+        r = _role(role)
+        if not isinstance(out, np.ndarray) or out.dtype != np.float32:
+            raise TypeError(f"out must be a float32 numpy array, got {type(out).__name__} "
+                            f"{getattr(out, 'dtype', '')}".rstrip())
+        if not out.flags.c_contiguous or not out.flags.writeable:
+            raise ValueError("out must be C-contiguous and writeable")
+        shape = _shape3(out.shape)
+        src = _byte_buffer(buf)
+        ffi, lib = binding.get_ffi(), binding.get_lib()
+        st = lib.kvg_decode(
+            self.type, r, src, len(src), *shape, self._params(),
+            ffi.from_buffer("float[]", out, require_writable=True), out.size,
+        )
+        check(st, self._context(r, shape))
+        return out
+
+    def decode(self, buf, shape: Sequence[int], role: str = "key") -> np.ndarray:
+        """Decodes buf into a new float32 array of the given (2-D or 3-D) shape."""
+        _shape3(shape)
+        out = np.empty(tuple(int(d) for d in shape), dtype=np.float32)
+        return self.decode_into(buf, out, role)
+
+
+def get(name: str, *, group_size: int = 32, seed: int | None = None) -> Codec:
+    """The codec called ``name`` (see :func:`names`).
+
+    group_size: kivi's G (tokens per key group, channels per value group), > 0.
+    seed: rotq's sign seed, 0 <= seed < 2^64; None for the library default.
+    """
+    ffi, lib = binding.get_ffi(), binding.get_lib()
+    if not isinstance(name, str):
+        raise TypeError(f"codec name must be a str, got {type(name).__name__}")
+    t = ffi.new("int *")
+    if lib.kvg_codec_from_name(name.encode("utf-8", "replace"), t) != 0:
+        raise ValueError(f"codec {name!r} is unknown; choose one of: {', '.join(names())}")
+    if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral) or not 0 < group_size < 2**31:
+        raise ValueError(f"group_size must be an integer in [1, 2^31), got {group_size!r}")
+    if seed is None:
+        p = ffi.new("kvg_codec_params *")
+        lib.kvg_codec_default_params(p)
+        seed = int(p.seed)
+    elif isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be an integer in [0, 2^64), got {seed!r}")
+    bits = ffi.new("int *")
+    check(lib.kvg_codec_bits(t[0], bits))
+    return Codec(name=name, type=int(t[0]), bits=int(bits[0]), group_size=int(group_size), seed=int(seed))
+
+
+def encode(name: str, x, role: str = "key", **params) -> np.ndarray:
+    """``get(name, **params).encode(x, role)``."""
+    return get(name, **params).encode(x, role)
+
+
+def decode(name: str, buf, shape: Sequence[int], role: str = "key", **params) -> np.ndarray:
+    """``get(name, **params).decode(buf, shape, role)``."""
+    return get(name, **params).decode(buf, shape, role)
+
+
+def decode_into(name: str, buf, out: np.ndarray, role: str = "key", **params) -> np.ndarray:
+    """``get(name, **params).decode_into(buf, out, role)``."""
+    return get(name, **params).decode_into(buf, out, role)
+
+
+def encoded_size(name: str, shape: Sequence[int], role: str = "key", **params) -> int:
+    """``get(name, **params).encoded_size(shape, role)``."""
+    return get(name, **params).encoded_size(shape, role)
+
+
+def bits_per_value(name: str, shape: Sequence[int], role: str = "key", **params) -> float:
+    """``get(name, **params).bits_per_value(shape, role)``."""
+    return get(name, **params).bits_per_value(shape, role)
+
+
+def rotq_codebook(bits: int, head_dim: int) -> np.ndarray:
+    """The 2^bits Lloyd-Max centroids rotq uses for head_dim (unit-variance coordinates)."""
+    ffi, lib = binding.get_ffi(), binding.get_lib()
+    if isinstance(bits, bool) or not isinstance(bits, numbers.Integral) or not 1 <= bits <= 4:
+        raise ValueError(f"bits must be 1..4, got {bits!r}")
+    out = np.empty(1 << int(bits), dtype=np.float32)
+    check(lib.kvg_rotq_codebook(int(bits), int(head_dim), ffi.from_buffer("float[]", out, require_writable=True), out.size))
+    return out
+
+
+def simd_level() -> int:
+    """SIMD level in use: 0 scalar, 1 AVX2."""
+    return int(binding.get_lib().kvg_simd_level())
+
+
+def simd_max_level() -> int:
+    """Best SIMD level this CPU and build support."""
+    return int(binding.get_lib().kvg_simd_max_level())
+
+
+@contextlib.contextmanager
+def force_simd(level) -> Iterator[int]:
+    """Runs the block with the native SIMD level set to ``level`` (0/"scalar", 1/"avx2").
+
+    The level is process-wide: do not use it while other threads encode or decode.
+    Raises KvgUnsupportedError if the CPU or build lacks the level.
+    """
+    lvl = _SIMD_LEVELS.get(level, level) if isinstance(level, str) else level
+    if lvl not in (0, 1) or isinstance(lvl, bool):
+        raise ValueError(f"SIMD level must be 0/'scalar' or 1/'avx2', got {level!r}")
+    lib = binding.get_lib()
+    old = lib.kvg_simd_level()
+    check(lib.kvg_set_simd_level(lvl), "force_simd")
+    try:
+        yield lvl
+    finally:
+        lib.kvg_set_simd_level(old)

@@ -1,0 +1,141 @@
+"""The native store of compressed K/V rows (native/src/store.c), seen from Python."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import codecs
+from .binding import check, get_ffi, get_lib
+
+KIND_K, KIND_V = 0, 1
+TIER_SINK, TIER_WARM, TIER_ARCHIVE = 0, 1, 2
+TIER_NAMES = ("sink", "warm", "archive")
+_ALL_TIERS = 3
+
+
+@dataclass(frozen=True)
+class TierBytes:
+    bytes: int  # encoded rows held (codes, scales, zero points, norms)
+    values: int  # K/V values those bytes stand for
+
+
+@dataclass(frozen=True)
+class EncodedBlock:
+    n_rows: int
+    codec: str
+    tier: int
+    data: bytes
+
+
+class KVStore:
+    """Compressed rows [0, n_rows) of one sequence, per layer and kind, in blocks and tiers."""
+
+    def __init__(self, n_layer: int, n_head_kv: int, head_dim_k: int, head_dim_v: int, *,
+                 group_size: int = 32, seed: int | None = None):
+        ffi, lib = get_ffi(), get_lib()
+        params = ffi.new("kvg_store_params *")
+        lib.kvg_store_default_params(params)
+        params.n_layer, params.n_head_kv = n_layer, n_head_kv
+        params.head_dim_k, params.head_dim_v = head_dim_k, head_dim_v
+        params.codec.group_size = group_size
+        if seed is not None:
+            params.codec.seed = seed
+        out = ffi.new("kvg_store **")
+        check(lib.kvg_store_init(params, out), "kvg_store_init")
+        self._ptr = ffi.gc(out[0], lib.kvg_store_free)
+        self.n_layer, self.n_head_kv = n_layer, n_head_kv
+        self.head_dim = (head_dim_k, head_dim_v)
+        self.group_size, self.seed = group_size, int(params.codec.seed)
+
+    @property
+    def address(self) -> int:
+        """The kvg_store pointer, for llama.cpp's hooks (valid while this object lives)."""
+        return int(get_ffi().cast("uintptr_t", self._ptr))
+
+    def width(self, kind: int) -> int:
+        return self.n_head_kv * self.head_dim[kind]
+
+    def set_layer_enabled(self, il: int, enabled: bool) -> None:
+        check(get_lib().kvg_store_set_layer_enabled(self._ptr, il, int(enabled)), f"layer {il}")
+
+    def append(self, il: int, kind: int, tier: int, codec: str, rows: np.ndarray) -> None:
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        n_rows = rows.shape[0]
+        codec_type = codecs.get(codec).type
+        ffi = get_ffi()
+        check(
+            get_lib().kvg_store_append(self._ptr, il, kind, tier, codec_type,
+                                       ffi.from_buffer("float[]", rows), rows.size, n_rows),
+            f"append {n_rows} rows to layer {il} {'KV'[kind]} as {codec}",
+        )
+
+    def append_encoded(self, il: int, kind: int, block: "EncodedBlock") -> None:
+        """Appends a block's encoded bytes as they are (checked to decode before it is linked)."""
+        ffi = get_ffi()
+        check(
+            get_lib().kvg_store_append_encoded(self._ptr, il, kind, block.tier, codecs.get(block.codec).type,
+                                               block.n_rows, ffi.from_buffer(block.data), len(block.data)),
+            f"encoded block of {block.n_rows} rows for layer {il} {'KV'[kind]}",
+        )
+
+    def blocks(self, il: int, kind: int) -> list["EncodedBlock"]:
+        """The blocks of (il, kind) in row order, with copies of their encoded bytes."""
+        ffi, lib = get_ffi(), get_lib()
+        n = ffi.new("int64_t *")
+        check(lib.kvg_store_n_blocks(self._ptr, il, kind, n))
+        info = ffi.new("kvg_block_info *")
+        out = []
+        for bi in range(int(n[0])):
+            check(lib.kvg_store_block(self._ptr, il, kind, bi, info, ffi.NULL, 0))
+            data = bytearray(info.n_bytes)
+            check(lib.kvg_store_block(self._ptr, il, kind, bi, info, ffi.from_buffer(data), len(data)))
+            codec = codecs.names()[info.codec]
+            out.append(EncodedBlock(int(info.n_rows), codec, int(info.tier), bytes(data)))
+        return out
+
+    def n_rows(self, il: int = 0, kind: int = KIND_K) -> int:
+        out = get_ffi().new("int64_t *")
+        check(get_lib().kvg_store_n_rows(self._ptr, il, kind, out))
+        return int(out[0])
+
+    def decode(self, il: int, kind: int, r0: int, r1: int) -> np.ndarray:
+        dst = np.empty((r1 - r0, self.width(kind)), dtype=np.float32)
+        check(get_lib().kvg_store_decode(self._ptr, il, kind, r0, r1,
+                                         get_ffi().from_buffer("float[]", dst), dst.size))
+        return dst
+
+    def decode_f16(self, il: int, kind: int, r0: int, r1: int) -> np.ndarray:
+        dst = np.empty((r1 - r0, self.width(kind)), dtype=np.float16)
+        check(get_lib().kvg_store_decode_f16(self._ptr, il, kind, r0, r1,
+                                             get_ffi().from_buffer("uint16_t[]", dst), dst.size))
+        return dst
+
+    def retier(self, r0: int, r1: int, tier: int, codec: str) -> None:
+        check(get_lib().kvg_store_retier(self._ptr, r0, r1, tier, codecs.get(codec).type),
+              f"retier rows [{r0}, {r1}) to {codec}")
+
+    def truncate(self, n_rows: int) -> None:
+        check(get_lib().kvg_store_truncate(self._ptr, n_rows), f"truncate to {n_rows} rows")
+
+    def clear(self) -> None:
+        get_lib().kvg_store_clear(self._ptr)
+
+    def held(self, tier: int | None = None) -> TierBytes:
+        ffi = get_ffi()
+        b, v = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        check(get_lib().kvg_store_bytes(self._ptr, _ALL_TIERS if tier is None else tier, b, v, ffi.NULL))
+        return TierBytes(int(b[0]), int(v[0]))
+
+    def index_bytes(self) -> int:
+        ffi = get_ffi()
+        b, v, i = ffi.new("uint64_t *"), ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        check(get_lib().kvg_store_bytes(self._ptr, _ALL_TIERS, b, v, i))
+        return int(i[0])
+
+    def hook_functions(self) -> tuple[int, int]:
+        """Addresses of the C entry points llama.cpp's hooks call (no Python on that path)."""
+        ffi, lib = get_ffi(), get_lib()
+        return (int(ffi.cast("uintptr_t", lib.kvg_store_hook_n_cold)),
+                int(ffi.cast("uintptr_t", lib.kvg_store_hook_decode)))

@@ -1,0 +1,52 @@
+"""Eviction and aging plans: which rows leave llama.cpp's hot window, which blocks age.
+
+Pure functions on row counts and block lists; ``kvgguf.runtime.live_cache`` carries them
+out. Rows are positions of one sequence: cold rows are [0, n_cold), hot ones follow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..native.store import TIER_SINK, TIER_WARM
+from .tiered import TieredConfig
+
+
+@dataclass
+class Block:
+    """Cold rows [r0, r1), all in one tier."""
+
+    r0: int
+    r1: int
+    tier: int
+
+
+def rows_to_evict(n_past: int, n_cold: int, config: TieredConfig) -> int:
+    """Hot rows to move out before the next batch: whole blocks of the oldest, until at most
+    ``config.hot`` rows stay hot (so hot + one batch always fits llama.cpp's buffer)."""
+    n_hot = n_past - n_cold
+    over = n_hot - config.hot
+    if over <= 0:
+        return 0
+    return min(n_hot, -(-over // config.block) * config.block)
+
+
+def evicted_parts(p0: int, p1: int, config: TieredConfig) -> list[tuple[int, str, int, int]]:
+    """Rows [p0, p1) leaving the hot window, split by tier: (tier, codec, a, b) with a, b
+    offsets into the range. Positions below ``config.sinks`` stay exact (attention sinks)."""
+    sinks = min(max(config.sinks - p0, 0), p1 - p0)
+    parts = [(TIER_SINK, "f16", 0, sinks), (TIER_WARM, config.warm, sinks, p1 - p0)]
+    return [p for p in parts if p[3] > p[2]]
+
+
+def blocks_to_archive(blocks: list[Block], config: TieredConfig) -> list[Block]:
+    """Warm blocks that lie wholly below the newest ``config.warm_tokens`` compressed rows."""
+    if config.archive is None or not blocks:
+        return []
+    limit = blocks[-1].r1 - config.warm_tokens
+    return [b for b in blocks if b.tier == TIER_WARM and b.r1 <= limit]
+
+
+def truncated(blocks: list[Block], n_rows: int) -> list[Block]:
+    """The block list after cold rows at positions >= n_rows are dropped."""
+    return [Block(b.r0, min(b.r1, n_rows), b.tier) for b in blocks if b.r0 < n_rows]

@@ -1,0 +1,63 @@
+"""Policy of the live cache: which token lives in which tier (Python decides, C computes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from ..native import codecs
+
+
+@dataclass(frozen=True)
+class TieredConfig:
+    """Where each token of a sequence is held.
+
+    hot: the newest tokens llama.cpp's own f16 cache keeps exact between batches: before a
+        batch, whole blocks of the oldest are moved out until at most ``hot`` remain, so
+        between ``hot - block + 1`` and ``hot`` are exact (plus the batch being decoded).
+        llama.cpp's buffer holds hot + one batch, rounded up to its cell padding.
+    sinks: the first tokens of the sequence, kept exact in the store (attention sinks).
+    warm: codec for tokens that left the hot window.
+    warm_tokens: how many compressed tokens stay warm before the oldest move to archive.
+    archive: codec for the oldest tokens; None keeps everything warm.
+    block: tokens evicted from llama.cpp at a time (the store's re-encoding unit).
+    group_size: kivi's group size G.
+    """
+
+    hot: int = 256
+    sinks: int = 4
+    warm: str = "rotq4"
+    warm_tokens: int = 2048
+    archive: Optional[str] = "rotq2"
+    block: int = 64
+    group_size: int = 32
+
+    def __post_init__(self):
+        for name in ("hot", "block", "group_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"TieredConfig.{name} must be > 0, got {getattr(self, name)}")
+        for name in ("sinks", "warm_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"TieredConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.hot <= self.block:
+            raise ValueError(f"TieredConfig.hot ({self.hot}) must exceed block ({self.block})")
+        for name in ("warm", "archive"):
+            value = getattr(self, name)
+            if value is not None:
+                codecs.get(value)  # ValueError naming the codecs that exist
+
+    @classmethod
+    def parse(cls, spec: Union[str, "TieredConfig"]) -> "TieredConfig":
+        """``"tiered"`` (the preset), a codec name (every token outside the hot window uses
+        it, no sinks, no archive), or a TieredConfig."""
+        if isinstance(spec, TieredConfig):
+            return spec
+        if not isinstance(spec, str):
+            raise TypeError(f"kv_codec must be a str or TieredConfig, got {type(spec).__name__}")
+        if spec == "tiered":
+            return cls()
+        if spec not in codecs.names():
+            raise ValueError(
+                f"kv_codec {spec!r} is unknown; choose 'tiered' or one of: {', '.join(codecs.names())}"
+            )
+        return cls(sinks=0, warm=spec, warm_tokens=0, archive=None)

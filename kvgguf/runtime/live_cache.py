@@ -1,0 +1,149 @@
+"""The live tiered cache: moves rows that leave llama.cpp's hot window into the store.
+
+Between decode chunks the oldest hot rows are read out of llama.cpp (patched
+llama_kvgguf_read_rows), encoded into the native store and removed with
+llama_memory_seq_rm; the patched attention brings them back through the store's C hooks.
+Cold rows are exactly positions [0, n_cold) of the sequence; hot ones follow.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import llama_cpp.llama_cpp as C
+import numpy as np
+
+from ..llamacpp import hooks
+from .memory import KVMemory, TierMemory
+from ..model.shape import KVShape
+from ..native.store import KIND_K, KIND_V, TIER_ARCHIVE, TIER_NAMES, TIER_SINK, TIER_WARM, KVStore
+from ..policy import plan
+from ..policy.tiered import TieredConfig
+
+SEQ = 0  # one sequence per context (n_seq_max = 1)
+
+
+class LiveCache:
+    def __init__(self, ctx, shape: KVShape, config: TieredConfig):
+        self.ctx = ctx  # llama_context_p
+        self.shape = shape
+        self.config = config
+        self.capacity = C.llama_n_ctx(ctx)  # llama.cpp's cells: hot + one batch, padded
+        self.store = KVStore(shape.n_layer, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v,
+                             group_size=config.group_size)
+        self.layers = []  # layers that get cold rows (all but sliding-window ones)
+        for il in range(shape.n_layer):
+            kind = hooks.layer_info(ctx, il, None, None)
+            if kind == 1:
+                self.layers.append(il)
+            else:
+                self.store.set_layer_enabled(il, False)
+        if not self.layers:
+            raise ValueError("this model has no full-attention layer with a KV cache to compress")
+        self.blocks: list[plan.Block] = []
+        self._attach(self.store)
+        self._errors_seen = 0
+
+    def _attach(self, store: KVStore) -> None:
+        """Points llama.cpp's hooks at store (the C entry points read it, no Python)."""
+        n_cold_fn, decode_fn = store.hook_functions()
+        table = hooks.llama_kvgguf_hooks(store.address, n_cold_fn, decode_fn, 0, 0)
+        if hooks.set_hooks(self.ctx, ctypes.byref(table)) != 0:
+            raise ValueError("llama.cpp refused kvgguf's hooks: this context's memory is not a KV cache")
+        self.store = store
+
+    def snapshot(self) -> tuple[KVStore, list[tuple[int, int, int]]]:
+        """The store and block list now, for adopt() to put back."""
+        return self.store, [(b.r0, b.r1, b.tier) for b in self.blocks]
+
+    def adopt(self, store: KVStore, blocks: list[tuple[int, int, int]]) -> None:
+        """Replaces the compressed rows by another store's (a restored session's)."""
+        self._attach(store)
+        self.blocks = [plan.Block(*b) for b in blocks]
+
+    @property
+    def n_cold(self) -> int:
+        return self.blocks[-1].r1 if self.blocks else 0
+
+    def close(self) -> None:
+        if self.ctx is not None:
+            hooks.set_hooks(self.ctx, None)
+            self.ctx = None
+
+    # --- writes -------------------------------------------------------------------------
+
+    def before_batch(self, n_past: int, n_new: int) -> None:
+        """Carries out the eviction plan before a batch of n_new tokens: the oldest hot rows
+        beyond the configured window go to the store, then warm blocks that aged go to archive."""
+        n_cold = self.n_cold
+        n_evict = plan.rows_to_evict(n_past, n_cold, self.config)
+        if n_past - n_cold - n_evict + n_new > self.capacity:
+            raise ValueError(f"a batch of {n_new} tokens does not fit beside the hot window "
+                             f"({self.config.hot} tokens) in llama.cpp's {self.capacity} cells")
+        if n_evict:
+            self._evict(n_cold, n_cold + n_evict)
+            self._age()
+
+    def _read(self, il: int, kind: int, p0: int, p1: int) -> np.ndarray:
+        n = p1 - p0
+        rows = np.empty((n, self.store.width(kind)), dtype=np.float16)
+        pos = np.empty(n, dtype=np.int32)
+        got = hooks.read_rows(self.ctx, SEQ, il, kind, p0, p1, rows.ctypes.data, rows.nbytes,
+                              pos.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)))
+        if got != n or not np.array_equal(pos, np.arange(p0, p1, dtype=np.int32)):
+            raise RuntimeError(
+                f"kvgguf: llama.cpp holds {got} rows for positions [{p0}, {p1}) of layer {il}, "
+                f"expected {n} in order; the cache was changed behind kvgguf's back"
+            )
+        return rows.astype(np.float32)
+
+    def _evict(self, p0: int, p1: int) -> None:
+        parts = plan.evicted_parts(p0, p1, self.config)
+        for il in self.layers:
+            for kind in (KIND_K, KIND_V):
+                rows = self._read(il, kind, p0, p1)
+                for tier, codec, a, b in parts:
+                    self.store.append(il, kind, tier, codec, rows[a:b])
+        for tier, _codec, a, b in parts:
+            self.blocks.append(plan.Block(p0 + a, p0 + b, tier))
+        mem = C.llama_get_memory(self.ctx)
+        if not C.llama_memory_seq_rm(mem, SEQ, p0, p1):
+            raise RuntimeError(f"kvgguf: llama.cpp could not remove positions [{p0}, {p1}) after encoding them")
+        # Hot rows back in position order at the front: attention then sums in the same
+        # order as a cache that never wrapped, and new tokens follow the old ones.
+        if hooks.compact(self.ctx) != 0:
+            raise RuntimeError("kvgguf: llama.cpp could not compact its KV cache after an eviction")
+
+    def _age(self) -> None:
+        for b in plan.blocks_to_archive(self.blocks, self.config):
+            self.store.retier(b.r0, b.r1, TIER_ARCHIVE, self.config.archive)
+            b.tier = TIER_ARCHIVE
+
+    def truncate(self, n_tokens: int) -> None:
+        """Forgets compressed rows at positions >= n_tokens (a new prompt diverged there)."""
+        if n_tokens >= self.n_cold:
+            return
+        self.store.truncate(n_tokens)
+        self.blocks = plan.truncated(self.blocks, n_tokens)
+
+    def clear(self) -> None:
+        self.store.clear()
+        self.blocks = []
+
+    def check_errors(self) -> None:
+        n = hooks.n_errors(self.ctx)
+        if n != self._errors_seen:
+            self._errors_seen = n
+            raise RuntimeError(f"kvgguf: decoding cold rows failed {n} time(s) during llama_decode")
+
+    # --- reads --------------------------------------------------------------------------
+
+    def memory(self, n_tokens: int) -> KVMemory:
+        tiers = [TierMemory("hot", "f16", int(hooks.kv_bytes(self.ctx)))]
+        codec_of = {TIER_SINK: "f16", TIER_WARM: self.config.warm, TIER_ARCHIVE: self.config.archive}
+        for tier in (TIER_SINK, TIER_WARM, TIER_ARCHIVE):
+            held = self.store.held(tier)
+            if held.bytes or (tier == TIER_WARM) or (tier == TIER_ARCHIVE and self.config.archive):
+                tiers.append(TierMemory(TIER_NAMES[tier], codec_of[tier], held.bytes))
+        return KVMemory(tuple(tiers), self.store.index_bytes(), n_tokens, self.shape.values_per_token,
+                        int(hooks.compute_bytes(self.ctx)), self.store.held().values)

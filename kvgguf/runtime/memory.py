@@ -1,0 +1,60 @@
+"""KV memory as it is really held: llama.cpp's buffers plus the store's encoded rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class TierMemory:
+    name: str  # "hot", "sink", "warm", "archive"
+    codec: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class KVMemory:
+    """Bytes held for the KV cache of one context.
+
+    ``hot`` is what llama.cpp allocated for its own cache (the whole buffer, used or not);
+    the other tiers are the store's encoded rows; ``index_bytes`` is the store's
+    bookkeeping. ``bits_per_value`` divides all of it by the K/V values of the tokens held
+    (DESIGN.md: tokens x layers x (n_embd_k_gqa + n_embd_v_gqa)).
+
+    ``compute_bytes`` stands beside the total, not in it: llama.cpp's compute buffers, the
+    transient scratch of its graphs at their peak so far (with cold rows, the f16 rows the
+    attention expands them to; it grows with the context). Stock llama.cpp has one too.
+    """
+
+    tiers: tuple[TierMemory, ...]
+    index_bytes: int
+    n_tokens: int
+    values_per_token: int
+    compute_bytes: int = 0
+    cold_values: int = 0  # K/V values the store's tiers stand for
+    by_tier: dict = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "by_tier", {t.name: t for t in self.tiers})
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.bytes for t in self.tiers) + self.index_bytes
+
+    @property
+    def cold_bytes(self) -> int:
+        """Bytes of the store's tiers (everything but llama.cpp's own buffer)."""
+        return sum(t.bytes for t in self.tiers if t.name != "hot")
+
+    @property
+    def bits_per_value(self) -> float:
+        values = self.n_tokens * self.values_per_token
+        return self.total_bytes * 8 / values if values else float("nan")
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{t.name} {t.codec} {t.bytes / MIB:.2f}" for t in self.tiers)
+        bpv = f"{self.bits_per_value:.2f}" if self.n_tokens else "n/a"
+        return (f"kv cache: size = {self.total_bytes / MIB:.2f} MiB ({parts}), {bpv} bits/value over "
+                f"{self.n_tokens} tokens; compute scratch {self.compute_bytes / MIB:.2f} MiB (peak)")
