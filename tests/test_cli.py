@@ -1,6 +1,6 @@
 """The command line: chat (through a pseudo-terminal and non-interactive), inspect, errors."""
 
-import json
+
 import os
 import shutil
 import subprocess
@@ -11,8 +11,6 @@ import pexpect
 import pytest
 
 import kvgguf
-from kvgguf import codecs
-from kvgguf.cli import inspect as inspect_model
 
 KVGGUF = shutil.which("kvgguf", path=str(Path(sys.executable).parent)) or "kvgguf"
 HERE = Path(__file__).parent
@@ -122,52 +120,3 @@ def test_bad_flags_and_missing_models_exit_2_with_a_clear_message(args, message)
     out = run_cli(*args)
     assert out.returncode == 2
     assert message in out.stderr
-
-
-@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
-def test_inspect_shapes_equal_the_gguf_metadata(name):
-    from kvgguf.model.gguf_file import read_metadata
-
-    path = kvgguf.models.path(name)
-    meta = read_metadata(path)
-    arch = meta["general.architecture"]
-    out = run_cli("inspect", str(path), "--json")
-    assert out.returncode == 0, out.stderr
-    card = json.loads(out.stdout)
-    assert card["arch"] == arch
-    assert card["n_layer"] == meta[f"{arch}.block_count"]
-    assert card["n_head"] == meta[f"{arch}.attention.head_count"]
-    assert card["n_head_kv"] == meta[f"{arch}.attention.head_count_kv"]
-    head_dim = meta[f"{arch}.embedding_length"] // meta[f"{arch}.attention.head_count"]
-    assert card["head_dim_k"] == meta.get(f"{arch}.attention.key_length", head_dim)
-    assert card["n_ctx_train"] == meta[f"{arch}.context_length"]
-    assert card["sliding_window"] == meta.get(f"{arch}.attention.sliding_window", 0)
-    # The byte table is the stated bits per value times the values held.
-    per_layer = card["n_head_kv"] * (card["head_dim_k"] + card["head_dim_v"])
-    n_full = len(card["full_attention_layers"])
-    n_swa = card["n_layer"] - n_full
-    for row in card["kv_table"]:
-        if row.get("unavailable") or row["bits_per_value"] is None:
-            continue
-        if row["from"] == "kvgguf":
-            c = codecs.get(row["cache"])
-            bpv = (c.nominal_bits_per_value(card["head_dim_k"], "key") * card["head_dim_k"]
-                   + c.nominal_bits_per_value(card["head_dim_v"], "value") * card["head_dim_v"]) / (
-                card["head_dim_k"] + card["head_dim_v"])
-            assert row["bits_per_value"] == pytest.approx(bpv)
-        for n, got in row["bytes"].items():
-            n = int(n)
-            window = min(n, card["sliding_window"]) if n_swa else 0
-            swa_bpv = row["bits_per_value"] if row["from"] == "llama.cpp" else 16  # kvgguf leaves them to llama.cpp's f16
-            want = (n_full * n * per_layer * row["bits_per_value"] + n_swa * window * per_layer * swa_bpv) / 8
-            assert got == pytest.approx(want)
-    text = run_cli("inspect", name)
-    assert text.returncode == 0 and "| rotq4 | kvgguf |" in text.stdout
-
-
-def test_inspect_full_attention_layers_match_llama_cpp():
-    """inspect's sliding-window rule (metadata only) agrees with what llama.cpp reports."""
-    path = kvgguf.models.path("gemma3-270m")
-    card = inspect_model.read_card(path)
-    llm = kvgguf.Llama(str(path), kv_codec="tiered", n_ctx=1024, verbose=False)
-    assert card.full_layers == llm._kv.layers

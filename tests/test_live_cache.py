@@ -96,8 +96,8 @@ def test_generation_far_past_the_physical_cache(smollm2_path, wiki_tokens):
     for b in llm._kv.blocks:
         codec = {TIER_SINK: "f16", TIER_WARM: "rotq4", TIER_ARCHIVE: "rotq2"}[b.tier]
         n = b.r1 - b.r0
-        per_layer = (codecs.encoded_size(codec, (n, shape.n_head_kv, shape.head_dim_k), "key")
-                     + codecs.encoded_size(codec, (n, shape.n_head_kv, shape.head_dim_v), "value"))
+        per_layer = (codecs.encoded_size(codec, (n, shape.n_head_kv, shape.head_dim_k), "k")
+                     + codecs.encoded_size(codec, (n, shape.n_head_kv, shape.head_dim_v), "v"))
         expected += shape.n_layer * per_layer
     assert sum(t.bytes for t in mem.tiers if t.name != "hot") == expected
     # ...and grow with the compressed size, not the f16 size.

@@ -13,6 +13,8 @@ import pytest
 from kvgguf import codecs
 from kvgguf.native import binding as _native
 
+from conftest import run_python
+
 
 def region() -> str:
     return _native.cdef_source(_native.header_path())
@@ -109,3 +111,19 @@ def test_header_compiles_cleanly(tmp_path, lang, compiler, std):
            f"-I{_native.header_path().parent}", str(src)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_library_and_header_agree_on_the_abi_version():
+    lib = _native.get_lib()
+    assert lib.kvg_abi_version() == lib.KVG_ABI_VERSION >= 2
+
+
+def test_a_header_of_another_abi_is_refused_with_a_clear_error(tmp_path):
+    text = _native.header_path().read_text()
+    assert "KVG_ABI_VERSION = " in text
+    other = tmp_path / "kvgguf.h"
+    other.write_text(re.sub(r"KVG_ABI_VERSION = \d+", "KVG_ABI_VERSION = 999", text))
+    out = run_python("from kvgguf import codecs\ncodecs.names()", env_update={"KVGGUF_HEADER": str(other)})
+    assert out.returncode == 1, out.stderr  # an exception, not a crash
+    assert "KvgLoadError" in out.stderr and "declares ABI version 999" in out.stderr
+    assert str(other) in out.stderr and "reinstall kvgguf" in out.stderr

@@ -59,3 +59,14 @@ def test_truncated_cuts_the_block_that_straddles():
     assert [(b.r0, b.r1) for b in plan.truncated(blocks, 64)] == [(0, 4), (4, 64)]
     assert plan.truncated(blocks, 0) == []
     assert blocks[2].r1 == 128  # the input is left as it was
+
+
+def test_blocks_after_lays_out_contiguous_tiers():
+    blocks = plan.blocks_after(3000, 256, CFG)
+    assert blocks[0].r0 == 0 and all(a.r1 == b.r0 for a, b in zip(blocks, blocks[1:]))
+    n_cold = blocks[-1].r1
+    assert 3000 - 256 - CFG.hot < n_cold <= 3000 - 256  # the window before the last batch
+    assert blocks[0].tier == TIER_SINK and blocks[0].r1 == CFG.sinks
+    for b in blocks[1:]:
+        assert b.tier == (TIER_ARCHIVE if b.r1 <= n_cold - CFG.warm_tokens else TIER_WARM)
+    assert plan.blocks_after(200, 256, CFG) == []  # nothing ever left the window

@@ -26,7 +26,7 @@ def test_append_decode_and_byte_accounting():
     assert np.array_equal(s.decode(0, KIND_K, 2, 9), back[2:9])  # ranges across blocks
     assert np.array_equal(s.decode_f16(0, KIND_K, 0, 70), back.astype(np.float16))
     held = s.held(TIER_WARM)
-    assert held.bytes == codecs.encoded_size("rotq4", (66, 2, 64), "key")
+    assert held.bytes == codecs.encoded_size("rotq4", (66, 2, 64), "k")
     assert held.values == 66 * 128
     assert s.held(TIER_SINK).bytes == 4 * 128 * 2
     assert s.held().bytes == s.held(TIER_SINK).bytes + held.bytes

@@ -9,6 +9,7 @@ def run(args) -> int:
     import kvgguf
     from llama_cpp import Llama
 
+    from ..model.shape import KVShape
     from . import inspect as inspect_model
 
     path = kvgguf.models.path(args.model)
@@ -23,5 +24,5 @@ def run(args) -> int:
     print(f"output: {out['choices'][0]['text']!r}")
     print(f"generated {n_gen} tokens in {dt:.2f} s")
     print()
-    print(inspect_model.format_card(inspect_model.read_card(path)))
+    print(inspect_model.format_card(path, KVShape.from_gguf(path)))
     return 0

@@ -1,173 +1,143 @@
-"""`kvgguf inspect`: a GGUF model's attention shape and what its KV cache costs, per cache type.
+"""`kvgguf inspect`: a GGUF model's attention shape and the KV bytes each cache would hold.
 
-Reads only the metadata (with the `gguf` package), never the weights.
+Reads only the metadata (kvgguf.model), never the weights, and predicts what ``kv_memory()``
+of a live context reports: llama.cpp's allocated buffers (its cells padded to 256; sliding-window
+layers at their window or, with swa_full, at the whole context) plus kvgguf's store.
+tests/test_inspect.py holds the predictions against live contexts of both models.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Optional
 
+from ..model.shape import KVShape
 from ..native import codecs
+from ..native.store import TIER_ARCHIVE, TIER_SINK, TIER_WARM
+from ..policy import plan
 from ..policy.tiered import TieredConfig
 
-# llama.cpp's cache types: bits per value from ggml's block layouts (bytes per block of 32 values).
-LLAMA_TYPES = {"f16": 16.0, "q8_0": 34 * 8 / 32, "q4_0": 18 * 8 / 32}
-# Sliding-window layer patterns llama.cpp applies when the GGUF does not state one: every
-# n-th layer attends to the whole context (src/llama-model.cpp, LLM_ARCH_GEMMA3: 6).
-DEFAULT_SWA_PATTERN = {"gemma3": 6, "gemma2": 2}
+LLAMA_PAD = 256  # llama-context.cpp pads n_ctx (and the sliding-window cache) to a multiple of 256
+# Bytes per block of 32 values of llama.cpp's cache types (ggml's block layouts).
+LLAMA_BLOCK_BYTES = {"f16": 64, "q8_0": 34, "q5_1": 24, "q5_0": 22, "q4_1": 20, "q4_0": 18, "iq4_nl": 18}
 CONTEXTS = (4096, 32768)
+N_UBATCH = 512  # llama-cpp-python's default
 
 
-@dataclass(frozen=True)
-class ModelCard:
-    path: str
-    arch: str
-    n_layer: int
-    n_head: int
-    n_head_kv: int
-    head_dim_k: int
-    head_dim_v: int
-    n_ctx_train: int
-    sliding_window: int  # 0: none
-    swa_pattern: int  # every n-th layer is full attention; 0 when there is no window
-
-    @property
-    def full_layers(self) -> list[int]:
-        if not self.sliding_window:
-            return list(range(self.n_layer))
-        return [il for il in range(self.n_layer) if (il + 1) % self.swa_pattern == 0]
-
-    @property
-    def values_per_token_layer(self) -> int:
-        return self.n_head_kv * (self.head_dim_k + self.head_dim_v)
+def pad(n: int) -> int:
+    return -(-n // LLAMA_PAD) * LLAMA_PAD
 
 
-def _field(reader, key, default=None):
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    value = f.contents()
-    return value[0] if isinstance(value, list) and value and not isinstance(value[0], str) else value
+def llama_cache_bytes(shape: KVShape, n_ctx: int, cache: str = "f16", *, swa_full: bool = True,
+                      n_ubatch: int = N_UBATCH) -> int:
+    """Bytes llama.cpp allocates for a context of n_ctx cells of one cache type. swa_full is
+    llama.cpp's (and llama-cpp-python's) default; off, sliding-window layers hold their window
+    plus one ubatch."""
+    cells = pad(n_ctx)
+    swa_cells = cells if swa_full else pad(min(cells, shape.n_swa + n_ubatch))
+    full = len(shape.full_layers)
+    per_cell = (shape.n_embd_k_gqa + shape.n_embd_v_gqa) // 32 * LLAMA_BLOCK_BYTES[cache]
+    return (full * cells + (shape.n_layer - full) * swa_cells) * per_cell
 
 
-def read_card(path) -> ModelCard:
-    import gguf
+def fitted_config(shape: KVShape, config: TieredConfig) -> TieredConfig:
+    """The preset as kvgguf.Llama fits it: the hot window covers a sliding window plus a block."""
+    from dataclasses import replace
 
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as e:  # gguf raises ValueError/struct errors on a non-GGUF file
-        raise ValueError(f"{path} is not a readable GGUF file: {e}") from None
-    arch = _field(reader, "general.architecture")
-    if not arch:
-        raise ValueError(f"{path} has no general.architecture")
-    n_head = int(_field(reader, f"{arch}.attention.head_count"))
-    head_dim = int(_field(reader, f"{arch}.embedding_length")) // n_head
-    window = int(_field(reader, f"{arch}.attention.sliding_window", 0) or 0)
-    pattern = _field(reader, f"{arch}.attention.sliding_window_pattern")
-    pattern = int(pattern) if pattern else (DEFAULT_SWA_PATTERN.get(arch, 1) if window else 0)
-    return ModelCard(
-        path=str(path),
-        arch=arch,
-        n_layer=int(_field(reader, f"{arch}.block_count")),
-        n_head=n_head,
-        n_head_kv=int(_field(reader, f"{arch}.attention.head_count_kv", n_head)),
-        head_dim_k=int(_field(reader, f"{arch}.attention.key_length", head_dim)),
-        head_dim_v=int(_field(reader, f"{arch}.attention.value_length", head_dim)),
-        n_ctx_train=int(_field(reader, f"{arch}.context_length", 0)),
-        sliding_window=window,
-        swa_pattern=pattern,
-    )
+    need = shape.n_swa + config.block if shape.n_swa else 0
+    return replace(config, hot=need) if config.hot < need else config
 
 
-def kv_bytes(card: ModelCard, n_tokens: int, bits_per_value: float, swa_bits_per_value: float = 16.0) -> float:
-    """Bytes of K and V: full-attention layers hold every token at `bits_per_value`,
-    sliding-window layers their window at `swa_bits_per_value` (kvgguf leaves them to
-    llama.cpp's f16 cache; a llama.cpp cache type applies to them too)."""
-    per_layer = card.values_per_token_layer
-    full = len(card.full_layers)
-    swa = card.n_layer - full
-    window = min(n_tokens, card.sliding_window)
-    return (full * n_tokens * bits_per_value + swa * window * swa_bits_per_value) * per_layer / 8
+def store_bytes(shape: KVShape, blocks: list, config: TieredConfig) -> int:
+    """Encoded bytes of the store's blocks on the full-attention layers, each in its tier's codec."""
+    codec_of = {TIER_SINK: "f16", TIER_WARM: config.warm, TIER_ARCHIVE: config.archive}
+    total = 0
+    for b in blocks:
+        c = codecs.get(codec_of[b.tier], group_size=config.group_size)
+        rows = b.r1 - b.r0
+        total += (c.encoded_size((rows, shape.n_head_kv, shape.head_dim_k), "k")
+                  + c.encoded_size((rows, shape.n_head_kv, shape.head_dim_v), "v"))
+    return len(shape.full_layers) * total
 
 
-def codec_bits(card: ModelCard, name: str) -> float:
-    """Stated bits per value of a kvgguf codec for this model's head dims (K and V averaged
-    by their share of values)."""
-    c = codecs.get(name)
-    k = c.nominal_bits_per_value(card.head_dim_k, "key")
-    v = c.nominal_bits_per_value(card.head_dim_v, "value")
-    return (k * card.head_dim_k + v * card.head_dim_v) / (card.head_dim_k + card.head_dim_v)
+def kvgguf_bytes(shape: KVShape, n_ctx: int, config: TieredConfig, n_batch: Optional[int] = None,
+                 n_tokens: Optional[int] = None) -> dict:
+    """What kv_memory() of kvgguf.Llama(kv_codec=config, n_ctx=n_ctx) holds after n_tokens
+    (default n_ctx) were evaluated in batches of n_batch: llama.cpp's f16 buffer for the hot window
+    plus one batch (n_batch defaults to the hot window, as kvgguf.Llama's does; swa_full off) and
+    the store's blocks, which the policy's own plans (policy.plan.blocks_after) lay out."""
+    config = fitted_config(shape, config)
+    n_batch = min(config.hot, n_ctx) if n_batch is None else n_batch
+    blocks = plan.blocks_after(n_ctx if n_tokens is None else n_tokens, n_batch, config)
+    hot = llama_cache_bytes(shape, min(n_ctx, config.hot + n_batch), "f16", swa_full=False,
+                            n_ubatch=min(N_UBATCH, n_batch))
+    return {"hot": hot, "store": store_bytes(shape, blocks, config), "n_cold": blocks[-1].r1 if blocks else 0}
 
 
-def tiered_bytes(card: ModelCard, n_tokens: int, config: TieredConfig = TieredConfig(), n_batch: int = 256) -> float:
-    """The tiered preset at n_tokens: llama.cpp's f16 hot buffer (hot + one batch), sinks in
-    f16, the newest warm_tokens compressed tokens in the warm codec, the rest in archive."""
-    hot = min(n_tokens, config.hot + n_batch)
-    cold = n_tokens - min(n_tokens, config.hot)
-    sinks = min(cold, config.sinks)
-    warm = min(cold - sinks, config.warm_tokens) if config.archive else cold - sinks
-    archive = cold - sinks - warm
-    full = len(card.full_layers)
-    per_layer = card.values_per_token_layer
-    bits = hot * 16 + sinks * 16 + warm * codec_bits(card, config.warm)
-    if archive:
-        bits += archive * codec_bits(card, config.archive)
-    swa = card.n_layer - full
-    return (full * per_layer * bits + swa * min(n_tokens, card.sliding_window) * per_layer * 16) / 8
-
-
-def kv_table(card: ModelCard, contexts=None) -> list[dict]:
-    contexts = set(contexts or CONTEXTS)
-    if card.n_ctx_train:
-        contexts.add(card.n_ctx_train)
-    contexts = sorted(contexts)
+def kv_table(shape: KVShape, contexts=CONTEXTS) -> list[dict]:
     rows = []
-    for name, bpv in LLAMA_TYPES.items():
-        rows.append({"cache": name, "from": "llama.cpp", "bits_per_value": bpv,
-                     "bytes": {n: kv_bytes(card, n, bpv, bpv) for n in contexts}})
-    for name in codecs.names():
+    settings = (True, False) if shape.n_swa else (True,)
+    for cache in ("f16", "q8_0", "q4_0"):
+        for swa_full in settings:
+            label = cache + ("" if not shape.n_swa else " (swa full)" if swa_full else " (swa window)")
+            rows.append({"cache": label, "from": "llama.cpp", "bits_per_value": LLAMA_BLOCK_BYTES[cache] / 4,
+                         "bytes": {n: llama_cache_bytes(shape, n, cache, swa_full=swa_full) for n in contexts}})
+    for name in ["tiered"] + codecs.names():
+        config = TieredConfig() if name == "tiered" else TieredConfig.parse(name)
         try:
-            bpv = codec_bits(card, name)  # ValueError for a head dim the codec cannot take
-        except ValueError as e:
+            sizes = {n: kvgguf_bytes(shape, n, config) for n in contexts}
+        except ValueError as e:  # a head dim the codec cannot take
             rows.append({"cache": name, "from": "kvgguf", "unavailable": str(e)})
             continue
-        rows.append({"cache": name, "from": "kvgguf", "bits_per_value": bpv,
-                     "bytes": {n: kv_bytes(card, n, bpv) for n in contexts}})
-    rows.append({"cache": "tiered", "from": "kvgguf", "bits_per_value": None,
-                 "bytes": {n: tiered_bytes(card, n) for n in contexts}})
+        rows.append({"cache": name, "from": "kvgguf", "bits_per_value": None,
+                     "bytes": {n: s["hot"] + s["store"] for n, s in sizes.items()}})
+    for r in rows:
+        if "bytes" in r:
+            r["bits_held"] = {n: b * 8 / (n * shape.values_per_token) for n, b in r["bytes"].items()}
     return rows
 
 
-def as_json(card: ModelCard) -> dict:
-    d = asdict(card)
-    d["full_attention_layers"] = card.full_layers
-    d["kv_table"] = kv_table(card)
-    return d
-
-
-def format_card(card: ModelCard) -> str:
-    swa = (f"sliding window {card.sliding_window} tokens, every {card.swa_pattern}th layer full "
-           f"({len(card.full_layers)} of {card.n_layer})" if card.sliding_window else "no sliding window")
+def format_card(path, shape: KVShape, contexts=CONTEXTS) -> str:
+    swa = (f"sliding window {shape.n_swa} tokens, every {shape.swa_pattern}th layer full "
+           f"({len(shape.full_layers)} of {shape.n_layer})" if shape.n_swa else "no sliding window")
     lines = [
-        f"model:        {card.path}",
-        f"architecture: {card.arch}",
-        f"layers:       {card.n_layer}",
-        f"heads:        {card.n_head} (KV heads {card.n_head_kv})",
-        f"head dims:    K {card.head_dim_k}, V {card.head_dim_v}",
+        f"model:        {path}",
+        f"architecture: {shape.arch}",
+        f"layers:       {shape.n_layer}",
+        f"heads:        {shape.n_head} (KV heads {shape.n_head_kv})",
+        f"head dims:    K {shape.head_dim_k}, V {shape.head_dim_v}",
         f"attention:    {swa}",
-        "(sliding-window layers are counted at their window, as llama.cpp holds them with swa_full off)",
-        f"context:      {card.n_ctx_train} tokens (trained)",
+        f"context:      {shape.n_ctx_train} tokens (trained)",
+        "",
+        "KV bytes held with n_ctx tokens in context (llama.cpp pads cells to 256; kvgguf caches: the",
+        "hot window plus one batch of as many tokens in f16, sliding-window layers at their window,",
+        "every older token in the store). bits = bytes x 8 / (tokens x layers x K+V values per token).",
         "",
     ]
-    rows = kv_table(card)
-    contexts = list(rows[0]["bytes"])
-    head = ["cache", "from", "bits/value"] + [f"KV @ {n // 1024}K" for n in contexts]
+    head = ["cache", "from"] + [f"KV @ {n // 1024}K" for n in contexts] + [f"bits @ {n // 1024}K" for n in contexts]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
+    for r in kv_table(shape, contexts):
         if "unavailable" in r:
-            cells = [r["cache"], r["from"], "n/a"] + ["n/a"] * len(contexts)
+            cells = [r["cache"], r["from"]] + ["n/a"] * (2 * len(contexts))
         else:
-            bpv = "mixed" if r["bits_per_value"] is None else f"{r['bits_per_value']:.3f}"
-            cells = [r["cache"], r["from"], bpv] + [f"{r['bytes'][n] / 2**20:,.1f} MiB" for n in contexts]
+            cells = ([r["cache"], r["from"]] + [f"{r['bytes'][n] / 2**20:,.1f} MiB" for n in contexts]
+                     + [f"{r['bits_held'][n]:.2f}" for n in contexts])
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def run(args) -> int:
+    from ..model.registry import path as model_path
+
+    path = model_path(args.model)
+    shape = KVShape.from_gguf(path)
+    contexts = tuple(args.ctx) if args.ctx else CONTEXTS
+    if args.json:
+        print(json.dumps({"path": str(path), **asdict(shape), "full_attention_layers": shape.full_layers,
+                          "kv_table": kv_table(shape, contexts)}, indent=2))
+    else:
+        print(format_card(Path(path), shape, contexts))
+    return 0
+

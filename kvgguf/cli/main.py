@@ -6,20 +6,6 @@ import argparse
 import sys
 
 
-def cmd_inspect(args) -> int:
-    import json
-
-    from . import inspect as inspect_model
-    from ..model.registry import path as model_path
-
-    card = inspect_model.read_card(model_path(args.model))
-    if args.json:
-        print(json.dumps(inspect_model.as_json(card), indent=2))
-    else:
-        print(inspect_model.format_card(card))
-    return 0
-
-
 def _run(command: str, args) -> int:
     """Imports a command's module only when it runs (the CLI starts fast, flags are checked first)."""
     import importlib
@@ -103,8 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     insp = sub.add_parser("inspect", help="a GGUF's attention shape and KV bytes per cache type (metadata only)")
     insp.add_argument("model", help="GGUF path or model name")
+    insp.add_argument("--ctx", type=_positive, nargs="+", default=None,
+                      help="contexts (tokens) to show (default: 4096 32768)")
     insp.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    insp.set_defaults(func=cmd_inspect)
+    insp.set_defaults(func=lambda a: _run("inspect", a))
     return parser
 
 

@@ -9,7 +9,8 @@ Environment overrides (full paths to the files):
   ``.dylib`` on macOS, ``.dll`` on Windows);
 - ``KVGGUF_HEADER``: the header (default ``kvgguf/include/kvgguf.h`` in the package).
 
-``ffi`` and ``lib`` are module attributes loaded on first use and cached.
+:func:`get_ffi` and :func:`get_lib` load the library on first use and cache it; loading checks
+that the library's ABI version (``kvg_abi_version()``) is the header's ``KVG_ABI_VERSION``.
 """
 
 from __future__ import annotations
@@ -155,8 +156,25 @@ def _load():
             lib = ffi.dlopen(str(path))
         except OSError as e:
             raise KvgLoadError(f"cannot load kvgguf's native library {path} (set by {LIB_ENV} or the package): {e}") from e
+        _check_abi(lib, path)
         _ffi, _lib = ffi, lib
         return ffi, lib
+
+
+def _check_abi(lib, path: Path) -> None:
+    """The library must be built from the header whose declarations cffi just parsed: a call
+    through a declaration that no longer matches would pass wrong arguments, not raise."""
+    expected = int(lib.KVG_ABI_VERSION)  # from the header
+    try:
+        built = int(lib.kvg_abi_version())
+    except AttributeError:  # a library from before kvg_abi_version existed
+        built = None
+    if built != expected:
+        raise KvgLoadError(
+            f"kvgguf's native library {path} was built for ABI version {built if built is not None else '1 or older'}, "
+            f"but the header {header_path()} declares ABI version {expected}; reinstall kvgguf "
+            f"(pip install .) or point {LIB_ENV} and {HEADER_ENV} at a library and header built together"
+        )
 
 
 def get_ffi():
@@ -167,14 +185,6 @@ def get_ffi():
 def get_lib():
     """The loaded libkvgguf (cached)."""
     return _load()[1]
-
-
-def __getattr__(name: str):  # PEP 562: `from kvgguf._native import lib, ffi` loads lazily
-    if name == "lib":
-        return get_lib()
-    if name == "ffi":
-        return get_ffi()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def error_message(status: int) -> str:

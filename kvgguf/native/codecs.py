@@ -2,12 +2,12 @@
 
 A block is a float32 array of shape ``(n_tokens, n_heads, head_dim)`` (or
 ``(n_tokens, head_dim)`` for one head): rows of llama.cpp's K or V cache. Encoding gives
-bytes with no header; decoding needs the same codec, shape and role::
+bytes with no header; decoding needs the same codec, shape and kind::
 
     from kvgguf import codecs
     c = codecs.get("rotq3")
-    buf = c.encode(k_rows, role="key")          # numpy uint8, exactly c.encoded_size(...) bytes
-    k_hat = c.decode(buf, k_rows.shape, role="key")
+    buf = c.encode(k_rows, kind="k")            # numpy uint8, exactly c.encoded_size(...) bytes
+    k_hat = c.decode(buf, k_rows.shape, kind="k")
     c.bits_per_value(k_rows.shape)               # measured on this shape: every stored byte
 
 Codecs (see native/include/kvgguf.h for the byte layouts):
@@ -56,8 +56,8 @@ __all__ = [
     "simd_max_level",
 ]
 
-_ROLES = {"key": 0, "k": 0, "value": 1, "v": 1}
-_ROLE_NAMES = ("key", "value")
+_KINDS = {"k": 0, "v": 1, "key": 0, "value": 1}  # the store's KIND_K / KIND_V numbers
+_KIND_NAMES = ("K", "V")
 _SIMD_LEVELS = {"scalar": 0, "avx2": 1}
 _MAX_DIM = 1 << 56  # the library's limit on values per block
 
@@ -68,11 +68,13 @@ def names() -> list[str]:
     return [ffi.string(lib.kvg_codec_name(i)).decode() for i in range(lib.kvg_codec_count())]
 
 
-def _role(role: str) -> int:
-    r = _ROLES.get(role) if isinstance(role, str) else None
-    if r is None:
-        raise ValueError(f"role {role!r} is unknown; choose 'key' (or 'k') or 'value' (or 'v')")
-    return r
+def _kind(kind) -> int:
+    if isinstance(kind, numbers.Integral) and not isinstance(kind, bool) and int(kind) in (0, 1):
+        return int(kind)  # KIND_K / KIND_V
+    k = _KINDS.get(kind.lower()) if isinstance(kind, str) else None
+    if k is None:
+        raise ValueError(f"kind {kind!r} is unknown; choose 'k' (keys) or 'v' (values)")
+    return k
 
 
 def _shape3(shape: Sequence[int]) -> tuple[int, int, int]:
@@ -135,25 +137,25 @@ class Codec:
         p.seed = self.seed
         return p
 
-    def _context(self, role: int, shape: tuple[int, int, int]) -> str:
-        return f"role {_ROLE_NAMES[role]}, shape {shape}"
+    def _context(self, kind: int, shape: tuple[int, int, int]) -> str:
+        return f"kind {_KIND_NAMES[kind]}, shape {shape}"
 
-    def encoded_size(self, shape: Sequence[int], role: str = "key") -> int:
+    def encoded_size(self, shape: Sequence[int], kind: str = "k") -> int:
         """Exact number of bytes :meth:`encode` writes for a block of this shape."""
-        r, (t, h, d) = _role(role), _shape3(shape)
+        r, (t, h, d) = _kind(kind), _shape3(shape)
         ffi, lib = binding.get_ffi(), binding.get_lib()
         out = ffi.new("size_t *")
         check(lib.kvg_encoded_size(self.type, r, t, h, d, self._params(), out))
         return int(out[0])
 
-    def bits_per_value(self, shape: Sequence[int], role: str = "key") -> float:
+    def bits_per_value(self, shape: Sequence[int], kind: str = "k") -> float:
         """Stored bits per value for this shape: encoded bytes * 8 / values (all bytes counted)."""
         t, h, d = _shape3(shape)
-        return self.encoded_size(shape, role) * 8 / (t * h * d)
+        return self.encoded_size(shape, kind) * 8 / (t * h * d)
 
-    def nominal_bits_per_value(self, head_dim: int, role: str = "key") -> float:
+    def nominal_bits_per_value(self, head_dim: int, kind: str = "k") -> float:
         """Bits per value for long sequences: kivi B + 32/G, rotq B + 16/head_dim, f16 16."""
-        self.encoded_size((1, 1, head_dim), role)  # validates head_dim (rotq: power of two)
+        self.encoded_size((1, 1, head_dim), kind)  # validates head_dim (rotq: power of two)
         if self.family == "kivi":
             return self.bits + 32 / self.group_size
         if self.family == "rotq":
@@ -162,9 +164,9 @@ class Codec:
             return self.bits + 16 / head_dim + 16 / 128
         return float(self.bits)
 
-    def encode(self, x, role: str = "key") -> np.ndarray:
+    def encode(self, x, kind: str = "k") -> np.ndarray:
         """Encodes a (n_tokens, n_heads, head_dim) or (n_tokens, head_dim) block; returns uint8 bytes."""
-        r = _role(role)
+        r = _kind(kind)
         a = _as_float32(x)
         if a.ndim not in (2, 3):
             raise ValueError(
@@ -172,7 +174,7 @@ class Codec:
                 f"(n_tokens, head_dim), got shape {a.shape}"
             )
         shape = _shape3(a.shape)
-        size = self.encoded_size(shape, role)
+        size = self.encoded_size(shape, kind)
         out = np.empty(size, dtype=np.uint8)
         ffi, lib = binding.get_ffi(), binding.get_lib()
         written = ffi.new("size_t *")
@@ -185,9 +187,9 @@ class Codec:
             raise KvgError(f"{self.name} encode wrote {written[0]} bytes, expected {size}", -1)
         return out
 
-    def decode_into(self, buf, out: np.ndarray, role: str = "key") -> np.ndarray:
+    def decode_into(self, buf, out: np.ndarray, kind: str = "k") -> np.ndarray:
         """Decodes buf into the preallocated C-contiguous float32 array out (zero-copy); returns out."""
-        r = _role(role)
+        r = _kind(kind)
         if not isinstance(out, np.ndarray) or out.dtype != np.float32:
             raise TypeError(f"out must be a float32 numpy array, got {type(out).__name__} "
                             f"{getattr(out, 'dtype', '')}".rstrip())
@@ -203,11 +205,11 @@ class Codec:
         check(st, self._context(r, shape))
         return out
 
-    def decode(self, buf, shape: Sequence[int], role: str = "key") -> np.ndarray:
+    def decode(self, buf, shape: Sequence[int], kind: str = "k") -> np.ndarray:
         """Decodes buf into a new float32 array of the given (2-D or 3-D) shape."""
         _shape3(shape)
         out = np.empty(tuple(int(d) for d in shape), dtype=np.float32)
-        return self.decode_into(buf, out, role)
+        return self.decode_into(buf, out, kind)
 
 
 def get(name: str, *, group_size: int = 32, seed: int | None = None) -> Codec:
@@ -235,29 +237,29 @@ def get(name: str, *, group_size: int = 32, seed: int | None = None) -> Codec:
     return Codec(name=name, type=int(t[0]), bits=int(bits[0]), group_size=int(group_size), seed=int(seed))
 
 
-def encode(name: str, x, role: str = "key", **params) -> np.ndarray:
-    """``get(name, **params).encode(x, role)``."""
-    return get(name, **params).encode(x, role)
+def encode(name: str, x, kind: str = "k", **params) -> np.ndarray:
+    """``get(name, **params).encode(x, kind)``."""
+    return get(name, **params).encode(x, kind)
 
 
-def decode(name: str, buf, shape: Sequence[int], role: str = "key", **params) -> np.ndarray:
-    """``get(name, **params).decode(buf, shape, role)``."""
-    return get(name, **params).decode(buf, shape, role)
+def decode(name: str, buf, shape: Sequence[int], kind: str = "k", **params) -> np.ndarray:
+    """``get(name, **params).decode(buf, shape, kind)``."""
+    return get(name, **params).decode(buf, shape, kind)
 
 
-def decode_into(name: str, buf, out: np.ndarray, role: str = "key", **params) -> np.ndarray:
-    """``get(name, **params).decode_into(buf, out, role)``."""
-    return get(name, **params).decode_into(buf, out, role)
+def decode_into(name: str, buf, out: np.ndarray, kind: str = "k", **params) -> np.ndarray:
+    """``get(name, **params).decode_into(buf, out, kind)``."""
+    return get(name, **params).decode_into(buf, out, kind)
 
 
-def encoded_size(name: str, shape: Sequence[int], role: str = "key", **params) -> int:
-    """``get(name, **params).encoded_size(shape, role)``."""
-    return get(name, **params).encoded_size(shape, role)
+def encoded_size(name: str, shape: Sequence[int], kind: str = "k", **params) -> int:
+    """``get(name, **params).encoded_size(shape, kind)``."""
+    return get(name, **params).encoded_size(shape, kind)
 
 
-def bits_per_value(name: str, shape: Sequence[int], role: str = "key", **params) -> float:
-    """``get(name, **params).bits_per_value(shape, role)``."""
-    return get(name, **params).bits_per_value(shape, role)
+def bits_per_value(name: str, shape: Sequence[int], kind: str = "k", **params) -> float:
+    """``get(name, **params).bits_per_value(shape, kind)``."""
+    return get(name, **params).bits_per_value(shape, kind)
 
 
 def rotq_codebook(bits: int, head_dim: int) -> np.ndarray:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..native.store import TIER_SINK, TIER_WARM
+from ..native.store import TIER_ARCHIVE, TIER_SINK, TIER_WARM
 from .tiered import TieredConfig
 
 
@@ -50,3 +50,17 @@ def blocks_to_archive(blocks: list[Block], config: TieredConfig) -> list[Block]:
 def truncated(blocks: list[Block], n_rows: int) -> list[Block]:
     """The block list after cold rows at positions >= n_rows are dropped."""
     return [Block(b.r0, min(b.r1, n_rows), b.tier) for b in blocks if b.r0 < n_rows]
+
+
+def blocks_after(n_tokens: int, n_batch: int, config: TieredConfig) -> list[Block]:
+    """The block list a sequence of n_tokens fed in batches of n_batch ends with: the plans
+    above run as the live cache runs them, before every batch (for predictions: inspect)."""
+    blocks: list[Block] = []
+    for start in range(0, n_tokens, n_batch):
+        n_cold = blocks[-1].r1 if blocks else 0
+        n_evict = rows_to_evict(start, n_cold, config)
+        if n_evict:
+            blocks += [Block(n_cold + a, n_cold + b, tier) for tier, _c, a, b in evicted_parts(n_cold, n_cold + n_evict, config)]
+            for b in blocks_to_archive(blocks, config):
+                b.tier = TIER_ARCHIVE
+    return blocks

@@ -216,7 +216,7 @@ def _encode_hot(layer: Optional[state_format.LayerRows], kind: int, shape: KVSha
         f16 = codecs.get("f16")
         for c, part in ((f16, x[:n_sink]), (codec, x[n_sink:])):
             if len(part):
-                segments.append((len(part), c.type, c.encode(part, ("key", "value")[kind]).tobytes()))
+                segments.append((len(part), c.type, c.encode(part, kind).tobytes()))
     elif n:
         segments.append((n, RAW, rows.tobytes()))
     out = [b"\x01", _HOT.pack(ggml_type, n, row_bytes, len(segments))]
@@ -411,7 +411,7 @@ def _read_hot(take, il: int, kind: int, cache, shape: KVShape, params: dict) -> 
         if el is None or row_bytes != width * el:
             raise SessionCorruptError(f"layer {il}: exact rows of an impossible type or width")
         x = codecs.get(names[codec_id], **params).decode(
-            data, (n_rows, shape.n_head_kv, _head_dim(shape, kind)), ("key", "value")[kind])
+            data, (n_rows, shape.n_head_kv, _head_dim(shape, kind)), kind)
         parts.append(x.reshape(n_rows, width).astype(np.float16 if el == 2 else np.float32).view(np.uint8))
     rows = np.concatenate(parts) if parts else np.empty((0, row_bytes), np.uint8)
     if rows.shape != (n, row_bytes):

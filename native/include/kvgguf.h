@@ -1,7 +1,7 @@
 // kvgguf.h: the public C API of libkvgguf, the KV-cache codec library of kvgguf.
 //
 // Codecs are stateless: a block of K or V rows goes in as float32 and comes out as bytes,
-// and back. The bytes carry no header: the caller keeps the codec type, role, shape and
+// and back. The bytes carry no header: the caller keeps the codec type, kind (K or V), shape and
 // params and passes the same ones to kvg_decode.
 //
 // A block is float32 [n_tokens][n_heads][head_dim], row-major: one row per token, as
@@ -19,9 +19,9 @@
 //
 //   kiviB  (B = 2, 3, 4, 8; KIVI, Liu et al. 2024, arXiv:2402.02750)
 //          [groups: n_groups x {f16 min, f16 scale}] [codes: ceil(N*B/8) bytes]
-//          role KEY:   one group per channel per G consecutive tokens (the last token group
+//          kind K:     one group per channel per G consecutive tokens (the last token group
 //                      may be shorter); group index = (t / G) * C + c.
-//          role VALUE: one group per token per G consecutive channels of its row (the last
+//          kind V:     one group per token per G consecutive channels of its row (the last
 //                      channel group may be shorter); group index = t * ceil(C / G) + c / G.
 //          value = min + code * scale, code in [0, 2^B - 1].
 //          Bits per value: B + 32/G for full groups (plus < 1 byte of tail padding).
@@ -52,14 +52,14 @@
 extern "C" {
 #endif
 
-// The region between cffi-begin and cffi-end is read verbatim by kvgguf/_native.py as the
+// The region between cffi-begin and cffi-end is read verbatim by kvgguf/native/binding.py as the
 // cffi cdef: plain declarations only (no macros, attributes or preprocessor lines).
 
 // cffi-begin
 
 enum kvg_status {
     KVG_OK                = 0,
-    KVG_ERR_INVALID_ARG   = -1,  // NULL pointer, bad role, bad params, bad SIMD level
+    KVG_ERR_INVALID_ARG   = -1,  // NULL pointer, bad kind, bad params, bad SIMD level
     KVG_ERR_UNKNOWN_CODEC = -2,  // codec type or name not in the table
     KVG_ERR_SHAPE         = -3,  // non-positive or overflowing dims, or a shape the codec cannot take
     KVG_ERR_BUFFER_SIZE   = -4,  // a buffer is too small or not exactly the size required
@@ -87,9 +87,16 @@ enum kvg_codec_type {
     KVG_CODEC_CROTQ4 = 11
 };
 
-enum kvg_role {
-    KVG_ROLE_KEY   = 0,
-    KVG_ROLE_VALUE = 1
+// Which rows a block holds; the store, the codecs and llama.cpp's hooks use the same numbers.
+enum kvg_kind {
+    KVG_KIND_K = 0,
+    KVG_KIND_V = 1
+};
+
+// Bumped whenever a declaration in this region changes; kvg_abi_version() returns the value the
+// library was built with, and the Python binding refuses a library and header that disagree.
+enum kvg_abi {
+    KVG_ABI_VERSION = 2
 };
 
 enum kvg_simd {
@@ -98,9 +105,11 @@ enum kvg_simd {
 };
 
 typedef struct kvg_codec_params {
-    int32_t  group_size;  // kivi: G, tokens (KEY) or channels (VALUE) per group; default 32
+    int32_t  group_size;  // kivi: G, tokens (K) or channels (V) per group; default 32
     uint64_t seed;        // rotq: seed of the random signs; default KVG_DEFAULT_SEED
 } kvg_codec_params;
+
+int32_t kvg_abi_version(void);  // KVG_ABI_VERSION as compiled into the library
 
 const char * kvg_strerror(int status);
 // Detail of the last failure on the calling thread ("" if none); valid until the next call.
@@ -113,19 +122,19 @@ const char * kvg_codec_name(int type);  // NULL if out of range
 int          kvg_codec_from_name(const char * name, int * out_type);
 int          kvg_codec_bits(int type, int * out_bits);  // bits per code (16 for f16)
 
-int kvg_encoded_size(int type, int role, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+int kvg_encoded_size(int type, int kind, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                      const kvg_codec_params * p, size_t * out_bytes);
 
 // src_count must be n_tokens*n_heads*head_dim; dst_bytes >= kvg_encoded_size. On success
 // exactly kvg_encoded_size bytes are written and *out_written (may be NULL) is set to that.
 // On failure the contents of dst are unspecified. p may be NULL for the defaults.
-int kvg_encode(int type, int role, const float * src, size_t src_count,
+int kvg_encode(int type, int kind, const float * src, size_t src_count,
                int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                const kvg_codec_params * p, void * dst, size_t dst_bytes, size_t * out_written);
 
 // src_bytes must equal kvg_encoded_size; dst_count must be n_tokens*n_heads*head_dim.
 // Corrupt input is detected before anything is written, so dst is unchanged on failure.
-int kvg_decode(int type, int role, const void * src, size_t src_bytes,
+int kvg_decode(int type, int kind, const void * src, size_t src_bytes,
                int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                const kvg_codec_params * p, float * dst, size_t dst_count);
 

@@ -30,6 +30,10 @@ const char * kvg_last_error(void) {
     return g_last_error;
 }
 
+int32_t kvg_abi_version(void) {
+    return KVG_ABI_VERSION;
+}
+
 const char * kvg_strerror(int status) {
     switch (status) {
         case KVG_OK:                return "success";
@@ -119,14 +123,14 @@ int kvg_codec_bits(int type, int * out_bits) {
 // ---- argument checking ---------------------------------------------------------------------
 
 // Validates everything but the buffers and fills job and the exact encoded size.
-static int make_job(int type, int role, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+static int make_job(int type, int kind, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                     const kvg_codec_params * p, kvg_job * job, size_t * size) {
     if (type < 0 || type >= KVG_CODEC_COUNT_) {
         return kvg_fail(KVG_ERR_UNKNOWN_CODEC, "codec type %d is unknown", type);
     }
     const char * name = k_traits[type].name;
-    if (role != KVG_ROLE_KEY && role != KVG_ROLE_VALUE) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "%s: role must be KVG_ROLE_KEY (0) or KVG_ROLE_VALUE (1), got %d", name, role);
+    if (kind != KVG_KIND_K && kind != KVG_KIND_V) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "%s: kind must be KVG_KIND_K (0) or KVG_KIND_V (1), got %d", name, kind);
     }
     if (n_tokens <= 0 || n_heads <= 0 || head_dim <= 0) {
         return kvg_fail(KVG_ERR_SHAPE, "%s: n_tokens, n_heads and head_dim must be > 0, got (%lld, %lld, %lld)",
@@ -146,7 +150,7 @@ static int make_job(int type, int role, int64_t n_tokens, int64_t n_heads, int64
     }
     memset(job, 0, sizeof(*job));
     job->type       = type;
-    job->role       = role;
+    job->kind       = kind;
     job->bits       = k_traits[type].bits;
     job->n_tokens   = n_tokens;
     job->n_heads    = n_heads;
@@ -183,17 +187,17 @@ static int64_t first_nonfinite(const float * x, int64_t n) {
 
 // ---- encode / decode -----------------------------------------------------------------------
 
-int kvg_encoded_size(int type, int role, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+int kvg_encoded_size(int type, int kind, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                      const kvg_codec_params * p, size_t * out_bytes) {
     kvg_clear_error();
     if (out_bytes == NULL) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_encoded_size: NULL out_bytes");
     }
     kvg_job job;
-    return make_job(type, role, n_tokens, n_heads, head_dim, p, &job, out_bytes);
+    return make_job(type, kind, n_tokens, n_heads, head_dim, p, &job, out_bytes);
 }
 
-int kvg_encode(int type, int role, const float * src, size_t src_count,
+int kvg_encode(int type, int kind, const float * src, size_t src_count,
                int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                const kvg_codec_params * p, void * dst, size_t dst_bytes, size_t * out_written) {
     kvg_clear_error();
@@ -202,7 +206,7 @@ int kvg_encode(int type, int role, const float * src, size_t src_count,
     }
     kvg_job job;
     size_t  size = 0;
-    int     st   = make_job(type, role, n_tokens, n_heads, head_dim, p, &job, &size);
+    int     st   = make_job(type, kind, n_tokens, n_heads, head_dim, p, &job, &size);
     if (st != KVG_OK) {
         return st;
     }
@@ -237,13 +241,13 @@ int kvg_encode(int type, int role, const float * src, size_t src_count,
     return st;
 }
 
-int kvg_decode(int type, int role, const void * src, size_t src_bytes,
+int kvg_decode(int type, int kind, const void * src, size_t src_bytes,
                int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                const kvg_codec_params * p, float * dst, size_t dst_count) {
     kvg_clear_error();
     kvg_job job;
     size_t  size = 0;
-    int     st   = make_job(type, role, n_tokens, n_heads, head_dim, p, &job, &size);
+    int     st   = make_job(type, kind, n_tokens, n_heads, head_dim, p, &job, &size);
     if (st != KVG_OK) {
         return st;
     }

@@ -16,7 +16,7 @@
 int kvg_kivi_size(const kvg_job * job, size_t * out_bytes) {
     const int64_t G = job->group_size;
     const int64_t C = job->n_channels;
-    const int64_t n_groups = job->role == KVG_ROLE_KEY
+    const int64_t n_groups = job->kind == KVG_KIND_K
         ? ((job->n_tokens + G - 1) / G) * C
         : job->n_tokens * ((C + G - 1) / G);
     // n_groups <= N <= KVG_MAX_VALUES, so this cannot overflow 64 bits
@@ -126,7 +126,7 @@ int kvg_kivi_encode_with(const kvg_job * job, const float * src, uint8_t * dst, 
     const int64_t G    = job->group_size;
     const int     bits = job->bits;
 
-    const int64_t n_groups = job->role == KVG_ROLE_KEY ? ((T + G - 1) / G) * C : T * ((C + G - 1) / G);
+    const int64_t n_groups = job->kind == KVG_KIND_K ? ((T + G - 1) / G) * C : T * ((C + G - 1) / G);
     kvg_kivi_group * groups = (kvg_kivi_group *) dst;
     uint8_t *        codes  = dst + (size_t) n_groups * sizeof(kvg_kivi_group);
     memset(codes, 0, (size_t) kvg_code_bytes(job->n_values, bits));
@@ -144,7 +144,7 @@ int kvg_kivi_encode_with(const kvg_job * job, const float * src, uint8_t * dst, 
     float     sf;
     int       st = KVG_OK;
 
-    if (job->role == KVG_ROLE_KEY) {
+    if (job->kind == KVG_KIND_K) {
         for (int64_t t0 = 0, tg = 0; t0 < T; t0 += G, tg++) {
             const int64_t t1 = t0 + G < T ? t0 + G : T;
             memcpy(mn, src + t0 * C, (size_t) C * sizeof(float));
@@ -196,7 +196,7 @@ int kvg_kivi_decode_with(const kvg_job * job, const uint8_t * src, float * dst, 
     const int64_t G    = job->group_size;
     const int     bits = job->bits;
 
-    const int64_t n_groups = job->role == KVG_ROLE_KEY ? ((T + G - 1) / G) * C : T * ((C + G - 1) / G);
+    const int64_t n_groups = job->kind == KVG_KIND_K ? ((T + G - 1) / G) * C : T * ((C + G - 1) / G);
     const kvg_kivi_group * groups = (const kvg_kivi_group *) src;
     const uint8_t *        codes  = src + (size_t) n_groups * sizeof(kvg_kivi_group);
 
@@ -219,7 +219,7 @@ int kvg_kivi_decode_with(const kvg_job * job, const uint8_t * src, float * dst, 
     float *   sf = buf + C;
     uint8_t * q  = (uint8_t *) (buf + 2 * C);
 
-    if (job->role == KVG_ROLE_KEY) {
+    if (job->kind == KVG_KIND_K) {
         for (int64_t t0 = 0, tg = 0; t0 < T; t0 += G, tg++) {
             const int64_t t1 = t0 + G < T ? t0 + G : T;
             for (int64_t c = 0; c < C; c++) {

@@ -29,7 +29,7 @@
 // dims are positive and their product is at most KVG_MAX_VALUES.
 typedef struct kvg_job {
     int      type;
-    int      role;
+    int      kind;
     int      bits;        // bits per code
     int64_t  n_tokens;
     int64_t  n_heads;

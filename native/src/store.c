@@ -49,7 +49,7 @@ static float * scratch_floats(size_t n) {
 }
 
 static int64_t head_dim_of(const kvg_store * s, int32_t kind) {
-    return kind == KVG_ROLE_KEY ? s->p.head_dim_k : s->p.head_dim_v;
+    return kind == KVG_KIND_K ? s->p.head_dim_k : s->p.head_dim_v;
 }
 
 static int64_t row_width(const kvg_store * s, int32_t kind) {
@@ -63,7 +63,7 @@ static int check_layer_kind(const kvg_store * s, int32_t il, int32_t kind) {
     if (il < 0 || il >= s->p.n_layer) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "layer %d is outside [0, %d)", (int) il, (int) s->p.n_layer);
     }
-    if (kind != KVG_ROLE_KEY && kind != KVG_ROLE_VALUE) {
+    if (kind != KVG_KIND_K && kind != KVG_KIND_V) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "kind %d is neither K (0) nor V (1)", (int) kind);
     }
     return KVG_OK;
@@ -140,7 +140,7 @@ void kvg_store_free(kvg_store * s) {
 
 int kvg_store_set_layer_enabled(kvg_store * s, int32_t il, int32_t enabled) {
     kvg_clear_error();
-    int rc = check_layer_kind(s, il, KVG_ROLE_KEY);
+    int rc = check_layer_kind(s, il, KVG_KIND_K);
     if (rc != KVG_OK) {
         return rc;
     }
