@@ -66,13 +66,13 @@ def kvgguf_bytes(shape: KVShape, n_ctx: int, config: TieredConfig, n_batch: Opti
                  n_tokens: Optional[int] = None) -> dict:
     """What kv_memory() of kvgguf.Llama(kv_codec=config, n_ctx=n_ctx) holds after n_tokens
     (default n_ctx) were evaluated in batches of n_batch: llama.cpp's f16 buffer for the hot window
-    plus one batch (n_batch defaults to the hot window, as kvgguf.Llama's does; swa_full off) and
+    plus one batch (n_batch defaults to the hot window, as kvgguf.Llama's does; sliding-window
+    layers hold as many cells, llama.cpp's swa_full) and
     the store's blocks, which the policy's own plans (policy.plan.blocks_after) lay out."""
     config = fitted_config(shape, config)
     n_batch = min(config.hot, n_ctx) if n_batch is None else n_batch
     blocks = plan.blocks_after(n_ctx if n_tokens is None else n_tokens, n_batch, config)
-    hot = llama_cache_bytes(shape, min(n_ctx, config.hot + n_batch), "f16", swa_full=False,
-                            n_ubatch=min(N_UBATCH, n_batch))
+    hot = llama_cache_bytes(shape, min(n_ctx, config.hot + n_batch), "f16")
     return {"hot": hot, "store": store_bytes(shape, blocks, config), "n_cold": blocks[-1].r1 if blocks else 0}
 
 
@@ -112,8 +112,8 @@ def format_card(path, shape: KVShape, contexts=CONTEXTS) -> str:
         f"context:      {shape.n_ctx_train} tokens (trained)",
         "",
         "KV bytes held with n_ctx tokens in context (llama.cpp pads cells to 256; kvgguf caches: the",
-        "hot window plus one batch of as many tokens in f16, sliding-window layers at their window,",
-        "every older token in the store). bits = bytes x 8 / (tokens x layers x K+V values per token).",
+        "hot window plus one batch of as many tokens in f16 on every layer, every older token of the",
+        "full-attention layers in the store). bits = bytes x 8 / (tokens x layers x K+V values per token).",
         "",
     ]
     head = ["cache", "from"] + [f"KV @ {n // 1024}K" for n in contexts] + [f"bits @ {n // 1024}K" for n in contexts]
