@@ -24,6 +24,19 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
+def busy_cpus(seconds: float = 1.0) -> float:
+    """CPUs busy with other work over the next second (from /proc/stat; the load average would
+    still count the previous configuration's own run)."""
+    def sample():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + v[4]  # total, idle + iowait
+    t0, i0 = sample()
+    time.sleep(seconds)
+    t1, i1 = sample()
+    return (os.cpu_count() or 1) * (1 - (i1 - i0) / max(t1 - t0, 1))
+
+
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -116,14 +129,14 @@ def main(argv=None) -> int:
             cmd = [sys.executable, __file__, "--one", "--model", args.model, "--contexts", str(n_ctx),
                    "--caches", cache, "--decode", str(args.decode), "--threads", str(args.threads),
                    "--batch", str(args.batch)]
-            load = os.getloadavg()[0]
+            busy = busy_cpus()
             # llama.cpp's threads spin: anything else running makes decode several times slower.
-            note = f" (load average {load:.2f}: the machine is not idle, speed figures are unreliable)" if load > 0.5 else ""
+            note = f" ({busy:.2f} CPUs busy: the machine is not idle, speed figures are unreliable)" if busy > 0.2 else ""
             print(f"[{time.strftime('%H:%M:%S')}] {n_ctx} {cache} ...{note}", file=sys.stderr, flush=True)
             out = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE)
             if out.returncode != 0:
                 raise SystemExit(f"{n_ctx} {cache} failed:\n{out.stderr[-3000:]}")
-            rows.append(dict(json.loads(out.stdout.strip().splitlines()[-1]), load_average_before=load))
+            rows.append(dict(json.loads(out.stdout.strip().splitlines()[-1]), busy_cpus_before=busy))
             print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     result = {"command": "benchmarks/live_cache.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "threads": args.threads, "rows": rows}

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Iterator, Optional, Sequence, Union
 
 import llama_cpp
 import numpy as np
 
-from .model.gguf_file import read_metadata
 from .runtime.live_cache import LiveCache
 from .runtime.memory import KVMemory, TierMemory
 from .model.shape import KVShape
@@ -40,25 +38,16 @@ def cache_type(value: Union[str, int, None], name: str) -> Optional[int]:
     raise ValueError(f"{name} {value!r} is unknown; choose one of: {', '.join(CACHE_TYPES)}")
 
 
-def _config_for_model(config: TieredConfig, preset: bool, meta: dict, model_path: str) -> TieredConfig:
-    arch = meta.get("general.architecture", "")
-    if arch not in SUPPORTED_ARCHS:
+def _config_for_model(config: TieredConfig, preset: bool, shape: KVShape, model_path: str) -> TieredConfig:
+    if shape.arch not in SUPPORTED_ARCHS:
         raise ValueError(
             f"kv_codec supports the architectures {', '.join(SUPPORTED_ARCHS)}; {model_path} is "
-            f"'{arch}'. Use kv_codec=None for llama.cpp's own cache."
+            f"'{shape.arch}'. Use kv_codec=None for llama.cpp's own cache."
         )
-    n_swa = int(meta.get(f"{arch}.attention.sliding_window", 0) or 0)
-    # Evicting a position removes it from the sliding-window layers too, so the hot window
-    # must cover their window.
-    need = n_swa + config.block if n_swa else 0
-    if config.hot < need:
-        if not preset:
-            raise ValueError(
-                f"{model_path} has sliding-window layers of {n_swa} tokens: TieredConfig.hot must be "
-                f">= {need} (window + block), got {config.hot}"
-            )
-        config = replace(config, hot=need)
-    return config
+    try:
+        return config.fit_window(shape.n_swa, strict=not preset)
+    except ValueError as e:
+        raise ValueError(f"{model_path}: {e}") from None
 
 
 class Llama(llama_cpp.Llama):
@@ -104,7 +93,7 @@ class Llama(llama_cpp.Llama):
                 raise ValueError(f"kv_codec keeps llama.cpp's hot window in f16; {name} must be f16 or None")
         if n_ctx <= 0:
             raise ValueError("kv_codec needs n_ctx > 0: the logical context to hold")
-        config = _config_for_model(config, preset, read_metadata(model_path), model_path)
+        config = _config_for_model(config, preset, KVShape.from_gguf(model_path), model_path)
         n_batch = min(config.hot, n_ctx) if n_batch is None else n_batch
         if n_batch > config.hot:
             raise ValueError(

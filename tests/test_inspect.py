@@ -1,9 +1,10 @@
-"""`kvgguf inspect` predicts what live contexts hold: checked against kv_memory() of real
-contexts of both models, for llama.cpp's own cache types (both sliding-window settings) and
-kvgguf's tiered cache."""
+"""`kvgguf inspect` predicts what live contexts hold: its table (the command's own JSON output)
+is checked against kv_memory() of real contexts of both models, for llama.cpp's own cache types
+(both sliding-window settings) and kvgguf's tiered cache."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -18,9 +19,30 @@ from kvgguf.model.shape import KVShape
 from test_cli import run_cli
 
 KW = dict(n_threads=2, n_threads_batch=2, verbose=False, flash_attn=True)
+MODELS = ["smollm2-135m", "gemma3-270m"]
+CONTEXTS = (1000, 2048)  # 1000: llama.cpp pads it to 1024 cells
 
 
-@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
+@functools.lru_cache(maxsize=None)
+def card(name: str) -> dict:
+    """`kvgguf inspect NAME --ctx 1000 2048 --json`, parsed."""
+    out = run_cli("inspect", name, "--ctx", *map(str, CONTEXTS), "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def predicted(name: str, cache: str, n_ctx: int) -> int:
+    rows = {r["cache"]: r for r in card(name)["kv_table"]}
+    return rows[cache]["bytes"][str(n_ctx)]
+
+
+def tokens(llm, n: int) -> list[int]:
+    ids = llm.tokenize(wikitext2_test()[: 12 * n].encode())[:n]
+    assert len(ids) == n
+    return ids
+
+
+@pytest.mark.parametrize("name", MODELS)
 def test_shape_is_the_gguf_metadata(name):
     path = kvgguf.models.path(name)
     meta = read_metadata(path)
@@ -29,11 +51,11 @@ def test_shape_is_the_gguf_metadata(name):
     assert (shape.arch, shape.n_layer, shape.n_head, shape.n_head_kv) == (
         arch, meta[f"{arch}.block_count"], meta[f"{arch}.attention.head_count"],
         meta[f"{arch}.attention.head_count_kv"])
+    # Gemma-3 states its head dim (256, not 640 / 4); SmolLM2 does not (576 / 9 = 64).
+    assert shape.head_dim_k == shape.head_dim_v == {"smollm2-135m": 64, "gemma3-270m": 256}[name]
     assert shape.n_swa == meta.get(f"{arch}.attention.sliding_window", 0)
-    out = run_cli("inspect", name, "--json")
-    assert out.returncode == 0, out.stderr
-    card = json.loads(out.stdout)
-    assert card["head_dim_k"] == shape.head_dim_k and card["full_attention_layers"] == shape.full_layers
+    c = card(name)
+    assert (c["head_dim_k"], c["full_attention_layers"]) == (shape.head_dim_k, shape.full_layers)
 
 
 def test_full_attention_layers_match_llama_cpp():
@@ -41,44 +63,89 @@ def test_full_attention_layers_match_llama_cpp():
     path = kvgguf.models.path("gemma3-270m")
     llm = Llama(str(path), kv_codec="tiered", n_ctx=1024, **KW)
     assert KVShape.from_gguf(path).full_layers == llm._kv.layers == [5, 11, 17]
+    llm.close()
 
 
-@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
+@pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("cache", ["f16", "q8_0", "q4_0"])
-@pytest.mark.parametrize("n_ctx", [1000, 2048])
-def test_llama_cpp_cache_bytes_are_predicted_exactly(name, cache, n_ctx):
-    path = kvgguf.models.path(name)
-    shape = KVShape.from_gguf(path)
+@pytest.mark.parametrize("n_ctx", CONTEXTS)
+def test_llama_cpp_cache_bytes_are_what_inspect_prints(name, cache, n_ctx):
+    shape = KVShape.from_gguf(kvgguf.models.path(name))
     for swa_full in ((True, False) if shape.n_swa else (None,)):
         kw = {} if swa_full is None else {"swa_full": swa_full}
-        llm = Llama(str(path), n_ctx=n_ctx, type_k=cache, type_v=cache, **kw, **KW)
-        want = inspect.llama_cache_bytes(shape, n_ctx, cache, swa_full=swa_full is not False)
+        llm = Llama(str(kvgguf.models.path(name)), n_ctx=n_ctx, type_k=cache, type_v=cache, **kw, **KW)
+        want = predicted(name, inspect.llama_label(shape, cache, swa_full is not False), n_ctx)
         assert llm.kv_memory().total_bytes == want, (name, cache, n_ctx, swa_full)
         llm.close()
 
 
-@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
-def test_tiered_cache_bytes_are_predicted(name):
-    """The hot buffer and the store's blocks exactly (the policy's plans replayed over the same
-    batches), and the total up to the store's index."""
-    path = kvgguf.models.path(name)
+@pytest.mark.parametrize("n_ubatch", [128, 256])
+def test_sliding_window_cells_follow_the_ubatch(n_ubatch):
+    """With swa_full off, Gemma-3's sliding-window layers hold window + ubatch cells, padded."""
+    path = kvgguf.models.path("gemma3-270m")
     shape = KVShape.from_gguf(path)
-    # with an archive tier at this length; on Gemma-3 the window covers the sliding window
-    config = TieredConfig(hot=shape.n_swa + 64 if shape.n_swa else 256, warm_tokens=512)
-    llm = Llama(str(path), kv_codec=config, n_ctx=4096, **KW)
-    llm.eval(llm.tokenize(wikitext2_test()[:12000].encode())[:1800])
-    mem = llm.kv_memory()
-    assert mem.by_tier["archive"].bytes > 0
-    want = inspect.kvgguf_bytes(shape, 4096, config, n_tokens=1800)
-    assert want["n_cold"] == llm._kv.n_cold
+    llm = Llama(str(path), n_ctx=2048, n_ubatch=n_ubatch, swa_full=False, **KW)
+    want = inspect.llama_cache_bytes(shape, 2048, "f16", swa_full=False, n_ubatch=n_ubatch)
+    assert want < inspect.llama_cache_bytes(shape, 2048, "f16", swa_full=False)
+    assert llm.kv_memory().total_bytes == want
+    llm.close()
+
+
+def assert_tiered(mem, want, llm):
+    """The hot buffer and the store's blocks exactly (the policy's plans replayed over the same
+    batches); the total up to the store's index, which inspect leaves out: the block table, grown
+    by doubling from 16 entries per layer and kind, a few tens of KB beside MBs of K/V."""
+    assert want["n_cold"] == llm._kv.n_cold > 0
     assert mem.by_tier["hot"].bytes == want["hot"]
     assert mem.cold_bytes == want["store"]
-    assert 0 <= mem.total_bytes - want["hot"] - want["store"] == mem.index_bytes < 0.01 * mem.total_bytes
+    assert mem.total_bytes - want["hot"] - want["store"] == mem.index_bytes
+    assert 0 < mem.index_bytes < 0.01 * mem.total_bytes
 
 
-def test_a_file_that_is_not_gguf_is_a_clear_error(tmp_path):
-    for data in (b"", b"GGUF", b"NOPE" + bytes(40), b"GGUF" + bytes([3, 0, 0, 0]) + bytes(8) + bytes([9]) + bytes(7)):
-        bad = tmp_path / "bad.gguf"
-        bad.write_bytes(data)
-        with pytest.raises(GGUFError):
-            read_metadata(bad)
+@pytest.mark.parametrize("name, swa_full", [("smollm2-135m", True), ("gemma3-270m", True), ("gemma3-270m", False)])
+def test_tiered_cache_bytes_are_predicted(name, swa_full):
+    path = kvgguf.models.path(name)
+    shape = KVShape.from_gguf(path)
+    # an archive tier at this length; on Gemma-3 the hot window covers the sliding window
+    config = TieredConfig(hot=shape.n_swa + 64 if shape.n_swa else 256, warm_tokens=256)
+    llm = Llama(str(path), kv_codec=config, n_ctx=4096, swa_full=swa_full, **KW)
+    llm.eval(tokens(llm, 1800))
+    mem = llm.kv_memory()
+    assert mem.by_tier["archive"].bytes > 0
+    assert_tiered(mem, inspect.kvgguf_bytes(shape, 4096, config, swa_full=swa_full, n_tokens=1800), llm)
+    llm.close()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_tiered_preset_row_is_what_a_full_context_holds(name):
+    """inspect's 'tiered' row at 2048: kvgguf.Llama(kv_codec="tiered", n_ctx=2048) with 2048 tokens in."""
+    path = kvgguf.models.path(name)
+    llm = Llama(str(path), kv_codec="tiered", n_ctx=2048, **KW)
+    llm.eval(tokens(llm, 2048))
+    mem = llm.kv_memory()
+    want = inspect.kvgguf_bytes(KVShape.from_gguf(path), 2048, TieredConfig())
+    assert want["hot"] + want["store"] == predicted(name, "tiered", 2048)
+    assert_tiered(mem, want, llm)
+    llm.close()
+
+
+def test_sliding_window_layout_as_llama_cpp_reads_it():
+    base = {"general.architecture": "gemma3", "gemma3.block_count": 8, "gemma3.attention.head_count": 4,
+            "gemma3.embedding_length": 640, "gemma3.attention.sliding_window": 512}
+    assert KVShape.from_metadata(base).full_layers == [5]  # llama.cpp's default for gemma3: every 6th
+    assert KVShape.from_metadata({**base, "gemma3.attention.sliding_window_pattern": 4}).full_layers == [3, 7]
+    flags = [True, False] * 4  # llama.cpp's array form: true where the layer slides
+    shape = KVShape.from_metadata({**base, "gemma3.attention.sliding_window_pattern": flags})
+    assert (shape.full_layers, shape.swa_pattern, shape.head_dim_k) == ([1, 3, 5, 7], 0, 160)
+    with pytest.raises(GGUFError, match="lists 3 layers of 8"):
+        KVShape.from_metadata({**base, "gemma3.attention.sliding_window_pattern": [True] * 3})
+
+    def as_arch(arch, meta):
+        return {k.replace("gemma3", arch): v.replace("gemma3", arch) if isinstance(v, str) else v
+                for k, v in meta.items()}
+
+    gemma2 = as_arch("gemma2", {k: v for k, v in base.items() if "sliding" not in k})
+    assert (KVShape.from_metadata(gemma2).n_swa, KVShape.from_metadata(gemma2).full_layers) == (4096, [1, 3, 5, 7])
+    assert KVShape.from_metadata(as_arch("llama", base)).n_swa == 0  # llama.cpp gives llama no window
+    with pytest.raises(GGUFError, match="does not know which layers"):
+        KVShape.from_metadata(as_arch("newarch", base))

@@ -10,7 +10,9 @@ from conftest import run_python
 def test_loaded_library_is_the_patched_one():
     import kvgguf
 
-    assert kvgguf.llama_patch_version() == 3
+    from kvgguf.llamacpp.library import PATCH_VERSION
+
+    assert kvgguf.llama_patch_version() == PATCH_VERSION
     lib = kvgguf.llama_library_path()
     assert lib.parent == Path(str(resources.files("kvgguf").joinpath("lib"))).resolve()
 
@@ -38,7 +40,9 @@ def test_llama_imported_first_with_our_library_is_accepted():
         env_update={"LLAMA_CPP_LIB_PATH": lib_dir},
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "2"
+    from kvgguf.llamacpp.library import PATCH_VERSION
+
+    assert proc.stdout.strip() == str(PATCH_VERSION)
 
 
 def test_unpatched_library_folder_is_refused(tmp_path):

@@ -126,4 +126,6 @@ def test_a_header_of_another_abi_is_refused_with_a_clear_error(tmp_path):
     out = run_python("from kvgguf import codecs\ncodecs.names()", env_update={"KVGGUF_HEADER": str(other)})
     assert out.returncode == 1, out.stderr  # an exception, not a crash
     assert "KvgLoadError" in out.stderr and "declares ABI version 999" in out.stderr
-    assert str(other) in out.stderr and "reinstall kvgguf" in out.stderr
+    assert f"built for ABI version {_native.get_lib().kvg_abi_version()}" in out.stderr
+    assert str(other) in out.stderr and str(_native.library_path()) in out.stderr
+    assert "reinstall kvgguf" in out.stderr and "KVGGUF_HEADER" in out.stderr

@@ -1,14 +1,24 @@
 """`kvgguf inspect`: a GGUF model's attention shape and the KV bytes each cache would hold.
 
 Reads only the metadata (kvgguf.model), never the weights, and predicts what ``kv_memory()``
-of a live context reports: llama.cpp's allocated buffers (its cells padded to 256; sliding-window
-layers at their window or, with swa_full, at the whole context) plus kvgguf's store.
+of a live context reports (llama.cpp 0c1e570, src/llama-context.cpp and llama-kv-cache-iswa.cpp):
+
+- llama.cpp pads n_ctx up to a multiple of 256 cells; full-attention layers hold that many;
+- sliding-window layers hold as many with swa_full (llama.cpp's and llama-cpp-python's default),
+  else GGML_PAD(min(n_ctx, n_swa + n_ubatch), 256);
+- a cell of a layer holds n_head_kv x head_dim values of K and as many of V, in the cache
+  type's blocks of 32 values;
+- kvgguf.Llama(kv_codec=...) asks llama.cpp for min(n_ctx, hot + n_batch) cells (f16, ubatch
+  min(n_ubatch, n_batch)) and holds older tokens of the full-attention layers in its store,
+  laid out by the policy's own plans.
+
 tests/test_inspect.py holds the predictions against live contexts of both models.
 """
 
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
@@ -23,7 +33,7 @@ LLAMA_PAD = 256  # llama-context.cpp pads n_ctx (and the sliding-window cache) t
 # Bytes per block of 32 values of llama.cpp's cache types (ggml's block layouts).
 LLAMA_BLOCK_BYTES = {"f16": 64, "q8_0": 34, "q5_1": 24, "q5_0": 22, "q4_1": 20, "q4_0": 18, "iq4_nl": 18}
 CONTEXTS = (4096, 32768)
-N_UBATCH = 512  # llama-cpp-python's default
+N_UBATCH = 512  # llama-cpp-python's (and kvgguf.Llama's) default
 
 
 def pad(n: int) -> int:
@@ -44,10 +54,7 @@ def llama_cache_bytes(shape: KVShape, n_ctx: int, cache: str = "f16", *, swa_ful
 
 def fitted_config(shape: KVShape, config: TieredConfig) -> TieredConfig:
     """The preset as kvgguf.Llama fits it: the hot window covers a sliding window plus a block."""
-    from dataclasses import replace
-
-    need = shape.n_swa + config.block if shape.n_swa else 0
-    return replace(config, hot=need) if config.hot < need else config
+    return config.fit_window(shape.n_swa, strict=False)
 
 
 def store_bytes(shape: KVShape, blocks: list, config: TieredConfig) -> int:
@@ -62,36 +69,49 @@ def store_bytes(shape: KVShape, blocks: list, config: TieredConfig) -> int:
     return len(shape.full_layers) * total
 
 
-def kvgguf_bytes(shape: KVShape, n_ctx: int, config: TieredConfig, n_batch: Optional[int] = None,
-                 n_tokens: Optional[int] = None) -> dict:
-    """What kv_memory() of kvgguf.Llama(kv_codec=config, n_ctx=n_ctx) holds after n_tokens
-    (default n_ctx) were evaluated in batches of n_batch: llama.cpp's f16 buffer for the hot window
-    plus one batch (n_batch defaults to the hot window, as kvgguf.Llama's does; sliding-window
-    layers hold as many cells, llama.cpp's swa_full) and
-    the store's blocks, which the policy's own plans (policy.plan.blocks_after) lay out."""
+def kvgguf_bytes(shape: KVShape, n_ctx: int, config: TieredConfig, *, n_batch: Optional[int] = None,
+                 n_ubatch: int = N_UBATCH, swa_full: bool = True, n_tokens: Optional[int] = None) -> dict:
+    """What kv_memory() of kvgguf.Llama(kv_codec=config, n_ctx=n_ctx, n_batch=n_batch,
+    n_ubatch=n_ubatch, swa_full=swa_full) holds after n_tokens (default n_ctx) were evaluated in
+    batches of n_batch: llama.cpp's f16 buffer for the hot window plus one batch (n_batch defaults
+    to the hot window, as kvgguf.Llama's does) and the store's blocks, which the policy's own
+    plans (policy.plan.blocks_after) lay out. n_cold: the rows the store then holds."""
     config = fitted_config(shape, config)
     n_batch = min(config.hot, n_ctx) if n_batch is None else n_batch
     blocks = plan.blocks_after(n_ctx if n_tokens is None else n_tokens, n_batch, config)
-    hot = llama_cache_bytes(shape, min(n_ctx, config.hot + n_batch), "f16")
+    hot = llama_cache_bytes(shape, min(n_ctx, config.hot + n_batch), "f16", swa_full=swa_full,
+                            n_ubatch=min(n_ubatch, n_batch))
     return {"hot": hot, "store": store_bytes(shape, blocks, config), "n_cold": blocks[-1].r1 if blocks else 0}
 
 
-def kv_table(shape: KVShape, contexts=CONTEXTS) -> list[dict]:
+def llama_label(shape: KVShape, cache: str, swa_full: bool) -> str:
+    return cache + ("" if not shape.n_swa else " (swa full)" if swa_full else " (swa window)")
+
+
+def kv_table(shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[int] = None,
+             n_ubatch: int = N_UBATCH) -> list[dict]:
+    """One row per cache: bytes held with n tokens in context, for each n of contexts.
+    llama.cpp's types as llama-cpp-python builds them with n_ctx=n, n_ubatch; both swa_full
+    settings where the model has sliding-window layers. kvgguf's codecs as kvgguf.Llama builds
+    them with kv_codec=<name>, n_ctx=n, n_batch (default: the hot window), swa_full on."""
     rows = []
     settings = (True, False) if shape.n_swa else (True,)
     for cache in ("f16", "q8_0", "q4_0"):
         for swa_full in settings:
-            label = cache + ("" if not shape.n_swa else " (swa full)" if swa_full else " (swa window)")
-            rows.append({"cache": label, "from": "llama.cpp", "bits_per_value": LLAMA_BLOCK_BYTES[cache] / 4,
-                         "bytes": {n: llama_cache_bytes(shape, n, cache, swa_full=swa_full) for n in contexts}})
+            rows.append({"cache": llama_label(shape, cache, swa_full), "from": "llama.cpp",
+                         "swa_full": swa_full if shape.n_swa else None,
+                         "bits_per_value": LLAMA_BLOCK_BYTES[cache] / 4,
+                         "bytes": {n: llama_cache_bytes(shape, n, cache, swa_full=swa_full, n_ubatch=n_ubatch)
+                                   for n in contexts}})
     for name in ["tiered"] + codecs.names():
         config = TieredConfig() if name == "tiered" else TieredConfig.parse(name)
         try:
-            sizes = {n: kvgguf_bytes(shape, n, config) for n in contexts}
+            sizes = {n: kvgguf_bytes(shape, n, config, n_batch=n_batch, n_ubatch=n_ubatch) for n in contexts}
         except ValueError as e:  # a head dim the codec cannot take
             rows.append({"cache": name, "from": "kvgguf", "unavailable": str(e)})
             continue
-        rows.append({"cache": name, "from": "kvgguf", "bits_per_value": None,
+        rows.append({"cache": name, "from": "kvgguf", "swa_full": True if shape.n_swa else None,
+                     "bits_per_value": None,
                      "bytes": {n: s["hot"] + s["store"] for n, s in sizes.items()}})
     for r in rows:
         if "bytes" in r:
@@ -99,9 +119,39 @@ def kv_table(shape: KVShape, contexts=CONTEXTS) -> list[dict]:
     return rows
 
 
-def format_card(path, shape: KVShape, contexts=CONTEXTS) -> str:
-    swa = (f"sliding window {shape.n_swa} tokens, every {shape.swa_pattern}th layer full "
-           f"({len(shape.full_layers)} of {shape.n_layer})" if shape.n_swa else "no sliding window")
+def tokens(n: int) -> str:
+    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
+
+
+def format_card(path, shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[int] = None,
+                n_ubatch: int = N_UBATCH) -> str:
+    full = shape.full_layers
+    if not shape.n_swa:
+        swa = "no sliding window"
+    elif shape.swa_pattern:
+        swa = (f"sliding window {shape.n_swa} tokens, every {shape.swa_pattern}th layer full "
+               f"({len(full)} of {shape.n_layer}: {', '.join(map(str, full))})")
+    else:
+        swa = (f"sliding window {shape.n_swa} tokens, layers {', '.join(map(str, full))} full "
+               f"({len(full)} of {shape.n_layer})")
+    hot = fitted_config(shape, TieredConfig()).hot
+    batch = f"n_batch={n_batch}" if n_batch else "n_batch=hot"
+    notes = [
+        "KV bytes a live context holds with n_ctx tokens in it, as its kv_memory() reports them.",
+        f"llama.cpp rows: Llama(n_ctx=n_ctx, type_k=type_v=cache, n_ubatch={n_ubatch}); llama.cpp pads n_ctx "
+        f"to a multiple of {LLAMA_PAD} cells.",
+    ]
+    if shape.n_swa:
+        notes.append(f"'(swa full)': swa_full=True (llama.cpp's default), sliding-window layers hold n_ctx cells; "
+                     f"'(swa window)': swa_full=False, they hold min(n_ctx, {shape.n_swa} + n_ubatch) cells, "
+                     "padded.")
+    notes += [
+        f"kvgguf rows: Llama(kv_codec=name, n_ctx=n_ctx, {batch}, n_ubatch={n_ubatch}), presets fitted to "
+        f"this model (tiered: hot={hot}): llama.cpp holds min(n_ctx, hot + n_batch) cells in f16 on every "
+        f"layer{' (swa_full=True)' if shape.n_swa else ''}, the store every older token of the full-attention "
+        "layers, encoded.",
+        "bits = bytes x 8 / (n_ctx x layers x K+V values per token).",
+    ]
     lines = [
         f"model:        {path}",
         f"architecture: {shape.arch}",
@@ -111,14 +161,13 @@ def format_card(path, shape: KVShape, contexts=CONTEXTS) -> str:
         f"attention:    {swa}",
         f"context:      {shape.n_ctx_train} tokens (trained)",
         "",
-        "KV bytes held with n_ctx tokens in context (llama.cpp pads cells to 256; kvgguf caches: the",
-        "hot window plus one batch of as many tokens in f16 on every layer, every older token of the",
-        "full-attention layers in the store). bits = bytes x 8 / (tokens x layers x K+V values per token).",
+        *(textwrap.fill(n, 100, subsequent_indent="  ") for n in notes),
         "",
     ]
-    head = ["cache", "from"] + [f"KV @ {n // 1024}K" for n in contexts] + [f"bits @ {n // 1024}K" for n in contexts]
+    head = (["cache", "from"] + [f"KV @ {tokens(n)}" for n in contexts]
+            + [f"bits @ {tokens(n)}" for n in contexts])
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in kv_table(shape, contexts):
+    for r in kv_table(shape, contexts, n_batch=n_batch, n_ubatch=n_ubatch):
         if "unavailable" in r:
             cells = [r["cache"], r["from"]] + ["n/a"] * (2 * len(contexts))
         else:
@@ -135,7 +184,7 @@ def run(args) -> int:
     shape = KVShape.from_gguf(path)
     contexts = tuple(args.ctx) if args.ctx else CONTEXTS
     if args.json:
-        print(json.dumps({"path": str(path), **asdict(shape), "full_attention_layers": shape.full_layers,
+        print(json.dumps({"path": str(path), **asdict(shape), "n_ubatch": N_UBATCH,
                           "kv_table": kv_table(shape, contexts)}, indent=2))
     else:
         print(format_card(Path(path), shape, contexts))

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..native import codecs
 from ..llama import CACHE_TYPES, Llama
-from ..model.gguf_file import read_metadata
+from ..model.shape import KVShape
 from ..policy.tiered import TieredConfig
 
 DEFAULT_CONFIGS = "f16,q8_0,q5_1,q4_0,iq4_nl,kivi4,kivi2,rotq4,rotq3,rotq2,tiered"
@@ -75,8 +75,7 @@ def split_sliding_window(configs: Sequence[CacheConfig], n_swa: int) -> list[Cac
 
 
 def sliding_window(model_path: str) -> int:
-    meta = read_metadata(model_path)
-    return int(meta.get(f"{meta.get('general.architecture', '')}.attention.sliding_window", 0) or 0)
+    return KVShape.from_gguf(model_path).n_swa
 
 
 def batch_starts(ctx: int, batch: int) -> range:

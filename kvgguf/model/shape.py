@@ -5,13 +5,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 from .gguf_file import GGUFError, read_metadata
 
-# Sliding-window layer patterns llama.cpp applies when the GGUF states none: every n-th layer
-# attends to the whole context (src/llama-model.cpp: LLM_ARCH_GEMMA3 6, LLM_ARCH_GEMMA2 2).
-DEFAULT_SWA_PATTERN = {"gemma3": 6, "gemma2": 2}
+# How llama.cpp 0c1e570 lays out sliding-window attention, per architecture (src/models/<arch>.cpp):
+# (the window when the GGUF states none, every n-th layer full when it states no pattern), or None
+# where llama.cpp gives the architecture no sliding window whatever its GGUF says. An architecture
+# missing here whose GGUF states a window is refused: its layout would be a guess.
+SLIDING_WINDOW: dict[str, Optional[tuple[int, int]]] = {
+    "llama": None,
+    "gemma2": (4096, 2),
+    "gemma3": (0, 6),
+    "cohere2": (0, 4),
+}
+MAX_LAYERS = 4096  # a per-layer array longer than this is no per-layer setting
 
 
 @dataclass(frozen=True)
@@ -23,7 +31,9 @@ class KVShape:
     head_dim_k: int
     head_dim_v: int
     n_swa: int  # sliding-window size; 0 when every layer attends to the whole context
-    swa_pattern: int  # every n-th layer attends to the whole context; 0 without a window
+    swa_pattern: int  # every n-th layer attends to the whole context; 0 without a window or when
+    # the GGUF lists the layers one by one
+    full_attention_layers: tuple[int, ...]  # layers that attend to the whole context
     n_ctx_train: int = 0
 
     @property
@@ -42,41 +52,43 @@ class KVShape:
     @property
     def full_layers(self) -> list[int]:
         """Layers that attend to the whole context (all of them without a sliding window)."""
-        if not self.n_swa:
-            return list(range(self.n_layer))
-        return [il for il in range(self.n_layer) if (il + 1) % self.swa_pattern == 0]
+        return list(self.full_attention_layers)
 
     @classmethod
     def from_metadata(cls, meta: dict, source: str = "the model") -> "KVShape":
+        """The shape as llama.cpp derives it: head dims from key_length/value_length, else
+        embedding_length / head_count; the sliding window and which layers have it from the GGUF,
+        else llama.cpp's default for the architecture (SLIDING_WINDOW)."""
         arch = meta.get("general.architecture")
         if not arch:
             raise GGUFError(f"{source} has no general.architecture")
 
         def get(key, default=None):
             value = meta.get(f"{arch}.{key}", default)
-            if value is None:
+            if value is None or isinstance(value, (str, list)):
                 raise GGUFError(f"{source} ({arch}) has no scalar {arch}.{key}")
             return int(value)
 
+        n_layer = get("block_count")
         n_head = get("attention.head_count")
         head_dim_k = get("attention.key_length", get("embedding_length") // n_head)
-        n_swa = get("attention.sliding_window", 0)
-        pattern = get("attention.sliding_window_pattern", 0) or (DEFAULT_SWA_PATTERN.get(arch, 1) if n_swa else 0)
+        n_swa, pattern, full = _sliding_window(arch, meta, n_layer, source)
         return cls(
             arch=arch,
-            n_layer=get("block_count"),
+            n_layer=n_layer,
             n_head=n_head,
             n_head_kv=get("attention.head_count_kv", n_head),
             head_dim_k=head_dim_k,
             head_dim_v=get("attention.value_length", head_dim_k),
             n_swa=n_swa,
             swa_pattern=pattern,
+            full_attention_layers=full,
             n_ctx_train=get("context_length", 0),
         )
 
     @classmethod
     def from_gguf(cls, path: Union[str, Path]) -> "KVShape":
-        return cls.from_metadata(read_metadata(path), str(path))
+        return cls.from_metadata(read_metadata(path, max_array=MAX_LAYERS), str(path))
 
     @classmethod
     def of(cls, llm) -> "KVShape":
@@ -86,3 +98,30 @@ class KVShape:
             shape = cls.from_gguf(llm.model_path)
             llm._kvgguf_shape = shape
         return shape
+
+
+def _sliding_window(arch: str, meta: dict, n_layer: int, source: str) -> tuple[int, int, tuple[int, ...]]:
+    """(window, every n-th layer full or 0, full-attention layers), as llama.cpp's load_swa_pattern
+    reads them: the pattern is an array of per-layer flags (true: sliding) or a scalar n."""
+    stated = meta.get(f"{arch}.attention.sliding_window")
+    if (arch in SLIDING_WINDOW and SLIDING_WINDOW[arch] is None) or (arch not in SLIDING_WINDOW and not stated):
+        return 0, 0, tuple(range(n_layer))
+    if arch not in SLIDING_WINDOW:
+        raise GGUFError(
+            f"{source} ({arch}) states a sliding window of {stated} tokens, but kvgguf does not know which "
+            f"layers llama.cpp gives it for this architecture (known: "
+            f"{', '.join(a for a, v in SLIDING_WINDOW.items() if v)})"
+        )
+    default_window, default_pattern = SLIDING_WINDOW[arch]
+    n_swa = int(stated if stated is not None else default_window)
+    if not n_swa:
+        return 0, 0, tuple(range(n_layer))
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern", default_pattern)
+    if isinstance(pattern, list):
+        if len(pattern) != n_layer:
+            raise GGUFError(f"{source} ({arch}): sliding_window_pattern lists {len(pattern)} layers of {n_layer}")
+        return n_swa, 0, tuple(il for il, sliding in enumerate(pattern) if not sliding)
+    pattern = int(pattern)
+    # llama_hparams::set_swa_pattern: layer il slides unless pattern > 0 and il % pattern == pattern - 1
+    full = tuple(il for il in range(n_layer) if pattern and il % pattern == pattern - 1)
+    return n_swa, pattern, full

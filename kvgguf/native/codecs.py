@@ -142,10 +142,10 @@ class Codec:
 
     def encoded_size(self, shape: Sequence[int], kind: str = "k") -> int:
         """Exact number of bytes :meth:`encode` writes for a block of this shape."""
-        r, (t, h, d) = _kind(kind), _shape3(shape)
+        kind_id, (t, h, d) = _kind(kind), _shape3(shape)
         ffi, lib = binding.get_ffi(), binding.get_lib()
         out = ffi.new("size_t *")
-        check(lib.kvg_encoded_size(self.type, r, t, h, d, self._params(), out))
+        check(lib.kvg_encoded_size(self.type, kind_id, t, h, d, self._params(), out))
         return int(out[0])
 
     def bits_per_value(self, shape: Sequence[int], kind: str = "k") -> float:
@@ -166,7 +166,7 @@ class Codec:
 
     def encode(self, x, kind: str = "k") -> np.ndarray:
         """Encodes a (n_tokens, n_heads, head_dim) or (n_tokens, head_dim) block; returns uint8 bytes."""
-        r = _kind(kind)
+        kind_id = _kind(kind)
         a = _as_float32(x)
         if a.ndim not in (2, 3):
             raise ValueError(
@@ -179,17 +179,17 @@ class Codec:
         ffi, lib = binding.get_ffi(), binding.get_lib()
         written = ffi.new("size_t *")
         st = lib.kvg_encode(
-            self.type, r, ffi.from_buffer("float[]", a), a.size, *shape,
+            self.type, kind_id, ffi.from_buffer("float[]", a), a.size, *shape,
             self._params(), ffi.from_buffer("uint8_t[]", out, require_writable=True), size, written,
         )
-        check(st, self._context(r, shape))
+        check(st, self._context(kind_id, shape))
         if written[0] != size:  # the library promises exactly encoded_size bytes
             raise KvgError(f"{self.name} encode wrote {written[0]} bytes, expected {size}", -1)
         return out
 
     def decode_into(self, buf, out: np.ndarray, kind: str = "k") -> np.ndarray:
         """Decodes buf into the preallocated C-contiguous float32 array out (zero-copy); returns out."""
-        r = _kind(kind)
+        kind_id = _kind(kind)
         if not isinstance(out, np.ndarray) or out.dtype != np.float32:
             raise TypeError(f"out must be a float32 numpy array, got {type(out).__name__} "
                             f"{getattr(out, 'dtype', '')}".rstrip())
@@ -199,10 +199,10 @@ class Codec:
         src = _byte_buffer(buf)
         ffi, lib = binding.get_ffi(), binding.get_lib()
         st = lib.kvg_decode(
-            self.type, r, src, len(src), *shape, self._params(),
+            self.type, kind_id, src, len(src), *shape, self._params(),
             ffi.from_buffer("float[]", out, require_writable=True), out.size,
         )
-        check(st, self._context(r, shape))
+        check(st, self._context(kind_id, shape))
         return out
 
     def decode(self, buf, shape: Sequence[int], kind: str = "k") -> np.ndarray:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Union
 
 from ..native import codecs
@@ -61,3 +61,17 @@ class TieredConfig:
                 f"kv_codec {spec!r} is unknown; choose 'tiered' or one of: {', '.join(codecs.names())}"
             )
         return cls(sinks=0, warm=spec, warm_tokens=0, archive=None)
+
+    def fit_window(self, n_swa: int, *, strict: bool) -> "TieredConfig":
+        """This config on a model whose sliding-window layers hold n_swa tokens (0: none).
+        Evicting a position removes it from those layers too, so the hot window must cover
+        their window plus a block: raised to that, or ValueError when strict."""
+        need = n_swa + self.block if n_swa else 0
+        if self.hot >= need:
+            return self
+        if strict:
+            raise ValueError(
+                f"the model has sliding-window layers of {n_swa} tokens: TieredConfig.hot must be "
+                f">= {need} (window + block), got {self.hot}"
+            )
+        return replace(self, hot=need)
