@@ -61,8 +61,9 @@ def run_one(model: str, n_ctx: int, cache: str, n_decode: int, threads: int, bat
     rss0 = rss_bytes()
     if cache in ("f16", "q8_0", "q4_0"):
         llm = kvgguf.Llama(path, type_k=cache, type_v=cache, **kw)
-    else:
-        llm = kvgguf.Llama(path, kv_codec=cache, **kw)
+    else:  # a kvgguf codec; "<codec>:expand" expands cold rows to f16 for every ubatch
+        codec, _, attention = cache.partition(":")
+        llm = kvgguf.Llama(path, kv_codec=codec, kv_attention=attention or "fused", **kw)
     t0 = time.perf_counter()
     llm.eval(tokens[:n_prefill])
     t1 = time.perf_counter()
@@ -111,7 +112,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m", help="model name or GGUF path")
     p.add_argument("--contexts", default="4096,8192,32768", help="logical contexts, comma-separated")
-    p.add_argument("--caches", default="f16,q4_0,tiered", help="llama.cpp types and kvgguf codecs")
+    p.add_argument("--caches", default="f16,q4_0,tiered",
+                   help="llama.cpp types and kvgguf codecs (<codec>:expand: without the fused attention)")
     p.add_argument("--decode", type=int, default=32, help="tokens decoded one at a time after prefill")
     p.add_argument("--batch", type=int, default=256, help="prefill batch (n_batch = n_ubatch)")
     p.add_argument("-t", "--threads", type=int, default=2)

@@ -7,9 +7,10 @@ from typing import Iterator, Optional, Sequence, Union
 import llama_cpp
 import numpy as np
 
-from .runtime.live_cache import LiveCache
+from .runtime.live_cache import FUSED_MAX_TOKENS, LiveCache
 from .runtime.memory import KVMemory, TierMemory
-from .model.shape import KVShape
+from .model.gguf_file import read_metadata
+from .model.shape import MAX_LAYERS, KVShape
 from .policy.tiered import TieredConfig
 from .session import session
 from .session.container import write_atomic
@@ -38,12 +39,15 @@ def cache_type(value: Union[str, int, None], name: str) -> Optional[int]:
     raise ValueError(f"{name} {value!r} is unknown; choose one of: {', '.join(CACHE_TYPES)}")
 
 
-def _config_for_model(config: TieredConfig, preset: bool, shape: KVShape, model_path: str) -> TieredConfig:
-    if shape.arch not in SUPPORTED_ARCHS:
+def _config_for_model(config: TieredConfig, preset: bool, model_path: str) -> TieredConfig:
+    meta = read_metadata(model_path, max_array=MAX_LAYERS)
+    arch = meta.get("general.architecture", "")
+    if arch not in SUPPORTED_ARCHS:  # before the shape: other architectures lack its keys
         raise ValueError(
             f"kv_codec supports the architectures {', '.join(SUPPORTED_ARCHS)}; {model_path} is "
-            f"'{shape.arch}'. Use kv_codec=None for llama.cpp's own cache."
+            f"'{arch}'. Use kv_codec=None for llama.cpp's own cache."
         )
+    shape = KVShape.from_metadata(meta, model_path)
     try:
         return config.fit_window(shape.n_swa, strict=not preset)
     except ValueError as e:
@@ -65,6 +69,11 @@ class Llama(llama_cpp.Llama):
         and may not exceed it.
     type_k, type_v: llama.cpp's cache types, as names ("q8_0", "q4_0", ...) or ggml numbers.
         With a kv_codec they must stay f16 (the hot window is exact).
+    kv_attention: how attention reads the compressed rows. "fused" (default): ubatches of up
+        to FUSED_MAX_TOKENS tokens (generation) score and sum the rows from their codes, never
+        expanding them; larger ones (prefill) expand them to f16 for llama.cpp's attention.
+        "expand": every ubatch expands them (what llama.cpp's own kernels see; f16 cold rows
+        then give bit-identical logits to stock llama.cpp).
     """
 
     def __init__(
@@ -77,6 +86,7 @@ class Llama(llama_cpp.Llama):
         n_ubatch: int = 512,
         type_k: Union[str, int, None] = None,
         type_v: Union[str, int, None] = None,
+        kv_attention: str = "fused",
         **kwargs,
     ):
         type_k, type_v = cache_type(type_k, "type_k"), cache_type(type_v, "type_v")
@@ -88,12 +98,14 @@ class Llama(llama_cpp.Llama):
 
         preset = isinstance(kv_codec, str)
         config = TieredConfig.parse(kv_codec)
+        if kv_attention not in ("fused", "expand"):
+            raise ValueError(f"kv_attention must be 'fused' or 'expand', got {kv_attention!r}")
         for name, t in (("type_k", type_k), ("type_v", type_v)):
             if t not in (None, llama_cpp.GGML_TYPE_F16):
                 raise ValueError(f"kv_codec keeps llama.cpp's hot window in f16; {name} must be f16 or None")
         if n_ctx <= 0:
             raise ValueError("kv_codec needs n_ctx > 0: the logical context to hold")
-        config = _config_for_model(config, preset, KVShape.from_gguf(model_path), model_path)
+        config = _config_for_model(config, preset, model_path)
         n_batch = min(config.hot, n_ctx) if n_batch is None else n_batch
         if n_batch > config.hot:
             raise ValueError(
@@ -109,7 +121,8 @@ class Llama(llama_cpp.Llama):
         super().__init__(model_path, n_ctx=physical, n_batch=n_batch, n_ubatch=min(n_ubatch, n_batch),
                          type_k=type_k, type_v=type_v, **kwargs)
         try:
-            self._kv = LiveCache(self._ctx.ctx, KVShape.of(self), config)
+            self._kv = LiveCache(self._ctx.ctx, KVShape.of(self), config,
+                                 fused_max_tokens=FUSED_MAX_TOKENS if kv_attention == "fused" else 0)
         except BaseException:
             self.close()
             raise

@@ -15,6 +15,13 @@ def smollm2_path():
     return kvgguf.models.path("smollm2-135m")
 
 
+@pytest.fixture(scope="session")
+def gemma3_path():
+    import kvgguf
+
+    return kvgguf.models.path("gemma3-270m")
+
+
 def run_python(code: str, env_update=None, env_remove=()):
     """Runs `code` in a fresh interpreter (module state such as a loaded libllama is per process)."""
     env = dict(os.environ)

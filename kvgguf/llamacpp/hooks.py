@@ -57,3 +57,7 @@ kv_bytes = _bind("llama_kvgguf_kv_bytes", [C.llama_context_p_ctypes], ctypes.c_i
 # The scheduler's compute buffers: peak transient scratch (cold rows expanded for attention included).
 compute_bytes = _bind("llama_kvgguf_compute_bytes", [C.llama_context_p_ctypes], ctypes.c_int64)
 n_errors = _bind("llama_kvgguf_n_errors", [C.llama_context_p_ctypes], ctypes.c_int64)
+# Fused attention over the store's rows for ubatches of <= max_tokens tokens (attend: a C function
+# address, llama_kvgguf_attend_fn; 0 or max_tokens <= 0: off, every ubatch expands cold rows to f16).
+set_attend = _bind("llama_kvgguf_set_attend", [C.llama_context_p_ctypes, ctypes.c_void_p, ctypes.c_int32],
+                   ctypes.c_int32)

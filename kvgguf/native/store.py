@@ -112,6 +112,37 @@ class KVStore:
                                              get_ffi().from_buffer("uint16_t[]", dst), dst.size))
         return dst
 
+    def attend(self, il: int, r0: int, r1: int, q: np.ndarray, scale: float,
+               state: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Attention of queries ``q`` [n_tokens, n_head, head_dim_k] over rows [r0, r1) of layer
+        ``il``, scored and summed from the encoded rows (kvg_store_hook_attend), in online-softmax
+        form: returns ``(m, l, acc)``, m and l [n_tokens, n_head], acc [n_tokens, n_head, head_dim_v],
+        so that the attention output is ``acc / l[..., None]``. ``state`` is a previous
+        ``(m, l, acc)`` to continue from (it is not modified); without it the rows are the only ones.
+        Raises KvgValueError (a ValueError) for bad arguments, as the other calls do."""
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        if q.ndim != 3 or q.shape[2] != self.head_dim[KIND_K]:
+            raise ValueError(f"attend: q must be [n_tokens, n_head, {self.head_dim[KIND_K]}], got shape {q.shape}")
+        n_tokens, n_head = q.shape[:2]
+        if state is None:
+            m = np.full((n_tokens, n_head), -np.inf, dtype=np.float32)
+            l = np.zeros((n_tokens, n_head), dtype=np.float32)
+            acc = np.zeros((n_tokens, n_head, self.head_dim[KIND_V]), dtype=np.float32)
+        else:
+            m, l, acc = (np.array(x, dtype=np.float32, order="C", copy=True) for x in state)
+            if m.shape != (n_tokens, n_head) or l.shape != m.shape or acc.shape != (*m.shape, self.head_dim[KIND_V]):
+                raise ValueError(f"attend: state shapes {m.shape}, {l.shape}, {acc.shape} do not fit "
+                                 f"{n_tokens} tokens of {n_head} heads")
+        ffi = get_ffi()
+        check(
+            get_lib().kvg_store_hook_attend(self._ptr, il, r0, r1, ffi.from_buffer("float[]", q), n_tokens, n_head,
+                                            float(scale), ffi.from_buffer("float[]", m), ffi.from_buffer("float[]", l),
+                                            ffi.from_buffer("float[]", acc)),
+            f"attend over rows [{r0}, {r1}) of layer {il}",
+        )
+        return m, l, acc
+
     def retier(self, r0: int, r1: int, tier: int, codec: str) -> None:
         check(get_lib().kvg_store_retier(self._ptr, r0, r1, tier, codecs.get(codec).type),
               f"retier rows [{r0}, {r1}) to {codec}")
@@ -139,3 +170,7 @@ class KVStore:
         ffi, lib = get_ffi(), get_lib()
         return (int(ffi.cast("uintptr_t", lib.kvg_store_hook_n_cold)),
                 int(ffi.cast("uintptr_t", lib.kvg_store_hook_decode)))
+
+    def attend_function(self) -> int:
+        """Address of the C entry point of llama.cpp's fused attention (llama_kvgguf_attend_fn)."""
+        return int(get_ffi().cast("uintptr_t", get_lib().kvg_store_hook_attend))

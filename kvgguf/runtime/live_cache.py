@@ -21,11 +21,18 @@ from ..policy import plan
 from ..policy.tiered import TieredConfig
 
 SEQ = 0  # one sequence per context (n_seq_max = 1)
+# Ubatches of at most this many tokens attend over the store's rows fused (scored from their
+# codes); larger ones expand the rows to f16 for llama.cpp's kernels, whose tiled flash attention
+# takes over from 64 query rows. Measured (benchmarks/results/fused_switch.md, SmolLM2 at 8K):
+# fused 0.13x of expand's time per ubatch at 1-4 tokens, 0.17x at 32, 0.92x at 64; prefill
+# ubatches of 256 stay on the expanding path.
+FUSED_MAX_TOKENS = 64
 
 
 class LiveCache:
-    def __init__(self, ctx, shape: KVShape, config: TieredConfig):
+    def __init__(self, ctx, shape: KVShape, config: TieredConfig, *, fused_max_tokens: int = FUSED_MAX_TOKENS):
         self.ctx = ctx  # llama_context_p
+        self.fused_max_tokens = fused_max_tokens
         self.shape = shape
         self.config = config
         self.capacity = C.llama_n_ctx(ctx)  # llama.cpp's cells: hot + one batch, padded
@@ -50,6 +57,8 @@ class LiveCache:
         table = hooks.llama_kvgguf_hooks(store.address, n_cold_fn, decode_fn, 0, 0)
         if hooks.set_hooks(self.ctx, ctypes.byref(table)) != 0:
             raise ValueError("llama.cpp refused kvgguf's hooks: this context's memory is not a KV cache")
+        hooks.set_attend(self.ctx, store.attend_function() if self.fused_max_tokens > 0 else None,
+                         self.fused_max_tokens)
         self.store = store
 
     def snapshot(self) -> tuple[KVStore, list[tuple[int, int, int]]]:
@@ -67,6 +76,7 @@ class LiveCache:
 
     def close(self) -> None:
         if self.ctx is not None:
+            hooks.set_attend(self.ctx, None, 0)
             hooks.set_hooks(self.ctx, None)
             self.ctx = None
 

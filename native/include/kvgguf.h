@@ -96,7 +96,7 @@ enum kvg_kind {
 // Bumped whenever a declaration in this region changes; kvg_abi_version() returns the value the
 // library was built with, and the Python binding refuses a library and header that disagree.
 enum kvg_abi {
-    KVG_ABI_VERSION = 2
+    KVG_ABI_VERSION = 3
 };
 
 enum kvg_simd {
@@ -228,6 +228,27 @@ int kvg_store_append_encoded(kvg_store * s, int32_t il, int32_t kind, int32_t ti
 int32_t kvg_store_hook_n_cold(void * user, int32_t il);
 int32_t kvg_store_hook_decode(void * user, int32_t il, int32_t kind, int64_t r0, int64_t r1,
                               uint16_t * dst, int64_t n_embd);
+
+// Fused attention over the stored rows, scored and summed from their codes without expanding
+// them (llama_kvgguf_attend_fn of patches/0004; user = the store).
+// Online-softmax attention state of n_q = n_tokens * n_head query vectors over rows of one layer:
+// for query j, m[j] is the running maximum of its scores, l[j] = sum over rows of exp(score - m[j]),
+// acc[j*head_dim_v + d] = sum over rows of exp(score - m[j]) * v[d]. score = scale * dot(q_j, k_row).
+// Query head h reads KV head h / (n_head / n_head_kv) (GQA; n_head must be a multiple of n_head_kv).
+// q is f32 [n_tokens][n_head][head_dim_k], contiguous. The caller initializes m = -INFINITY, l = 0,
+// acc = 0 once; each call folds the rows [r0, r1) of layer il (K and V) into the state (so a row
+// range can be split between threads, each with its own state, merged later by the caller in
+// log-sum-exp form). Every row is visible to every query (no mask).
+// Returns KVG_OK, or a negative status: for bad arguments (NULL pointers, unknown layer, rows not
+// held by both K and V, n_tokens <= 0, n_head not a positive multiple of n_head_kv, a scale that
+// is not finite) the state is left unchanged;
+// otherwise the rows of the blocks that failed are left out of the state (as if masked with
+// -inf), the other rows are folded in, and kvg_last_error() says why.
+// Takes no locks and allocates nothing once a thread's scratch has grown to the shape; may run on
+// many threads at once on disjoint or overlapping row ranges (like decode, not with mutations).
+int32_t kvg_store_hook_attend(void * user, int32_t il, int64_t r0, int64_t r1,
+                              const float * q, int32_t n_tokens, int32_t n_head, float scale,
+                              float * m, float * l, float * acc);
 
 // cffi-end
 

@@ -52,21 +52,34 @@ const char * kvg_strerror(int status) {
 
 // ---- the traits table ----------------------------------------------------------------------
 
+// The columns after encoded_size, the same for every bit width of a family.
+#define KVG_F16_ROW  kvg_f16_check, 0, kvg_f16_score_ref, kvg_f16_accumulate_ref, kvg_f16_score_avx2, kvg_f16_accumulate_avx2
+#define KVG_KIVI_ROW kvg_kivi_encode_ref, kvg_kivi_decode_ref, kvg_kivi_encode_avx2, kvg_kivi_decode_avx2, kvg_kivi_check, 0, \
+                     kvg_kivi_score_ref, kvg_kivi_accumulate_ref, kvg_kivi_score_avx2, kvg_kivi_accumulate_avx2
+#define KVG_ROTQ_ROW kvg_rotq_encode_ref, kvg_rotq_decode_ref, kvg_rotq_encode_avx2, kvg_rotq_decode_avx2, kvg_rotq_check, 1, \
+                     kvg_rotq_score_ref, kvg_rotq_accumulate_ref, kvg_rotq_score_avx2, kvg_rotq_accumulate_avx2
+#define KVG_CROTQ_ROW kvg_crotq_encode_ref, kvg_crotq_decode_ref, kvg_crotq_encode_avx2, kvg_crotq_decode_avx2, kvg_crotq_check, 1, \
+                      kvg_crotq_score_ref, kvg_crotq_accumulate_ref, kvg_crotq_score_avx2, kvg_crotq_accumulate_avx2
+
 static const kvg_codec_traits k_traits[] = {
-    [KVG_CODEC_F16]   = { "f16",   16, kvg_f16_size,  kvg_f16_encode_ref,  kvg_f16_decode_ref,  NULL, NULL },
-    [KVG_CODEC_KIVI2] = { "kivi2",  2, kvg_kivi_size, kvg_kivi_encode_ref, kvg_kivi_decode_ref, kvg_kivi_encode_avx2, kvg_kivi_decode_avx2 },
-    [KVG_CODEC_KIVI3] = { "kivi3",  3, kvg_kivi_size, kvg_kivi_encode_ref, kvg_kivi_decode_ref, kvg_kivi_encode_avx2, kvg_kivi_decode_avx2 },
-    [KVG_CODEC_KIVI4] = { "kivi4",  4, kvg_kivi_size, kvg_kivi_encode_ref, kvg_kivi_decode_ref, kvg_kivi_encode_avx2, kvg_kivi_decode_avx2 },
-    [KVG_CODEC_KIVI8] = { "kivi8",  8, kvg_kivi_size, kvg_kivi_encode_ref, kvg_kivi_decode_ref, kvg_kivi_encode_avx2, kvg_kivi_decode_avx2 },
-    [KVG_CODEC_ROTQ1] = { "rotq1",  1, kvg_rotq_size, kvg_rotq_encode_ref, kvg_rotq_decode_ref, kvg_rotq_encode_avx2, kvg_rotq_decode_avx2 },
-    [KVG_CODEC_ROTQ2] = { "rotq2",  2, kvg_rotq_size, kvg_rotq_encode_ref, kvg_rotq_decode_ref, kvg_rotq_encode_avx2, kvg_rotq_decode_avx2 },
-    [KVG_CODEC_ROTQ3] = { "rotq3",  3, kvg_rotq_size, kvg_rotq_encode_ref, kvg_rotq_decode_ref, kvg_rotq_encode_avx2, kvg_rotq_decode_avx2 },
-    [KVG_CODEC_ROTQ4] = { "rotq4",  4, kvg_rotq_size, kvg_rotq_encode_ref, kvg_rotq_decode_ref, kvg_rotq_encode_avx2, kvg_rotq_decode_avx2 },
-    [KVG_CODEC_CROTQ2] = { "crotq2", 2, kvg_crotq_size, kvg_crotq_encode_ref, kvg_crotq_decode_ref, kvg_crotq_encode_avx2, kvg_crotq_decode_avx2 },
-    [KVG_CODEC_CROTQ3] = { "crotq3", 3, kvg_crotq_size, kvg_crotq_encode_ref, kvg_crotq_decode_ref, kvg_crotq_encode_avx2, kvg_crotq_decode_avx2 },
-    [KVG_CODEC_CROTQ4] = { "crotq4", 4, kvg_crotq_size, kvg_crotq_encode_ref, kvg_crotq_decode_ref, kvg_crotq_encode_avx2, kvg_crotq_decode_avx2 },
+    [KVG_CODEC_F16]    = { "f16",    16, kvg_f16_size,   kvg_f16_encode_ref, kvg_f16_decode_ref, NULL, NULL, KVG_F16_ROW },
+    [KVG_CODEC_KIVI2]  = { "kivi2",   2, kvg_kivi_size,  KVG_KIVI_ROW },
+    [KVG_CODEC_KIVI3]  = { "kivi3",   3, kvg_kivi_size,  KVG_KIVI_ROW },
+    [KVG_CODEC_KIVI4]  = { "kivi4",   4, kvg_kivi_size,  KVG_KIVI_ROW },
+    [KVG_CODEC_KIVI8]  = { "kivi8",   8, kvg_kivi_size,  KVG_KIVI_ROW },
+    [KVG_CODEC_ROTQ1]  = { "rotq1",   1, kvg_rotq_size,  KVG_ROTQ_ROW },
+    [KVG_CODEC_ROTQ2]  = { "rotq2",   2, kvg_rotq_size,  KVG_ROTQ_ROW },
+    [KVG_CODEC_ROTQ3]  = { "rotq3",   3, kvg_rotq_size,  KVG_ROTQ_ROW },
+    [KVG_CODEC_ROTQ4]  = { "rotq4",   4, kvg_rotq_size,  KVG_ROTQ_ROW },
+    [KVG_CODEC_CROTQ2] = { "crotq2",  2, kvg_crotq_size, KVG_CROTQ_ROW },
+    [KVG_CODEC_CROTQ3] = { "crotq3",  3, kvg_crotq_size, KVG_CROTQ_ROW },
+    [KVG_CODEC_CROTQ4] = { "crotq4",  4, kvg_crotq_size, KVG_CROTQ_ROW },
 };
 _Static_assert(sizeof(k_traits) / sizeof(k_traits[0]) == KVG_CODEC_COUNT_, "one traits row per codec type");
+
+const kvg_codec_traits * kvg_codec_traits_of(int type) {
+    return type >= 0 && type < KVG_CODEC_COUNT_ ? &k_traits[type] : NULL;
+}
 
 static int is_kivi(int type) {
     return type >= KVG_CODEC_KIVI2 && type <= KVG_CODEC_KIVI8;
@@ -123,8 +136,8 @@ int kvg_codec_bits(int type, int * out_bits) {
 // ---- argument checking ---------------------------------------------------------------------
 
 // Validates everything but the buffers and fills job and the exact encoded size.
-static int make_job(int type, int kind, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-                    const kvg_codec_params * p, kvg_job * job, size_t * size) {
+int kvg_make_job(int type, int kind, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+                 const kvg_codec_params * p, kvg_job * job, size_t * size) {
     if (type < 0 || type >= KVG_CODEC_COUNT_) {
         return kvg_fail(KVG_ERR_UNKNOWN_CODEC, "codec type %d is unknown", type);
     }
@@ -194,7 +207,7 @@ int kvg_encoded_size(int type, int kind, int64_t n_tokens, int64_t n_heads, int6
         return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_encoded_size: NULL out_bytes");
     }
     kvg_job job;
-    return make_job(type, kind, n_tokens, n_heads, head_dim, p, &job, out_bytes);
+    return kvg_make_job(type, kind, n_tokens, n_heads, head_dim, p, &job, out_bytes);
 }
 
 int kvg_encode(int type, int kind, const float * src, size_t src_count,
@@ -206,7 +219,7 @@ int kvg_encode(int type, int kind, const float * src, size_t src_count,
     }
     kvg_job job;
     size_t  size = 0;
-    int     st   = make_job(type, kind, n_tokens, n_heads, head_dim, p, &job, &size);
+    int     st   = kvg_make_job(type, kind, n_tokens, n_heads, head_dim, p, &job, &size);
     if (st != KVG_OK) {
         return st;
     }
@@ -247,7 +260,7 @@ int kvg_decode(int type, int kind, const void * src, size_t src_bytes,
     kvg_clear_error();
     kvg_job job;
     size_t  size = 0;
-    int     st   = make_job(type, kind, n_tokens, n_heads, head_dim, p, &job, &size);
+    int     st   = kvg_make_job(type, kind, n_tokens, n_heads, head_dim, p, &job, &size);
     if (st != KVG_OK) {
         return st;
     }
@@ -272,4 +285,23 @@ int kvg_decode(int type, int kind, const void * src, size_t src_bytes,
         st = tr->decode_ref(&job, (const uint8_t *) src, dst);
     }
     return st;
+}
+
+int kvg_check_encoded(int type, int kind, const void * src, size_t src_bytes, int64_t n_tokens,
+                      int64_t n_heads, int64_t head_dim, const kvg_codec_params * p) {
+    kvg_job job;
+    size_t  size = 0;
+    int     st   = kvg_make_job(type, kind, n_tokens, n_heads, head_dim, p, &job, &size);
+    if (st != KVG_OK) {
+        return st;
+    }
+    if (src == NULL) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "%s check: NULL src", k_traits[type].name);
+    }
+    if (src_bytes != size) {
+        return kvg_fail(KVG_ERR_BUFFER_SIZE, "%s check: %zu bytes, shape (%lld, %lld, %lld) encodes to exactly %zu",
+                        k_traits[type].name, src_bytes, (long long) n_tokens, (long long) n_heads,
+                        (long long) head_dim, size);
+    }
+    return k_traits[type].check(&job, (const uint8_t *) src);
 }

@@ -92,13 +92,22 @@ int kvg_f16_encode_ref(const kvg_job * job, const float * src, uint8_t * dst) {
     return KVG_OK;
 }
 
-int kvg_f16_decode_ref(const kvg_job * job, const uint8_t * src, float * dst) {
+int kvg_f16_check(const kvg_job * job, const uint8_t * src) {
     const int64_t n = job->n_values;
-    // validate first so that dst is untouched on failure
     for (int64_t i = 0; i < n; i++) {
         if (!kvg_f16_is_finite(kvg_get_u16(src + 2 * i))) {
             return kvg_fail(KVG_ERR_CORRUPT, "f16: Inf or NaN stored at index %lld", (long long) i);
         }
+    }
+    return KVG_OK;
+}
+
+int kvg_f16_decode_ref(const kvg_job * job, const uint8_t * src, float * dst) {
+    const int64_t n = job->n_values;
+    // validate first so that dst is untouched on failure
+    const int st = kvg_f16_check(job, src);
+    if (st != KVG_OK) {
+        return st;
     }
     for (int64_t i = 0; i < n; i++) {
         dst[i] = kvg_f16_to_f32(kvg_get_u16(src + 2 * i));
@@ -114,4 +123,52 @@ void kvg_f32_to_f16_row(const float * x, uint16_t * y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) {
         y[i] = kvg_f32_to_f16(x[i]);
     }
+}
+
+// ---- attention: plain dot products and f32 sums over the stored halves ---------------------
+
+// One head of one row as f32.
+static void f16_head(const uint8_t * src, int64_t t, int64_t hk, const kvg_job * job, float * out) {
+    const uint8_t * p = src + 2 * (t * job->n_channels + hk * job->head_dim);
+    for (int64_t i = 0; i < job->head_dim; i++) {
+        out[i] = kvg_f16_to_f32(kvg_get_u16(p + 2 * i));
+    }
+}
+
+int kvg_f16_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out) {
+    const int64_t D   = job->head_dim;
+    float *       row = a->tmp;
+    for (int64_t t = 0; t < n; t++) {
+        for (int64_t hk = 0; hk < job->n_heads; hk++) {
+            f16_head(src, t0 + t, hk, job, row);
+            for (int64_t j = hk * a->per_head; j < (hk + 1) * a->per_head; j++) {
+                const float * q = a->q + j * D;
+                float         s = 0.0f;
+                for (int64_t i = 0; i < D; i++) {
+                    s += q[i] * row[i];
+                }
+                out[j * n + t] = s;
+            }
+        }
+    }
+    return KVG_OK;
+}
+
+int kvg_f16_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                           const kvg_attn * a) {
+    const int64_t D   = job->head_dim;
+    float *       row = a->tmp;
+    for (int64_t t = 0; t < n; t++) {
+        for (int64_t hk = 0; hk < job->n_heads; hk++) {
+            f16_head(src, t0 + t, hk, job, row);
+            for (int64_t j = hk * a->per_head; j < (hk + 1) * a->per_head; j++) {
+                const float w   = p[j * n + t];
+                float *     acc = a->acc + j * D;
+                for (int64_t i = 0; i < D; i++) {
+                    acc[i] += w * row[i];
+                }
+            }
+        }
+    }
+    return KVG_OK;
 }

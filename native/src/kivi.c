@@ -190,6 +190,21 @@ done:
     return st;
 }
 
+// The encoder only stores finite mins and finite, non-negative (+0 for constant groups) scales.
+int kvg_kivi_check(const kvg_job * job, const uint8_t * src) {
+    const int64_t          n_groups = kvg_kivi_n_groups(job);
+    const kvg_kivi_group * groups   = (const kvg_kivi_group *) src;
+    for (int64_t i = 0; i < n_groups; i++) {
+        const uint16_t m16 = kvg_get_u16(groups[i].min_f16);
+        const uint16_t s16 = kvg_get_u16(groups[i].scale_f16);
+        if (!kvg_f16_is_finite(m16) || !kvg_f16_is_finite(s16) || (s16 & 0x8000)) {
+            return kvg_fail(KVG_ERR_CORRUPT, "kivi: group %lld has min 0x%04x, scale 0x%04x (not finite or negative scale)",
+                            (long long) i, m16, s16);
+        }
+    }
+    return KVG_OK;
+}
+
 int kvg_kivi_decode_with(const kvg_job * job, const uint8_t * src, float * dst, const kvg_kivi_ops * ops) {
     const int64_t C    = job->n_channels;
     const int64_t T    = job->n_tokens;
@@ -200,15 +215,9 @@ int kvg_kivi_decode_with(const kvg_job * job, const uint8_t * src, float * dst, 
     const kvg_kivi_group * groups = (const kvg_kivi_group *) src;
     const uint8_t *        codes  = src + (size_t) n_groups * sizeof(kvg_kivi_group);
 
-    // Validate every group before writing: the encoder only stores finite mins and finite,
-    // non-negative (+0 for constant groups) scales.
-    for (int64_t i = 0; i < n_groups; i++) {
-        const uint16_t m16 = kvg_get_u16(groups[i].min_f16);
-        const uint16_t s16 = kvg_get_u16(groups[i].scale_f16);
-        if (!kvg_f16_is_finite(m16) || !kvg_f16_is_finite(s16) || (s16 & 0x8000)) {
-            return kvg_fail(KVG_ERR_CORRUPT, "kivi: group %lld has min 0x%04x, scale 0x%04x (not finite or negative scale)",
-                            (long long) i, m16, s16);
-        }
+    const int st = kvg_kivi_check(job, src);  // validate every group before writing
+    if (st != KVG_OK) {
+        return st;
     }
 
     float * buf = (uint64_t) C <= SIZE_MAX / (2 * sizeof(float) + 1) ? (float *) malloc((size_t) C * (2 * sizeof(float) + 1)) : NULL;
@@ -256,4 +265,83 @@ int kvg_kivi_encode_ref(const kvg_job * job, const float * src, uint8_t * dst) {
 
 int kvg_kivi_decode_ref(const kvg_job * job, const uint8_t * src, float * dst) {
     return kvg_kivi_decode_with(job, src, dst, &k_kivi_ops_ref);
+}
+
+// ---- attention (scalar oracle) -------------------------------------------------------------
+//
+// Keys (groups per channel over G tokens): q . x = sum_c q_c * min_c + sum_c (q_c * scale_c) * code_c,
+// so within a token group each query is folded with the group's scales once and every row is
+// scored from its codes. Values (groups per token over G channels) change scale every row: the
+// head's slice of the row is dequantized once and shared by every query of the KV head.
+
+int kvg_kivi_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out) {
+    const int64_t          D      = job->head_dim;
+    const int64_t          C      = job->n_channels;
+    const int64_t          G      = job->group_size;
+    const int              bits   = job->bits;
+    const kvg_kivi_group * groups = (const kvg_kivi_group *) src;
+    const uint8_t *        codes  = src + (size_t) kvg_kivi_n_groups(job) * sizeof(kvg_kivi_group);
+    float *                qf     = a->tmp;           // [n_q][D]: q * scale
+    float *                qm     = qf + a->n_q * D;  // [n_q]: q . min
+    uint8_t *              q      = (uint8_t *) (qm + a->n_q);
+    for (int64_t t = t0; t < t0 + n;) {
+        const int64_t tg = t / G;
+        const int64_t e  = (tg + 1) * G < t0 + n ? (tg + 1) * G : t0 + n;
+        for (int64_t hk = 0; hk < job->n_heads; hk++) {
+            const kvg_kivi_group * g = groups + tg * C + hk * D;
+            for (int64_t j = hk * a->per_head; j < (hk + 1) * a->per_head; j++) {
+                const float * qj = a->q + j * D;
+                float         s  = 0.0f;
+                for (int64_t i = 0; i < D; i++) {
+                    qf[j * D + i] = qj[i] * kvg_f16_to_f32(kvg_get_u16(g[i].scale_f16));
+                    s += qj[i] * kvg_f16_to_f32(kvg_get_u16(g[i].min_f16));
+                }
+                qm[j] = s;
+            }
+        }
+        for (int64_t u = t; u < e; u++) {
+            for (int64_t hk = 0; hk < job->n_heads; hk++) {
+                kvg_unpack_bits(codes, (uint64_t) (u * C + hk * D) * (uint64_t) bits, q, (size_t) D, bits);
+                for (int64_t j = hk * a->per_head; j < (hk + 1) * a->per_head; j++) {
+                    float s = 0.0f;
+                    for (int64_t i = 0; i < D; i++) {
+                        s += qf[j * D + i] * (float) q[i];
+                    }
+                    out[j * n + (u - t0)] = qm[j] + s;
+                }
+            }
+        }
+        t = e;
+    }
+    return KVG_OK;
+}
+
+int kvg_kivi_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                            const kvg_attn * a) {
+    const int64_t          D      = job->head_dim;
+    const int64_t          C      = job->n_channels;
+    const int64_t          G      = job->group_size;
+    const int64_t          n_cg   = (C + G - 1) / G;
+    const int              bits   = job->bits;
+    const kvg_kivi_group * groups = (const kvg_kivi_group *) src;
+    const uint8_t *        codes  = src + (size_t) kvg_kivi_n_groups(job) * sizeof(kvg_kivi_group);
+    float *                row    = a->tmp;
+    uint8_t *              q      = (uint8_t *) (row + D);
+    for (int64_t t = t0; t < t0 + n; t++) {
+        for (int64_t hk = 0; hk < job->n_heads; hk++) {
+            kvg_unpack_bits(codes, (uint64_t) (t * C + hk * D) * (uint64_t) bits, q, (size_t) D, bits);
+            for (int64_t i = 0; i < D; i++) {
+                const kvg_kivi_group * g = groups + t * n_cg + (hk * D + i) / G;
+                row[i] = kvg_f16_to_f32(kvg_get_u16(g->min_f16)) + (float) q[i] * kvg_f16_to_f32(kvg_get_u16(g->scale_f16));
+            }
+            for (int64_t j = hk * a->per_head; j < (hk + 1) * a->per_head; j++) {
+                const float w   = p[j * n + (t - t0)];
+                float *     acc = a->acc + j * D;
+                for (int64_t i = 0; i < D; i++) {
+                    acc[i] += w * row[i];
+                }
+            }
+        }
+    }
+    return KVG_OK;
 }

@@ -40,21 +40,74 @@ typedef struct kvg_job {
     uint64_t seed;
 } kvg_job;
 
+// ---- attention over encoded rows (attend.c drives; each codec scores and accumulates) -------
+
+// Rows per online-softmax update: a chunk's scores (n_q x 64 floats) stay in L1.
+#define KVG_ATTN_CHUNK 64
+
+// The queries and accumulators of one kvg_store_hook_attend call as the kernels see them.
+// Queries are ordered by KV head: query j reads KV head j / per_head (attend.c maps them back
+// to the caller's [token][head] order).
+typedef struct kvg_attn {
+    int64_t       n_q;
+    int64_t       per_head;  // n_tokens * (n_head / n_head_kv)
+    const float * q;         // [n_q][head_dim_k]: the caller's queries times the softmax scale
+    const float * qr;        // [n_q][head_dim_k]: W(s * q), what rotated (rotq) keys are scored against
+    float *       acc;       // [n_q][head_dim_v]
+    float *       accr;      // [n_q][head_dim_v]: rotated values; attend.c adds s * W(accr) to acc at the end
+    float *       tmp;       // kernel scratch of KVG_ATTN_TMP(n_q, max(head_dim_k, head_dim_v)) floats
+} kvg_attn;
+
+#define KVG_ATTN_TMP(n_q, d) ((n_q) * ((d) + KVG_ATTN_CHUNK + 2) + 2 * KVG_ATTN_CHUNK * ((d) + 2) + 4 * (d) + 64)
+
+// Kernels read rows [t0, t0 + n) of one block (0 < n <= KVG_ATTN_CHUNK) whose bytes passed the
+// codec's check when they were appended, so they cannot fail; an AVX2 kernel may return
+// KVG_NOT_HANDLED (before touching anything) for a shape outside its fast path.
+// score: out[j * n + t] = dot(q_j, key row t0 + t, KV head j / per_head); rotated codecs use qr.
+typedef int (*kvg_score_fn)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n,
+                            const kvg_attn * a, float * out);
+// accumulate: acc_j += p[j * n + t] * value row t0 + t (rotated codecs: their rotated part into accr).
+typedef int (*kvg_accumulate_fn)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n,
+                                 const float * p, const kvg_attn * a);
+
+// The online-softmax step of one chunk (attend.c; AVX2 in attend_avx2.c): folds the chunk's
+// scores s[j * n + t] into m, l and the accumulators (rescaled when m grows; accr too when
+// `rotated`), and turns the scores into the weights exp(s - m) the values are summed with.
+void kvg_attn_softmax_ref(const kvg_attn * a, float * m, float * l, float * s, int64_t n, int64_t dv, int rotated);
+void kvg_attn_softmax_avx2(const kvg_attn * a, float * m, float * l, float * s, int64_t n, int64_t dv, int rotated);
+
 typedef int (*kvg_size_fn)  (const kvg_job * job, size_t * out_bytes);
 typedef int (*kvg_encode_fn)(const kvg_job * job, const float * src, uint8_t * dst);
 typedef int (*kvg_decode_fn)(const kvg_job * job, const uint8_t * src, float * dst);
+// KVG_ERR_CORRUPT for bytes no encoder writes (what decode would refuse), without decoding.
+typedef int (*kvg_check_fn) (const kvg_job * job, const uint8_t * src);
 
 // One row per codec type, in the manner of ggml's type_traits. Kernels get buffers whose
 // sizes codecs.c has already checked against encoded_size.
 typedef struct kvg_codec_traits {
-    const char *  name;
-    int           bits;
-    kvg_size_fn   encoded_size;  // may reject a shape (rotq: head_dim)
-    kvg_encode_fn encode_ref;    // scalar oracle
-    kvg_decode_fn decode_ref;
-    kvg_encode_fn encode_avx2;   // NULL where no AVX2 kernel exists; may return KVG_NOT_HANDLED
-    kvg_decode_fn decode_avx2;
+    const char *      name;
+    int               bits;
+    kvg_size_fn       encoded_size;  // may reject a shape (rotq: head_dim)
+    kvg_encode_fn     encode_ref;    // scalar oracle
+    kvg_decode_fn     decode_ref;
+    kvg_encode_fn     encode_avx2;   // NULL where no AVX2 kernel exists; may return KVG_NOT_HANDLED
+    kvg_decode_fn     decode_avx2;
+    kvg_check_fn      check;
+    int               rotated;       // attention: keys scored against qr, values (partly) into accr
+    kvg_score_fn      score_ref;     // scalar oracle of the attention kernels
+    kvg_accumulate_fn accumulate_ref;
+    kvg_score_fn      score_avx2;    // NULL where no AVX2 kernel exists; may return KVG_NOT_HANDLED
+    kvg_accumulate_fn accumulate_avx2;
 } kvg_codec_traits;
+
+// codecs.c: the row of a codec type (NULL if out of range), and a job for an already valid
+// shape (the store's blocks); fails as kvg_encoded_size does.
+const kvg_codec_traits * kvg_codec_traits_of(int type);
+int kvg_make_job(int type, int kind, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+                 const kvg_codec_params * p, kvg_job * job, size_t * size);
+// make_job, exact size, then the codec's check: what the store runs once on every block it links.
+int kvg_check_encoded(int type, int kind, const void * src, size_t src_bytes, int64_t n_tokens,
+                      int64_t n_heads, int64_t head_dim, const kvg_codec_params * p);
 
 // codecs.c: records a detail message for kvg_last_error() and returns status.
 int kvg_fail(int status, const char * fmt, ...)
@@ -90,6 +143,11 @@ static inline uint16_t kvg_get_u16(const uint8_t * p) {
 int kvg_f16_size(const kvg_job * job, size_t * out_bytes);
 int kvg_f16_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_f16_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
+int kvg_f16_check(const kvg_job * job, const uint8_t * src);
+int kvg_f16_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
+int kvg_f16_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
+int kvg_f16_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
+int kvg_f16_accumulate_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
 
 // ---- bit packing (pack.c) ------------------------------------------------------------------
 
@@ -144,6 +202,17 @@ int kvg_kivi_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_kivi_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
 int kvg_kivi_encode_avx2(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_kivi_decode_avx2(const kvg_job * job, const uint8_t * src, float * dst);
+int kvg_kivi_check(const kvg_job * job, const uint8_t * src);
+int kvg_kivi_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
+int kvg_kivi_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
+int kvg_kivi_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
+int kvg_kivi_accumulate_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
+
+static inline int64_t kvg_kivi_n_groups(const kvg_job * job) {
+    const int64_t G = job->group_size;
+    return job->kind == KVG_KIND_K ? ((job->n_tokens + G - 1) / G) * job->n_channels
+                                   : job->n_tokens * ((job->n_channels + G - 1) / G);
+}
 
 // ---- rotq (rotq.c) -------------------------------------------------------------------------
 
@@ -172,6 +241,8 @@ void  kvg_rotq_signs(uint64_t seed, int64_t d, float * sgn);  // +-1.0f per coor
 // paths compute the same norm.
 float kvg_rotq_sumsq_ref(const float * x, int64_t d);
 void  kvg_fwht_ref(float * x, int64_t d);  // unnormalized, in place, d a power of two
+void  kvg_fwht_avx2(float * x, int64_t d);  // simd_avx2.c; the same butterflies, d >= 8
+void  kvg_fwht(float * x, int64_t d);       // dispatches on the SIMD level
 
 int kvg_rotq_size(const kvg_job * job, size_t * out_bytes);
 int kvg_rotq_encode_with(const kvg_job * job, const float * src, uint8_t * dst, const kvg_rotq_ops * ops);
@@ -180,14 +251,61 @@ int kvg_rotq_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_rotq_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
 int kvg_rotq_encode_avx2(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_rotq_decode_avx2(const kvg_job * job, const uint8_t * src, float * dst);
+int kvg_rotq_check(const kvg_job * job, const uint8_t * src);
+// Keys: q . x' = (n / d) * sum_i qr_i * cb[code_i] with qr = W(s * q), since W is symmetric.
+// Values: accr_j += p * (n / d) * cb[codes]; s * W(accr) is the sum of p * x'.
+int kvg_rotq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
+int kvg_rotq_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
+int kvg_rotq_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
+int kvg_rotq_accumulate_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
 
 // ---- crotq: rotq of the residual after per-channel group means (crotq.c) ----------------
 
+#define KVG_CROTQ_TOKENS 128  // tokens per group of channel means
+
+// Bytes of the f16 channel means in front of the rotq encoding of the residual.
+static inline size_t kvg_crotq_means_bytes(const kvg_job * job) {
+    return (size_t) ((job->n_tokens + KVG_CROTQ_TOKENS - 1) / KVG_CROTQ_TOKENS) * (size_t) job->n_channels * 2;
+}
+
 int kvg_crotq_size(const kvg_job * job, size_t * out_bytes);
+int kvg_crotq_check(const kvg_job * job, const uint8_t * src);
+int kvg_crotq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
+int kvg_crotq_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
+int kvg_crotq_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
+int kvg_crotq_accumulate_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
 int kvg_crotq_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_crotq_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
 int kvg_crotq_encode_avx2(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_crotq_decode_avx2(const kvg_job * job, const uint8_t * src, float * dst);
+
+// ---- store (store.c; attend.c reads its blocks) --------------------------------------------
+
+typedef struct kvg_block {
+    int64_t   row0;
+    int64_t   n_rows;
+    int32_t   codec;
+    int32_t   tier;
+    size_t    n_bytes;
+    uint8_t * data;
+} kvg_block;
+
+typedef struct kvg_rows {
+    kvg_block * blocks;
+    int64_t     n_blocks;
+    int64_t     cap;
+    int64_t     n_rows;
+} kvg_rows;
+
+struct kvg_store {
+    kvg_store_params p;
+    int32_t *        enabled;  // [n_layer]
+    kvg_rows *       rows;     // [n_layer * 2]: K then V of each layer
+    float *          sgn;      // rotq's signs for params.codec.seed, max(head_dim_k, head_dim_v) of them
+};
+
+// Index of the block holding row `row` (0 <= row < n_rows).
+int64_t kvg_rows_find_block(const kvg_rows * r, int64_t row);
 
 // ---- simd_avx2.c ---------------------------------------------------------------------------
 

@@ -267,6 +267,14 @@ void kvg_fwht_ref(float * x, int64_t d) {
     }
 }
 
+void kvg_fwht(float * x, int64_t d) {
+    if (d >= 8 && kvg_simd_level() == KVG_SIMD_AVX2) {
+        kvg_fwht_avx2(x, d);
+    } else {
+        kvg_fwht_ref(x, d);
+    }
+}
+
 // ---- scalar vector kernels (the oracle) ----------------------------------------------------
 
 static int encode_vec_ref(const float * x, int64_t d, const float * sgn, const kvg_rotq_book * book, int bits,
@@ -372,6 +380,22 @@ int kvg_rotq_encode_with(const kvg_job * job, const float * src, uint8_t * dst, 
     return st;
 }
 
+int kvg_rotq_check(const kvg_job * job, const uint8_t * src) {
+    const int64_t nv = job->n_tokens * job->n_heads;
+    for (int64_t v = 0; v < nv; v++) {
+        const uint16_t n16 = kvg_get_u16(src + 2 * v);
+        if (!kvg_f16_is_finite(n16) || (n16 & 0x8000)) {
+            return kvg_fail(KVG_ERR_CORRUPT, "rotq: vector %lld has norm 0x%04x (negative or not finite)",
+                            (long long) v, n16);
+        }
+    }
+    // Readers of a checked block (the attend kernels) then find the codebook built, lock-free.
+    if (kvg_rotq_get_book(job->head_dim) == NULL) {
+        return kvg_fail(KVG_ERR_NO_MEMORY, "rotq: cannot allocate the codebook grid");
+    }
+    return KVG_OK;
+}
+
 int kvg_rotq_decode_with(const kvg_job * job, const uint8_t * src, float * dst, const kvg_rotq_ops * ops) {
     const int64_t d    = job->head_dim;
     const int64_t nv   = job->n_tokens * job->n_heads;
@@ -379,12 +403,9 @@ int kvg_rotq_decode_with(const kvg_job * job, const uint8_t * src, float * dst, 
 
     const uint8_t * norms = src;
     const uint8_t * codes = src + (size_t) nv * 2;
-    for (int64_t v = 0; v < nv; v++) {  // validate before writing anything
-        const uint16_t n16 = kvg_get_u16(norms + 2 * v);
-        if (!kvg_f16_is_finite(n16) || (n16 & 0x8000)) {
-            return kvg_fail(KVG_ERR_CORRUPT, "rotq: vector %lld has norm 0x%04x (negative or not finite)",
-                            (long long) v, n16);
-        }
+    const int       st    = kvg_rotq_check(job, src);  // validate before writing anything
+    if (st != KVG_OK) {
+        return st;
     }
     const kvg_rotq_book * book = kvg_rotq_get_book(d);
     if (book == NULL) {
@@ -417,4 +438,62 @@ int kvg_rotq_encode_ref(const kvg_job * job, const float * src, uint8_t * dst) {
 
 int kvg_rotq_decode_ref(const kvg_job * job, const uint8_t * src, float * dst) {
     return kvg_rotq_decode_with(job, src, dst, &k_rotq_ops_ref);
+}
+
+// ---- attention (scalar oracle) -------------------------------------------------------------
+//
+// x' = s * W(c) * n / d and W is symmetric, so q . x' = (n / d) * (W(s * q)) . c: attend.c
+// rotates each query once per call and every row is scored from its codes. For values the sum
+// of p * x' over rows is s * W(sum of p * (n / d) * c): rows add up in the rotated domain and
+// attend.c transforms the sum once per query at the end of the call.
+
+int kvg_rotq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out) {
+    const int64_t   D     = job->head_dim;
+    const int64_t   H     = job->n_heads;
+    const int       bits  = job->bits;
+    const float *   cb    = kvg_rotq_get_book(D)->centroid[bits];  // built when the block was encoded or checked
+    const uint8_t * codes = src + (size_t) (job->n_tokens * H) * 2;
+    uint8_t *       q     = (uint8_t *) a->tmp;
+    for (int64_t t = t0; t < t0 + n; t++) {
+        for (int64_t hk = 0; hk < H; hk++) {
+            const float f = kvg_f16_to_f32(kvg_get_u16(src + 2 * (t * H + hk))) * (1.0f / (float) D);
+            kvg_unpack_bits(codes, (uint64_t) (t * H + hk) * (uint64_t) D * (uint64_t) bits, q, (size_t) D, bits);
+            for (int64_t j = hk * a->per_head; j < (hk + 1) * a->per_head; j++) {
+                const float * qr = a->qr + j * D;
+                float         s  = 0.0f;
+                for (int64_t i = 0; i < D; i++) {
+                    s += qr[i] * cb[q[i]];
+                }
+                out[j * n + (t - t0)] = f * s;
+            }
+        }
+    }
+    return KVG_OK;
+}
+
+int kvg_rotq_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                            const kvg_attn * a) {
+    const int64_t   D     = job->head_dim;
+    const int64_t   H     = job->n_heads;
+    const int       bits  = job->bits;
+    const float *   cb    = kvg_rotq_get_book(D)->centroid[bits];
+    const uint8_t * codes = src + (size_t) (job->n_tokens * H) * 2;
+    uint8_t *       q     = (uint8_t *) a->tmp;
+    for (int64_t t = t0; t < t0 + n; t++) {
+        for (int64_t hk = 0; hk < H; hk++) {
+            const float f = kvg_f16_to_f32(kvg_get_u16(src + 2 * (t * H + hk))) * (1.0f / (float) D);
+            if (f == 0.0f) {
+                continue;  // a zero vector adds nothing
+            }
+            kvg_unpack_bits(codes, (uint64_t) (t * H + hk) * (uint64_t) D * (uint64_t) bits, q, (size_t) D, bits);
+            for (int64_t j = hk * a->per_head; j < (hk + 1) * a->per_head; j++) {
+                const float w   = p[j * n + (t - t0)] * f;
+                float *     acc = a->accr + j * D;
+                for (int64_t i = 0; i < D; i++) {
+                    acc[i] += w * cb[q[i]];
+                }
+            }
+        }
+    }
+    return KVG_OK;
 }

@@ -1,5 +1,6 @@
-// simd_avx2.c: AVX2 kernels for kivi and rotq (this file alone is compiled with -mavx2 -mfma;
-// cpu.c decides at run time whether they run).
+// simd_avx2.c: AVX2 codec kernels for kivi and rotq (the *avx2* files alone are compiled with
+// -mavx2 -mfma -mf16c; cpu.c decides at run time whether they run). The attention kernels are in
+// attend_avx2.c.
 //
 // Each kernel performs the same float operations, on the same operands and in the same order,
 // as the scalar oracle it replaces (kivi.c, rotq.c); with -ffp-contract=off (no fused
@@ -10,40 +11,12 @@
 
 #if (defined(__x86_64__) || defined(_M_X64)) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
-#    include <immintrin.h>
+#    include "kvg_avx2.h"
+
 #    include <math.h>
 
 int kvg_avx2_built(void) {
     return 1;
-}
-
-// ---- bit packing, 8 codes (exactly `bits` bytes) at a time ---------------------------------
-
-static inline __m256i lane_shifts(int bits) {
-    return _mm256_setr_epi32(0, bits, 2 * bits, 3 * bits, 4 * bits, 5 * bits, 6 * bits, 7 * bits);
-}
-
-static inline uint32_t load_le(const uint8_t * p, int n) {  // n = 1..4 bytes
-    uint32_t w = 0;
-    for (int k = 0; k < n; k++) {
-        w |= (uint32_t) p[k] << (8 * k);
-    }
-    return w;
-}
-
-static inline void store_le(uint8_t * p, uint32_t w, int n) {
-    for (int k = 0; k < n; k++) {
-        p[k] = (uint8_t) (w >> (8 * k));
-    }
-}
-
-// 8 codes from the `bits` bytes at p, as 32-bit lanes.
-static inline __m256i unpack8(const uint8_t * p, int bits, __m256i sh, __m256i mask) {
-    if (bits == 8) {
-        return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *) p));
-    }
-    const __m256i w = _mm256_set1_epi32((int) load_le(p, bits));
-    return _mm256_and_si256(_mm256_srlv_epi32(w, sh), mask);
 }
 
 // Writes 8 codes (32-bit lanes, each < 2^bits) as `bits` bytes at p.
@@ -163,7 +136,7 @@ int kvg_kivi_decode_avx2(const kvg_job * job, const uint8_t * src, float * dst) 
 // ---- rotq ----------------------------------------------------------------------------------
 
 // The oracle's butterflies (x[j], x[j+h]) -> (a + b, a - b), stage by stage; d >= 8.
-static void fwht_avx2(float * x, int64_t d) {
+void kvg_fwht_avx2(float * x, int64_t d) {
     for (int64_t i = 0; i < d; i += 8) {  // h = 1, 2, 4 inside one register
         __m256 v = _mm256_loadu_ps(x + i);
         __m256 p = _mm256_permute_ps(v, 0xB1);  // swap neighbours
@@ -228,7 +201,7 @@ static int rotq_encode_vec(const float * x, int64_t d, const float * sgn, const 
         return KVG_OK;
     }
     const __m256 inv = _mm256_set1_ps(1.0f / kvg_f16_to_f32(n16));
-    fwht_avx2(tmp, d);
+    kvg_fwht_avx2(tmp, d);
 
     const int nb = (1 << bits) - 1;
     __m256    bnd[15];
@@ -267,7 +240,7 @@ static void rotq_decode_vec(const uint8_t * codes, uint64_t bit_off, int64_t d, 
         _mm256_storeu_ps(out + i, v);
         p += bits;
     }
-    fwht_avx2(out, d);
+    kvg_fwht_avx2(out, d);
     const __m256 f = _mm256_set1_ps(nf * (1.0f / (float) d));
     for (int64_t i = 0; i < d; i += 8) {
         _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(out + i), f), _mm256_loadu_ps(sgn + i)));
@@ -304,6 +277,10 @@ void kvg_f32_to_f16_row_avx2(const float * x, uint16_t * y, int64_t n) {
 }
 
 #else  // not an AVX2 build (or not x86-64): the dispatcher never selects these
+
+void kvg_fwht_avx2(float * x, int64_t d) {
+    kvg_fwht_ref(x, d);
+}
 
 void kvg_f32_to_f16_row_avx2(const float * x, uint16_t * y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) {

@@ -9,28 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct kvg_block {
-    int64_t   row0;
-    int64_t   n_rows;
-    int32_t   codec;
-    int32_t   tier;
-    size_t    n_bytes;
-    uint8_t * data;
-} kvg_block;
-
-typedef struct kvg_rows {
-    kvg_block * blocks;
-    int64_t     n_blocks;
-    int64_t     cap;
-    int64_t     n_rows;
-} kvg_rows;
-
-struct kvg_store {
-    kvg_store_params p;
-    int32_t *        enabled;  // [n_layer]
-    kvg_rows *       rows;     // [n_layer * 2]: K then V of each layer
-};
-
 // Per-thread scratch for decoding a block as float32; kept between calls because the
 // hook decodes on llama.cpp's long-lived worker threads.
 static _Thread_local float * tl_scratch     = NULL;
@@ -90,13 +68,18 @@ int kvg_store_init(const kvg_store_params * p, kvg_store ** out) {
     if (!s) {
         return kvg_fail(KVG_ERR_NO_MEMORY, "store");
     }
+    const int32_t d_max = p->head_dim_k > p->head_dim_v ? p->head_dim_k : p->head_dim_v;
     s->p       = *p;
     s->enabled = (int32_t *) malloc((size_t) p->n_layer * sizeof(int32_t));
     s->rows    = (kvg_rows *) calloc((size_t) p->n_layer * 2, sizeof(kvg_rows));
-    if (!s->enabled || !s->rows) {
+    s->sgn     = (float *) malloc((size_t) d_max * sizeof(float));
+    if (!s->enabled || !s->rows || !s->sgn) {
         kvg_store_free(s);
         return kvg_fail(KVG_ERR_NO_MEMORY, "store index");
     }
+    // Sign i depends on (seed, i) only, so one list serves K and V; computed once here so the
+    // attend hook never regenerates it.
+    kvg_rotq_signs(p->codec.seed, d_max, s->sgn);
     for (int32_t il = 0; il < p->n_layer; ++il) {
         s->enabled[il] = 1;
     }
@@ -135,6 +118,7 @@ void kvg_store_free(kvg_store * s) {
     }
     free(s->rows);
     free(s->enabled);
+    free(s->sgn);
     free(s);
 }
 
@@ -166,6 +150,11 @@ static int encode_block(const kvg_store * s, int32_t kind, int32_t tier, int32_t
     const size_t count = (size_t) n_rows * (size_t) row_width(s, kind);
     rc = kvg_encode(codec, kind, rows, count, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &s->p.codec,
                     data, n_bytes, NULL);
+    if (rc == KVG_OK) {
+        // Every linked block passes its codec's check once, here or in append_encoded, so the
+        // readers (decode, attend) can trust the bytes without checking them again.
+        rc = kvg_check_encoded(codec, kind, data, n_bytes, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &s->p.codec);
+    }
     if (rc != KVG_OK) {
         free(data);
         return rc;
@@ -281,9 +270,7 @@ int kvg_store_append_encoded(kvg_store * s, int32_t il, int32_t kind, int32_t ti
     }
     memcpy(b.data, data, n_bytes);
     // Bytes from a file: refuse what no encoder writes before the block is visible to readers.
-    float * tmp = (float *) malloc((size_t) n_rows * (size_t) row_width(s, kind) * sizeof(float));
-    rc = tmp ? decode_block(s, kind, &b, tmp) : kvg_fail(KVG_ERR_NO_MEMORY, "check buffer");
-    free(tmp);
+    rc = kvg_check_encoded(codec, kind, b.data, n_bytes, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &s->p.codec);
     if (rc != KVG_OK) {
         free(b.data);
         return rc;
@@ -345,8 +332,7 @@ int kvg_store_n_rows(const kvg_store * s, int32_t il, int32_t kind, int64_t * ou
     return KVG_OK;
 }
 
-// Index of the block holding row `row` (0 <= row < n_rows).
-static int64_t find_block(const kvg_rows * r, int64_t row) {
+int64_t kvg_rows_find_block(const kvg_rows * r, int64_t row) {
     int64_t lo = 0, hi = r->n_blocks - 1;
     while (lo < hi) {
         const int64_t mid = (lo + hi + 1) / 2;
@@ -379,7 +365,7 @@ static int decode_range(const kvg_store * s, int32_t il, int32_t kind, int64_t r
     if (r1 == r0) {
         return KVG_OK;
     }
-    for (int64_t bi = find_block(r, r0); bi < r->n_blocks && r->blocks[bi].row0 < r1; ++bi) {
+    for (int64_t bi = kvg_rows_find_block(r, r0); bi < r->n_blocks && r->blocks[bi].row0 < r1; ++bi) {
         const kvg_block * b = &r->blocks[bi];
         const int64_t a = r0 > b->row0 ? r0 : b->row0;
         const int64_t e = r1 < b->row0 + b->n_rows ? r1 : b->row0 + b->n_rows;
@@ -505,7 +491,7 @@ int kvg_store_truncate(kvg_store * s, int64_t n_rows) {
             rows_drop_from(r, 0);
             continue;
         }
-        const int64_t bi = find_block(r, n_rows);
+        const int64_t bi = kvg_rows_find_block(r, n_rows);
         kvg_block *   b  = &r->blocks[bi];
         if (b->row0 == n_rows) {
             rows_drop_from(r, bi);
@@ -534,7 +520,9 @@ int kvg_store_bytes(const kvg_store * s, int32_t tier, uint64_t * out_bytes, uin
         return kvg_fail(KVG_ERR_INVALID_ARG, "tier %d is unknown", (int) tier);
     }
     uint64_t bytes = 0, values = 0;
-    uint64_t index = sizeof(kvg_store) + (uint64_t) s->p.n_layer * (sizeof(int32_t) + 2 * sizeof(kvg_rows));
+    const int32_t d_max = s->p.head_dim_k > s->p.head_dim_v ? s->p.head_dim_k : s->p.head_dim_v;
+    uint64_t index = sizeof(kvg_store) + (uint64_t) s->p.n_layer * (sizeof(int32_t) + 2 * sizeof(kvg_rows)) +
+                     (uint64_t) d_max * sizeof(float);
     for (int64_t li = 0; li < (int64_t) s->p.n_layer * 2; ++li) {
         const kvg_rows * r = &s->rows[li];
         index += (uint64_t) r->cap * sizeof(kvg_block);

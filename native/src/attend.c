@@ -1,0 +1,244 @@
+// attend.c: attention over the store's encoded rows without expanding them (kvg_store_hook_attend).
+//
+// Rows are walked in runs that lie in one K block and one V block (the two lists may be cut
+// differently and hold different codecs), in chunks of at most KVG_ATTN_CHUNK rows. Per chunk
+// the K codec's kernel scores every row against every query, the online softmax (Milakov and
+// Gimelshein 2018, arXiv:1805.02867) folds the chunk's maximum into (m, l, acc) once, and the
+// V codec's kernel adds the weighted rows. Rotated (rotq) rows are scored against queries
+// rotated once per call and summed in the rotated domain; one inverse transform per query at
+// the end brings that sum back.
+//
+// Queries are regrouped by KV head inside the call, so each kernel sees the queries of one KV
+// head as one contiguous run; the caller's state is copied in, updated and copied back, which
+// also leaves it untouched when the arguments are refused.
+
+#include "kvg_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+// Per-thread workspace, grown and never shrunk: llama.cpp calls the hook on its long-lived
+// worker threads, so after the first call of a shape nothing is allocated.
+static _Thread_local float * tl_ws     = NULL;
+static _Thread_local size_t  tl_ws_cap = 0;
+
+static float * workspace(size_t n_floats) {
+    if (n_floats > tl_ws_cap) {
+        float * p = (float *) realloc(tl_ws, n_floats * sizeof(float));
+        if (!p) {
+            return NULL;
+        }
+        tl_ws     = p;
+        tl_ws_cap = n_floats;
+    }
+    return tl_ws;
+}
+
+static int run_score(const kvg_codec_traits * tr, int avx2, const kvg_job * job, const uint8_t * src, int64_t t0,
+                     int64_t n, const kvg_attn * a, float * out) {
+    if (avx2 && tr->score_avx2) {
+        const int st = tr->score_avx2(job, src, t0, n, a, out);
+        if (st != KVG_NOT_HANDLED) {
+            return st;
+        }
+    }
+    return tr->score_ref(job, src, t0, n, a, out);
+}
+
+static int run_accumulate(const kvg_codec_traits * tr, int avx2, const kvg_job * job, const uint8_t * src, int64_t t0,
+                          int64_t n, const float * p, const kvg_attn * a) {
+    if (avx2 && tr->accumulate_avx2) {
+        const int st = tr->accumulate_avx2(job, src, t0, n, p, a);
+        if (st != KVG_NOT_HANDLED) {
+            return st;
+        }
+    }
+    return tr->accumulate_ref(job, src, t0, n, p, a);
+}
+
+void kvg_attn_softmax_ref(const kvg_attn * a, float * m, float * l, float * s, int64_t n, int64_t dv, int rotated) {
+    for (int64_t j = 0; j < a->n_q; j++) {
+        float * sj = s + j * n;
+        float   mx = sj[0];
+        for (int64_t t = 1; t < n; t++) {
+            mx = sj[t] > mx ? sj[t] : mx;
+        }
+        if (mx > m[j]) {
+            const float corr = expf(m[j] - mx);  // 0 while m is -inf
+            l[j] *= corr;
+            float * acc  = a->acc + j * dv;
+            float * accr = a->accr + j * dv;
+            for (int64_t d = 0; d < dv; d++) {
+                acc[d] *= corr;
+            }
+            if (rotated) {
+                for (int64_t d = 0; d < dv; d++) {
+                    accr[d] *= corr;
+                }
+            }
+            m[j] = mx;
+        }
+        const float mj  = m[j];
+        float       sum = 0.0f;
+        for (int64_t t = 0; t < n; t++) {
+            sj[t] = expf(sj[t] - mj);
+            sum += sj[t];
+        }
+        l[j] += sum;
+    }
+}
+
+int32_t kvg_store_hook_attend(void * user, int32_t il, int64_t r0, int64_t r1, const float * q, int32_t n_tokens,
+                              int32_t n_head, float scale, float * m, float * l, float * acc) {
+    kvg_clear_error();
+    const kvg_store * s = (const kvg_store *) user;
+    if (!s || !q || !m || !l || !acc) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "attend: store, q, m, l and acc must not be NULL");
+    }
+    if (il < 0 || il >= s->p.n_layer) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "attend: layer %d is outside [0, %d)", (int) il, (int) s->p.n_layer);
+    }
+    const int64_t Hkv = s->p.n_head_kv;
+    if (n_tokens <= 0 || n_head <= 0 || n_head % Hkv != 0) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "attend: needs n_tokens > 0 and n_head a positive multiple of n_head_kv = %lld, got %d, %d",
+                        (long long) Hkv, (int) n_tokens, (int) n_head);
+    }
+    if (!isfinite(scale)) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "attend: scale %g is not finite", (double) scale);
+    }
+    const kvg_rows * kr = &s->rows[il * 2 + KVG_KIND_K];
+    const kvg_rows * vr = &s->rows[il * 2 + KVG_KIND_V];
+    const int64_t    nr = kr->n_rows < vr->n_rows ? kr->n_rows : vr->n_rows;
+    if (r0 < 0 || r1 < r0 || r1 > nr) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "attend: rows [%lld, %lld) are outside [0, %lld) of layer %d",
+                        (long long) r0, (long long) r1, (long long) nr, (int) il);
+    }
+    if (r0 == r1) {
+        return KVG_OK;
+    }
+
+    const int64_t dk = s->p.head_dim_k, dv = s->p.head_dim_v, dm = dk > dv ? dk : dv;
+    const int64_t gqa = n_head / Hkv, P = (int64_t) n_tokens * gqa, n_q = (int64_t) n_tokens * n_head;
+    // At most 2^36 floats of workspace: no size below can overflow, and a larger request is not a
+    // decode step anyway.
+    if ((uint64_t) n_q * (uint64_t) (dm + 4 * KVG_ATTN_CHUNK) > ((uint64_t) 1 << 36)) {
+        return kvg_fail(KVG_ERR_NO_MEMORY, "attend: %lld queries of %lld values need too large a workspace",
+                        (long long) n_q, (long long) dm);
+    }
+    const size_t n_ws = (size_t) (n_q * (2 * dk + 2 * dv + 2 + KVG_ATTN_CHUNK) + KVG_ATTN_TMP(n_q, dm));
+    float *      ws   = workspace(n_ws);
+    if (!ws) {
+        return kvg_fail(KVG_ERR_NO_MEMORY, "attend: workspace of %zu floats", n_ws);
+    }
+    float * wq    = ws;                     // [n_q][dk]   scaled queries, by KV head
+    float * wqr   = wq + n_q * dk;          // [n_q][dk]   rotated
+    float * wacc  = wqr + n_q * dk;         // [n_q][dv]
+    float * waccr = wacc + n_q * dv;        // [n_q][dv]
+    float * wm    = waccr + n_q * dv;       // [n_q]
+    float * wl    = wm + n_q;               // [n_q]
+    float * sc    = wl + n_q;               // [n_q][CHUNK] scores, then weights
+    float * tmp   = sc + n_q * KVG_ATTN_CHUNK;
+
+    // Internal query jj = (hk * n_tokens + t) * gqa + g is the caller's j = t * n_head + hk * gqa + g.
+    for (int64_t jj = 0; jj < n_q; jj++) {
+        const int64_t hk = jj / P, t = (jj % P) / gqa, g = jj % gqa;
+        const int64_t j  = t * n_head + hk * gqa + g;
+        for (int64_t i = 0; i < dk; i++) {
+            wq[jj * dk + i] = scale * q[j * dk + i];
+        }
+        memcpy(wacc + jj * dv, acc + j * dv, (size_t) dv * sizeof(float));
+        wm[jj] = m[j];
+        wl[jj] = l[j];
+    }
+
+    kvg_attn a = { n_q, P, wq, wqr, wacc, waccr, tmp };
+    const int avx2        = kvg_simd_level() == KVG_SIMD_AVX2;
+    int       q_rotated   = 0;  // wqr holds W(s * q)
+    int       acc_rotated = 0;  // waccr is in use (zeroed)
+    int       status      = KVG_OK;
+
+    int64_t bk = kvg_rows_find_block(kr, r0);
+    int64_t bv = kvg_rows_find_block(vr, r0);
+    for (int64_t row = r0; row < r1;) {
+        const kvg_block * kb = &kr->blocks[bk];
+        const kvg_block * vb = &vr->blocks[bv];
+        const int64_t     ke = kb->row0 + kb->n_rows, ve = vb->row0 + vb->n_rows;
+        const int64_t     e  = ke < ve ? (ke < r1 ? ke : r1) : (ve < r1 ? ve : r1);
+
+        // Everything that can fail is settled before the run touches the state.
+        const kvg_codec_traits * tk = kvg_codec_traits_of(kb->codec);
+        const kvg_codec_traits * tv = kvg_codec_traits_of(vb->codec);
+        kvg_job jk, jv;
+        size_t  unused;
+        int     st = tk && tv ? KVG_OK : kvg_fail(KVG_ERR_UNKNOWN_CODEC, "attend: block of codec %d or %d", kb->codec, vb->codec);
+        if (st == KVG_OK) {
+            st = kvg_make_job(kb->codec, KVG_KIND_K, kb->n_rows, Hkv, dk, &s->p.codec, &jk, &unused);
+        }
+        if (st == KVG_OK) {
+            st = kvg_make_job(vb->codec, KVG_KIND_V, vb->n_rows, Hkv, dv, &s->p.codec, &jv, &unused);
+        }
+        if (st == KVG_OK && ((tk->rotated && !kvg_rotq_get_book(dk)) || (tv->rotated && !kvg_rotq_get_book(dv)))) {
+            st = kvg_fail(KVG_ERR_NO_MEMORY, "attend: rotq codebook missing");  // checked blocks have it built
+        }
+        if (st == KVG_OK && tk->rotated && !q_rotated) {
+            for (int64_t jj = 0; jj < n_q; jj++) {
+                float * y = wqr + jj * dk;
+                for (int64_t i = 0; i < dk; i++) {
+                    y[i] = s->sgn[i] * wq[jj * dk + i];
+                }
+                kvg_fwht(y, dk);
+            }
+            q_rotated = 1;
+        }
+        if (st == KVG_OK && tv->rotated && !acc_rotated) {
+            memset(waccr, 0, (size_t) (n_q * dv) * sizeof(float));
+            acc_rotated = 1;
+        }
+
+        for (int64_t c0 = row; st == KVG_OK && c0 < e; c0 += KVG_ATTN_CHUNK) {
+            const int64_t n = e - c0 < KVG_ATTN_CHUNK ? e - c0 : KVG_ATTN_CHUNK;
+            st              = run_score(tk, avx2, &jk, kb->data, c0 - kb->row0, n, &a, sc);
+            if (st != KVG_OK) {
+                break;  // these rows are left out; the state has not seen them
+            }
+            if (avx2) {
+                kvg_attn_softmax_avx2(&a, wm, wl, sc, n, dv, acc_rotated);
+            } else {
+                kvg_attn_softmax_ref(&a, wm, wl, sc, n, dv, acc_rotated);
+            }
+            // Kernels fail only on shapes that append refused; a failure here would leave the
+            // chunk's weights in l without its values, so it is reported all the same.
+            st = run_accumulate(tv, avx2, &jv, vb->data, c0 - vb->row0, n, sc, &a);
+        }
+        if (st != KVG_OK && status == KVG_OK) {  // kvg_last_error() tells the first failure
+            char why[160];
+            snprintf(why, sizeof(why), "%s", kvg_last_error());
+            status = kvg_fail(st, "attend: rows [%lld, %lld) of layer %d left out: %s", (long long) row, (long long) e,
+                              (int) il, why);
+        }
+        row = e;
+        bk += row == ke;
+        bv += row == ve;
+    }
+
+    if (acc_rotated) {  // acc += s * W(accr), one transform per query
+        float * y = tmp;
+        for (int64_t jj = 0; jj < n_q; jj++) {
+            memcpy(y, waccr + jj * dv, (size_t) dv * sizeof(float));
+            kvg_fwht(y, dv);
+            float * out = wacc + jj * dv;
+            for (int64_t d = 0; d < dv; d++) {
+                out[d] += s->sgn[d] * y[d];
+            }
+        }
+    }
+    for (int64_t jj = 0; jj < n_q; jj++) {
+        const int64_t hk = jj / P, t = (jj % P) / gqa, g = jj % gqa;
+        const int64_t j  = t * n_head + hk * gqa + g;
+        memcpy(acc + j * dv, wacc + jj * dv, (size_t) dv * sizeof(float));
+        m[j] = wm[jj];
+        l[j] = wl[jj];
+    }
+    return status;
+}

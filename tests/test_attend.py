@@ -1,0 +1,268 @@
+"""The store's fused attention (kvg_store_hook_attend, KVStore.attend): scores and value sums
+computed from the encoded rows must give the softmax attention over the rows the store decodes,
+at every SIMD level, for every codec on either side, GQA, and row ranges that cut blocks."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import numpy as np
+import pytest
+
+from kvgguf import codecs
+from kvgguf.native.binding import get_ffi, get_lib
+from kvgguf.native.store import KIND_K, KIND_V, TIER_ARCHIVE, TIER_SINK, TIER_WARM, EncodedBlock, KVStore
+
+KIVI = ["kivi2", "kivi3", "kivi4", "kivi8"]
+ROTQ = ["rotq1", "rotq2", "rotq3", "rotq4"]
+CROTQ = ["crotq2", "crotq3", "crotq4"]
+ALL = ["f16"] + KIVI + ROTQ + CROTQ
+# Each K codec with the same V codec and with one from another family, so every kernel runs
+# on both sides and next to every other kind of kernel.
+PAIRS = [(k, k) for k in ALL] + [(k, ALL[(i + 6) % len(ALL)]) for i, k in enumerate(ALL)]
+
+HEAD_DIMS = [64, 128, 256]
+# (n_head_kv, n_head): no GQA and groups of 3
+HEADS = [(1, 1), (1, 3), (3, 3), (3, 9)]
+N_ROWS = 263
+# Blocks of the K and V lists, cut differently and never at multiples of 8: an f16 sink block,
+# two blocks of the codec under test (the second spans a crotq group boundary at 128) and a last
+# block of the other side's codec.
+K_CUTS = [0, 4, 77, 205, N_ROWS]
+V_CUTS = [0, 4, 40, 170, N_ROWS]
+RANGES = [(0, N_ROWS), (3, 197), (100, 101), (61, 250), (130, 139)]
+
+LEVELS = [0] + ([1] if codecs.simd_max_level() >= 1 else [])
+
+# The kernels compute what decoding the rows and taking the softmax would, in float32 and in
+# another order (dot products of rotated queries, rotated value sums transformed once, kivi's
+# scale and min folded into the query, crotq's means dotted once per group, a polynomial exp
+# under AVX2). The reference is float64 over the float32 rows kvg_store_decode gives, so the
+# two differ by float32 rounding: of scores that reach a few tens here (queries of norm ~2 sqrt(d),
+# keys with 8x outlier channels), i.e. ~1e-5 absolute, which moves the output by about that
+# fraction of max |v|. Measured worst cases over this file's cases: 8e-6 of max |v| (scalar
+# kivi3, d = 256), 8e-6 between the SIMD levels. The bounds below keep a 4-6x margin and still
+# catch one row of N_ROWS left out or misread (about 1/N_ROWS ~ 4e-3 of max |v|).
+TOL = 5e-5
+TOL_SIMD = 3e-5
+
+
+def kv_like(rng, shape):
+    """Gaussian rows with a few large-magnitude channels, as keys have (KIVI, fig. 2)."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[:, rng.choice(shape[1], max(1, shape[1] // 32), replace=False)] *= 8.0
+    return x
+
+
+def build(k_codec, v_codec, head_dim, n_head_kv, group_size=32, il=1):
+    """A store whose layer `il` holds N_ROWS K and V rows in blocks cut at K_CUTS / V_CUTS."""
+    rng = np.random.default_rng(head_dim * 10 + n_head_kv)
+    store = KVStore(il + 1, n_head_kv, head_dim, head_dim, group_size=group_size)
+    width = n_head_kv * head_dim
+    for kind, cuts, main, last in ((KIND_K, K_CUTS, k_codec, v_codec), (KIND_V, V_CUTS, v_codec, k_codec)):
+        x = kv_like(rng, (N_ROWS, width))
+        x[10] = 0.0  # a zero row: rotq stores norm 0 and no codes
+        for b, (r0, r1) in enumerate(zip(cuts, cuts[1:])):
+            codec = "f16" if b == 0 else last if b == len(cuts) - 2 else main
+            tier = TIER_SINK if b == 0 else TIER_ARCHIVE if b == len(cuts) - 2 else TIER_WARM
+            store.append(il, kind, tier, codec, x[r0:r1])
+    return store
+
+
+def reference(store, il, r0, r1, q, scale):
+    """(m, l, out) of softmax attention in float64 over the rows as kvg_store_decode gives them."""
+    n_head_kv = store.n_head_kv
+    dk, dv = store.head_dim
+    k = store.decode(il, KIND_K, r0, r1).reshape(r1 - r0, n_head_kv, dk).astype(np.float64)
+    v = store.decode(il, KIND_V, r0, r1).reshape(r1 - r0, n_head_kv, dv).astype(np.float64)
+    kv_head = np.arange(q.shape[1]) // (q.shape[1] // n_head_kv)
+    s = scale * np.einsum("thd,rhd->thr", q.astype(np.float64), k[:, kv_head])
+    m = s.max(-1)
+    p = np.exp(s - m[..., None])
+    out = np.einsum("thr,rhd->thd", p, v[:, kv_head]) / p.sum(-1)[..., None]
+    return m, p.sum(-1), out, float(np.abs(v).max())
+
+
+def queries(rng, n_tokens, n_head, head_dim):
+    return (2.0 * rng.standard_normal((n_tokens, n_head, head_dim))).astype(np.float32)
+
+
+def attend_at(level, store, il, r0, r1, q, scale, state=None):
+    with codecs.force_simd(level):
+        return store.attend(il, r0, r1, q, scale, state)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("k_codec,v_codec", PAIRS)
+def test_attend_matches_softmax_over_decoded_rows(k_codec, v_codec, head_dim):
+    rng = np.random.default_rng(7)
+    scale = 1.0 / np.sqrt(head_dim)
+    for n_head_kv, n_head in HEADS:
+        store = build(k_codec, v_codec, head_dim, n_head_kv)
+        for n_tokens in (1, 3):
+            q = queries(rng, n_tokens, n_head, head_dim)
+            for r0, r1 in RANGES:
+                m_ref, l_ref, out_ref, vmax = reference(store, 1, r0, r1, q, scale)
+                outs = []
+                for level in LEVELS:
+                    m, l, acc = attend_at(level, store, 1, r0, r1, q, scale)
+                    out = acc / l[..., None]
+                    where = f"{k_codec}/{v_codec} d={head_dim} heads={n_head_kv}/{n_head} T={n_tokens} [{r0},{r1}) simd={level}"
+                    assert m.shape == (n_tokens, n_head) and acc.shape == (n_tokens, n_head, head_dim)
+                    np.testing.assert_allclose(m, m_ref, rtol=1e-5, atol=1e-5, err_msg=where)
+                    np.testing.assert_allclose(l, l_ref, rtol=1e-4, err_msg=where)
+                    err = float(np.abs(out - out_ref).max())
+                    assert err <= TOL * vmax, f"{where}: max error {err:.3g} > {TOL} * {vmax:.3g}"
+                    outs.append(out)
+                if len(outs) == 2:
+                    err = float(np.abs(outs[0] - outs[1]).max())
+                    assert err <= TOL_SIMD * vmax, f"scalar vs avx2 {k_codec}/{v_codec} d={head_dim}: {err:.3g}"
+
+
+def merge(a, b):
+    """Two online-softmax states over disjoint rows, merged in log-sum-exp form."""
+    (m1, l1, acc1), (m2, l2, acc2) = a, b
+    m = np.maximum(m1, m2)
+    f1, f2 = np.exp(m1 - m), np.exp(m2 - m)
+    return m, l1 * f1 + l2 * f2, acc1 * f1[..., None] + acc2 * f2[..., None]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("k_codec,v_codec", [("f16", "f16"), ("rotq4", "rotq2"), ("kivi2", "crotq3"), ("crotq4", "kivi4")])
+def test_split_ranges_merge_to_the_one_call_result(k_codec, v_codec, level):
+    store = build(k_codec, v_codec, 64, 3)
+    q = queries(np.random.default_rng(3), 2, 9, 64)
+    scale = 0.125
+    whole = attend_at(level, store, 1, 5, 240, q, scale)
+    want = whole[2] / whole[1][..., None]
+    for cut in (6, 77, 101, 239):  # inside blocks and on a K block edge
+        parts = merge(attend_at(level, store, 1, 5, cut, q, scale), attend_at(level, store, 1, cut, 240, q, scale))
+        np.testing.assert_allclose(parts[0], whole[0], rtol=0, atol=0)
+        np.testing.assert_allclose(parts[2] / parts[1][..., None], want, rtol=0, atol=1e-6 * np.abs(want).max())
+        # continuing from a state is the same fold
+        cont = attend_at(level, store, 1, cut, 240, q, scale, state=attend_at(level, store, 1, 5, cut, q, scale))
+        np.testing.assert_allclose(cont[2] / cont[1][..., None], want, rtol=0, atol=1e-6 * np.abs(want).max())
+
+
+def test_empty_range_leaves_the_state_as_it_was():
+    store = build("rotq4", "rotq4", 64, 3)
+    q = queries(np.random.default_rng(0), 1, 9, 64)
+    m, l, acc = store.attend(1, 40, 40, q, 0.125)
+    assert np.all(m == -np.inf) and not l.any() and not acc.any()
+
+
+def test_shapes_off_the_fast_paths_fall_back_to_the_reference():
+    """head_dim 8 (rotq's smallest AVX2 shape), 4 and 24 (not handled by the AVX2 kernels), and a
+    kivi group size that is not a multiple of 8: every level still matches the decoded rows."""
+    rng = np.random.default_rng(11)
+    for head_dim, group_size, pairs in ((8, 32, [("rotq3", "crotq2"), ("kivi3", "f16")]),
+                                        (4, 32, [("rotq2", "rotq4"), ("f16", "kivi2")]),
+                                        (24, 7, [("kivi4", "kivi3"), ("f16", "kivi8")])):
+        for k_codec, v_codec in pairs:
+            store = build(k_codec, v_codec, head_dim, 3, group_size=group_size)
+            q = queries(rng, 3, 9, head_dim)
+            scale = 1.0 / np.sqrt(head_dim)
+            for r0, r1 in RANGES:
+                _, _, out_ref, vmax = reference(store, 1, r0, r1, q, scale)
+                for level in LEVELS:
+                    m, l, acc = attend_at(level, store, 1, r0, r1, q, scale)
+                    err = float(np.abs(acc / l[..., None] - out_ref).max())
+                    assert err <= TOL * vmax, f"{k_codec}/{v_codec} d={head_dim} G={group_size} simd={level}: {err:.3g}"
+
+
+def test_concurrent_calls_on_overlapping_ranges_agree_with_serial_ones():
+    store = build("rotq4", "rotq2", 128, 3)
+    q = queries(np.random.default_rng(5), 1, 9, 128)
+    ranges = [(0, 263), (4, 200), (100, 263), (50, 51), (0, 130)] * 4
+    serial = [store.attend(1, r0, r1, q, 0.1) for r0, r1 in ranges]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        parallel = list(pool.map(lambda r: store.attend(1, r[0], r[1], q, 0.1), ranges))
+    for a, b in zip(serial, parallel):
+        for x, y in zip(a, b):
+            assert np.array_equal(x, y)
+
+
+# ---- bad arguments: a negative status or an exception, never an abort, and the state unchanged ----
+
+
+def raw_call(store, il, r0, r1, q, n_tokens, n_head, m, l, acc, *, user=None, null=()):
+    ffi, lib = get_ffi(), get_lib()
+    args = {name: ffi.NULL if name in null else ffi.from_buffer("float[]", x)
+            for name, x in (("q", q), ("m", m), ("l", l), ("acc", acc))}
+    return lib.kvg_store_hook_attend(store._ptr if user is None else user, il, r0, r1, args["q"], n_tokens, n_head,
+                                     0.125, args["m"], args["l"], args["acc"])
+
+
+@pytest.mark.parametrize("case", ["layer", "negative layer", "r1 past rows", "r0 negative", "r0 > r1",
+                                  "n_head not a multiple", "n_tokens 0", "null user", "null q", "null m",
+                                  "null l", "null acc", "rows only in K", "disabled layer"])
+def test_bad_arguments_return_an_error_and_leave_the_state_unchanged(case):
+    ffi, lib = get_ffi(), get_lib()
+    store = build("rotq4", "kivi2", 64, 3)
+    store.append(1, KIND_K, TIER_WARM, "rotq4", np.ones((5, 192), np.float32))  # K now has 5 more rows than V
+    store2 = KVStore(3, 3, 64, 64)
+    store2.set_layer_enabled(2, False)
+    rng = np.random.default_rng(0)
+    n_tokens, n_head = 2, 9
+    q = rng.standard_normal(n_tokens * n_head * 64).astype(np.float32)
+    m = rng.standard_normal(n_tokens * n_head).astype(np.float32)
+    l = rng.random(n_tokens * n_head).astype(np.float32)
+    acc = rng.standard_normal(n_tokens * n_head * 64).astype(np.float32)
+    before = [x.copy() for x in (m, l, acc)]
+    args = dict(il=1, r0=0, r1=N_ROWS, n_tokens=n_tokens, n_head=n_head)
+    kw = {}
+    target = store
+    if case == "layer":
+        args["il"] = 2
+    elif case == "negative layer":
+        args["il"] = -1
+    elif case == "r1 past rows":
+        args["r1"] = N_ROWS + 100
+    elif case == "r0 negative":
+        args["r0"] = -1
+    elif case == "r0 > r1":
+        args["r0"], args["r1"] = 20, 10
+    elif case == "n_head not a multiple":
+        args["n_head"] = 4
+    elif case == "n_tokens 0":
+        args["n_tokens"] = 0
+    elif case == "null user":
+        kw["user"] = ffi.NULL
+    elif case.startswith("null "):
+        kw["null"] = (case.split()[1],)
+    elif case == "rows only in K":
+        args["r1"] = N_ROWS + 3
+    elif case == "disabled layer":
+        target, args["il"], args["r1"] = store2, 2, 1
+    st = raw_call(target, args["il"], args["r0"], args["r1"], q, args["n_tokens"], args["n_head"], m, l, acc, **kw)
+    assert st < 0
+    assert ffi.string(lib.kvg_last_error()).decode()  # says why
+    for x, y in zip((m, l, acc), before):
+        assert np.array_equal(x, y)
+
+
+def test_bad_arguments_raise_in_python():
+    store = build("f16", "rotq4", 64, 3)
+    q = np.zeros((1, 9, 64), np.float32)
+    with pytest.raises(ValueError, match="outside"):
+        store.attend(1, 0, N_ROWS + 1, q, 0.125)
+    with pytest.raises(ValueError, match="layer 5"):
+        store.attend(5, 0, 1, q, 0.125)
+    with pytest.raises(ValueError, match="multiple of n_head_kv"):
+        store.attend(1, 0, 1, np.zeros((1, 4, 64), np.float32), 0.125)
+    with pytest.raises(ValueError, match="q must be"):
+        store.attend(1, 0, 1, np.zeros((1, 9, 32), np.float32), 0.125)
+    with pytest.raises(ValueError, match="state shapes"):
+        store.attend(1, 0, 1, q, 0.125, state=(np.zeros((1, 9)), np.zeros((1, 9)), np.zeros((1, 9, 32))))
+
+
+def test_corrupt_blocks_are_refused_when_appended_not_when_attended():
+    store = build("rotq2", "kivi4", 64, 3)
+    blocks = store.blocks(1, KIND_K)
+    bad = bytearray(blocks[1].data)
+    bad[0:2] = b"\x00\xfc"  # first norm: f16 -Inf
+    with pytest.raises(codecs.KvgCorruptError):
+        store.append_encoded(1, KIND_K, EncodedBlock(blocks[1].n_rows, blocks[1].codec, blocks[1].tier, bytes(bad)))
+    assert store.n_rows(1, KIND_K) == N_ROWS
+    m, l, acc = store.attend(1, 0, N_ROWS, np.ones((1, 9, 64), np.float32), 0.125)
+    assert np.isfinite(acc).all() and (l > 0).all()

@@ -1,0 +1,124 @@
+"""The fused attention over compressed rows (patches/0004, kvg_store_hook_attend) against the
+expanding path on the same store: both models, flash attention on and off, every codec family.
+
+Why a KL tolerance and not bit equality: stock llama.cpp's own one-token attention rounds in
+f16 (its flash-attention kernel accumulates V in f16; without flash attention the softmax is
+rounded to f16 before the V product), the fused path accumulates in f32. The two stock paths
+already differ by that much: measured over these 8 decode steps, KL(flash || no flash) of the
+expanding path was 0.005 (SmolLM2) and 0.008 (Gemma-3), fused against expanding 0.003 and
+0.005. A wrong row, mask or head mapping costs orders of magnitude more (leaving the current
+token's own row out: KL > 0.1).
+"""
+
+import ctypes
+
+import llama_cpp
+import numpy as np
+import pytest
+
+from kvgguf import Llama, TieredConfig
+from kvgguf.evaluation.harness import kl_top1
+from kvgguf.evaluation.text import wikitext2_test
+from kvgguf.llamacpp import hooks
+from kvgguf.runtime.live_cache import FUSED_MAX_TOKENS
+
+N_THREADS = 2
+N_PREFILL = 900
+N_DECODE = 8
+KL_TOLERANCE = 0.02  # see the module docstring
+
+
+@pytest.fixture(scope="module")
+def tokens(smollm2_path):
+    vocab = llama_cpp.Llama(str(smollm2_path), vocab_only=True, verbose=False)
+    return vocab.tokenize(wikitext2_test()[:20000].encode("utf-8"))
+
+
+def uniform(codec: str, hot: int = 128) -> TieredConfig:
+    return TieredConfig(hot=hot, sinks=4, warm=codec, warm_tokens=0, archive=None, block=32)
+
+
+def decode_logits(path, config, attention, toks, *, flash_attn=True, n_ctx=1024):
+    llm = Llama(str(path), kv_codec=config, kv_attention=attention, n_ctx=n_ctx, n_batch=128, logits_all=True,
+                flash_attn=flash_attn, verbose=False, n_threads=N_THREADS)
+    llm.eval(toks[:N_PREFILL])
+    assert llm._kv.n_cold > 0
+    for t in toks[N_PREFILL:N_PREFILL + N_DECODE]:
+        llm.eval([t])  # one token: the fused path
+    out = np.array(llm.scores[N_PREFILL:N_PREFILL + N_DECODE])
+    llm.close()
+    return out
+
+
+@pytest.mark.parametrize("codec, flash_attn", [("f16", True), ("f16", False), ("rotq4", True), ("rotq4", False),
+                                               ("rotq2", True), ("kivi4", True), ("crotq3", False)])
+def test_fused_matches_expanding_path_smollm2(smollm2_path, tokens, codec, flash_attn):
+    """SmolLM2: 9 query heads on 3 KV heads (GQA), head_dim 64, every layer full attention."""
+    cfg = uniform(codec)
+    ref = decode_logits(smollm2_path, cfg, "expand", tokens, flash_attn=flash_attn)
+    got = decode_logits(smollm2_path, cfg, "fused", tokens, flash_attn=flash_attn)
+    kl, top1 = kl_top1(ref, got)
+    assert kl < KL_TOLERANCE, (codec, flash_attn, kl)
+    assert top1 >= 0.75
+
+
+@pytest.mark.parametrize("codec", ["tiered", "f16"])
+@pytest.mark.parametrize("flash_attn", [True, False])
+def test_fused_matches_expanding_path_gemma3(gemma3_path, codec, flash_attn):
+    """Gemma-3: 4 query heads on 1 KV head, head_dim 256, sliding-window layers beside the
+    full ones (only those get cold rows)."""
+    vocab = llama_cpp.Llama(str(gemma3_path), vocab_only=True, verbose=False)
+    toks = vocab.tokenize(wikitext2_test()[:20000].encode("utf-8"))
+    # the hot window must cover the 512-token sliding window plus a block
+    cfg = TieredConfig(hot=576, warm_tokens=128) if codec == "tiered" else uniform(codec, hot=576)
+    ref = decode_logits(gemma3_path, cfg, "expand", toks, flash_attn=flash_attn, n_ctx=2048)
+    got = decode_logits(gemma3_path, cfg, "fused", toks, flash_attn=flash_attn, n_ctx=2048)
+    kl, top1 = kl_top1(ref, got)
+    assert kl < KL_TOLERANCE, (codec, flash_attn, kl)
+    assert top1 >= 0.75
+
+
+def test_prefill_batches_take_the_expanding_path(smollm2_path, tokens):
+    """A batch larger than FUSED_MAX_TOKENS expands cold rows: f16 cold rows then give the very
+    logits of kv_attention="expand"."""
+    cfg = uniform("f16", hot=256)
+    out = {}
+    for attention in ("fused", "expand"):
+        llm = Llama(str(smollm2_path), kv_codec=cfg, kv_attention=attention, n_ctx=1024, n_batch=128,
+                    logits_all=True, flash_attn=True, verbose=False, n_threads=N_THREADS)
+        llm.eval(tokens[:640])
+        out[attention] = np.array(llm.scores[:640])
+        llm.close()
+    assert 128 > FUSED_MAX_TOKENS
+    assert np.array_equal(out["fused"], out["expand"])
+
+
+ATTEND = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64,
+                          ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_float,
+                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+
+
+def test_attend_failure_raises_after_decode_and_cache_stays_usable(smollm2_path, tokens):
+    """An attend hook that fails (leaving its rows out, as the contract says) is counted by
+    llama.cpp and raised in Python after llama_decode; with the store's hook back, the same
+    context decodes as a fresh one does."""
+    cfg = uniform("rotq4")
+    llm = Llama(str(smollm2_path), kv_codec=cfg, n_ctx=1024, n_batch=128, logits_all=True, flash_attn=True,
+                verbose=False, n_threads=N_THREADS)
+    llm.eval(tokens[:N_PREFILL])
+    failing = ATTEND(lambda *args: -1)
+    hooks.set_attend(llm._ctx.ctx, ctypes.cast(failing, ctypes.c_void_p).value, FUSED_MAX_TOKENS)
+    with pytest.raises(RuntimeError, match="cold rows failed"):
+        llm.eval([tokens[N_PREFILL]])
+    hooks.set_attend(llm._ctx.ctx, llm._kv.store.attend_function(), FUSED_MAX_TOKENS)
+    llm.n_tokens = N_PREFILL  # drop the failed step; the next eval removes its rows
+    for t in tokens[N_PREFILL:N_PREFILL + 4]:
+        llm.eval([t])
+    got = np.array(llm.scores[N_PREFILL:N_PREFILL + 4])
+
+    fresh = Llama(str(smollm2_path), kv_codec=cfg, n_ctx=1024, n_batch=128, logits_all=True, flash_attn=True,
+                  verbose=False, n_threads=N_THREADS)
+    fresh.eval(tokens[:N_PREFILL])
+    for t in tokens[N_PREFILL:N_PREFILL + 4]:
+        fresh.eval([t])
+    assert np.array_equal(got, np.array(fresh.scores[N_PREFILL:N_PREFILL + 4]))
