@@ -260,6 +260,18 @@ class Llama(llama_cpp.Llama):
             raise TypeError("with a kv_codec, load_state takes the SessionState that save_state returns")
         return super().load_state(state)
 
+    def kv_attention_mass(self, reset: bool = False) -> np.ndarray:
+        """How much attention the compressed rows get: a float64 array [n_layer, granules] whose
+        entry [il, g] is the softmax weight that cold rows (positions) [64 g, 64 g + 64) of layer
+        il received, summed over query heads and over the tokens evaluated on the fused path
+        (generation; prefill ubatches of more than 64 tokens expand rows instead and are not
+        counted) since the cache was made, cleared or last reset. Each token adds at most n_head
+        per layer, shared between these rows and the hot window. Layers without cold rows
+        (sliding-window ones) read 0. ``reset=True`` zeroes the counters after reading."""
+        if self._kv is None:
+            raise ValueError("kv_attention_mass needs a kv_codec: llama.cpp's own cache has no cold rows")
+        return self._kv.attention_mass(reset)
+
     def kv_memory(self) -> KVMemory:
         """Bytes held for the KV cache now, per tier, and bits per value."""
         shape = KVShape.of(self)

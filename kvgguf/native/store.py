@@ -13,6 +13,7 @@ KIND_K, KIND_V = 0, 1
 TIER_SINK, TIER_WARM, TIER_ARCHIVE = 0, 1, 2
 TIER_NAMES = ("sink", "warm", "archive")
 _ALL_TIERS = 3
+MASS_ROWS = 64  # KVG_MASS_ROWS: rows per attention-mass counter (tests check the header agrees)
 
 
 @dataclass(frozen=True)
@@ -174,3 +175,44 @@ class KVStore:
     def attend_function(self) -> int:
         """Address of the C entry point of llama.cpp's fused attention (llama_kvgguf_attend_fn)."""
         return int(get_ffi().cast("uintptr_t", get_lib().kvg_store_hook_attend))
+
+    # --- attention mass: the softmax weight cold rows receive, per granule of MASS_ROWS rows ---
+
+    def mass_function(self) -> int:
+        """Address of the C entry point llama.cpp's fused attention hands its softmax
+        normalizers to (llama_kvgguf_mass_fn)."""
+        return int(get_ffi().cast("uintptr_t", get_lib().kvg_store_hook_mass))
+
+    def set_mass(self, on: bool) -> None:
+        """Starts or stops noting, in attend calls, what the attention mass needs."""
+        check(get_lib().kvg_store_set_mass(self._ptr, 1 if on else 0), "set_mass")
+
+    def bring_in_mass(self, il: int, m: np.ndarray, l: np.ndarray) -> None:
+        """Adds the mass of the attend calls on layer ``il`` since the last bring-in, given the
+        final softmax max ``m`` and sum ``l`` [n_tokens, n_head] of their queries (what llama.cpp's
+        merge does through mass_function())."""
+        m = np.ascontiguousarray(m, dtype=np.float32)
+        l = np.ascontiguousarray(l, dtype=np.float32)
+        if m.ndim != 2 or l.shape != m.shape:
+            raise ValueError(f"bring_in_mass: m and l must both be [n_tokens, n_head], got {m.shape} and {l.shape}")
+        ffi = get_ffi()
+        check(get_lib().kvg_store_hook_mass(self._ptr, il, m.shape[0], m.shape[1], ffi.from_buffer("float[]", m),
+                                            ffi.from_buffer("float[]", l)), f"attention mass of layer {il}")
+
+    def mass(self, il: int) -> np.ndarray:
+        """Attention mass of layer ``il``'s rows: entry g is the softmax weight rows
+        [g * MASS_ROWS, (g + 1) * MASS_ROWS) received, summed over queries (float64, one entry per
+        granule of the rows held now)."""
+        n = -(-self.n_rows(il, KIND_K) // MASS_ROWS)
+        out = np.zeros(n, dtype=np.float64)
+        ffi = get_ffi()
+        check(get_lib().kvg_store_mass(self._ptr, il, ffi.from_buffer("double[]", out), n), f"mass of layer {il}")
+        return out
+
+    def clear_mass(self) -> None:
+        get_lib().kvg_store_mass_clear(self._ptr)
+
+    @property
+    def mass_dropped(self) -> int:
+        """Attend calls whose notes never reached a counter (see kvg_store_mass_dropped)."""
+        return int(get_lib().kvg_store_mass_dropped(self._ptr))

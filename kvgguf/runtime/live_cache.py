@@ -16,7 +16,7 @@ import numpy as np
 from ..llamacpp import hooks
 from .memory import KVMemory, TierMemory
 from ..model.shape import KVShape
-from ..native.store import KIND_K, KIND_V, TIER_ARCHIVE, TIER_NAMES, TIER_SINK, TIER_WARM, KVStore
+from ..native.store import KIND_K, KIND_V, MASS_ROWS, TIER_ARCHIVE, TIER_NAMES, TIER_SINK, TIER_WARM, KVStore
 from ..policy import plan
 from ..policy.tiered import TieredConfig
 
@@ -57,8 +57,11 @@ class LiveCache:
         table = hooks.llama_kvgguf_hooks(store.address, n_cold_fn, decode_fn, 0, 0)
         if hooks.set_hooks(self.ctx, ctypes.byref(table)) != 0:
             raise ValueError("llama.cpp refused kvgguf's hooks: this context's memory is not a KV cache")
-        hooks.set_attend(self.ctx, store.attend_function() if self.fused_max_tokens > 0 else None,
-                         self.fused_max_tokens)
+        fused = self.fused_max_tokens > 0
+        hooks.set_attend(self.ctx, store.attend_function() if fused else None, self.fused_max_tokens)
+        # The fused path also counts the attention mass of cold rows (one add per row and query).
+        store.set_mass(fused)
+        hooks.set_mass(self.ctx, store.mass_function() if fused else None)
         self.store = store
 
     def snapshot(self) -> tuple[KVStore, list[tuple[int, int, int]]]:
@@ -76,6 +79,7 @@ class LiveCache:
 
     def close(self) -> None:
         if self.ctx is not None:
+            hooks.set_mass(self.ctx, None)
             hooks.set_attend(self.ctx, None, 0)
             hooks.set_hooks(self.ctx, None)
             self.ctx = None
@@ -147,6 +151,19 @@ class LiveCache:
             raise RuntimeError(f"kvgguf: decoding cold rows failed {n} time(s) during llama_decode")
 
     # --- reads --------------------------------------------------------------------------
+
+    def attention_mass(self, reset: bool = False) -> np.ndarray:
+        """[n_layer, ceil(n_cold / MASS_ROWS)] float64: the softmax weight each granule of cold
+        rows received, summed over query heads and the ubatches that attended fused since the
+        last reset (rows zero for layers without cold rows)."""
+        n = -(-self.n_cold // MASS_ROWS)
+        out = np.zeros((self.shape.n_layer, n), dtype=np.float64)
+        for il in self.layers:
+            got = self.store.mass(il)
+            out[il, :min(n, got.size)] = got[:n]
+        if reset:
+            self.store.clear_mass()
+        return out
 
     def memory(self, n_tokens: int) -> KVMemory:
         tiers = [TierMemory("hot", "f16", int(hooks.kv_bytes(self.ctx)))]

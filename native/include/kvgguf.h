@@ -96,7 +96,7 @@ enum kvg_kind {
 // Bumped whenever a declaration in this region changes; kvg_abi_version() returns the value the
 // library was built with, and the Python binding refuses a library and header that disagree.
 enum kvg_abi {
-    KVG_ABI_VERSION = 3
+    KVG_ABI_VERSION = 4
 };
 
 enum kvg_simd {
@@ -249,6 +249,34 @@ int32_t kvg_store_hook_decode(void * user, int32_t il, int32_t kind, int64_t r0,
 int32_t kvg_store_hook_attend(void * user, int32_t il, int64_t r0, int64_t r1,
                               const float * q, int32_t n_tokens, int32_t n_head, float scale,
                               float * m, float * l, float * acc);
+
+// ---- attention mass: how much softmax weight the cold rows receive -------------------------
+//
+// While collection is on, every attend call also notes, per query and per granule of
+// KVG_MASS_ROWS cold rows, the sum of exp(score - m) it folded in; kvg_store_hook_mass then
+// brings in the final normalizers of those queries (max and sum over every row they attended
+// to, cold and hot) and adds each granule's softmax share, summed over the queries, to its
+// counter. So granule g of layer il counts sum over queries j of sum over rows t in
+// [g * KVG_MASS_ROWS, (g + 1) * KVG_MASS_ROWS) of softmax_j(t): at most n_head per token attended.
+
+enum kvg_mass { KVG_MASS_ROWS = 64 };
+
+// Turns collection on or off (off by default); either way, notes not yet brought in are dropped.
+int kvg_store_set_mass(kvg_store * s, int32_t on);
+// Counters of layer il, granules [0, n): out[g] for rows [g * KVG_MASS_ROWS, ...). Granules no
+// query has reached read 0.
+int kvg_store_mass(const kvg_store * s, int32_t il, double * out, int64_t n);
+// Zeroes every counter.
+void kvg_store_mass_clear(kvg_store * s);
+// llama_kvgguf_mass_fn of patches/0005 (user = the store): max[j] and sum[j] are the softmax
+// normalizers of the n_tokens * n_head queries (order of attend's q) of layer il whose attend
+// calls since the previous kvg_store_hook_mass are brought in. Notes of another layer or shape
+// are dropped (counted in kvg_store_mass_dropped). Runs on one thread, with no attend call in flight.
+int32_t kvg_store_hook_mass(void * user, int32_t il, int32_t n_tokens, int32_t n_head,
+                            const float * max, const float * sum);
+// Notes dropped since the store was made: attend calls beyond KVG_MASS_SLOTS between two
+// kvg_store_hook_mass calls, out of memory, or never brought in.
+int64_t kvg_store_mass_dropped(const kvg_store * s);
 
 // cffi-end
 

@@ -92,7 +92,7 @@ void kvg_attn_softmax_ref(const kvg_attn * a, float * m, float * l, float * s, i
 int32_t kvg_store_hook_attend(void * user, int32_t il, int64_t r0, int64_t r1, const float * q, int32_t n_tokens,
                               int32_t n_head, float scale, float * m, float * l, float * acc) {
     kvg_clear_error();
-    const kvg_store * s = (const kvg_store *) user;
+    kvg_store * s = (kvg_store *) user;  // read only, but for the mass notes of this call's own slot
     if (!s || !q || !m || !l || !acc) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "attend: store, q, m, l and acc must not be NULL");
     }
@@ -152,7 +152,8 @@ int32_t kvg_store_hook_attend(void * user, int32_t il, int64_t r0, int64_t r1, c
         wl[jj] = l[j];
     }
 
-    kvg_attn a = { n_q, P, wq, wqr, wacc, waccr, tmp };
+    kvg_attn         a     = { n_q, P, wq, wqr, wacc, waccr, tmp };
+    kvg_mass_notes * notes = kvg_mass_begin(s, il, n_tokens, n_head, n_q, r0, r1);
     const int avx2        = kvg_simd_level() == KVG_SIMD_AVX2;
     int       q_rotated   = 0;  // wqr holds W(s * q)
     int       acc_rotated = 0;  // waccr is in use (zeroed)
@@ -196,9 +197,12 @@ int32_t kvg_store_hook_attend(void * user, int32_t il, int64_t r0, int64_t r1, c
             acc_rotated = 1;
         }
 
-        for (int64_t c0 = row; st == KVG_OK && c0 < e; c0 += KVG_ATTN_CHUNK) {
-            const int64_t n = e - c0 < KVG_ATTN_CHUNK ? e - c0 : KVG_ATTN_CHUNK;
-            st              = run_score(tk, avx2, &jk, kb->data, c0 - kb->row0, n, &a, sc);
+        // Chunks end on multiples of KVG_MASS_ROWS too, so each lies in one granule of the mass.
+        _Static_assert(KVG_ATTN_CHUNK == KVG_MASS_ROWS, "a chunk is a mass granule at most");
+        for (int64_t c0 = row, n; st == KVG_OK && c0 < e; c0 += n) {
+            n  = KVG_ATTN_CHUNK - c0 % KVG_ATTN_CHUNK;
+            n  = e - c0 < n ? e - c0 : n;
+            st = run_score(tk, avx2, &jk, kb->data, c0 - kb->row0, n, &a, sc);
             if (st != KVG_OK) {
                 break;  // these rows are left out; the state has not seen them
             }
@@ -206,6 +210,9 @@ int32_t kvg_store_hook_attend(void * user, int32_t il, int64_t r0, int64_t r1, c
                 kvg_attn_softmax_avx2(&a, wm, wl, sc, n, dv, acc_rotated);
             } else {
                 kvg_attn_softmax_ref(&a, wm, wl, sc, n, dv, acc_rotated);
+            }
+            if (notes) {
+                kvg_mass_note(notes, c0 / KVG_MASS_ROWS, wm, sc, n);
             }
             // Kernels fail only on shapes that append refused; a failure here would leave the
             // chunk's weights in l without its values, so it is reported all the same.

@@ -297,12 +297,46 @@ typedef struct kvg_rows {
     int64_t     n_rows;
 } kvg_rows;
 
+// What one attend call saw for the attention mass (mass.c), until the layer's normalizers
+// arrive: n_rec records, each a granule index and, per query (attend's internal order), the
+// reference max m and the sum S of exp(score - m) over the granule's rows the call folded in.
+typedef struct kvg_mass_notes {
+    int32_t   il;
+    int32_t   n_tokens;
+    int32_t   n_head;
+    int64_t   n_q;
+    int64_t   n_rec;    // -1: these notes are lost (out of memory)
+    int64_t * gran;     // [n_rec]
+    float *   ms;       // [n_rec][2][n_q]: m then S
+    size_t    cap_rec;  // records gran and ms have room for
+    size_t    cap_q;    // ... with this n_q
+} kvg_mass_notes;
+
+// Attend calls whose notes one layer's merge can bring in (one per ggml thread, usually).
+#define KVG_MASS_SLOTS 256
+
 struct kvg_store {
     kvg_store_params p;
     int32_t *        enabled;  // [n_layer]
     kvg_rows *       rows;     // [n_layer * 2]: K then V of each layer
     float *          sgn;      // rotq's signs for params.codec.seed, max(head_dim_k, head_dim_v) of them
+    // attention mass (mass.c)
+    int32_t          mass_on;
+    double **        mass;       // [n_layer][mass_cap[il]] counters per KVG_MASS_ROWS rows
+    int64_t *        mass_cap;   // [n_layer]
+    kvg_mass_notes * notes;      // [KVG_MASS_SLOTS], allocated with the store
+    _Atomic int32_t  n_notes;    // slots taken by attend calls since the last hook_mass
+    _Atomic int64_t  mass_dropped;
 };
+
+// mass.c: a slot for an attend call's notes (NULL when collection is off or none is left) with
+// room for the granules of rows [r0, r1); kvg_mass_note folds one chunk's weights in.
+kvg_mass_notes * kvg_mass_begin(kvg_store * s, int32_t il, int32_t n_tokens, int32_t n_head, int64_t n_q, int64_t r0,
+                                int64_t r1);
+void kvg_mass_note(kvg_mass_notes * nt, int64_t granule, const float * m, const float * w, int64_t n);
+// After a successful truncate to n_rows: counters of rows >= n_rows go (a cut granule keeps its count).
+void kvg_mass_forget_from(kvg_store * s, int64_t n_rows);
+void kvg_mass_free(kvg_store * s);
 
 // Index of the block holding row `row` (0 <= row < n_rows).
 int64_t kvg_rows_find_block(const kvg_rows * r, int64_t row);

@@ -73,7 +73,10 @@ int kvg_store_init(const kvg_store_params * p, kvg_store ** out) {
     s->enabled = (int32_t *) malloc((size_t) p->n_layer * sizeof(int32_t));
     s->rows    = (kvg_rows *) calloc((size_t) p->n_layer * 2, sizeof(kvg_rows));
     s->sgn     = (float *) malloc((size_t) d_max * sizeof(float));
-    if (!s->enabled || !s->rows || !s->sgn) {
+    s->mass     = (double **) calloc((size_t) p->n_layer, sizeof(double *));
+    s->mass_cap = (int64_t *) calloc((size_t) p->n_layer, sizeof(int64_t));
+    s->notes    = (kvg_mass_notes *) calloc(KVG_MASS_SLOTS, sizeof(kvg_mass_notes));
+    if (!s->enabled || !s->rows || !s->sgn || !s->mass || !s->mass_cap || !s->notes) {
         kvg_store_free(s);
         return kvg_fail(KVG_ERR_NO_MEMORY, "store index");
     }
@@ -98,12 +101,13 @@ static void rows_drop_from(kvg_rows * r, int64_t first_block) {
 }
 
 void kvg_store_clear(kvg_store * s) {
-    if (!s) {
+    if (!s || !s->rows) {
         return;
     }
     for (int64_t i = 0; i < (int64_t) s->p.n_layer * 2; ++i) {
         rows_drop_from(&s->rows[i], 0);
     }
+    kvg_store_mass_clear(s);
 }
 
 void kvg_store_free(kvg_store * s) {
@@ -119,6 +123,7 @@ void kvg_store_free(kvg_store * s) {
     free(s->rows);
     free(s->enabled);
     free(s->sgn);
+    kvg_mass_free(s);
     free(s);
 }
 
@@ -507,6 +512,7 @@ int kvg_store_truncate(kvg_store * s, int64_t n_rows) {
         *b = nb;
         r->n_rows = n_rows;
     }
+    kvg_mass_forget_from(s, n_rows);
     return KVG_OK;
 }
 
