@@ -5,7 +5,8 @@ before llama_cpp.
 
 Layers, top to bottom (each imports only those below it; docs/data-path.md follows a token):
 
-- ``kvgguf.llama``: the facade, ``Llama`` (a drop-in ``llama_cpp.Llama``);
+- ``kvgguf.llama``: the facade, ``Llama`` (a drop-in ``llama_cpp.Llama``); ``kvgguf.installer``:
+  ``install()``/``uninstall()``, the same cache for every ``llama_cpp.Llama`` a library builds;
   ``kvgguf.cli``: the command; ``kvgguf.evaluation``: the quality harness;
   ``kvgguf.session``: .kvz session files and compressed prompt caches.
 - ``kvgguf.policy``: which token lives in which tier (pure Python).
@@ -28,6 +29,10 @@ from .session.prompt_cache import CompressedDiskCache, CompressedRAMCache  # noq
 from .session.session import SessionInfo  # noqa: E402
 from .llamacpp.library import library_path as llama_library_path  # noqa: E402
 from .llamacpp.library import patch_version as llama_patch_version  # noqa: E402
+from .installer import install, uninstall  # noqa: E402
+from .installer import install_from_environment as _install_from_environment  # noqa: E402
+
+_install_from_environment()  # KVGGUF_KV_CODEC=tiered: every llama_cpp.Llama gets the compressed cache
 
 __version__ = "0.1.0"
 
@@ -35,5 +40,5 @@ __all__ = [
     "Llama", "TieredConfig", "KVMemory", "codecs", "models",
     "CompressedRAMCache", "CompressedDiskCache", "SessionInfo",
     "SessionError", "SessionCorruptError", "SessionMismatchError", "SessionVersionError",
-    "llama_library_path", "llama_patch_version", "__version__",
+    "llama_library_path", "llama_patch_version", "install", "uninstall", "__version__",
 ]

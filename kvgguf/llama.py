@@ -39,7 +39,9 @@ def cache_type(value: Union[str, int, None], name: str) -> Optional[int]:
     raise ValueError(f"{name} {value!r} is unknown; choose one of: {', '.join(CACHE_TYPES)}")
 
 
-def _config_for_model(config: TieredConfig, preset: bool, model_path: str) -> TieredConfig:
+def _config_for_model(config: TieredConfig, preset: bool, model_path: str) -> tuple[TieredConfig, KVShape]:
+    """The config fitted to the model's sliding window, and the model's KV shape (one read of
+    the GGUF's metadata for both)."""
     meta = read_metadata(model_path, max_array=MAX_LAYERS)
     arch = meta.get("general.architecture", "")
     if arch not in SUPPORTED_ARCHS:  # before the shape: other architectures lack its keys
@@ -49,7 +51,7 @@ def _config_for_model(config: TieredConfig, preset: bool, model_path: str) -> Ti
         )
     shape = KVShape.from_metadata(meta, model_path)
     try:
-        return config.fit_window(shape.n_swa, strict=not preset)
+        return config.fit_window(shape.n_swa, strict=not preset), shape
     except ValueError as e:
         raise ValueError(f"{model_path}: {e}") from None
 
@@ -91,11 +93,14 @@ class Llama(llama_cpp.Llama):
     ):
         type_k, type_v = cache_type(type_k, "type_k"), cache_type(type_v, "type_v")
         self._kv: Optional[LiveCache] = None
+        self.tokens_evaluated = 0  # tokens run through llama_decode so far (a prompt cache hit saves them)
         if kv_codec is None:
             super().__init__(model_path, n_ctx=n_ctx, n_batch=512 if n_batch is None else n_batch,
                              n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, **kwargs)
             return
 
+        if kwargs.get("vocab_only"):
+            raise ValueError("vocab_only loads no KV cache to compress: pass kv_codec=None with vocab_only=True")
         preset = isinstance(kv_codec, str)
         config = TieredConfig.parse(kv_codec)
         if kv_attention not in ("fused", "expand"):
@@ -105,7 +110,7 @@ class Llama(llama_cpp.Llama):
                 raise ValueError(f"kv_codec keeps llama.cpp's hot window in f16; {name} must be f16 or None")
         if n_ctx <= 0:
             raise ValueError("kv_codec needs n_ctx > 0: the logical context to hold")
-        config = _config_for_model(config, preset, model_path)
+        config, shape = _config_for_model(config, preset, model_path)
         n_batch = min(config.hot, n_ctx) if n_batch is None else n_batch
         if n_batch > config.hot:
             raise ValueError(
@@ -120,8 +125,9 @@ class Llama(llama_cpp.Llama):
         physical = min(n_ctx, config.hot + n_batch)
         super().__init__(model_path, n_ctx=physical, n_batch=n_batch, n_ubatch=min(n_ubatch, n_batch),
                          type_k=type_k, type_v=type_v, **kwargs)
+        self._kvgguf_shape = shape  # what KVShape.of(self) returns from now on
         try:
-            self._kv = LiveCache(self._ctx.ctx, KVShape.of(self), config,
+            self._kv = LiveCache(self._ctx.ctx, shape, config,
                                  fused_max_tokens=FUSED_MAX_TOKENS if kv_attention == "fused" else 0)
         except BaseException:
             self.close()
@@ -139,6 +145,18 @@ class Llama(llama_cpp.Llama):
     def n_ctx(self) -> int:
         return self._n_ctx if self._kv else super().n_ctx()
 
+    def _check_open(self, what: str) -> None:
+        """llama.cpp's context is freed by close(); calling into it then would crash the process."""
+        ctx = getattr(self, "_ctx", None)
+        if ctx is None or ctx.ctx is None:
+            raise ValueError(f"{what}: this Llama is closed")
+
+    def __getstate__(self):
+        if self._kv is not None:  # the inherited state would rebuild a stock cache of the physical n_ctx
+            raise TypeError("a kvgguf.Llama with a kv_codec cannot be pickled or copied; save_state(), "
+                            "save_session() and a new kvgguf.Llama keep its context")
+        return super().__getstate__()
+
     def _begin_eval(self, n_new: int) -> None:
         """Refuses tokens past the logical context, and drops compressed rows past n_tokens
         (what llama-cpp-python's truncation does to llama.cpp's own cells)."""
@@ -148,6 +166,8 @@ class Llama(llama_cpp.Llama):
             self._kv.truncate(self.n_tokens)
 
     def eval(self, tokens: Sequence[int]):
+        self._check_open("eval")
+        self.tokens_evaluated += len(tokens)
         if self._kv is None:
             return super().eval(tokens)
         self._begin_eval(len(tokens))
@@ -161,7 +181,9 @@ class Llama(llama_cpp.Llama):
         """Evaluates tokens in batches of n_batch, yielding (position of the batch's first
         token, its logits [n, n_vocab]) per batch, without keeping them (llama.cpp's buffer,
         valid until the next batch). For scoring long texts with large vocabularies."""
+        self._check_open("eval_logits")
         self._begin_eval(len(tokens))
+        self.tokens_evaluated += len(tokens)
         self._ctx.kv_cache_seq_rm(-1, self.n_tokens, -1)
         for i in range(0, len(tokens), self.n_batch):
             batch = tokens[i : i + self.n_batch]
@@ -231,6 +253,7 @@ class Llama(llama_cpp.Llama):
         """This context as the session code sees it. drop_dead_rows: first remove cache rows past
         n_tokens (llama-cpp-python drops them lazily, at the next eval), so the cache holds
         exactly the tokens a session records."""
+        self._check_open("sessions and states")
         n = int(self.n_tokens)
         if drop_dead_rows:
             self._ctx.kv_cache_seq_rm(-1, n, -1)
@@ -243,6 +266,7 @@ class Llama(llama_cpp.Llama):
         """llama-cpp-python's state; with a kv_codec or a compressed prompt cache, a
         SessionState holding .kvz bytes (encoded with the cache's codec)."""
         cache = self.cache if isinstance(self.cache, CompressedCache) else None
+        self._check_open("save_state")
         if self._kv is None and cache is None:
             return super().save_state()
         codec = cache.codec if cache is not None else None
@@ -251,6 +275,7 @@ class Llama(llama_cpp.Llama):
         return SessionState(self.input_ids[: self.n_tokens].copy(), data, self._seed)
 
     def load_state(self, state):
+        self._check_open("load_state")
         if isinstance(state, SessionState):
             self._load_session_bytes(state.llama_state)
             if state.seed is not None:  # None: a state read back from disk
@@ -268,12 +293,14 @@ class Llama(llama_cpp.Llama):
         counted) since the cache was made, cleared or last reset. Each token adds at most n_head
         per layer, shared between these rows and the hot window. Layers without cold rows
         (sliding-window ones) read 0. ``reset=True`` zeroes the counters after reading."""
+        self._check_open("kv_attention_mass")
         if self._kv is None:
             raise ValueError("kv_attention_mass needs a kv_codec: llama.cpp's own cache has no cold rows")
         return self._kv.attention_mass(reset)
 
     def kv_memory(self) -> KVMemory:
         """Bytes held for the KV cache now, per tier, and bits per value."""
+        self._check_open("kv_memory")
         shape = KVShape.of(self)
         if self._kv is None:
             hot = TierMemory("hot", "llama.cpp", int(hooks.kv_bytes(self._ctx.ctx)))

@@ -43,10 +43,11 @@ def _positive(value: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvgguf", description="KV-cache compression for llama.cpp")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="load a model through the patched llama.cpp, generate, list the codecs")
+    demo = sub.add_parser("demo", help="a long document in llama.cpp's f16 cache and in kvgguf's, side by side: "
+                                       "bytes held, speed, KL and a question about its start")
     demo.add_argument("model", nargs="?", default=None, help="model name or GGUF path (default: smollm2-135m)")
-    demo.add_argument("-p", "--prompt", default="The capital of France is", help="prompt to complete")
-    demo.add_argument("-n", "--n-predict", type=int, default=16, help="tokens to generate")
+    demo.add_argument("--tokens", type=_positive, default=2500, help="document length in tokens (default 2500)")
+    demo.add_argument("--kv-codec", type=_kv_codec, default="tiered", help="kvgguf cache (default: tiered)")
     demo.add_argument("-t", "--threads", type=int, default=None, help="threads (default: llama.cpp's)")
     demo.set_defaults(func=lambda a: _run("demo", a))
 
@@ -93,6 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="contexts (tokens) to show (default: 4096 32768)")
     insp.add_argument("--json", action="store_true", help="print JSON instead of a table")
     insp.set_defaults(func=lambda a: _run("inspect", a))
+
+    # Its flags are llama_cpp.server's (parsed in serve.py, once the server packages are known to be there).
+    serve = sub.add_parser("serve", add_help=False, prefix_chars="\0",
+                           help="OpenAI-compatible server (llama-cpp-python's) with the compressed KV and "
+                                "prompt caches; kvgguf serve --help lists its flags")
+    serve.add_argument("args", nargs=argparse.REMAINDER)
+    serve.set_defaults(func=lambda a: _run("serve", a))
     return parser
 
 

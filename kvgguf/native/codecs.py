@@ -221,6 +221,8 @@ def get(name: str, *, group_size: int = 32, seed: int | None = None) -> Codec:
     ffi, lib = binding.get_ffi(), binding.get_lib()
     if not isinstance(name, str):
         raise TypeError(f"codec name must be a str, got {type(name).__name__}")
+    if "\x00" in name:  # C would read the name only up to the NUL
+        raise ValueError(f"codec {name!r} is unknown; choose one of: {', '.join(names())}")
     t = ffi.new("int *")
     if lib.kvg_codec_from_name(name.encode("utf-8", "replace"), t) != 0:
         raise ValueError(f"codec {name!r} is unknown; choose one of: {', '.join(names())}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, replace
 from typing import Optional, Union
 
@@ -33,6 +34,14 @@ class TieredConfig:
     group_size: int = 32
 
     def __post_init__(self):
+        for name in ("hot", "block", "group_size", "sinks", "warm_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"TieredConfig.{name} must be an int, got {value!r}")
+        if not isinstance(self.warm, str):
+            raise TypeError(f"TieredConfig.warm must be a codec name, got {self.warm!r}")
+        if self.archive is not None and not isinstance(self.archive, str):
+            raise TypeError(f"TieredConfig.archive must be a codec name or None, got {self.archive!r}")
         for name in ("hot", "block", "group_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"TieredConfig.{name} must be > 0, got {getattr(self, name)}")

@@ -1,0 +1,210 @@
+"""`kvgguf serve`: llama-cpp-python's OpenAI-compatible server (its FastAPI app, routes and
+settings) with kvgguf's compressed KV cache and compressed, byte-bounded prompt cache.
+
+The server builds `llama_cpp.Llama` itself; `kvgguf.install()` makes that a kvgguf.Llama. Its
+prompt-cache classes (`--cache true --cache_type ram|disk --cache_size N`, or
+`--prompt-cache ram|disk:DIR --prompt-cache-bytes N`) become kvgguf's compressed ones, whose
+capacity counts the compressed bytes really held. Every other flag (and `--config_file`) means
+what it means in `python -m llama_cpp.server`. Adds `GET /kvgguf/memory`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+MEMORY_ROUTE = "/kvgguf/memory"
+
+
+def _missing_extra(e: ImportError) -> int:
+    print(f"kvgguf serve needs llama-cpp-python's server packages ({e.name} is missing): "
+          f"pip install 'kvgguf[serve]'", file=sys.stderr)
+    return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from llama_cpp.server.cli import add_args_from_model
+    from llama_cpp.server.settings import Settings
+
+    from .main import _kv_codec
+
+    p = argparse.ArgumentParser(prog="kvgguf serve", description=__doc__.splitlines()[0],
+                                epilog="All other flags are llama_cpp.server's.")
+    p.add_argument("model_name", nargs="?", default=None, metavar="MODEL",
+                   help="model name or GGUF path (default: smollm2-135m; --model works too)")
+    p.add_argument("--kv-codec", type=_kv_codec, default="tiered",
+                   help="kvgguf cache: 'tiered' or a codec name (default: tiered)")
+    p.add_argument("--kv-attention", choices=("fused", "expand"), default="fused",
+                   help="how attention reads the compressed rows (default: fused)")
+    p.add_argument("--prompt-cache", default=None, metavar="ram|disk:DIR",
+                   help="a compressed prompt cache in memory or in a folder")
+    p.add_argument("--prompt-cache-bytes", type=int, default=None,
+                   help="compressed bytes the prompt cache may hold (default: 2 GiB)")
+    p.add_argument("--config_file", default=None, help="llama_cpp.server's JSON or YAML config file")
+    add_args_from_model(p, Settings)
+    return p
+
+
+def use_compressed_prompt_caches(disk_dir: Optional[str]) -> None:
+    """llama_cpp.server makes llama_cpp.LlamaRAMCache / LlamaDiskCache(capacity_bytes=...): in
+    this process, kvgguf's compressed caches answer to those names."""
+    import llama_cpp
+
+    from ..session.prompt_cache import CompressedDiskCache, CompressedRAMCache
+
+    def ram(capacity_bytes: int = 2 << 30):
+        return CompressedRAMCache(capacity_bytes=capacity_bytes)
+
+    def disk(cache_dir: Optional[str] = None, capacity_bytes: int = 2 << 30):
+        return CompressedDiskCache(disk_dir or cache_dir or ".cache/kvgguf_prompts", capacity_bytes=capacity_bytes)
+
+    llama_cpp.LlamaRAMCache = ram
+    llama_cpp.LlamaDiskCache = disk
+
+
+def memory_report(llm) -> dict:
+    """What /kvgguf/memory answers for the model being served."""
+    mem = llm.kv_memory()
+    cache = getattr(llm, "cache", None)
+    stock_bytes = mem.n_tokens * mem.values_per_token * 2  # llama.cpp's f16 cache for these tokens
+    return {
+        "kv_codec": None if llm.kv_config is None else str(llm.kv_config),
+        "tokens_in_context": llm.n_tokens,
+        "tokens_evaluated": llm.tokens_evaluated,
+        "kv_bytes": mem.total_bytes,
+        "bits_per_value": None if not mem.n_tokens else round(mem.bits_per_value, 3),
+        "f16_bytes_for_these_tokens": stock_bytes,
+        "tiers": [{"name": t.name, "codec": t.codec, "bytes": t.bytes} for t in mem.tiers],
+        "index_bytes": mem.index_bytes,
+        "compute_scratch_bytes": mem.compute_bytes,
+        "prompt_cache": None if cache is None else {
+            "kind": type(cache).__name__,
+            "bytes": cache.cache_size,
+            "capacity_bytes": cache.capacity_bytes,
+        },
+    }
+
+
+class RefuseUnknownModels:
+    """ASGI middleware: a POST to /v1/... naming a model this server does not serve gets 404 (as
+    OpenAI answers), where llama_cpp.server would silently answer with its default model. The
+    body is read once and replayed to the app."""
+
+    def __init__(self, app, aliases):
+        self.app = app
+        self.aliases = aliases  # () -> the served model names
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].startswith("/v1/"):
+            return await self.app(scope, receive, send)
+        messages, body = [], b""
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        try:
+            model = json.loads(body).get("model")
+        except (ValueError, AttributeError):
+            model = None  # not a JSON object: the app's own validation answers
+        served = list(self.aliases())
+        if isinstance(model, str) and model not in served:
+            from starlette.responses import JSONResponse
+
+            error = {"message": f"The model '{model}' does not exist here; this server serves: {', '.join(served)}",
+                     "type": "invalid_request_error", "param": "model", "code": "model_not_found"}
+            return await JSONResponse({"error": error}, status_code=404)(scope, receive, send)
+        pending = iter(messages)
+
+        async def replay():
+            for message in pending:
+                return message
+            return await receive()
+
+        return await self.app(scope, replay, send)
+
+
+def add_memory_route(app) -> None:
+    from fastapi import Depends
+    from llama_cpp.server.app import get_llama_proxy
+
+    @app.get(MEMORY_ROUTE, summary="KV memory held by kvgguf's cache")
+    async def kv_memory(llama_proxy=Depends(get_llama_proxy)):  # under the server's model lock
+        return memory_report(llama_proxy())
+
+
+def run(args) -> int:
+    try:
+        import uvicorn
+        from llama_cpp.server.app import create_app
+        from llama_cpp.server.cli import parse_model_from_args
+        from llama_cpp.server.settings import ConfigFileSettings, ModelSettings, ServerSettings
+    except ImportError as e:
+        return _missing_extra(e)
+
+    import kvgguf
+
+    p = build_parser()
+    a = p.parse_args(args.args)
+    if a.prompt_cache is not None and not (a.prompt_cache == "ram" or a.prompt_cache.startswith("disk:")):
+        p.error(f"--prompt-cache takes 'ram' or 'disk:DIR', got {a.prompt_cache!r}")
+    if a.model_name is not None or (a.model is None and not a.config_file):
+        name = a.model_name or a.model or "smollm2-135m"
+    else:
+        name = a.model
+    if name is not None:
+        try:
+            a.model = str(kvgguf.models.path(name))
+        except FileNotFoundError as e:
+            p.error(str(e))
+        if a.model_alias is None:  # what clients pass as "model" and /v1/models lists
+            a.model_alias = name if name in kvgguf.models.names() else Path(a.model).stem
+    if a.prompt_cache is not None:
+        a.cache = True
+        a.cache_type = "ram" if a.prompt_cache == "ram" else "disk"
+    if a.prompt_cache_bytes is not None:
+        a.cache_size = a.prompt_cache_bytes
+    if a.flash_attn is None:
+        a.flash_attn = True  # llama.cpp runs flash attention on CPU; kvgguf's figures use it
+
+    kvgguf.install(kv_codec=a.kv_codec, kv_attention=a.kv_attention)
+    use_compressed_prompt_caches(a.prompt_cache[len("disk:"):] if (a.prompt_cache or "").startswith("disk:") else None)
+    try:
+        if a.config_file:
+            with open(a.config_file, "rb") as f:
+                if a.config_file.endswith((".yaml", ".yml")):
+                    import json
+
+                    import yaml
+
+                    config = ConfigFileSettings.model_validate_json(json.dumps(yaml.safe_load(f)))
+                else:
+                    config = ConfigFileSettings.model_validate_json(f.read())
+            server_settings = ServerSettings.model_validate(config)
+            model_settings = config.models
+        else:
+            server_settings = parse_model_from_args(ServerSettings, a)
+            model_settings = [parse_model_from_args(ModelSettings, a)]
+    except Exception as e:  # pydantic's validation errors and unreadable files, as llama_cpp.server reports them
+        print(f"kvgguf serve: {e}", file=sys.stderr)
+        return 2
+
+    app = create_app(server_settings=server_settings, model_settings=model_settings)
+    add_memory_route(app)
+    from llama_cpp.server import app as server_app
+
+    app.add_middleware(RefuseUnknownModels, aliases=lambda: server_app._llama_proxy._model_settings_dict.keys())
+    llm = server_app._llama_proxy()  # loaded by create_app
+    print(f"kvgguf serve: {llm.model_path}, KV cache {memory_report(llm)['kv_codec'] or 'llama.cpp f16'}; "
+          f"{llm.kv_memory()}; prompt cache: {type(llm.cache).__name__ if llm.cache else 'none'}; "
+          f"memory at http://{server_settings.host}:{server_settings.port}{MEMORY_ROUTE}", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=os.getenv("HOST", server_settings.host), port=int(os.getenv("PORT", server_settings.port)),
+                ssl_keyfile=server_settings.ssl_keyfile, ssl_certfile=server_settings.ssl_certfile)
+    return 0

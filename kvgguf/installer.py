@@ -1,0 +1,121 @@
+"""`kvgguf.install()`: every plain `llama_cpp.Llama(...)` gets kvgguf's compressed cache.
+
+Frameworks (LangChain, LlamaIndex, llama-cpp-python's own server) construct `llama_cpp.Llama`
+themselves and cannot pass `kv_codec`. `install()` gives `llama_cpp.Llama` a `__new__` that
+builds a `kvgguf.Llama` instead, so code that did `from llama_cpp import Llama` long before
+still gets it. Scope, exactly:
+
+- only `llama_cpp.Llama` itself is redirected: its other subclasses (a framework's own) stay
+  stock, and `kvgguf.Llama` keeps taking its arguments as given;
+- the caller's keyword arguments win over the installed defaults (a `kv_codec=None` passed
+  explicitly means llama.cpp's own cache);
+- `n_batch` larger than the hot window is lowered to it (llama-cpp-python splits evaluation
+  into n_batch chunks, so callers see no difference; its default is 512);
+- a model or a setting the compressed cache does not support (an architecture other than
+  llama and gemma3, `vocab_only`, a quantized `type_k`/`type_v`, `embedding=True`, `n_ctx=0`) falls back
+  to llama.cpp's own cache with a RuntimeWarning and a line on stderr that say why;
+- an unknown codec name is refused by `install()` itself.
+
+`KVGGUF_KV_CODEC=tiered` in the environment runs `install(kv_codec="tiered")` at
+`import kvgguf` (as Ollama reads OLLAMA_KV_CACHE_TYPE); `uninstall()` restores stock.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from typing import Optional, Union
+
+import llama_cpp
+
+from .llama import SUPPORTED_ARCHS, Llama
+from .model.gguf_file import read_metadata
+from .policy.tiered import TieredConfig
+
+ENV_VAR = "KVGGUF_KV_CODEC"
+
+_STOCK = llama_cpp.Llama
+_defaults: Optional[dict] = None  # kvgguf.Llama keyword defaults while installed
+
+
+def installed() -> Optional[dict]:
+    """The defaults install() was given, or None when llama_cpp.Llama is stock."""
+    return dict(_defaults) if _defaults is not None else None
+
+
+def _why_stock(model_path: str, kwargs: dict) -> Optional[str]:
+    """Why this construction must keep llama.cpp's own cache, or None."""
+    if kwargs.get("vocab_only"):
+        return "vocab_only loads no KV cache"
+    if kwargs.get("embedding"):
+        return "embedding models keep llama.cpp's own cache"
+    if kwargs.get("n_ctx", 512) == 0:
+        return "n_ctx=0 (the model's training context) needs an explicit logical context with a kv_codec"
+    for name in ("type_k", "type_v"):
+        t = kwargs.get(name)
+        if t not in (None, "f16", llama_cpp.GGML_TYPE_F16):
+            return f"{name}={t!r} asks for llama.cpp's quantized cache"
+    try:
+        arch = read_metadata(model_path).get("general.architecture", "")
+    except Exception as e:  # an unreadable file: let llama.cpp say what is wrong with it
+        return f"its metadata could not be read ({e})"
+    if arch not in SUPPORTED_ARCHS:
+        return f"architecture '{arch}' is not supported (supported: {', '.join(SUPPORTED_ARCHS)})"
+    return None
+
+
+class InstalledLlama(Llama):
+    """What `llama_cpp.Llama(...)` builds while kvgguf is installed."""
+
+    def __init__(self, model_path: str, **kwargs):
+        defaults = _defaults or {}
+        for key, value in defaults.items():
+            kwargs.setdefault(key, value)
+        if kwargs.get("kv_codec") is not None:
+            why = _why_stock(model_path, kwargs)
+            if why is not None:
+                msg = f"kvgguf: {model_path}: {why}; this Llama uses llama.cpp's own KV cache, not kvgguf's"
+                print(msg, file=sys.stderr)
+                warnings.warn(msg, RuntimeWarning, stacklevel=3)
+                kwargs["kv_codec"] = None
+            else:
+                hot = TieredConfig.parse(kwargs["kv_codec"]).hot
+                if kwargs.get("n_batch") is not None and kwargs["n_batch"] > hot:
+                    kwargs["n_batch"] = hot
+        super().__init__(model_path, **kwargs)
+
+
+def _new(cls, *args, **kwargs):
+    if cls is _STOCK and _defaults is not None:
+        cls = InstalledLlama
+    return object.__new__(cls)
+
+
+def install(kv_codec: Union[str, TieredConfig] = "tiered", **defaults) -> None:
+    """From now on `llama_cpp.Llama(...)` builds a kvgguf.Llama with ``kv_codec`` and the other
+    keyword ``defaults`` (e.g. ``kv_attention``) unless the caller passes them. Calling it again
+    replaces the defaults."""
+    global _defaults
+    TieredConfig.parse(kv_codec)  # an unknown codec name fails here, not in some library later
+    _defaults = {"kv_codec": kv_codec, **defaults}
+    _STOCK.__new__ = _new
+
+
+def uninstall() -> None:
+    """`llama_cpp.Llama(...)` builds stock Llamas again (ones built meanwhile keep their cache).
+    The `__new__` stays and passes construction through: deleting it would leave CPython's
+    object.__new__ refusing the constructor's arguments."""
+    global _defaults
+    _defaults = None
+
+
+def install_from_environment() -> None:
+    """`import kvgguf` calls this: KVGGUF_KV_CODEC (if set and not empty) installs that codec."""
+    value = os.environ.get(ENV_VAR, "").strip()
+    if not value:
+        return
+    try:
+        install(kv_codec=value)
+    except ValueError as e:
+        raise ValueError(f"{ENV_VAR}={value!r}: {e}") from None

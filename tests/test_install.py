@@ -1,0 +1,128 @@
+"""kvgguf.install(): a plain llama_cpp.Llama(...) built by any code gets the compressed cache;
+uninstall() restores stock; KVGGUF_KV_CODEC does the same at import; unsupported settings fall
+back to stock loudly."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import llama_cpp
+import pytest
+
+import kvgguf
+from kvgguf import installer as install_module
+from kvgguf.evaluation.text import wikitext2_test
+
+
+@pytest.fixture
+def installed():
+    kvgguf.install(kv_codec="rotq4")
+    try:
+        yield
+    finally:
+        kvgguf.uninstall()
+
+
+def test_plain_llama_evicts_into_the_store_after_install(smollm2_path, installed):
+    from llama_cpp import Llama  # as a framework would
+
+    llm = Llama(model_path=str(smollm2_path), n_ctx=1024, n_batch=512, verbose=False, n_threads=2)
+    try:
+        assert isinstance(llm, kvgguf.Llama) and isinstance(llm, llama_cpp.Llama)
+        assert llm.kv_config.warm == "rotq4"
+        assert llm.n_batch == llm.kv_config.hot  # lowered from 512 to the hot window
+        toks = llm.tokenize(wikitext2_test()[:4000].encode())[:600]
+        llm.eval(toks)
+        mem = llm.kv_memory()
+        assert llm._kv.n_cold > 0 and mem.cold_values > 0 and mem.cold_bytes > 0
+        out = llm.create_completion("The capital of France is", max_tokens=4, temperature=0.0)
+        assert out["usage"]["completion_tokens"] > 0
+    finally:
+        llm.close()
+
+
+def test_uninstall_restores_stock(smollm2_path):
+    kvgguf.install()
+    kvgguf.uninstall()
+    assert install_module.installed() is None
+    llm = llama_cpp.Llama(str(smollm2_path), n_ctx=256, verbose=False)
+    try:
+        assert type(llm) is llama_cpp.Llama
+    finally:
+        llm.close()
+
+
+def test_callers_arguments_win_and_subclasses_stay_as_they_are(smollm2_path, installed):
+    llm = llama_cpp.Llama(str(smollm2_path), n_ctx=256, kv_codec=None, verbose=False)
+    try:
+        assert llm.kv_config is None  # an explicit kv_codec=None: llama.cpp's own cache
+    finally:
+        llm.close()
+
+    class Framework(llama_cpp.Llama):
+        pass
+
+    llm = Framework(str(smollm2_path), n_ctx=256, verbose=False)
+    try:
+        assert type(llm) is Framework
+    finally:
+        llm.close()
+    llm = kvgguf.Llama(str(smollm2_path), n_ctx=256, verbose=False)  # kvgguf's own class: as given
+    try:
+        assert llm.kv_config is None
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("kwargs, why", [
+    (dict(vocab_only=True), "vocab_only"),
+    (dict(type_k="q8_0", type_v="q8_0", flash_attn=True), "type_k"),
+    (dict(n_ctx=0), "n_ctx=0"),
+])
+def test_unsupported_settings_fall_back_to_stock_loudly(smollm2_path, installed, capfd, kwargs, why):
+    with pytest.warns(RuntimeWarning, match=why):
+        llm = llama_cpp.Llama(str(smollm2_path), verbose=False, **{"n_ctx": 256, **kwargs})
+    try:
+        assert llm.kv_config is None
+    finally:
+        llm.close()
+    assert "not kvgguf's" in capfd.readouterr().err
+
+
+def test_unsupported_architecture_falls_back_to_stock_loudly(smollm2_path, installed, monkeypatch):
+    monkeypatch.setattr(install_module, "SUPPORTED_ARCHS", ("gemma3",))
+    with pytest.warns(RuntimeWarning, match="architecture 'llama' is not supported"):
+        llm = llama_cpp.Llama(str(smollm2_path), n_ctx=256, verbose=False)
+    try:
+        assert llm.kv_config is None
+    finally:
+        llm.close()
+
+
+def test_unknown_codec_is_refused_by_install():
+    with pytest.raises(ValueError, match="unknown"):
+        kvgguf.install(kv_codec="rotq9")
+    assert install_module.installed() is None
+
+
+def run_fresh(code: str, env_value: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **{install_module.ENV_VAR: env_value})
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_environment_variable_installs_at_import(smollm2_path):
+    code = ("import kvgguf, llama_cpp\n"
+            f"llm = llama_cpp.Llama({str(smollm2_path)!r}, n_ctx=512, verbose=False)\n"
+            "print(type(llm).__name__, llm.kv_config.warm, llm.kv_config.archive)\n"
+            "llm.close()\n")
+    proc = run_fresh(code, "tiered")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["InstalledLlama", "rotq4", "rotq2"]
+
+
+def test_environment_variable_with_an_unknown_codec_says_so():
+    proc = run_fresh("import kvgguf\n", "rotq9")
+    assert proc.returncode != 0
+    assert "KVGGUF_KV_CODEC='rotq9'" in proc.stderr and "unknown" in proc.stderr

@@ -1,0 +1,52 @@
+"""Misuse a new user would try (issue "Nothing torn, nothing crashed", found by hand): each gets a
+clear Python exception instead of a crash or a silently different object."""
+
+import copy
+import pickle
+
+import pytest
+
+import kvgguf
+from kvgguf import Llama, TieredConfig, codecs
+
+
+def test_vocab_only_with_a_codec_is_refused_before_llama_cpp_sees_it(smollm2_path):
+    with pytest.raises(ValueError, match="vocab_only"):
+        Llama(str(smollm2_path), kv_codec="tiered", vocab_only=True, verbose=False)
+
+
+@pytest.mark.parametrize("kv_codec", ["tiered", None])
+def test_a_closed_llama_raises_instead_of_crashing(smollm2_path, tmp_path, kv_codec):
+    llm = Llama(str(smollm2_path), kv_codec=kv_codec, n_ctx=512, verbose=False)
+    llm.eval(llm.tokenize(b"Hello there"))
+    state = llm.save_state()
+    llm.close()
+    for call in (lambda: llm.kv_memory(), lambda: llm.eval([1, 2]), lambda: llm.save_state(),
+                 lambda: llm.load_state(state), lambda: llm.save_session(tmp_path / "s.kvz"),
+                 lambda: list(llm.eval_logits([1, 2]))):
+        with pytest.raises(ValueError, match="closed"):
+            call()
+    assert not (tmp_path / "s.kvz").exists()
+
+
+def test_pickling_or_copying_a_compressed_llama_is_refused(smollm2_path):
+    llm = Llama(str(smollm2_path), kv_codec="tiered", n_ctx=1024, verbose=False)
+    try:
+        for dup in (pickle.dumps, copy.copy, copy.deepcopy):
+            with pytest.raises(TypeError, match="cannot be pickled or copied"):
+                dup(llm)
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("kwargs", [dict(hot="64"), dict(hot=64.5), dict(block=True), dict(warm=None),
+                                    dict(archive=2), dict(sinks=1.0)])
+def test_tiered_config_checks_types_when_made(kwargs):
+    with pytest.raises(TypeError, match="TieredConfig"):
+        TieredConfig(**kwargs)
+
+
+def test_codec_names_with_a_nul_are_unknown():
+    with pytest.raises(ValueError, match="unknown"):
+        codecs.get("rotq3\x00junk")
+    assert codecs.get("rotq3").name == "rotq3"

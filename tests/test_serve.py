@@ -1,0 +1,121 @@
+"""`kvgguf serve`, driven by the real openai client: streamed chat, a long prefix served again
+from the compressed prompt cache, /v1/models, bad requests answered with HTTP errors while the
+server keeps serving, and the memory endpoint."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+KVGGUF = shutil.which("kvgguf", path=str(Path(sys.executable).parent)) or "kvgguf"
+START_TIMEOUT_S = 180
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return json.loads(r.read())
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path, tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [KVGGUF, "serve", str(smollm2_path), "--model_alias", "smollm2-135m", "--host", "127.0.0.1", "--port",
+             str(port), "--n_ctx", "2048", "--n_threads", "2", "--n_threads_batch", "2", "--prompt-cache", "ram",
+             "--prompt-cache-bytes", str(256 << 20)],
+            stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"kvgguf serve exited with {proc.returncode}:\n{log.read_text()}")
+            try:
+                get_json(base + "/v1/models")
+                break
+            except OSError:
+                if time.time() > deadline:
+                    pytest.fail(f"kvgguf serve did not answer within {START_TIMEOUT_S} s:\n{log.read_text()}")
+                time.sleep(0.5)
+        yield base, log
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key="not-needed", timeout=300, max_retries=0)
+
+
+def test_startup_log_states_the_kv_cache(server):
+    text = server[1].read_text()
+    assert "kvgguf serve:" in text and "kv cache: size" in text and "CompressedRAMCache" in text
+
+
+def test_models_lists_the_alias(client):
+    assert [m.id for m in client.models.list().data] == ["smollm2-135m"]
+
+
+def test_streamed_chat_completion(client):
+    stream = client.chat.completions.create(
+        model="smollm2-135m", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=12,
+        temperature=0.0, stream=True)
+    pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
+    assert len(pieces) > 1 and "".join(pieces).strip()
+
+
+def test_long_prefix_comes_back_from_the_compressed_prompt_cache(server, client, smollm2_path):
+    from kvgguf.evaluation.text import wikitext2_test
+
+    doc = wikitext2_test()[:4000]  # about 900 tokens: most of them leave the 256-token hot window
+    client.completions.create(model="smollm2-135m", prompt=doc + "\nSummary:", max_tokens=4, temperature=0.0)
+    client.completions.create(model="smollm2-135m", prompt="Hello there,", max_tokens=4, temperature=0.0)
+    before = get_json(server[0] + "/kvgguf/memory")
+    assert before["prompt_cache"]["bytes"] > 0
+    client.completions.create(model="smollm2-135m", prompt=doc + "\nTitle:", max_tokens=4, temperature=0.0)
+    after = get_json(server[0] + "/kvgguf/memory")
+    evaluated = after["tokens_evaluated"] - before["tokens_evaluated"]
+    assert 0 < evaluated < 100, f"{evaluated} tokens evaluated: the cached prefix was not used"
+    assert after["tokens_in_context"] > 800
+    tiers = {t["name"]: t for t in after["tiers"]}
+    assert tiers["warm"]["bytes"] > 0 and after["kv_bytes"] < after["f16_bytes_for_these_tokens"]
+    assert after["kv_codec"] is not None
+
+
+def test_bad_requests_get_http_errors_and_the_server_keeps_serving(client):
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-model", prompt="Hi", max_tokens=2)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="smollm2-135m", prompt="word " * 3000, max_tokens=2)
+    out = client.completions.create(model="smollm2-135m", prompt="The sky is", max_tokens=3, temperature=0.0)
+    assert out.usage.completion_tokens > 0
+
+
+def test_serve_help_lists_kvgguf_and_llama_cpp_flags():
+    proc = subprocess.run([KVGGUF, "serve", "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for flag in ("--kv-codec", "--prompt-cache", "--prompt-cache-bytes", "--n_ctx", "--port", "--config_file"):
+        assert flag in proc.stdout
