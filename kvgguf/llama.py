@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 from typing import Iterator, Optional, Sequence, Union
 
 import llama_cpp
@@ -101,6 +103,8 @@ class Llama(llama_cpp.Llama):
 
         if kwargs.get("vocab_only"):
             raise ValueError("vocab_only loads no KV cache to compress: pass kv_codec=None with vocab_only=True")
+        if not os.path.isfile(model_path):  # the exception stock raises, before kvgguf reads the file
+            raise ValueError(f"Model path does not exist or is not a file: {model_path}")
         preset = isinstance(kv_codec, str)
         config = TieredConfig.parse(kv_codec)
         if kv_attention not in ("fused", "expand"):
@@ -156,6 +160,16 @@ class Llama(llama_cpp.Llama):
             raise TypeError("a kvgguf.Llama with a kv_codec cannot be pickled or copied; save_state(), "
                             "save_session() and a new kvgguf.Llama keep its context")
         return super().__getstate__()
+
+    def _create_completion(self, *args, **kwargs):
+        """llama-cpp-python's, with its context-window error naming the logical n_ctx (its message
+        reads llama.cpp's physical one, the hot window plus a batch)."""
+        try:
+            return (yield from super()._create_completion(*args, **kwargs))
+        except ValueError as e:
+            if self._kv is None or not str(e).startswith("Requested tokens"):
+                raise
+            raise ValueError(re.sub(r"context window of \d+", f"context window of {self.n_ctx()}", str(e))) from None
 
     def _begin_eval(self, n_new: int) -> None:
         """Refuses tokens past the logical context, and drops compressed rows past n_tokens

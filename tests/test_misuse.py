@@ -4,6 +4,7 @@ clear Python exception instead of a crash or a silently different object."""
 import copy
 import pickle
 
+import numpy as np
 import pytest
 
 import kvgguf
@@ -50,3 +51,27 @@ def test_codec_names_with_a_nul_are_unknown():
     with pytest.raises(ValueError, match="unknown"):
         codecs.get("rotq3\x00junk")
     assert codecs.get("rotq3").name == "rotq3"
+
+
+def test_context_errors_name_the_logical_context(smollm2_path):
+    llm = Llama(str(smollm2_path), kv_codec="tiered", n_ctx=1024, verbose=False)
+    try:
+        with pytest.raises(ValueError, match="context window of 1024"):
+            llm.create_completion("word " * 1500, max_tokens=2)
+        out = llm.create_completion("The sky is", max_tokens=2, temperature=0.0)  # still usable
+        assert out["usage"]["completion_tokens"] > 0
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("kv_codec", ["tiered", None])
+def test_a_missing_model_raises_what_stock_raises(tmp_path, kv_codec):
+    for path in (tmp_path / "missing.gguf", tmp_path):
+        with pytest.raises(ValueError):
+            Llama(str(path), kv_codec=kv_codec, verbose=False)
+
+
+def test_decode_checks_the_size_before_allocating():
+    blob = codecs.get("rotq4").encode(np.zeros((4, 2, 64), np.float32))
+    with pytest.raises(ValueError, match="needs"):
+        codecs.get("rotq4").decode(blob, (2**24, 64, 64))  # would be 256 GiB of floats

@@ -208,6 +208,11 @@ class Codec:
     def decode(self, buf, shape: Sequence[int], kind: str = "k") -> np.ndarray:
         """Decodes buf into a new float32 array of the given (2-D or 3-D) shape."""
         _shape3(shape)
+        want = self.encoded_size(shape, kind)  # before allocating: a wrong shape must not cost its floats
+        got = len(_byte_buffer(buf))
+        if got != want:
+            raise KvgValueError(f"{self.name} decode of shape {tuple(shape)} needs {want} bytes, got {got}",
+                                int(binding.get_lib().KVG_ERR_BUFFER_SIZE))
         out = np.empty(tuple(int(d) for d in shape), dtype=np.float32)
         return self.decode_into(buf, out, kind)
 
