@@ -4,14 +4,11 @@ back to stock loudly."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import llama_cpp
 import pytest
 
 import kvgguf
+from conftest import run_python
 from kvgguf import installer as install_module
 from kvgguf.evaluation.text import wikitext2_test
 
@@ -107,9 +104,8 @@ def test_unknown_codec_is_refused_by_install():
     assert install_module.installed() is None
 
 
-def run_fresh(code: str, env_value: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, **{install_module.ENV_VAR: env_value})
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+def run_fresh(code: str, env_value: str):
+    return run_python(code, env_update={install_module.ENV_VAR: env_value})
 
 
 def test_environment_variable_installs_at_import(smollm2_path):

@@ -75,3 +75,17 @@ def test_decode_checks_the_size_before_allocating():
     blob = codecs.get("rotq4").encode(np.zeros((4, 2, 64), np.float32))
     with pytest.raises(ValueError, match="needs"):
         codecs.get("rotq4").decode(blob, (2**24, 64, 64))  # would be 256 GiB of floats
+
+
+@pytest.mark.parametrize("kv_codec", ["tiered", None])
+def test_a_session_of_an_empty_context_loads(smollm2_path, tmp_path, kv_codec):
+    llm = Llama(str(smollm2_path), kv_codec=kv_codec, n_ctx=512, verbose=False)
+    try:
+        llm.save_session(tmp_path / "empty.kvz")
+        llm.eval(llm.tokenize(b"Some words first"))
+        info = llm.load_session(tmp_path / "empty.kvz")
+        assert info.n_tokens == 0 and llm.n_tokens == 0
+        out = llm.create_completion("The sky is", max_tokens=2, temperature=0.0)
+        assert out["usage"]["completion_tokens"] > 0
+    finally:
+        llm.close()

@@ -140,7 +140,8 @@ def dump(live: LiveContext, *, codec: Optional[CodecSpec] = None, exact: bool = 
         "cold_layers": cold_layers,
         "store": {"group_size": store.group_size, "seed": str(store.seed)} if store else None,
         "codec": described,
-        "caches": [{"n_cells": c.n_cells, "v_trans": c.v_trans, "layers": [l.il for l in c.layers]} for c in caches],
+        # the layers of each cache record even when it holds no cells (an empty context)
+        "caches": [{"n_cells": c.n_cells, "v_trans": c.v_trans, "layers": layers} for c, layers in zip(caches, layers_of_cache)],
         "config": asdict(kv.config) if kv is not None else None,
         "app": app,
     }
