@@ -1,0 +1,111 @@
+"""Long-range recall benchmark: facts hidden at several depths of long WikiText-2 documents,
+asked for at the end, through llama.cpp's own caches and kvgguf's in the same run
+(kvgguf/evaluation/retrieval.py says how the documents and questions are built).
+
+    .venv/bin/python benchmarks/retrieval.py --contexts 2048,5120,8192 --documents 2
+
+writes benchmarks/results/retrieval.json and .md: per cache and context, the facts found out of
+those asked, the bits per value the cache held with the document in it, and the facts found per depth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+LLAMA_TYPES = ("f16", "q8_0", "q5_1", "q4_0", "iq4_nl")
+
+
+def open_llama(path: str, cache: str, n_ctx: int, threads: int):
+    import kvgguf
+
+    kw = dict(n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, flash_attn=True, verbose=False, seed=0)
+    if cache in LLAMA_TYPES:
+        return kvgguf.Llama(path, type_k=cache, type_v=cache, **kw)
+    return kvgguf.Llama(path, kv_codec=cache, **kw)
+
+
+def run_cache(path: str, cache: str, n_tokens: int, n_documents: int, threads: int, seed: int) -> dict:
+    from kvgguf.evaluation import retrieval
+    from kvgguf.evaluation.text import wikitext2_test
+
+    llm = open_llama(path, cache, n_tokens + retrieval.QUESTION_ROOM, threads)
+    try:
+        tokenize = lambda s: llm.tokenize(s.encode("utf-8"), add_bos=False)  # noqa: E731
+        docs = retrieval.documents(tokenize, llm.token_bos(), n_tokens, n_documents, wikitext2_test(), seed=seed)
+        trials, bits = [], []
+        t0 = time.perf_counter()
+        for i, doc in enumerate(docs):
+            def show(t):
+                mark = "found" if t.found else "MISSED"
+                print(f"    doc {t.document} depth {t.depth:.1f} ({t.distance} tokens back): "
+                      f"{mark} {t.expected} -> {t.answer!r}", file=sys.stderr, flush=True)
+            trials += retrieval.ask(llm, doc, show, index=i)
+            bits.append(llm.kv_memory().bits_per_value)
+        return dict(retrieval.summary(trials), cache=cache, n_tokens=n_tokens,
+                    bits_per_value=sum(bits) / len(bits), seconds=time.perf_counter() - t0)
+    finally:
+        llm.close()
+
+
+def tables(rows: list[dict]) -> str:
+    contexts = sorted({r["n_tokens"] for r in rows})
+    caches = list(dict.fromkeys(r["cache"] for r in rows))
+    at = {(r["cache"], r["n_tokens"]): r for r in rows}
+    head = "| cache | " + " | ".join(f"{n} tokens: found (bits held)" for n in contexts) + " |"
+    lines = [head, "|" + "---|" * (1 + len(contexts))]
+    for c in caches:
+        cells = []
+        for n in contexts:
+            r = at.get((c, n))
+            cells.append(f"{r['found']}/{r['asked']} ({r['bits_per_value']:.2f})" if r else "")
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    depths = sorted({d for r in rows for d in r["by_depth"]}, key=float)
+    lines += ["", "Found per depth of the fact (0.1: near the start of the document, asked for furthest back):", "",
+              "| cache | context | " + " | ".join(depths) + " |", "|" + "---|" * (2 + len(depths))]
+    for c in caches:
+        for n in contexts:
+            r = at.get((c, n))
+            if r:
+                lines.append(f"| {c} | {n} | " + " | ".join(
+                    "{}/{}".format(*r["by_depth"][d]) if d in r["by_depth"] else "" for d in depths) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    import kvgguf
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m", help="model name or GGUF path")
+    p.add_argument("--contexts", default="2048,5120,8192", help="document lengths in tokens, comma-separated")
+    p.add_argument("--caches", default="f16,q8_0,q4_0,tiered,rotq4,rotq3,kivi4",
+                   help="llama.cpp types and kvgguf codecs or 'tiered'")
+    p.add_argument("--documents", type=int, default=2, help="documents per context (5 facts each)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("--out", default=str(HERE / "results" / "retrieval"), help="output path without suffix")
+    args = p.parse_args(argv)
+    path = str(kvgguf.models.path(args.model))
+    rows = []
+    for n in [int(c) for c in args.contexts.split(",")]:
+        for cache in args.caches.split(","):
+            print(f"[{time.strftime('%H:%M:%S')}] {n} tokens, {cache}", file=sys.stderr, flush=True)
+            r = run_cache(path, cache, n, args.documents, args.threads, args.seed)
+            print(f"  {r['found']}/{r['asked']} found at {r['bits_per_value']:.2f} bits held", file=sys.stderr, flush=True)
+            rows.append(r)
+    result = {"command": "benchmarks/retrieval.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "model": args.model, "rows": rows}
+    Path(args.out + ".json").write_text(json.dumps(result, indent=2))
+    md = (f"`{result['command']}` ({args.model}; {args.documents} documents of 5 facts per context, "
+          f"greedy answers; f16 is llama.cpp's own cache)\n\n{tables(rows)}\n")
+    Path(args.out + ".md").write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
