@@ -13,6 +13,7 @@ writes benchmarks/results/live_cache.json and .md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -61,9 +62,16 @@ def run_one(model: str, n_ctx: int, cache: str, n_decode: int, threads: int, bat
     rss0 = rss_bytes()
     if cache in ("f16", "q8_0", "q4_0"):
         llm = kvgguf.Llama(path, type_k=cache, type_v=cache, **kw)
-    else:  # a kvgguf codec; "<codec>:expand" expands cold rows to f16 for every ubatch
-        codec, _, attention = cache.partition(":")
-        llm = kvgguf.Llama(path, kv_codec=codec, kv_attention=attention or "fused", **kw)
+    else:  # a kvgguf codec; "<codec>:expand" expands cold rows to f16 for every ubatch;
+        # "<codec>@H/U": hot window H, U tokens per llama_decode (default: the config's)
+        spec, _, attention = cache.partition(":")
+        codec, _, sizes = spec.partition("@")
+        config = kvgguf.TieredConfig.parse(codec)
+        if sizes:
+            hot, ubatch = (int(x) for x in sizes.split("/"))
+            config = dataclasses.replace(config, hot=hot, ubatch=ubatch)
+        kw["n_batch"] = kw["n_ubatch"] = min(batch, config.ubatch)
+        llm = kvgguf.Llama(path, kv_codec=config if sizes else codec, kv_attention=attention or "fused", **kw)
     t0 = time.perf_counter()
     llm.eval(tokens[:n_prefill])
     t1 = time.perf_counter()
@@ -113,9 +121,11 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="smollm2-135m", help="model name or GGUF path")
     p.add_argument("--contexts", default="4096,8192,32768", help="logical contexts, comma-separated")
     p.add_argument("--caches", default="f16,q4_0,tiered",
-                   help="llama.cpp types and kvgguf codecs (<codec>:expand: without the fused attention)")
+                   help="llama.cpp types and kvgguf codecs (<codec>:expand: without the fused attention; "
+                        "<codec>@H/U: hot window H, U tokens per llama_decode)")
     p.add_argument("--decode", type=int, default=32, help="tokens decoded one at a time after prefill")
-    p.add_argument("--batch", type=int, default=256, help="prefill batch (n_batch = n_ubatch)")
+    p.add_argument("--batch", type=int, default=256,
+                   help="prefill batch (n_batch = n_ubatch); kvgguf splits it into its config's ubatch")
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--out", default=str(HERE / "results" / "live_cache"), help="output path without suffix")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)

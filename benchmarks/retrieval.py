@@ -2,9 +2,9 @@
 asked for at the end, through llama.cpp's own caches and kvgguf's in the same run
 (kvgguf/evaluation/retrieval.py says how the documents and questions are built).
 
-    .venv/bin/python benchmarks/retrieval.py --contexts 2048,5120,8192 --documents 2
+    .venv/bin/python benchmarks/retrieval.py --contexts 2048,5120 --documents 2
 
-writes benchmarks/results/retrieval.json and .md: per cache and context, the facts found out of
+writes benchmarks/results/retrieval.json and .md (after every cache, so an interrupted run keeps its rows): per cache and context, the facts found out of
 those asked, the bits per value the cache held with the document in it, and the facts found per depth.
 """
 
@@ -97,14 +97,19 @@ def main(argv=None) -> int:
             r = run_cache(path, cache, n, args.documents, args.threads, args.seed)
             print(f"  {r['found']}/{r['asked']} found at {r['bits_per_value']:.2f} bits held", file=sys.stderr, flush=True)
             rows.append(r)
+            md = write(args, argv, rows)  # after every cache: a long run interrupted keeps what it measured
+    print(md)
+    return 0
+
+
+def write(args, argv, rows: list[dict]) -> str:
     result = {"command": "benchmarks/retrieval.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "model": args.model, "rows": rows}
     Path(args.out + ".json").write_text(json.dumps(result, indent=2))
     md = (f"`{result['command']}` ({args.model}; {args.documents} documents of 5 facts per context, "
           f"greedy answers; f16 is llama.cpp's own cache)\n\n{tables(rows)}\n")
     Path(args.out + ".md").write_text(md)
-    print(md)
-    return 0
+    return md
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ still gets it. Scope, exactly:
   stock, and `kvgguf.Llama` keeps taking its arguments as given;
 - the caller's keyword arguments win over the installed defaults (a `kv_codec=None` passed
   explicitly means llama.cpp's own cache);
-- `n_batch` larger than the hot window is lowered to it (llama-cpp-python splits evaluation
-  into n_batch chunks, so callers see no difference; its default is 512);
+- `n_batch` larger than the config's ubatch is lowered to it (llama-cpp-python splits evaluation
+  into n_batch chunks, so callers see no difference; its default is 512, which would make
+  llama.cpp's f16 buffer hot + 512 cells);
 - a model or a setting the compressed cache does not support (an architecture other than
   llama and gemma3, `vocab_only`, a quantized `type_k`/`type_v`, `embedding=True`, `n_ctx=0`) falls back
   to llama.cpp's own cache with a RuntimeWarning and a line on stderr that say why;
@@ -80,9 +81,9 @@ class InstalledLlama(Llama):
                 warnings.warn(msg, RuntimeWarning, stacklevel=3)
                 kwargs["kv_codec"] = None
             else:
-                hot = TieredConfig.parse(kwargs["kv_codec"]).hot
-                if kwargs.get("n_batch") is not None and kwargs["n_batch"] > hot:
-                    kwargs["n_batch"] = hot
+                ubatch = TieredConfig.parse(kwargs["kv_codec"]).ubatch
+                if kwargs.get("n_batch") is not None and kwargs["n_batch"] > ubatch:
+                    kwargs["n_batch"] = ubatch
         super().__init__(model_path, **kwargs)
 
 

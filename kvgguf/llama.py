@@ -69,8 +69,9 @@ class Llama(llama_cpp.Llama):
         outside the hot window uses it); or a :class:`TieredConfig`.
     n_ctx: the logical context. With a kv_codec, llama.cpp's own f16 cache holds only the
         hot window plus one batch; older tokens live compressed in kvgguf's store.
-    n_batch: tokens per llama_decode call; with a kv_codec it defaults to the hot window
-        and may not exceed it.
+    n_batch: tokens per llama_decode call; with a kv_codec it defaults to TieredConfig.ubatch
+        (longer evaluations are split into such batches, so llama.cpp's f16 buffer holds the
+        hot window plus one of them) and may not exceed the hot window.
     type_k, type_v: llama.cpp's cache types, as names ("q8_0", "q4_0", ...) or ggml numbers.
         With a kv_codec they must stay f16 (the hot window is exact).
     kv_attention: how attention reads the compressed rows. "fused" (default): ubatches of up
@@ -115,7 +116,7 @@ class Llama(llama_cpp.Llama):
         if n_ctx <= 0:
             raise ValueError("kv_codec needs n_ctx > 0: the logical context to hold")
         config, shape = _config_for_model(config, preset, model_path)
-        n_batch = min(config.hot, n_ctx) if n_batch is None else n_batch
+        n_batch = min(config.ubatch, n_ctx) if n_batch is None else n_batch
         if n_batch > config.hot:
             raise ValueError(
                 f"the hot window ({config.hot} tokens) is smaller than a batch (n_batch={n_batch}); "

@@ -6,6 +6,7 @@ import llama_cpp
 import numpy as np
 import pytest
 
+from kvgguf import TieredConfig
 from kvgguf.evaluation import harness as evaluate
 from kvgguf.evaluation.text import wikitext2_test
 
@@ -56,13 +57,15 @@ def test_bad_arguments_give_clear_errors(smollm2_path, tmp_path):
 
 
 def test_eval_refuses_a_cache_that_compresses_nothing(smollm2_path):
-    # The preset keeps 256 tokens hot; in a 512-token chunk decoded in batches of 256 the last
-    # batch starts at token 256, so no row would ever leave the hot window.
-    tokens = list(range(1000, 1512))
-    with pytest.raises(ValueError, match="'tiered' compresses nothing at ctx 512.*keeps 256 tokens exact"):
-        evaluate.run_eval(str(smollm2_path), evaluate.parse_configs("f16,tiered"), tokens, ctx=512, chunks=1,
+    # The preset keeps `hot` tokens exact and decodes `ubatch` at a time: in a chunk of
+    # hot + ubatch tokens the last batch starts at token `hot`, so no row would ever leave.
+    preset = TieredConfig()
+    ctx = preset.hot + preset.ubatch
+    tokens = list(range(1000, 1000 + ctx))
+    with pytest.raises(ValueError, match=f"'tiered' compresses nothing at ctx {ctx}.*keeps {preset.hot} tokens exact"):
+        evaluate.run_eval(str(smollm2_path), evaluate.parse_configs("f16,tiered"), tokens, ctx=ctx, chunks=1,
                           batch=256)
-    out = run_cli("eval", "--codecs", "f16,tiered", "--ctx", "512", "--chunks", "1")
+    out = run_cli("eval", "--codecs", "f16,tiered", "--ctx", str(ctx), "--chunks", "1")
     assert out.returncode == 2 and "compresses nothing" in out.stderr
 
 

@@ -48,6 +48,27 @@ def test_f16_cold_rows_reproduce_stock_logits(smollm2_path, wiki_tokens, flash_a
     assert np.array_equal(llm.scores[:600], ref.scores[:600])
 
 
+def test_the_preset_splits_long_evaluations_into_its_ubatch(smollm2_path, wiki_tokens):
+    """One eval() of 700 tokens: kvgguf hands llama.cpp 32 at a time, so its f16 buffer is the
+    hot window plus 32 cells (256 in all), and with f16 cold rows the logits are those of stock
+    llama.cpp decoding in batches of 32, bit for bit. (Stock llama.cpp's own logits depend on its
+    batch size: 32 against 512 differ by up to 2.3 on this text, so 32 is the reference.)"""
+    toks = wiki_tokens[:700]
+    preset = TieredConfig()
+    exact = TieredConfig(sinks=0, warm="f16", warm_tokens=0, archive=None)
+    assert (exact.hot, exact.ubatch) == (preset.hot, preset.ubatch) and preset.hot + preset.ubatch == 256
+    llm = Llama(str(smollm2_path), kv_codec=exact, n_ctx=1024, logits_all=True, flash_attn=True, verbose=False,
+                n_threads=N_THREADS, kv_attention="expand")
+    assert llm.n_batch == preset.ubatch and llm._kv.capacity == 256
+    llm.eval(toks)
+    assert llm._kv.n_cold >= 700 - preset.hot - preset.ubatch
+    ref = stock(smollm2_path, 1024, preset.ubatch, flash_attn=True)
+    ref.eval(toks)
+    assert np.array_equal(llm.scores[:700], ref.scores[:700])
+    llm.close()
+    ref.close()
+
+
 def test_at_equal_bits_held_rotq3_beats_llama_q4_0(smollm2_path, wiki_tokens):
     """Quality at equal memory, every byte counted on both sides.
 

@@ -49,6 +49,24 @@ def test_retier_reencodes_whole_blocks_and_refuses_cut_blocks():
     assert err < 0.5  # 2-bit rows, still the same rows
 
 
+def test_retier_of_one_layer_and_kind_leaves_the_other_lists_alone():
+    s = make_store()
+    for il in range(3):
+        for kind in (KIND_K, KIND_V):
+            s.append(il, kind, TIER_WARM, "rotq4", rows(32, il))
+    s.retier(0, 32, TIER_ARCHIVE, "kivi2", il=1, kind=KIND_V)
+    assert s.held(TIER_ARCHIVE).bytes == codecs.encoded_size("kivi2", (32, 2, 64), "v")
+    assert [b.codec for b in s.blocks(1, KIND_V)] == ["kivi2"]
+    assert [b.codec for il in range(3) for kind in (KIND_K, KIND_V) if (il, kind) != (1, KIND_V)
+            for b in s.blocks(il, kind)] == ["rotq4"] * 5
+    s.retier(0, 32, TIER_ARCHIVE, "rotq3", kind=KIND_K)  # every layer's K
+    assert [b.codec for il in range(3) for b in s.blocks(il, KIND_K)] == ["rotq3"] * 3
+    with pytest.raises(ValueError, match="layer 3 is out of range"):
+        s.retier(0, 32, TIER_ARCHIVE, "rotq2", il=3)
+    with pytest.raises(ValueError, match="kind 2 is unknown"):
+        s.retier(0, 32, TIER_ARCHIVE, "rotq2", kind=2)
+
+
 def test_truncate_cuts_inside_a_block():
     s = make_store()
     x = rows(64)

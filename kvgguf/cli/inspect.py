@@ -74,10 +74,10 @@ def kvgguf_bytes(shape: KVShape, n_ctx: int, config: TieredConfig, *, n_batch: O
     """What kv_memory() of kvgguf.Llama(kv_codec=config, n_ctx=n_ctx, n_batch=n_batch,
     n_ubatch=n_ubatch, swa_full=swa_full) holds after n_tokens (default n_ctx) were evaluated in
     batches of n_batch: llama.cpp's f16 buffer for the hot window plus one batch (n_batch defaults
-    to the hot window, as kvgguf.Llama's does) and the store's blocks, which the policy's own
+    to TieredConfig.ubatch, as kvgguf.Llama's does) and the store's blocks, which the policy's own
     plans (policy.plan.blocks_after) lay out. n_cold: the rows the store then holds."""
     config = fitted_config(shape, config)
-    n_batch = min(config.hot, n_ctx) if n_batch is None else n_batch
+    n_batch = min(config.ubatch, n_ctx) if n_batch is None else n_batch
     blocks = plan.blocks_after(n_ctx if n_tokens is None else n_tokens, n_batch, config)
     hot = llama_cache_bytes(shape, min(n_ctx, config.hot + n_batch), "f16", swa_full=swa_full,
                             n_ubatch=min(n_ubatch, n_batch))
@@ -93,7 +93,7 @@ def kv_table(shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[int] = None
     """One row per cache: bytes held with n tokens in context, for each n of contexts.
     llama.cpp's types as llama-cpp-python builds them with n_ctx=n, n_ubatch; both swa_full
     settings where the model has sliding-window layers. kvgguf's codecs as kvgguf.Llama builds
-    them with kv_codec=<name>, n_ctx=n, n_batch (default: the hot window), swa_full on."""
+    them with kv_codec=<name>, n_ctx=n, n_batch (default: the config's ubatch), swa_full on."""
     rows = []
     settings = (True, False) if shape.n_swa else (True,)
     for cache in ("f16", "q8_0", "q4_0"):
@@ -134,8 +134,9 @@ def format_card(path, shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[in
     else:
         swa = (f"sliding window {shape.n_swa} tokens, layers {', '.join(map(str, full))} full "
                f"({len(full)} of {shape.n_layer})")
-    hot = fitted_config(shape, TieredConfig()).hot
-    batch = f"n_batch={n_batch}" if n_batch else "n_batch=hot"
+    preset = fitted_config(shape, TieredConfig())
+    hot = preset.hot
+    batch = f"n_batch={n_batch}" if n_batch else f"n_batch=ubatch ({preset.ubatch})"
     notes = [
         "KV bytes a live context holds with n_ctx tokens in it, as its kv_memory() reports them.",
         f"llama.cpp rows: Llama(n_ctx=n_ctx, type_k=type_v=cache, n_ubatch={n_ubatch}); llama.cpp pads n_ctx "

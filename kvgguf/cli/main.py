@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--chunks", type=_positive, default=4, help="chunks of the text to score")
     ev.add_argument("--batch", type=_positive, default=256, help="tokens per decode batch (B)")
     ev.add_argument("--hot", type=_positive, default=None, help="kvgguf hot window (default: the preset's)")
+    ev.add_argument("--ubatch", type=_positive, default=None,
+                    help="kvgguf's tokens per llama_decode within a batch (default: the preset's ubatch)")
     ev.add_argument("--quick", action="store_true", help="one chunk of 512 tokens in batches of 64, hot window 128, five caches")
     ev.add_argument("--text", default=None, help="UTF-8 text to score (default: WikiText-2 test, shipped with kvgguf)")
     ev.add_argument("--out", default=None,

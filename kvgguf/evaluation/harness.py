@@ -149,7 +149,7 @@ def _progress(msg: str) -> None:
 
 
 def make_llama(model_path: str, cfg: Optional[CacheConfig], ctx: int, batch: int, threads: int,
-               hot: Optional[int], kv_attention: str = "fused") -> Llama:
+               hot: Optional[int], kv_attention: str = "fused", ubatch: Optional[int] = None) -> Llama:
     """kv_attention for kvgguf's caches: batches of up to FUSED_MAX_TOKENS take the fused path,
     whose f32 sums differ from llama.cpp's f16 ones by KL ~0.004 on SmolLM2 even with f16 rows;
     "expand" measures the codec alone (llama.cpp's kernels over the decoded rows)."""
@@ -160,16 +160,18 @@ def make_llama(model_path: str, cfg: Optional[CacheConfig], ctx: int, batch: int
         if cfg is not None and cfg.swa_full is not None:
             kw["swa_full"] = cfg.swa_full
         return Llama(model_path, type_k=t, type_v=t, **kw)
+    # kvgguf splits the batches of B into its config's ubatch (what a user's application gets).
+    spec = TieredConfig.parse(cfg.spec)
+    kw["n_batch"] = kw["n_ubatch"] = min(batch, ubatch or spec.ubatch)
     if hot is None:  # the preset string: the facade fits it to the model (e.g. Gemma's window)
         return Llama(model_path, kv_codec=cfg.spec, kv_attention=kv_attention, **kw)
-    spec = TieredConfig.parse(cfg.spec)
     spec = replace(spec, hot=hot, block=min(spec.block, hot // 2))
     return Llama(model_path, kv_codec=spec, kv_attention=kv_attention, **kw)
 
 
 def run_eval(model_path: str, configs: Sequence[CacheConfig], tokens: Sequence[int], *, ctx: int, chunks: int,
              batch: int = 256, threads: int = 2, hot: Optional[int] = None,
-             kv_attention: str = "fused") -> tuple[dict, list[Result]]:
+             kv_attention: str = "fused", ubatch: Optional[int] = None) -> tuple[dict, list[Result]]:
     if ctx < 4 or batch <= 0:
         raise ValueError(f"ctx must be >= 4 and batch > 0, got ctx={ctx}, batch={batch}")
     if chunks * ctx > len(tokens):
@@ -177,10 +179,10 @@ def run_eval(model_path: str, configs: Sequence[CacheConfig], tokens: Sequence[i
     configs = split_sliding_window(configs, sliding_window(model_path))
     for cfg in configs:  # before the reference runs: a configuration that compresses nothing is refused
         if cfg.kind == "kvgguf":
-            llm = make_llama(model_path, cfg, ctx, batch, threads, hot, kv_attention)
-            kv_hot = llm.kv_config.hot
+            llm = make_llama(model_path, cfg, ctx, batch, threads, hot, kv_attention, ubatch)
+            kv_hot, kv_batch = llm.kv_config.hot, llm.n_batch
             llm.close()
-            check_compresses(kv_hot, ctx, batch, cfg.name)
+            check_compresses(kv_hot, ctx, kv_batch, cfg.name)
     half = ctx // 2
     parts = [np.asarray(tokens[c * ctx : (c + 1) * ctx], dtype=np.int64) for c in range(chunks)]
     nexts = [np.concatenate([p[half + 1 :], [-1]]) for p in parts]  # next token of each scored position
@@ -201,7 +203,7 @@ def run_eval(model_path: str, configs: Sequence[CacheConfig], tokens: Sequence[i
     results = []
     for cfg in configs:
         res = Result(cfg.name, cfg.kind)
-        llm = make_llama(model_path, cfg, ctx, batch, threads, hot, kv_attention)
+        llm = make_llama(model_path, cfg, ctx, batch, threads, hot, kv_attention, ubatch)
         nll_r, nll_t, agree = [], [], []
         t0 = time.perf_counter()
         for c, part in enumerate(parts):
@@ -235,7 +237,7 @@ def run_eval(model_path: str, configs: Sequence[CacheConfig], tokens: Sequence[i
         results.append(res)
     print(file=sys.stderr)
     meta = {"model": str(model_path), "ctx": ctx, "chunks": chunks, "batch": batch, "threads": threads,
-            "hot": hot, "scored_positions": chunks * (ctx - half)}
+            "hot": hot, "ubatch": ubatch, "scored_positions": chunks * (ctx - half)}
     return meta, results
 
 

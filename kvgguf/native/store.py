@@ -144,9 +144,12 @@ class KVStore:
         )
         return m, l, acc
 
-    def retier(self, r0: int, r1: int, tier: int, codec: str) -> None:
-        check(get_lib().kvg_store_retier(self._ptr, r0, r1, tier, codecs.get(codec).type),
-              f"retier rows [{r0}, {r1}) to {codec}")
+    def retier(self, r0: int, r1: int, tier: int, codec: str, *, il: int = -1, kind: int = -1) -> None:
+        """Re-encodes the blocks inside rows [r0, r1) into (tier, codec): of layer il and kind
+        (-1: every layer, both kinds)."""
+        what = f"retier rows [{r0}, {r1}) to {codec}" + (f" in layer {il}" if il >= 0 else "") + (
+            f" ({'KV'[kind]})" if kind in (KIND_K, KIND_V) else "")
+        check(get_lib().kvg_store_retier_list(self._ptr, il, kind, r0, r1, tier, codecs.get(codec).type), what)
 
     def truncate(self, n_rows: int) -> None:
         check(get_lib().kvg_store_truncate(self._ptr, n_rows), f"truncate to {n_rows} rows")

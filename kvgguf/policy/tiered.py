@@ -16,7 +16,10 @@ class TieredConfig:
     hot: the newest tokens llama.cpp's own f16 cache keeps exact between batches: before a
         batch, whole blocks of the oldest are moved out until at most ``hot`` remain, so
         between ``hot - block + 1`` and ``hot`` are exact (plus the batch being decoded).
-        llama.cpp's buffer holds hot + one batch, rounded up to its cell padding.
+        llama.cpp's buffer holds hot + one batch, rounded up to a multiple of 256 cells.
+    ubatch: tokens per llama_decode call (kvgguf.Llama's default n_batch): an application's
+        longer batches are split into these, so the f16 buffer is hot + ubatch, not hot + the
+        application's batch. hot + ubatch = 256 fills exactly one padding unit.
     sinks: the first tokens of the sequence, kept exact in the store (attention sinks).
     warm: codec for tokens that left the hot window.
     warm_tokens: how many compressed tokens stay warm before the oldest move to archive.
@@ -25,7 +28,8 @@ class TieredConfig:
     group_size: kivi's group size G.
     """
 
-    hot: int = 256
+    hot: int = 224
+    ubatch: int = 32
     sinks: int = 4
     warm: str = "rotq4"
     warm_tokens: int = 2048
@@ -34,7 +38,7 @@ class TieredConfig:
     group_size: int = 32
 
     def __post_init__(self):
-        for name in ("hot", "block", "group_size", "sinks", "warm_tokens"):
+        for name in ("hot", "ubatch", "block", "group_size", "sinks", "warm_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise TypeError(f"TieredConfig.{name} must be an int, got {value!r}")
@@ -42,7 +46,7 @@ class TieredConfig:
             raise TypeError(f"TieredConfig.warm must be a codec name, got {self.warm!r}")
         if self.archive is not None and not isinstance(self.archive, str):
             raise TypeError(f"TieredConfig.archive must be a codec name or None, got {self.archive!r}")
-        for name in ("hot", "block", "group_size"):
+        for name in ("hot", "ubatch", "block", "group_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"TieredConfig.{name} must be > 0, got {getattr(self, name)}")
         for name in ("sinks", "warm_tokens"):

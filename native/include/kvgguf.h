@@ -96,7 +96,7 @@ enum kvg_kind {
 // Bumped whenever a declaration in this region changes; kvg_abi_version() returns the value the
 // library was built with, and the Python binding refuses a library and header that disagree.
 enum kvg_abi {
-    KVG_ABI_VERSION = 4
+    KVG_ABI_VERSION = 5
 };
 
 enum kvg_simd {
@@ -192,6 +192,10 @@ int kvg_store_decode_f16(const kvg_store * s, int32_t il, int32_t kind, int64_t 
 // Every layer and kind: re-encodes each block that lies wholly inside [r0, r1) and is not
 // already in `tier` with `codec`. Fails before changing anything if a block straddles r0 or r1.
 int kvg_store_retier(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, int32_t codec);
+// The same for one layer (il = -1: every layer) and one kind (kind = -1: K and V): per-layer,
+// per-kind plans age each list into its own codec.
+int kvg_store_retier_list(kvg_store * s, int32_t il, int32_t kind, int64_t r0, int64_t r1, int32_t tier,
+                          int32_t codec);
 
 // Every layer and kind: keeps rows [0, n_rows). A block cut in two is re-encoded.
 int kvg_store_truncate(kvg_store * s, int64_t n_rows);

@@ -437,6 +437,11 @@ static int reencode_block(const kvg_store * s, int32_t kind, const kvg_block * b
 }
 
 int kvg_store_retier(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, int32_t codec) {
+    return kvg_store_retier_list(s, -1, -1, r0, r1, tier, codec);
+}
+
+int kvg_store_retier_list(kvg_store * s, int32_t il, int32_t kind, int64_t r0, int64_t r1, int32_t tier,
+                          int32_t codec) {
     kvg_clear_error();
     if (!s) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "store is NULL");
@@ -447,9 +452,21 @@ int kvg_store_retier(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, int32_
     if (!kvg_codec_name(codec)) {
         return kvg_fail(KVG_ERR_UNKNOWN_CODEC, "codec type %d is unknown", (int) codec);
     }
+    if (il < -1 || il >= s->p.n_layer) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "layer %d is out of range (the store has %d; -1: all)", (int) il,
+                        (int) s->p.n_layer);
+    }
+    if (kind < -1 || kind > KVG_KIND_V) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kind %d is unknown (0: K, 1: V, -1: both)", (int) kind);
+    }
     const int64_t n_lists = (int64_t) s->p.n_layer * 2;
+    // The lists (layer, kind) this call touches: list li holds layer li / 2, kind li % 2.
+#define KVG_SELECTED(li) ((il < 0 || (li) / 2 == il) && (kind < 0 || (li) % 2 == kind))
     // Check every list first so a straddled boundary changes nothing.
     for (int64_t li = 0; li < n_lists; ++li) {
+        if (!KVG_SELECTED(li)) {
+            continue;
+        }
         const kvg_rows * r = &s->rows[li];
         for (int64_t bi = 0; bi < r->n_blocks; ++bi) {
             const kvg_block * b = &r->blocks[bi];
@@ -461,6 +478,9 @@ int kvg_store_retier(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, int32_
         }
     }
     for (int64_t li = 0; li < n_lists; ++li) {
+        if (!KVG_SELECTED(li)) {
+            continue;
+        }
         kvg_rows * r = &s->rows[li];
         for (int64_t bi = 0; bi < r->n_blocks; ++bi) {
             kvg_block * b = &r->blocks[bi];
@@ -476,6 +496,7 @@ int kvg_store_retier(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, int32_
             *b = nb;
         }
     }
+#undef KVG_SELECTED
     return KVG_OK;
 }
 
