@@ -199,7 +199,7 @@ def _fake_gguf(path, arch):
 
 def test_bad_configs_raise_clear_errors(smollm2_path, tmp_path):
     path = str(smollm2_path)
-    with pytest.raises(ValueError, match="kv_codec 'rotq5' is unknown; choose 'tiered' or one of: f16"):
+    with pytest.raises(ValueError, match="kv_codec 'rotq5' is unknown; choose 'tiered', 'k:NAME,v:NAME' or one of: f16"):
         Llama(path, kv_codec="rotq5", n_ctx=1024)
     with pytest.raises(ValueError, match="smaller than a batch"):
         Llama(path, kv_codec=TieredConfig(hot=128), n_ctx=1024, n_batch=256)
@@ -279,3 +279,40 @@ def test_embed_after_eviction_matches_stock(smollm2_path, wiki_tokens):
     assert np.allclose(np.asarray(mine), np.asarray(ref), atol=1e-4)
     llm.eval(wiki_tokens[:300])  # and it evicts again from an empty store
     assert llm._kv.n_cold > 0
+
+
+def test_a_per_layer_per_kind_plan_stores_the_codecs_it_names(smollm2_path, wiki_tokens):
+    """Every (layer, K/V) list holds its tiers in the codecs the plan names, byte for byte, and
+    the fused attention reads the mixed codecs while generating."""
+    warm = {"default": ("rotq4", "rotq3"), 0: ("kivi4", "kivi2"), 5: "f16"}
+    archive = {"default": "rotq2", 1: ("crotq3", "kivi2")}
+    config = TieredConfig(hot=64, sinks=4, warm=warm, warm_tokens=128, archive=archive, block=32)
+    llm = Llama(str(smollm2_path), kv_codec=config, n_ctx=1024, n_batch=32, verbose=False, n_threads=N_THREADS)
+    llm.eval(wiki_tokens[:400])
+    for _ in range(3):  # one token at a time: the fused path
+        llm.eval([llm.sample(temp=0.0)])
+    kv, shape = llm._kv, llm._kv.shape
+    tables = {tier: config.table(tier, shape.n_layer) for tier in (TIER_SINK, TIER_WARM, TIER_ARCHIVE)}
+    seen = set()
+    for il in kv.layers:
+        for kind, dim, role in ((KIND_K, shape.head_dim_k, "k"), (KIND_V, shape.head_dim_v, "v")):
+            for b in kv.store.blocks(il, kind):
+                want = tables[b.tier][il, kind]
+                assert b.codec == want, (il, kind, b.tier)
+                assert len(b.data) == codecs.encoded_size(want, (b.n_rows, shape.n_head_kv, dim), role)
+                seen.add((b.tier, want))
+    assert {(TIER_WARM, "kivi4"), (TIER_WARM, "kivi2"), (TIER_WARM, "f16"), (TIER_WARM, "rotq3"),
+            (TIER_ARCHIVE, "crotq3"), (TIER_ARCHIVE, "kivi2"), (TIER_ARCHIVE, "rotq2")} <= seen
+    labels = {t.name: t.codec for t in llm.kv_memory().tiers}
+    assert labels["warm"].startswith("per layer:") and labels["archive"].startswith("per layer:")
+    llm.close()
+
+
+def test_k_and_v_apart_from_a_string(smollm2_path, wiki_tokens):
+    llm = Llama(str(smollm2_path), kv_codec="k:kivi4,v:rotq3", n_ctx=1024, verbose=False, n_threads=N_THREADS)
+    llm.eval(wiki_tokens[:400])
+    kv = llm._kv
+    assert {b.codec for b in kv.store.blocks(0, KIND_K)} == {"kivi4"}
+    assert {b.codec for b in kv.store.blocks(0, KIND_V)} == {"rotq3"}
+    assert [t.codec for t in llm.kv_memory().tiers if t.name == "warm"] == ["K kivi4 / V rotq3"]
+    llm.close()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kvgguf import TieredConfig
-from kvgguf.native.store import TIER_ARCHIVE, TIER_SINK, TIER_WARM
-from kvgguf.policy import plan
+from kvgguf.native.store import KIND_K, KIND_V, TIER_ARCHIVE, TIER_SINK, TIER_WARM
+from kvgguf.policy import codec_spec, plan
 
 CFG = TieredConfig(hot=256, sinks=4, warm="rotq4", warm_tokens=128, archive="rotq2", block=64)
 
@@ -37,10 +37,50 @@ def test_decode_keeps_the_configured_window():
 
 
 def test_evicted_parts_keep_sinks_exact():
-    assert plan.evicted_parts(0, 64, CFG) == [(TIER_SINK, "f16", 0, 4), (TIER_WARM, "rotq4", 4, 64)]
-    assert plan.evicted_parts(2, 64, CFG) == [(TIER_SINK, "f16", 0, 2), (TIER_WARM, "rotq4", 2, 62)]
-    assert plan.evicted_parts(64, 128, CFG) == [(TIER_WARM, "rotq4", 0, 64)]
-    assert plan.evicted_parts(0, 3, CFG) == [(TIER_SINK, "f16", 0, 3)]
+    assert plan.evicted_parts(0, 64, CFG) == [(TIER_SINK, 0, 4), (TIER_WARM, 4, 64)]
+    assert plan.evicted_parts(2, 64, CFG) == [(TIER_SINK, 0, 2), (TIER_WARM, 2, 62)]
+    assert plan.evicted_parts(64, 128, CFG) == [(TIER_WARM, 0, 64)]
+    assert plan.evicted_parts(0, 3, CFG) == [(TIER_SINK, 0, 3)]
+
+
+def test_codec_specs_expand_per_layer_and_kind():
+    cfg = TieredConfig(warm={"default": "rotq4", 1: ("kivi4", "rotq3")}, archive=("rotq3", "rotq2"))
+    warm = cfg.table(TIER_WARM, 3)
+    assert warm[1, KIND_K] == "kivi4" and warm[1, KIND_V] == "rotq3"
+    assert warm[0, KIND_K] == warm[2, KIND_V] == "rotq4"
+    archive = cfg.table(TIER_ARCHIVE, 3)
+    assert {archive[il, KIND_K] for il in range(3)} == {"rotq3"} and {archive[il, KIND_V] for il in range(3)} == {"rotq2"}
+    assert set(cfg.table(TIER_SINK, 3).values()) == {"f16"}
+    assert codec_spec.describe(archive) == "K rotq3 / V rotq2"
+    assert codec_spec.describe(warm) == "per layer: kivi4 x1, rotq3 x1, rotq4 x4"
+    with pytest.raises(ValueError, match=r"layers \[5\] outside \[0, 3\)"):
+        TieredConfig(warm={"default": "rotq4", 5: "kivi4"}).table(TIER_WARM, 3)
+
+
+def test_k_and_v_apart_as_a_string():
+    cfg = TieredConfig.parse("k:kivi4,v:rotq3")
+    assert cfg.warm == ("kivi4", "rotq3") and cfg.archive is None and cfg.sinks == 0
+    assert TieredConfig.parse(" k:kivi4, v:rotq3".strip()).warm == ("kivi4", "rotq3")
+
+
+@pytest.mark.parametrize("text,error", [
+    ("k:kivi4", "write K and V codecs as 'k:NAME,v:NAME'"),
+    ("k:kivi4,v:rotq9", "codec 'rotq9' is unknown"),
+    ("k:kivi4,x:rotq3", "write K and V codecs"),
+    ("k:kivi4,v:rotq3,v:rotq2", "write K and V codecs"),
+])
+def test_bad_k_and_v_strings_say_what_is_wrong(text, error):
+    with pytest.raises(ValueError, match=error):
+        TieredConfig.parse(text)
+
+
+@pytest.mark.parametrize("warm,error", [
+    ({"rotq4": "kivi4"}, ValueError), ({"default": "rotq4", -1: "kivi4"}, ValueError),
+    (("kivi4",), TypeError), (("kivi4", 4), TypeError), ({"default": "rotq9"}, ValueError),
+])
+def test_bad_codec_specs_are_refused_when_made(warm, error):
+    with pytest.raises(error):
+        TieredConfig(warm=warm)
 
 
 def test_blocks_age_into_archive_behind_the_newest_warm_tokens():

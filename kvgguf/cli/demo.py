@@ -53,15 +53,13 @@ def progress(total: int, desc: str):
 
 def where_held(llm, pos: int) -> str:
     """The tier and codec that hold position pos's K/V rows."""
-    from ..native.store import TIER_ARCHIVE, TIER_NAMES, TIER_SINK
+    from ..native.store import TIER_NAMES
 
     if llm.kv_config is None:
         return "f16 (llama.cpp)"
-    cfg = llm.kv_config
     for b in llm._kv.blocks:
         if b.r0 <= pos < b.r1:
-            codec = {TIER_SINK: "f16", TIER_ARCHIVE: cfg.archive}.get(b.tier, cfg.warm)
-            return f"{TIER_NAMES[b.tier]} {codec}"
+            return f"{TIER_NAMES[b.tier]} {llm._kv.codec_name(b.tier)}"
     return "hot f16"
 
 

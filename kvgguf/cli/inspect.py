@@ -25,7 +25,7 @@ from typing import Optional
 
 from ..model.shape import KVShape
 from ..native import codecs
-from ..native.store import TIER_ARCHIVE, TIER_SINK, TIER_WARM
+from ..native.store import KIND_K, KIND_V
 from ..policy import plan
 from ..policy.tiered import TieredConfig
 
@@ -59,14 +59,15 @@ def fitted_config(shape: KVShape, config: TieredConfig) -> TieredConfig:
 
 def store_bytes(shape: KVShape, blocks: list, config: TieredConfig) -> int:
     """Encoded bytes of the store's blocks on the full-attention layers, each in its tier's codec."""
-    codec_of = {TIER_SINK: "f16", TIER_WARM: config.warm, TIER_ARCHIVE: config.archive}
+    tables = {tier: config.table(tier, shape.n_layer) for tier in {b.tier for b in blocks}}
     total = 0
     for b in blocks:
-        c = codecs.get(codec_of[b.tier], group_size=config.group_size)
         rows = b.r1 - b.r0
-        total += (c.encoded_size((rows, shape.n_head_kv, shape.head_dim_k), "k")
-                  + c.encoded_size((rows, shape.n_head_kv, shape.head_dim_v), "v"))
-    return len(shape.full_layers) * total
+        for il in shape.full_layers:
+            for kind, dim, role in ((KIND_K, shape.head_dim_k, "k"), (KIND_V, shape.head_dim_v, "v")):
+                c = codecs.get(tables[b.tier][il, kind], group_size=config.group_size)
+                total += c.encoded_size((rows, shape.n_head_kv, dim), role)
+    return total
 
 
 def kvgguf_bytes(shape: KVShape, n_ctx: int, config: TieredConfig, *, n_batch: Optional[int] = None,

@@ -1,6 +1,7 @@
 """What the cache should hold: which token lives in which tier, with which codec.
 
-Pure Python decisions (``tiered``: the configuration and its presets; ``plan``: which rows
-to evict and which blocks to age), testable without llama.cpp. Imports ``kvgguf.native.codecs``
+Pure Python decisions (``tiered``: the configuration and its presets; ``codec_spec``: which
+codec each layer's K and V use; ``plan``: which rows to evict and which blocks to age),
+testable without llama.cpp. Imports ``kvgguf.native.codecs``
 only to check codec names; the runtime carries the plans out.
 """

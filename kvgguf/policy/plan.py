@@ -31,12 +31,12 @@ def rows_to_evict(n_past: int, n_cold: int, config: TieredConfig) -> int:
     return min(n_hot, -(-over // config.block) * config.block)
 
 
-def evicted_parts(p0: int, p1: int, config: TieredConfig) -> list[tuple[int, str, int, int]]:
-    """Rows [p0, p1) leaving the hot window, split by tier: (tier, codec, a, b) with a, b
-    offsets into the range. Positions below ``config.sinks`` stay exact (attention sinks)."""
+def evicted_parts(p0: int, p1: int, config: TieredConfig) -> list[tuple[int, int, int]]:
+    """Rows [p0, p1) leaving the hot window, split by tier: (tier, a, b) with a, b offsets
+    into the range. Positions below ``config.sinks`` stay exact (attention sinks)."""
     sinks = min(max(config.sinks - p0, 0), p1 - p0)
-    parts = [(TIER_SINK, "f16", 0, sinks), (TIER_WARM, config.warm, sinks, p1 - p0)]
-    return [p for p in parts if p[3] > p[2]]
+    parts = [(TIER_SINK, 0, sinks), (TIER_WARM, sinks, p1 - p0)]
+    return [p for p in parts if p[2] > p[1]]
 
 
 def blocks_to_archive(blocks: list[Block], config: TieredConfig) -> list[Block]:
@@ -60,7 +60,7 @@ def blocks_after(n_tokens: int, n_batch: int, config: TieredConfig) -> list[Bloc
         n_cold = blocks[-1].r1 if blocks else 0
         n_evict = rows_to_evict(start, n_cold, config)
         if n_evict:
-            blocks += [Block(n_cold + a, n_cold + b, tier) for tier, _c, a, b in evicted_parts(n_cold, n_cold + n_evict, config)]
+            blocks += [Block(n_cold + a, n_cold + b, tier) for tier, a, b in evicted_parts(n_cold, n_cold + n_evict, config)]
             for b in blocks_to_archive(blocks, config):
                 b.tier = TIER_ARCHIVE
     return blocks

@@ -7,6 +7,9 @@ from dataclasses import dataclass, replace
 from typing import Optional, Union
 
 from ..native import codecs
+from ..native.store import TIER_ARCHIVE, TIER_SINK, TIER_WARM
+from . import codec_spec
+from .codec_spec import CodecSpec
 
 
 @dataclass(frozen=True)
@@ -21,9 +24,10 @@ class TieredConfig:
         longer batches are split into these, so the f16 buffer is hot + ubatch, not hot + the
         application's batch. hot + ubatch = 256 fills exactly one padding unit.
     sinks: the first tokens of the sequence, kept exact in the store (attention sinks).
-    warm: codec for tokens that left the hot window.
+    warm: codec for tokens that left the hot window: a name, a (K, V) pair of names, or a
+        mapping per layer over a default (``codec_spec``).
     warm_tokens: how many compressed tokens stay warm before the oldest move to archive.
-    archive: codec for the oldest tokens; None keeps everything warm.
+    archive: codec for the oldest tokens, in the same forms; None keeps everything warm.
     block: tokens evicted from llama.cpp at a time (the store's re-encoding unit).
     group_size: kivi's group size G.
     """
@@ -31,9 +35,9 @@ class TieredConfig:
     hot: int = 224
     ubatch: int = 32
     sinks: int = 4
-    warm: str = "rotq4"
+    warm: CodecSpec = "rotq4"
     warm_tokens: int = 2048
-    archive: Optional[str] = "rotq2"
+    archive: Optional[CodecSpec] = "rotq2"
     block: int = 64
     group_size: int = 32
 
@@ -42,10 +46,8 @@ class TieredConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise TypeError(f"TieredConfig.{name} must be an int, got {value!r}")
-        if not isinstance(self.warm, str):
-            raise TypeError(f"TieredConfig.warm must be a codec name, got {self.warm!r}")
-        if self.archive is not None and not isinstance(self.archive, str):
-            raise TypeError(f"TieredConfig.archive must be a codec name or None, got {self.archive!r}")
+        if self.warm is None:
+            raise TypeError("TieredConfig.warm must be a codec spec (a name, a (K, V) pair or a per-layer mapping)")
         for name in ("hot", "ubatch", "block", "group_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"TieredConfig.{name} must be > 0, got {getattr(self, name)}")
@@ -57,21 +59,36 @@ class TieredConfig:
         for name in ("warm", "archive"):
             value = getattr(self, name)
             if value is not None:
-                codecs.get(value)  # ValueError naming the codecs that exist
+                try:  # ValueError naming the codecs that exist
+                    codec_spec.check(value)
+                except TypeError as e:
+                    raise TypeError(f"TieredConfig.{name}: {e}") from None
+
+    def table(self, tier: int, n_layer: int) -> dict[tuple[int, int], str]:
+        """{(layer, kind): codec} of a tier on a model of n_layer layers (sinks: f16)."""
+        if tier == TIER_SINK:
+            return {(il, kind): "f16" for il in range(n_layer) for kind in (0, 1)}
+        spec = self.warm if tier == TIER_WARM else self.archive
+        if tier not in (TIER_WARM, TIER_ARCHIVE) or spec is None:
+            raise ValueError(f"tier {tier} holds no rows in this config")
+        return codec_spec.choice(spec, n_layer)
 
     @classmethod
     def parse(cls, spec: Union[str, "TieredConfig"]) -> "TieredConfig":
         """``"tiered"`` (the preset), a codec name (every token outside the hot window uses
-        it, no sinks, no archive), or a TieredConfig."""
+        it, no sinks, no archive), ``"k:NAME,v:NAME"`` (the same with K and V apart), or a
+        TieredConfig."""
         if isinstance(spec, TieredConfig):
             return spec
         if not isinstance(spec, str):
             raise TypeError(f"kv_codec must be a str or TieredConfig, got {type(spec).__name__}")
         if spec == "tiered":
             return cls()
+        if spec.startswith("k:"):
+            return cls(sinks=0, warm=codec_spec.parse_kv(spec), warm_tokens=0, archive=None)
         if spec not in codecs.names():
             raise ValueError(
-                f"kv_codec {spec!r} is unknown; choose 'tiered' or one of: {', '.join(codecs.names())}"
+                f"kv_codec {spec!r} is unknown; choose 'tiered', 'k:NAME,v:NAME' or one of: {', '.join(codecs.names())}"
             )
         return cls(sinks=0, warm=spec, warm_tokens=0, archive=None)
 

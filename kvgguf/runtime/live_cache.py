@@ -17,7 +17,7 @@ from ..llamacpp import hooks
 from .memory import KVMemory, TierMemory
 from ..model.shape import KVShape
 from ..native.store import KIND_K, KIND_V, MASS_ROWS, TIER_ARCHIVE, TIER_NAMES, TIER_SINK, TIER_WARM, KVStore
-from ..policy import plan
+from ..policy import codec_spec, plan
 from ..policy.tiered import TieredConfig
 
 SEQ = 0  # one sequence per context (n_seq_max = 1)
@@ -47,6 +47,9 @@ class LiveCache:
                 self.store.set_layer_enabled(il, False)
         if not self.layers:
             raise ValueError("this model has no full-attention layer with a KV cache to compress")
+        # {tier: {(layer, kind): codec}} for the tiers this config fills
+        self.codecs = {tier: config.table(tier, shape.n_layer) for tier in (TIER_SINK, TIER_WARM, TIER_ARCHIVE)
+                       if tier != TIER_ARCHIVE or config.archive is not None}
         self.blocks: list[plan.Block] = []
         self._attach(self.store)
         self._errors_seen = 0
@@ -76,6 +79,11 @@ class LiveCache:
     @property
     def n_cold(self) -> int:
         return self.blocks[-1].r1 if self.blocks else 0
+
+    def codec_name(self, tier: int) -> str:
+        """A tier's codecs over the layers that hold cold rows: "rotq4", "K kivi4 / V rotq3", ..."""
+        table = self.codecs[tier]
+        return codec_spec.describe({key: c for key, c in table.items() if key[0] in self.layers})
 
     def close(self) -> None:
         if self.ctx is not None:
@@ -116,9 +124,9 @@ class LiveCache:
         for il in self.layers:
             for kind in (KIND_K, KIND_V):
                 rows = self._read(il, kind, p0, p1)
-                for tier, codec, a, b in parts:
-                    self.store.append(il, kind, tier, codec, rows[a:b])
-        for tier, _codec, a, b in parts:
+                for tier, a, b in parts:
+                    self.store.append(il, kind, tier, self.codecs[tier][il, kind], rows[a:b])
+        for tier, a, b in parts:
             self.blocks.append(plan.Block(p0 + a, p0 + b, tier))
         mem = C.llama_get_memory(self.ctx)
         if not C.llama_memory_seq_rm(mem, SEQ, p0, p1):
@@ -129,8 +137,15 @@ class LiveCache:
             raise RuntimeError("kvgguf: llama.cpp could not compact its KV cache after an eviction")
 
     def _age(self) -> None:
+        table = self.codecs.get(TIER_ARCHIVE, {})
+        used = {table[il, kind] for il in self.layers for kind in (KIND_K, KIND_V)} if table else set()
         for b in plan.blocks_to_archive(self.blocks, self.config):
-            self.store.retier(b.r0, b.r1, TIER_ARCHIVE, self.config.archive)
+            if len(used) == 1:  # one codec for every list: one call re-encodes them all
+                self.store.retier(b.r0, b.r1, TIER_ARCHIVE, next(iter(used)))
+            else:
+                for il in self.layers:
+                    for kind in (KIND_K, KIND_V):
+                        self.store.retier(b.r0, b.r1, TIER_ARCHIVE, table[il, kind], il=il, kind=kind)
             b.tier = TIER_ARCHIVE
 
     def truncate(self, n_tokens: int) -> None:
@@ -167,10 +182,9 @@ class LiveCache:
 
     def memory(self, n_tokens: int) -> KVMemory:
         tiers = [TierMemory("hot", "f16", int(hooks.kv_bytes(self.ctx)))]
-        codec_of = {TIER_SINK: "f16", TIER_WARM: self.config.warm, TIER_ARCHIVE: self.config.archive}
         for tier in (TIER_SINK, TIER_WARM, TIER_ARCHIVE):
             held = self.store.held(tier)
-            if held.bytes or (tier == TIER_WARM) or (tier == TIER_ARCHIVE and self.config.archive):
-                tiers.append(TierMemory(TIER_NAMES[tier], codec_of[tier], held.bytes))
+            if held.bytes or tier in self.codecs and tier != TIER_SINK:
+                tiers.append(TierMemory(TIER_NAMES[tier], self.codec_name(tier), held.bytes))
         return KVMemory(tuple(tiers), self.store.index_bytes(), n_tokens, self.shape.values_per_token,
                         int(hooks.compute_bytes(self.ctx)), self.store.held().values)

@@ -20,7 +20,7 @@ import ctypes
 import json
 import struct
 from dataclasses import asdict, dataclass
-from typing import Mapping, Optional, Tuple, Union
+from typing import Optional
 
 import llama_cpp.llama_cpp as C
 import numpy as np
@@ -31,6 +31,8 @@ from ..model.shape import KVShape
 from ..native import codecs
 from ..native.binding import KvgError
 from ..native.store import KIND_K, KIND_V, EncodedBlock, KVStore
+from ..policy import codec_spec
+from ..policy.codec_spec import CodecSpec
 from ..runtime.live_cache import LiveCache
 from . import container
 from .fingerprint import ModelFingerprint
@@ -59,10 +61,6 @@ class SessionInfo:
 
 # --- save ----------------------------------------------------------------------------------
 
-# A codec for every exact row, a (K, V) pair, or per layer {il: name or (K, V)} over a default.
-CodecSpec = Union[str, Tuple[str, str], Mapping[Union[int, str], Union[str, Tuple[str, str]]]]
-
-
 @dataclass
 class LiveContext:
     """What a session reads from and restores into, handed over by the facade (kvgguf.Llama):
@@ -75,36 +73,6 @@ class LiveContext:
     tokens: np.ndarray  # the token ids in context (a copy)
     n_ctx: int  # the logical context
     n_vocab: int
-
-
-def codec_choice(spec: CodecSpec, n_layer: int) -> dict[tuple[int, int], str]:
-    """{(layer, kind): codec name} from a CodecSpec; ValueError for unknown names or layers."""
-    def pair(v) -> tuple[str, str]:
-        k, v = (v, v) if isinstance(v, str) else tuple(v)
-        codecs.get(k), codecs.get(v)  # unknown names fail here, naming the known ones
-        return k, v
-
-    if isinstance(spec, Mapping):
-        if "default" not in spec:
-            raise ValueError("a per-layer session codec needs a 'default' entry")
-        per = {il: pair(spec.get(il, spec["default"])) for il in range(n_layer)}
-        extra = [k for k in spec if k != "default" and k not in per]
-        if extra:
-            raise ValueError(f"session codec names layers {extra} outside [0, {n_layer})")
-    else:
-        per = {il: pair(spec) for il in range(n_layer)}
-    return {(il, kind): per[il][kind] for il in range(n_layer) for kind in (KIND_K, KIND_V)}
-
-
-def describe(choice: dict[tuple[int, int], str]) -> str:
-    names = set(choice.values())
-    if len(names) == 1:
-        return names.pop()
-    k = {c for (_, kind), c in choice.items() if kind == KIND_K}
-    v = {c for (_, kind), c in choice.items() if kind == KIND_V}
-    if len(k) == 1 and len(v) == 1:
-        return f"K {k.pop()} / V {v.pop()}"
-    return "per layer: " + ", ".join(f"{n} x{list(choice.values()).count(n)}" for n in sorted(names))
 
 
 def dump(live: LiveContext, *, codec: Optional[CodecSpec] = None, exact: bool = False, entropy: bool = True,
@@ -121,8 +89,8 @@ def dump(live: LiveContext, *, codec: Optional[CodecSpec] = None, exact: bool = 
     store = kv.store if kv is not None else None
     n_cold = kv.n_cold if kv is not None else 0
     _check_positions(caches, n_cold, n_tokens)
-    choice = codec_choice(codec, shape.n_layer)
-    described = describe(choice)
+    choice = codec_spec.choice(codec, shape.n_layer)
+    described = codec_spec.describe(choice)
 
     hot_rows, sink_rows = {}, {}
     for c in caches:
