@@ -6,6 +6,8 @@ figure there is what a committed command wrote (the command heads each block).
 - usage:   benchmarks/results/usage_example.txt   (benchmarks/usage_example.py)
 - live:    benchmarks/results/live_cache_*.md      (benchmarks/live_cache.py)
 - quality: benchmarks/results/eval/*.md            (kvgguf eval ... --out benchmarks/results/eval)
+- recall:  benchmarks/results/retrieval_*.md       (benchmarks/retrieval.py)
+- window:  benchmarks/results/ubatch/*.md          (kvgguf eval --hot H --ubatch U; benchmarks/live_cache.py)
 """
 
 import re
@@ -35,6 +37,14 @@ def quality() -> str:
     return "\n\n".join(parts)
 
 
+def recall() -> str:
+    return "\n\n".join(md.read_text().strip() for md in sorted(RESULTS.glob("retrieval_*.md")))
+
+
+def window() -> str:
+    return "\n\n".join(md.read_text().strip() for md in sorted((RESULTS / "ubatch").glob("*.md")))
+
+
 def replace(text: str, name: str, body: str) -> str:
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     if begin not in text or end not in text:
@@ -46,7 +56,8 @@ def replace(text: str, name: str, body: str) -> str:
 def main() -> None:
     readme = ROOT / "README.md"
     text = readme.read_text()
-    for name, make in (("usage", usage), ("live", live), ("quality", quality)):
+    for name, make in (("usage", usage), ("live", live), ("quality", quality), ("recall", recall),
+                       ("window", window)):
         text = replace(text, name, make())
     readme.write_text(text)
 

@@ -11,6 +11,7 @@ those asked, the bits per value the cache held with the document in it, and the 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -22,11 +23,18 @@ LLAMA_TYPES = ("f16", "q8_0", "q5_1", "q4_0", "iq4_nl")
 
 def open_llama(path: str, cache: str, n_ctx: int, threads: int):
     import kvgguf
+    from kvgguf.policy import codec_spec
 
     kw = dict(n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, flash_attn=True, verbose=False, seed=0)
     if cache in LLAMA_TYPES:
         return kvgguf.Llama(path, type_k=cache, type_v=cache, **kw)
-    return kvgguf.Llama(path, kv_codec=cache, **kw)
+    # "tiered:archive=SPEC": the preset with another archive tier ("none", a codec, "k:A/v:B")
+    name, _, archive = cache.partition(":archive=")
+    if not archive:
+        return kvgguf.Llama(path, kv_codec=cache, **kw)
+    spec = (None if archive == "none" else codec_spec.parse_kv(archive.replace("/", ","))
+            if archive.startswith("k:") else archive)
+    return kvgguf.Llama(path, kv_codec=dataclasses.replace(kvgguf.TieredConfig.parse(name), archive=spec), **kw)
 
 
 def run_cache(path: str, cache: str, n_tokens: int, n_documents: int, threads: int, seed: int) -> dict:
@@ -83,7 +91,8 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="smollm2-135m", help="model name or GGUF path")
     p.add_argument("--contexts", default="2048,5120,8192", help="document lengths in tokens, comma-separated")
     p.add_argument("--caches", default="f16,q8_0,q4_0,tiered,rotq4,rotq3,kivi4",
-                   help="llama.cpp types and kvgguf codecs or 'tiered'")
+                   help="llama.cpp types, kvgguf codecs, 'tiered', 'tiered:archive=SPEC' (SPEC: none, a codec, "
+                        "k:NAME/v:NAME)")
     p.add_argument("--documents", type=int, default=2, help="documents per context (5 facts each)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-t", "--threads", type=int, default=2)
