@@ -64,9 +64,10 @@ class Llama(llama_cpp.Llama):
     Takes every argument llama_cpp.Llama takes, keyword-only after the model path, plus:
 
     kv_codec: None for llama.cpp's own cache (stock behaviour); "tiered" for the preset
-        (recent tokens exact, older ones at 4 bits, the oldest at 2 bits, first tokens
-        exact as attention sinks); a codec name such as "rotq3" or "kivi4" (every token
-        outside the hot window uses it); or a :class:`TieredConfig`.
+        (recent tokens exact, older ones at 4 bits, the oldest with 4-bit keys and 2-bit
+        values, first tokens exact as attention sinks); a codec name such as "rotq3" or
+        "kivi4" (every token outside the hot window uses it); "k:NAME,v:NAME" (the same with
+        K and V apart); or a :class:`TieredConfig`.
     n_ctx: the logical context. With a kv_codec, llama.cpp's own f16 cache holds only the
         hot window plus one batch; older tokens live compressed in kvgguf's store.
     n_batch: tokens per llama_decode call; with a kv_codec it defaults to TieredConfig.ubatch

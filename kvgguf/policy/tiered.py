@@ -37,7 +37,7 @@ class TieredConfig:
     sinks: int = 4
     warm: CodecSpec = "rotq4"
     warm_tokens: int = 2048
-    archive: Optional[CodecSpec] = "rotq2"
+    archive: Optional[CodecSpec] = ("rotq4", "rotq2")  # K, V: recall needs the keys (README, long-range recall)
     block: int = 64
     group_size: int = 32
 
