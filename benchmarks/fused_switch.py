@@ -24,8 +24,9 @@ def measure(path: str, tokens: list[int], n_ctx: int, sizes: list[int], attentio
             threads: int, codec: str) -> dict[int, float]:
     import kvgguf
 
-    llm = kvgguf.Llama(path, kv_codec=codec, kv_attention=attention, n_ctx=n_ctx, n_batch=256,
-                       n_ubatch=256, n_threads=threads, n_threads_batch=threads, flash_attn=True, verbose=False)
+    batch = max(sizes)  # one llama_decode per measured ubatch; the hot window must exceed it
+    llm = kvgguf.Llama(path, kv_codec=codec, kv_attention=attention, n_ctx=n_ctx, n_batch=batch,
+                       n_ubatch=batch, n_threads=threads, n_threads_batch=threads, flash_attn=True, verbose=False)
     if attention == "fused":  # let every measured size take the fused path
         from kvgguf.llamacpp import hooks
 
