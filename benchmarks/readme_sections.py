@@ -8,6 +8,7 @@ figure there is what a committed command wrote (the command heads each block).
 - quality: benchmarks/results/eval/*.md            (kvgguf eval ... --out benchmarks/results/eval)
 - recall:  benchmarks/results/retrieval_*.md       (benchmarks/retrieval.py)
 - window:  benchmarks/results/ubatch/*.md          (kvgguf eval --hot H --ubatch U; benchmarks/live_cache.py)
+- calibration: benchmarks/results/calibration/*.md (benchmarks/calibration_proxy.py; kvgguf eval --codecs auto:...)
 """
 
 import re
@@ -22,8 +23,12 @@ def usage() -> str:
     return "Output of `.venv/bin/python benchmarks/usage_example.py` (the code above, run as written):\n\n```text\n" + out + "\n```"
 
 
+LIVE_FIRST = ("live_cache_4k_8k_ubatch",)  # the current preset's run first, older days after
+
+
 def live() -> str:
-    return "\n\n".join(md.read_text().strip() for md in sorted(RESULTS.glob("live_cache_*.md")))
+    mds = sorted(RESULTS.glob("live_cache_*.md"), key=lambda md: (md.stem not in LIVE_FIRST, md.stem))
+    return "\n\n".join(md.read_text().strip() for md in mds)
 
 
 def quality() -> str:
@@ -45,6 +50,10 @@ def window() -> str:
     return "\n\n".join(md.read_text().strip() for md in sorted((RESULTS / "ubatch").glob("*.md")))
 
 
+def calibration() -> str:
+    return "\n\n".join(md.read_text().strip() for md in sorted((RESULTS / "calibration").glob("*.md")))
+
+
 def replace(text: str, name: str, body: str) -> str:
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     if begin not in text or end not in text:
@@ -57,7 +66,7 @@ def main() -> None:
     readme = ROOT / "README.md"
     text = readme.read_text()
     for name, make in (("usage", usage), ("live", live), ("quality", quality), ("recall", recall),
-                       ("window", window)):
+                       ("window", window), ("calibration", calibration)):
         text = replace(text, name, make())
     readme.write_text(text)
 

@@ -24,7 +24,7 @@ from .model import registry as models  # noqa: E402
 from .llama import Llama  # noqa: E402
 from .runtime.memory import KVMemory  # noqa: E402
 from .policy.tiered import TieredConfig  # noqa: E402
-from .errors import SessionCorruptError, SessionError, SessionMismatchError, SessionVersionError  # noqa: E402
+from .errors import CalibrationError, SessionCorruptError, SessionError, SessionMismatchError, SessionVersionError  # noqa: E402
 from .session.prompt_cache import CompressedDiskCache, CompressedRAMCache  # noqa: E402
 from .session.session import SessionInfo  # noqa: E402
 from .llamacpp.library import library_path as llama_library_path  # noqa: E402
@@ -39,6 +39,6 @@ __version__ = "0.1.0"
 __all__ = [
     "Llama", "TieredConfig", "KVMemory", "codecs", "models",
     "CompressedRAMCache", "CompressedDiskCache", "SessionInfo",
-    "SessionError", "SessionCorruptError", "SessionMismatchError", "SessionVersionError",
+    "SessionError", "SessionCorruptError", "SessionMismatchError", "SessionVersionError", "CalibrationError",
     "llama_library_path", "llama_patch_version", "install", "uninstall", "__version__",
 ]

@@ -1,4 +1,4 @@
-"""What can go wrong reading a session: each a ValueError the caller can catch as one."""
+"""What can go wrong reading a session or a calibration file: each a ValueError the caller can catch as one."""
 
 from __future__ import annotations
 
@@ -17,3 +17,8 @@ class SessionVersionError(SessionError):
 
 class SessionMismatchError(SessionError):
     """A sound file for another model, or for a cache this Llama cannot hold."""
+
+
+class CalibrationError(ValueError):
+    """A calibration file that cannot be used: unreadable, another format version, or measured
+    on another model."""

@@ -32,6 +32,7 @@ import llama_cpp
 
 from .llama import SUPPORTED_ARCHS, Llama
 from .model.gguf_file import read_metadata
+from .policy import calibration
 from .policy.tiered import TieredConfig
 
 ENV_VAR = "KVGGUF_KV_CODEC"
@@ -81,7 +82,7 @@ class InstalledLlama(Llama):
                 warnings.warn(msg, RuntimeWarning, stacklevel=3)
                 kwargs["kv_codec"] = None
             else:
-                ubatch = TieredConfig.parse(kwargs["kv_codec"]).ubatch
+                ubatch = calibration.parse(kwargs["kv_codec"])[0].ubatch
                 if kwargs.get("n_batch") is not None and kwargs["n_batch"] > ubatch:
                     kwargs["n_batch"] = ubatch
         super().__init__(model_path, **kwargs)
@@ -98,7 +99,7 @@ def install(kv_codec: Union[str, TieredConfig] = "tiered", **defaults) -> None:
     keyword ``defaults`` (e.g. ``kv_attention``) unless the caller passes them. Calling it again
     replaces the defaults."""
     global _defaults
-    TieredConfig.parse(kv_codec)  # an unknown codec name fails here, not in some library later
+    calibration.parse(kv_codec)  # an unknown codec name fails here, not in some library later
     _defaults = {"kv_codec": kv_codec, **defaults}
     _STOCK.__new__ = _new
 

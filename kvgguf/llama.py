@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from typing import Iterator, Optional, Sequence, Union
 
 import llama_cpp
@@ -13,6 +14,7 @@ from .runtime.live_cache import FUSED_MAX_TOKENS, LiveCache
 from .runtime.memory import KVMemory, TierMemory
 from .model.gguf_file import read_metadata
 from .model.shape import MAX_LAYERS, KVShape
+from .policy import calibration
 from .policy.tiered import TieredConfig
 from .session import session
 from .session.container import write_atomic
@@ -58,6 +60,27 @@ def _config_for_model(config: TieredConfig, preset: bool, model_path: str) -> tu
         raise ValueError(f"{model_path}: {e}") from None
 
 
+def _calibration_progress(model_path: str, verbose: bool):
+    """A progress callback for the first use of "auto" on a model (a minute or more)."""
+    bar = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            from tqdm import tqdm
+
+            if verbose:
+                print(f"kvgguf: calibrating {os.path.basename(model_path)} for kv_codec='auto' (once; kept in "
+                      f"{calibration.default_path(model_path)})", file=sys.stderr)
+            bar = tqdm(total=total, desc="calibrating", unit="list", disable=not (verbose and sys.stderr.isatty()),
+                       leave=False)
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
+
+    return progress
+
+
 class Llama(llama_cpp.Llama):
     """llama_cpp.Llama with a compressed KV cache.
 
@@ -67,7 +90,10 @@ class Llama(llama_cpp.Llama):
         (recent tokens exact, older ones at 4 bits, the oldest with 4-bit keys and 2-bit
         values, first tokens exact as attention sinks); a codec name such as "rotq3" or
         "kivi4" (every token outside the hot window uses it); "k:NAME,v:NAME" (the same with
-        K and V apart); or a :class:`TieredConfig`.
+        K and V apart); "auto" or "auto:BITS" (a codec per layer and K/V from this model's
+        calibration, allocated for an average of BITS per compressed value, default 3.0; the
+        first use measures the model, minutes on a laptop, and keeps the result in kvgguf's cache
+        folder: see ``kvgguf calibrate``); or a :class:`TieredConfig`.
     n_ctx: the logical context. With a kv_codec, llama.cpp's own f16 cache holds only the
         hot window plus one batch; older tokens live compressed in kvgguf's store.
     n_batch: tokens per llama_decode call; with a kv_codec it defaults to TieredConfig.ubatch
@@ -108,7 +134,7 @@ class Llama(llama_cpp.Llama):
         if not os.path.isfile(model_path):  # the exception stock raises, before kvgguf reads the file
             raise ValueError(f"Model path does not exist or is not a file: {model_path}")
         preset = isinstance(kv_codec, str)
-        config = TieredConfig.parse(kv_codec)
+        config, budget = calibration.parse(kv_codec)  # budget: "auto[:BITS]", the model's calibrated plan
         if kv_attention not in ("fused", "expand"):
             raise ValueError(f"kv_attention must be 'fused' or 'expand', got {kv_attention!r}")
         for name, t in (("type_k", type_k), ("type_v", type_v)):
@@ -117,6 +143,9 @@ class Llama(llama_cpp.Llama):
         if n_ctx <= 0:
             raise ValueError("kv_codec needs n_ctx > 0: the logical context to hold")
         config, shape = _config_for_model(config, preset, model_path)
+        if budget is not None:
+            config = calibration.for_model(model_path, budget, base=config,
+                                           progress=_calibration_progress(model_path, kwargs.get("verbose", True)))
         n_batch = min(config.ubatch, n_ctx) if n_batch is None else n_batch
         if n_batch > config.hot:
             raise ValueError(

@@ -11,6 +11,8 @@ from typing import Optional
 
 import numpy as np
 
+from ..evaluation.retrieval import greedy_answer
+
 # A fact planted near the start of the document, and the start of it again at the end: the model
 # can only complete it by attending to a token that has long since left the exact window.
 FACT = " The code of the blue vault is 7391."
@@ -84,16 +86,9 @@ def run_one(path: str, name: str, kv_codec: Optional[str], n_tokens: int, thread
         fact_held = where_held(llm, FACT_AT + 1)
 
         llm.eval(llm.tokenize(QUESTION.encode("utf-8"), add_bos=False))
-        out: list[int] = []
         t0 = time.perf_counter()
-        for _ in range(ANSWER_TOKENS):
-            tok = llm.sample(temp=0.0)
-            if tok == llm.token_eos():
-                break
-            out.append(tok)
-            llm.eval([tok])
-        decode = len(out) / (time.perf_counter() - t0) if out else float("nan")
-        answer = llm.detokenize(out).decode("utf-8", errors="replace").split("\n")[0].strip()
+        answer, n = greedy_answer(llm, ANSWER_TOKENS)
+        decode = n / (time.perf_counter() - t0) if n else float("nan")
         return Run(name, mem.total_bytes, mem.bits_per_value, prefill, decode, answer, fact_held, logits)
     finally:
         llm.close()

@@ -179,16 +179,40 @@ def format_card(path, shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[in
     return "\n".join(lines)
 
 
+def calibration_lines(path) -> tuple[list[str], Optional[dict]]:
+    """What kv_codec='auto' would use on this model: its calibration file and the plans."""
+    from ..errors import CalibrationError
+    from ..policy import calibration
+    from .calibrate import plan_table
+
+    file = calibration.default_path(str(path))
+    if not file.exists():
+        return [f"calibration:  none yet (`kvgguf calibrate {path}` or the first kv_codec='auto' measures it)"], None
+    try:
+        cal = calibration.Calibration.load(file)
+        cal.require_model(str(path))
+    except CalibrationError as e:
+        return [f"calibration:  {file} cannot be used: {e}"], None
+    text = cal.text
+    lines = [f"calibration:  {file} ({text.get('tokens')} tokens of "
+             f"{'self-written text' if text.get('source') == 'self' else text.get('source')})"]
+    lines += ["  " + row for row in plan_table(cal)]
+    return lines, cal.to_json()
+
+
 def run(args) -> int:
     from ..model.registry import path as model_path
 
     path = model_path(args.model)
     shape = KVShape.from_gguf(path)
     contexts = tuple(args.ctx) if args.ctx else CONTEXTS
+    lines, cal = calibration_lines(path)
     if args.json:
         print(json.dumps({"path": str(path), **asdict(shape), "n_ubatch": N_UBATCH,
-                          "kv_table": kv_table(shape, contexts)}, indent=2))
+                          "kv_table": kv_table(shape, contexts), "calibration": cal}, indent=2))
     else:
         print(format_card(Path(path), shape, contexts))
+        print()
+        print("\n".join(lines))
     return 0
 

@@ -24,8 +24,10 @@ def _cache_type(value: str) -> str:
 def _kv_codec(value: str) -> str:
     from ..native import codecs
 
-    names = ["tiered"] + codecs.names()
-    if value not in names:
+    from ..policy import calibration
+
+    names = ["tiered", "auto", "auto:BITS"] + codecs.names()
+    if value not in names and not value.startswith("k:") and calibration.parse_auto(value) is None:
         raise argparse.ArgumentTypeError(f"'{value}' is not a kv codec; choose one of: {', '.join(names)}")
     return value
 
@@ -54,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     chat = sub.add_parser("chat", help="chat in the terminal, streaming replies (llama.cpp-style flags)")
     chat.add_argument("model", nargs="?", default=None, help="model name or GGUF path (default: smollm2-135m)")
     chat.add_argument("--kv-codec", type=_kv_codec, default=None,
-                      help="kvgguf cache: 'tiered' or a codec name (default: llama.cpp's own cache)")
+                      help="kvgguf cache: 'tiered', 'auto[:BITS]' (calibrated), a codec name or 'k:NAME,v:NAME' "
+                           "(default: llama.cpp's own cache)")
     chat.add_argument("--hot", type=_positive, default=None, help="tokens llama.cpp keeps exact (with --kv-codec)")
     chat.add_argument("--sinks", type=int, default=None, help="first tokens kept exact (with --kv-codec)")
     chat.add_argument("-c", "--ctx-size", type=_positive, default=4096, help="context size in tokens")
@@ -89,6 +92,19 @@ def build_parser() -> argparse.ArgumentParser:
                     help="folder for the JSON, Markdown and PNG results (default: kvgguf's cache folder, eval/)")
     ev.add_argument("-t", "--threads", type=_positive, default=2, help="threads")
     ev.set_defaults(func=lambda a: _run("evaluate", a))
+
+    cal = sub.add_parser("calibrate", help="measure what each layer's K and V codec costs a model, once; "
+                                           "kv_codec='auto' then spends a bit budget where it matters")
+    cal.add_argument("model", nargs="?", default=None, help="model name or GGUF path (default: smollm2-135m)")
+    cal.add_argument("--budget", type=float, default=None,
+                     help="also show the plan for this many bits per compressed value")
+    cal.add_argument("--text", default=None, help="UTF-8 text to calibrate on (default: text the model writes itself)")
+    cal.add_argument("--tokens", type=_positive, default=None,
+                     help="tokens of text (default 512, more on models with a sliding window)")
+    cal.add_argument("--seed", type=int, default=0, help="seed of the self-written text")
+    cal.add_argument("--out", default=None, help="calibration file (default: kvgguf's cache folder, where 'auto' looks)")
+    cal.add_argument("-t", "--threads", type=_positive, default=None, help="threads (default: llama.cpp's)")
+    cal.set_defaults(func=lambda a: _run("calibrate", a))
 
     insp = sub.add_parser("inspect", help="a GGUF's attention shape and KV bytes per cache type (metadata only)")
     insp.add_argument("model", help="GGUF path or model name")

@@ -21,6 +21,7 @@ import numpy as np
 from ..native import codecs
 from ..llama import CACHE_TYPES, Llama
 from ..model.shape import KVShape
+from ..policy import calibration
 from ..policy.tiered import TieredConfig
 
 DEFAULT_CONFIGS = "f16,q8_0,q5_1,q4_0,iq4_nl,kivi4,kivi2,rotq4,rotq3,rotq2,tiered"
@@ -45,12 +46,12 @@ def parse_configs(text: str) -> list[CacheConfig]:
         spec = name[len(KVGGUF_PREFIX):] if name.startswith(KVGGUF_PREFIX) else name
         if not name.startswith(KVGGUF_PREFIX) and spec in CACHE_TYPES:
             out.append(CacheConfig(name, "llama.cpp", spec))
-        elif spec == "tiered" or spec in codecs.names():
+        elif spec == "tiered" or spec in codecs.names() or calibration.parse_auto(spec) is not None:
             out.append(CacheConfig(name, "kvgguf", spec))
         else:
             raise ValueError(
                 f"cache '{name}' is unknown; choose llama.cpp types ({', '.join(CACHE_TYPES)}), "
-                f"'tiered', or kvgguf codecs ({', '.join(codecs.names())}; prefix with 'kvgguf:' for f16)"
+                f"'tiered', 'auto[:BITS]', or kvgguf codecs ({', '.join(codecs.names())}; prefix with 'kvgguf:' for f16)"
             )
     if not out:
         raise ValueError("no cache configuration given")
@@ -161,11 +162,13 @@ def make_llama(model_path: str, cfg: Optional[CacheConfig], ctx: int, batch: int
             kw["swa_full"] = cfg.swa_full
         return Llama(model_path, type_k=t, type_v=t, **kw)
     # kvgguf splits the batches of B into its config's ubatch (what a user's application gets).
-    spec = TieredConfig.parse(cfg.spec)
+    spec, budget = calibration.parse(cfg.spec)
     kw["n_batch"] = kw["n_ubatch"] = min(batch, ubatch or spec.ubatch)
     if hot is None:  # the preset string: the facade fits it to the model (e.g. Gemma's window)
         return Llama(model_path, kv_codec=cfg.spec, kv_attention=kv_attention, **kw)
     spec = replace(spec, hot=hot, block=min(spec.block, hot // 2))
+    if budget is not None:
+        spec = calibration.for_model(model_path, budget, base=spec)
     return Llama(model_path, kv_codec=spec, kv_attention=kv_attention, **kw)
 
 

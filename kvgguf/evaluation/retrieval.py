@@ -105,6 +105,19 @@ def first_number(answer: str) -> Optional[str]:
     return m.group(0) if m else None
 
 
+def greedy_answer(llm, n_tokens: int) -> tuple[str, int]:
+    """Up to n_tokens greedy tokens after what llm holds (stopping at end of text): the first
+    line of their text, and how many were generated."""
+    out: list[int] = []
+    for _ in range(n_tokens):
+        tok = llm.sample(temp=0.0)
+        if tok == llm.token_eos():
+            break
+        out.append(tok)
+        llm.eval([tok])
+    return llm.detokenize(out).decode("utf-8", errors="replace").split("\n")[0].strip(), len(out)
+
+
 def ask(llm, doc: Document, on_trial: Optional[Callable[[Trial], None]] = None, index: int = 0,
         depths: Sequence[float] = DEPTHS) -> list[Trial]:
     """Decodes doc into llm (from an empty context) and asks for each of its facts."""
@@ -115,14 +128,7 @@ def ask(llm, doc: Document, on_trial: Optional[Callable[[Trial], None]] = None, 
     for depth, fact, pos in zip(depths, doc.facts, doc.positions):
         llm.n_tokens = end  # drop the previous question and answer: its rows are rewritten
         llm.eval(llm.tokenize(fact.question.encode("utf-8"), add_bos=False))
-        out: list[int] = []
-        for _ in range(ANSWER_TOKENS):
-            tok = llm.sample(temp=0.0)
-            if tok == llm.token_eos():
-                break
-            out.append(tok)
-            llm.eval([tok])
-        answer = llm.detokenize(out).decode("utf-8", errors="replace").split("\n")[0].strip()
+        answer, _ = greedy_answer(llm, ANSWER_TOKENS)
         trial = Trial(index, depth, pos, end - pos, fact.subject, fact.number, answer,
                       first_number(answer) == fact.number)
         trials.append(trial)

@@ -88,7 +88,7 @@ class TieredConfig:
             return cls(sinks=0, warm=codec_spec.parse_kv(spec), warm_tokens=0, archive=None)
         if spec not in codecs.names():
             raise ValueError(
-                f"kv_codec {spec!r} is unknown; choose 'tiered', 'k:NAME,v:NAME' or one of: {', '.join(codecs.names())}"
+                f"kv_codec {spec!r} is unknown; choose 'tiered', 'auto', 'auto:BITS', 'k:NAME,v:NAME' or one of: {', '.join(codecs.names())}"
             )
         return cls(sinks=0, warm=spec, warm_tokens=0, archive=None)
 

@@ -16,6 +16,7 @@ import numpy as np
 from ..llamacpp import hooks
 from .memory import KVMemory, TierMemory
 from ..model.shape import KVShape
+from ..native import codecs
 from ..native.store import KIND_K, KIND_V, MASS_ROWS, TIER_ARCHIVE, TIER_NAMES, TIER_SINK, TIER_WARM, KVStore
 from ..policy import codec_spec, plan
 from ..policy.tiered import TieredConfig
@@ -79,6 +80,17 @@ class LiveCache:
     @property
     def n_cold(self) -> int:
         return self.blocks[-1].r1 if self.blocks else 0
+
+    def set_codecs(self, tier: int, table: dict[tuple[int, int], str]) -> None:
+        """Another {(layer, kind): codec} table for a tier, for rows encoded from now on (rows
+        already held keep theirs). Calibration swaps one list at a time between runs."""
+        if tier not in self.codecs or tier == TIER_SINK:
+            raise ValueError(f"tier {tier} holds no compressed rows in this config")
+        if set(table) != set(self.codecs[tier]):
+            raise ValueError("a codec table names every (layer, kind) of the model")
+        for name in set(table.values()):
+            codecs.get(name)  # unknown names fail here, before anything changes
+        self.codecs[tier] = dict(table)
 
     def codec_name(self, tier: int) -> str:
         """A tier's codecs over the layers that hold cold rows: "rotq4", "K kivi4 / V rotq3", ..."""

@@ -1,0 +1,359 @@
+"""Calibration: what each (layer, K/V) list's codec costs this model, and the plan for a budget.
+
+Measured once per model, kept in kvgguf's cache folder, allocated for any budget on use:
+
+1. Text. By default the model writes it itself from a few neutral prompts (seeded sampling),
+   so no dataset is needed; or the user's own text file.
+2. Sensitivity. The text is run through the live cache with every cold row in f16 (the
+   reference, exact), then once per list with only that list at the probe codec (rotq2, the
+   coarsest); the KL of the final logits against the reference is that list's sensitivity.
+3. Codec cost. Once per kind (K, V) and candidate codec, every list of that kind at that codec:
+   the KL through the model says what each codec costs relative to the probe. A list's
+   predicted KL at codec c is sensitivity * KL_kind(c) / KL_kind(probe): layers differ in how
+   much they matter, codecs in how much they lose, each measured through the model. (Scaling by
+   the rows' reconstruction error instead was tried first: centred rotation reconstructs keys
+   better than rotation yet costs 4x the KL; `benchmarks/calibration_proxy.py` compares the
+   prediction with single-list runs.)
+4. Allocation (``allocation.allocate``) under an average of bits per value over the
+   compressed rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from ..errors import CalibrationError
+from ..native import codecs
+from ..native.store import KIND_K, KIND_V, TIER_WARM
+from . import allocation
+from .tiered import TieredConfig
+
+FORMAT = "kvgguf-calibration"
+VERSION = 2  # 2: codec costs measured through the model (1 scaled by reconstruction error)
+PROBE = "rotq2"
+CANDIDATES = ("kivi2", "kivi3", "kivi4", "rotq2", "rotq3", "rotq4", "crotq2", "crotq3", "crotq4", "kivi8", "f16")
+DEFAULT_BUDGET = 3.0  # bits per value over the compressed rows (README: what the budgets measured)
+PROMPTS = (
+    "The history of the town begins",
+    "Here is a short explanation of how it works.",
+    "Dear friend, I am writing to tell you",
+    "The following recipe serves four people.",
+    "In the first chapter of the book,",
+)
+KIND_NAMES = {KIND_K: "k", KIND_V: "v"}
+
+
+@dataclass
+class Calibration:
+    """Measured curves of one model: {(layer, kind): [Candidate]} plus what they came from."""
+
+    model: dict  # ModelFingerprint.to_json()
+    curves: dict  # {(layer, kind): list[allocation.Candidate]}
+    weights: dict  # {(layer, kind): values per row}
+    text: dict  # {"source": "self" | file name, "tokens": n, "seed": s}
+    hot: int
+    block: int
+
+    def plan(self, budget: float) -> dict[tuple[int, int], allocation.Candidate]:
+        return allocation.allocate(self.curves, self.weights, budget)
+
+    def config(self, budget: float = DEFAULT_BUDGET, base: Optional[TieredConfig] = None) -> TieredConfig:
+        """The tiered config whose compressed rows follow the plan for budget: sinks exact,
+        every older token at its list's codec (one tier: the plan already spends bits where
+        they matter), the preset's hot window."""
+        choice = self.plan(budget)
+        layers = sorted({il for il, _ in choice})
+        warm = {il: (choice[il, KIND_K].codec, choice[il, KIND_V].codec) for il in layers}
+        most = max(set(warm.values()), key=list(warm.values()).count)
+        spec = {"default": most, **{il: kv for il, kv in warm.items() if kv != most}}
+        return replace(base or TieredConfig(), warm=spec, warm_tokens=0, archive=None)
+
+    def require_model(self, model_path: str) -> None:
+        """CalibrationError unless it was measured on this GGUF (same metadata and tokenizer)."""
+        from ..model.gguf_file import metadata_digests
+
+        meta, tok = metadata_digests(model_path)
+        mine = self.model
+        if (mine.get("metadata_sha256"), mine.get("tokenizer_sha256")) == (meta, tok):
+            return
+        raise CalibrationError(
+            f"this calibration was measured on another model ({mine.get('arch')}, {mine.get('n_layer')} layers, "
+            f"metadata {str(mine.get('metadata_sha256'))[:12]}); {model_path} has metadata {meta[:12]}: "
+            f"run `kvgguf calibrate` for it"
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "format": FORMAT, "version": VERSION, "model": dict(self.model), "text": dict(self.text),
+            "hot": self.hot, "block": self.block, "probe": PROBE,
+            "lists": [
+                {"layer": il, "kind": KIND_NAMES[kind], "values_per_row": self.weights[il, kind],
+                 "candidates": [[c.codec, c.bits, c.error] for c in cands]}
+                for (il, kind), cands in sorted(self.curves.items())
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, d) -> "Calibration":
+        try:
+            if d["format"] != FORMAT:
+                raise CalibrationError(f"not a kvgguf calibration file (format {d['format']!r})")
+            if d["version"] != VERSION:
+                raise CalibrationError(
+                    f"calibration file version {d['version']}; this kvgguf reads version {VERSION}: run `kvgguf calibrate` again")
+            kinds = {v: k for k, v in KIND_NAMES.items()}
+            curves, weights = {}, {}
+            for e in d["lists"]:
+                key = (int(e["layer"]), kinds[e["kind"]])
+                curves[key] = [allocation.Candidate(str(c), float(b), float(err)) for c, b, err in e["candidates"]]
+                weights[key] = int(e["values_per_row"])
+                for c in curves[key]:
+                    codecs.get(c.codec)
+            return cls(dict(d["model"]), curves, weights, dict(d["text"]), int(d["hot"]), int(d["block"]))
+        except (KeyError, TypeError, ValueError) as e:
+            if isinstance(e, CalibrationError):
+                raise
+            raise CalibrationError(f"calibration file is malformed: {e!r}") from None
+
+    def save(self, path: Path) -> Path:
+        """Written whole or not at all (a temporary file renamed over the old one)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.to_json(), f, indent=1)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> "Calibration":
+        try:
+            d = json.loads(Path(path).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CalibrationError(f"cannot read calibration file {path}: {e}") from None
+        return cls.from_json(d)
+
+
+def default_path(model_path: str) -> Path:
+    """Where a model's calibration lives: kvgguf's cache folder, keyed by its metadata digest
+    (the one session fingerprints carry)."""
+    from ..model.gguf_file import metadata_digests
+    from ..model.registry import cache_dir
+
+    meta, _ = metadata_digests(model_path)
+    return cache_dir() / "calibration" / f"{meta[:24]}.json"
+
+
+def parse_auto(kv_codec) -> Optional[float]:
+    """The budget of "auto" / "auto:BITS", or None for any other kv_codec."""
+    if not isinstance(kv_codec, str) or kv_codec.split(":", 1)[0] != "auto":
+        return None
+    if kv_codec == "auto":
+        return DEFAULT_BUDGET
+    rest = kv_codec[len("auto:"):]
+    try:
+        budget = float(rest)
+    except ValueError:
+        budget = float("nan")
+    if not 1.0 <= budget <= 16.0:
+        raise ValueError(f"kv_codec {kv_codec!r}: write 'auto' or 'auto:BITS' with BITS in [1, 16], e.g. 'auto:3.0'")
+    return budget
+
+
+def parse(kv_codec) -> tuple[TieredConfig, Optional[float]]:
+    """(config, budget) of any kv_codec a user may pass: for "auto[:BITS]" the preset's config
+    (whose codecs the calibration replaces once the model is known) and the budget; else
+    TieredConfig.parse's config and None."""
+    budget = parse_auto(kv_codec)
+    return (TieredConfig() if budget is not None else TieredConfig.parse(kv_codec)), budget
+
+
+# --- measurement ---------------------------------------------------------------------------
+
+
+def self_text(model_path: str, n_tokens: int, seed: int = 0, threads: Optional[int] = None) -> list[int]:
+    """n_tokens the model writes itself (BOS, a neutral prompt, seeded sampling; the next
+    prompt when it ends a text), with llama.cpp's own cache."""
+    from ..llama import Llama
+
+    llm = Llama(model_path, kv_codec=None, n_ctx=n_tokens + 64, n_batch=64, n_threads=threads,
+                n_threads_batch=threads, verbose=False)
+    llm.set_seed(seed)  # the constructor maps seed=0 to "random"
+    try:
+        tokens = [llm.token_bos()] if llm.token_bos() >= 0 else []
+        for i in range(len(PROMPTS) * 4):
+            if len(tokens) >= n_tokens:
+                break
+            tokens += llm.tokenize(("\n\n" if len(tokens) > 1 else "").encode() + PROMPTS[i % len(PROMPTS)].encode(),
+                                   add_bos=False)
+            for t in llm.generate(tokens, temp=0.8, top_k=40, top_p=0.95, min_p=0.05, reset=True):
+                if llm.token_eos() == t or len(tokens) >= n_tokens:
+                    break
+                tokens.append(t)
+        return tokens[:n_tokens]
+    finally:
+        llm.close()
+
+
+def _kl(ref_logp: np.ndarray, logits: np.ndarray) -> float:
+    from ..evaluation.harness import log_softmax
+
+    lt = log_softmax(logits.astype(np.float64))
+    return float((np.exp(ref_logp) * (ref_logp - lt)).sum(axis=1).mean())
+
+
+BLOCK = 32  # rows per store block while measuring (kivi's group)
+
+
+def probe_hot(model_path: str) -> int:
+    """The hot window calibration measures with: small, but covering a sliding window."""
+    from ..model.shape import KVShape
+
+    n_swa = KVShape.from_gguf(model_path).n_swa
+    return n_swa + BLOCK if n_swa else 96
+
+
+def default_tokens(model_path: str) -> int:
+    """512 tokens, or enough for 320 cold rows past a sliding window."""
+    return max(512, probe_hot(model_path) + 320)
+
+
+class Probe:
+    """One live Llama over a text, holding every cold row in f16 as the reference (exact):
+    the KL of the final logits for any codec table."""
+
+    def __init__(self, model_path: str, tokens: Sequence[int], threads: Optional[int] = None,
+                 reference: str = "f16", attention: str = "fused"):
+        from ..evaluation.harness import log_softmax
+        from ..llama import Llama
+
+        self.block = BLOCK
+        self.hot = probe_hot(model_path)
+        if len(tokens) < self.hot + 2 * self.block + 16:
+            raise ValueError(f"calibration needs at least {self.hot + 2 * self.block + 16} tokens on this model, "
+                             f"got {len(tokens)}")
+        config = TieredConfig(hot=self.hot, ubatch=32, sinks=0, warm=reference, warm_tokens=0, archive=None,
+                              block=self.block)
+        self.tokens = list(tokens)
+        self.llm = Llama(model_path, kv_codec=config, n_ctx=len(tokens), n_threads=threads,
+                         n_threads_batch=threads, flash_attn=True, kv_attention=attention, verbose=False)
+        try:
+            self.kv = self.llm._kv
+            self.first = self.hot + self.block  # logits from here on see cold rows
+            self.reference = dict(self.kv.codecs[TIER_WARM])
+            self.lists = [(il, kind) for il in self.kv.layers for kind in (KIND_K, KIND_V)]
+            self.ref_logp = log_softmax(self._run().astype(np.float64))
+        except BaseException:
+            self.llm.close()
+            raise
+
+    def _run(self) -> np.ndarray:
+        self.llm.reset()
+        out = []
+        for p0, logits in self.llm.eval_logits(self.tokens):
+            if p0 + len(logits) > self.first:
+                out.append(logits[max(self.first - p0, 0):].copy())
+        return np.concatenate(out)
+
+    def kl(self, overrides: dict[tuple[int, int], str]) -> float:
+        """Mean KL against the reference with these lists at these codecs, the rest f16."""
+        self.kv.set_codecs(TIER_WARM, {**self.reference, **overrides})
+        try:
+            return _kl(self.ref_logp, self._run())
+        finally:
+            self.kv.set_codecs(TIER_WARM, self.reference)
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+def measure(model_path: str, tokens: Sequence[int], *, threads: Optional[int] = None, text: Optional[dict] = None,
+            progress: Optional[Callable[[int, int], None]] = None,
+            only: Optional[Sequence[tuple[int, int]]] = None) -> Calibration:
+    """The curves of every (layer, kind) list that holds cold rows (module docstring), or of
+    the lists in ``only``."""
+    from ..session.fingerprint import ModelFingerprint
+
+    probe = Probe(model_path, tokens, threads)
+    try:
+        lists = probe.lists
+        if only is not None:
+            unknown = set(only) - set(lists)
+            if unknown:
+                raise ValueError(f"no cold rows on lists {sorted(unknown)}: (layer, kind) of full-attention layers")
+            lists = [key for key in lists if key in set(only)]
+        shape = probe.kv.shape
+        width = {KIND_K: shape.n_head_kv * shape.head_dim_k, KIND_V: shape.n_head_kv * shape.head_dim_v}
+        runs = len(lists) + 2 * (len(CANDIDATES) - 1)
+        cost = {KIND_K: {"f16": 0.0}, KIND_V: {"f16": 0.0}}  # f16 is the reference itself
+        for kind in (KIND_K, KIND_V):
+            every = [key for key in probe.lists if key[1] == kind]
+            for c in CANDIDATES:
+                if c != "f16":
+                    if progress:
+                        progress(sum(len(v) - 1 for v in cost.values()), runs)
+                    cost[kind][c] = probe.kl({key: c for key in every})
+        curves, weights = {}, {}
+        for i, key in enumerate(lists):
+            if progress:
+                progress(runs - len(lists) + i, runs)
+            sens = probe.kl({key: PROBE})
+            per = cost[key[1]]
+            head = (probe.block, shape.n_head_kv, shape.head_dim_k if key[1] == KIND_K else shape.head_dim_v)
+            curves[key] = [
+                allocation.Candidate(c, codecs.bits_per_value(c, head, KIND_NAMES[key[1]]),
+                                     sens * per[c] / per[PROBE] if per[PROBE] else 0.0)
+                for c in CANDIDATES
+            ]
+            weights[key] = width[key[1]]
+        if progress:
+            progress(runs, runs)
+        return Calibration(ModelFingerprint.of(probe.llm).to_json(), curves, weights,
+                           text or {"source": "given", "tokens": len(tokens)}, probe.hot, probe.block)
+    finally:
+        probe.close()
+
+
+def calibrate(model_path: str, *, n_tokens: Optional[int] = None, seed: int = 0, text_file: Optional[str] = None,
+              threads: Optional[int] = None, progress: Optional[Callable[[int, int], None]] = None) -> Calibration:
+    """Text (self-written unless text_file; n_tokens: ``default_tokens``), then ``measure``."""
+    n_tokens = n_tokens or default_tokens(model_path)
+    if text_file is None:
+        tokens = self_text(model_path, n_tokens, seed, threads)
+        text = {"source": "self", "tokens": len(tokens), "seed": seed}
+    else:
+        from ..llama import Llama
+
+        vocab = Llama(model_path, kv_codec=None, vocab_only=True, verbose=False)
+        try:
+            body = Path(text_file).read_text(encoding="utf-8", errors="replace")
+            tokens = vocab.tokenize(body.encode("utf-8"), add_bos=True)[:n_tokens]
+        finally:
+            vocab.close()
+        text = {"source": Path(text_file).name, "tokens": len(tokens)}
+    return measure(model_path, tokens, threads=threads, text=text, progress=progress)
+
+
+def for_model(model_path: str, budget: float, *, base: Optional[TieredConfig] = None,
+              progress: Optional[Callable[[int, int], None]] = None) -> TieredConfig:
+    """kv_codec="auto[:BITS]": the model's calibration from the cache folder (measured now and
+    kept when there is none), allocated for budget."""
+    path = default_path(model_path)
+    if path.exists():
+        cal = Calibration.load(path)
+        cal.require_model(model_path)
+    else:
+        cal = calibrate(model_path, progress=progress)
+        cal.save(path)
+    return cal.config(budget, base)

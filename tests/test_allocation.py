@@ -1,0 +1,43 @@
+"""Bits under a budget (kvgguf.policy.allocation): pure functions, no model."""
+
+import pytest
+
+from kvgguf.policy.allocation import Candidate, allocate, average_bits, hull
+
+
+def curve(*points):
+    return [Candidate(f"c{b}", b, e) for b, e in points]
+
+
+def test_hull_keeps_only_upgrades_that_pay_at_a_falling_rate():
+    c = curve((2, 1.0), (3, 0.2), (4, 0.15), (3.5, 0.5), (5, 0.16), (6, 0.14), (8, 0.0))
+    kept = hull(c)
+    assert [x.bits for x in kept] == [2, 3, 4, 8]  # 3.5 errs more than 3, 5 more than 4; 6 lies above the 4-8 chord
+    rates = [(a.error - b.error) / (b.bits - a.bits) for a, b in zip(kept, kept[1:])]
+    assert rates == sorted(rates, reverse=True)
+
+
+def test_allocation_meets_the_budget_and_spends_where_error_falls_most():
+    curves = {"a": curve((2, 1.0), (4, 0.1)), "b": curve((2, 0.05), (4, 0.04))}
+    weights = {"a": 1, "b": 1}
+    plan = allocate(curves, weights, 3.0)
+    assert plan["a"].bits == 4 and plan["b"].bits == 2
+    assert average_bits(plan, weights) <= 3.0
+    assert allocate(curves, weights, 2.0) == {"a": curves["a"][0], "b": curves["b"][0]}
+    assert average_bits(allocate(curves, weights, 4.0), weights) == 4.0
+
+
+def test_more_budget_never_raises_the_summed_error():
+    curves = {i: curve((2, 1.0 / (i + 1)), (3, 0.4 / (i + 1)), (4, 0.1 / (i + 1)), (16, 0.0)) for i in range(6)}
+    weights = {i: 64 if i % 2 else 32 for i in range(6)}
+    errors = []
+    for budget in (2.0, 2.5, 3.0, 3.5, 4.0, 8.0, 16.0):
+        plan = allocate(curves, weights, budget)
+        assert average_bits(plan, weights) <= budget + 1e-9
+        errors.append(sum(c.error for c in plan.values()))
+    assert errors == sorted(errors, reverse=True) and errors[-1] == 0.0
+
+
+def test_a_budget_below_the_cheapest_plan_is_refused():
+    with pytest.raises(ValueError, match="below the cheapest plan"):
+        allocate({"a": curve((2, 1.0))}, {"a": 1}, 1.5)

@@ -1,0 +1,147 @@
+"""Calibration (kvgguf.policy.calibration): measured once per model, a plan per budget, refused
+for another model; kv_codec="auto" reads it."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+import kvgguf
+from kvgguf.native.store import KIND_K, KIND_V, TIER_WARM
+from kvgguf.policy import allocation, calibration
+
+N_TOKENS = 200  # the least the measurement takes on SmolLM2 (hot 96, two blocks of 32) plus room
+
+
+@pytest.fixture(scope="module")
+def text(smollm2_path):
+    return calibration.self_text(str(smollm2_path), N_TOKENS, seed=0, threads=2)
+
+
+@pytest.fixture(scope="module")
+def cal(smollm2_path, tmp_path_factory):
+    """Measured through the command line, as a user runs it."""
+    from kvgguf.cli.main import main
+
+    out = tmp_path_factory.mktemp("calibration") / "smollm2.json"
+    assert main(["calibrate", str(smollm2_path), "--tokens", str(N_TOKENS), "-t", "2", "--out", str(out)]) == 0
+    return calibration.Calibration.load(out)
+
+
+def test_calibrate_prints_its_plans_and_inspect_shows_them(tmp_path, monkeypatch, capsys, smollm2_path, cal):
+    from kvgguf.cli.main import main
+
+    monkeypatch.setenv("KVGGUF_CACHE_DIR", str(tmp_path))
+    assert main(["inspect", str(smollm2_path)]) == 0
+    assert "calibration:  none yet" in capsys.readouterr().out
+    cal.save(calibration.default_path(str(smollm2_path)))
+    assert main(["inspect", str(smollm2_path)]) == 0
+    out = capsys.readouterr().out
+    assert "self-written text" in out and re.search(r"\| auto:3 \| (2\.[89]\d|3\.00) \|", out), out
+
+
+def test_the_self_written_text_is_the_same_for_a_seed_and_differs_across_seeds(smollm2_path, text):
+    assert len(text) == N_TOKENS
+    assert calibration.self_text(str(smollm2_path), N_TOKENS, seed=0, threads=2) == text
+    assert calibration.self_text(str(smollm2_path), N_TOKENS, seed=1, threads=2) != text
+
+
+def test_every_list_gets_a_curve_over_every_candidate(cal):
+    assert sorted(cal.curves) == [(il, kind) for il in range(30) for kind in (KIND_K, KIND_V)]
+    for key, cands in cal.curves.items():
+        by = {c.codec: c for c in cands}
+        assert set(by) == set(calibration.CANDIDATES)
+        assert by["f16"].error == 0.0 and by["f16"].bits == 16.0
+        assert by["rotq4"].bits < by["kivi4"].bits < by["kivi8"].bits
+        assert by["rotq2"].error >= by["rotq4"].error >= 0.0
+    sens = [next(c.error for c in cands if c.codec == calibration.PROBE) for cands in cal.curves.values()]
+    assert sum(s > 0 for s in sens) > len(sens) // 2  # the probe's KL stands clear of zero on most lists
+
+
+def test_a_list_measured_again_gives_the_same_curve(smollm2_path, text, cal):
+    assert cal.text == {"source": "self", "tokens": N_TOKENS, "seed": 0}
+    again = calibration.measure(str(smollm2_path), text, threads=2, only=[(7, KIND_V)])
+    assert list(again.curves) == [(7, KIND_V)]
+    assert again.curves[7, KIND_V] == cal.curves[7, KIND_V]
+
+
+def test_plans_meet_their_budget_within_one_upgrade(cal):
+    steps = max(c.bits for cands in cal.curves.values() for c in cands)  # the largest upgrade costs less
+    total = sum(cal.weights.values())
+    for budget in (2.5, 3.0, 4.0):
+        plan = cal.plan(budget)
+        bits = allocation.average_bits(plan, cal.weights)
+        assert budget - steps * max(cal.weights.values()) / total <= bits <= budget + 1e-9
+    kl = [sum(c.error for c in cal.plan(b).values()) for b in (2.5, 3.0, 4.0)]
+    assert kl == sorted(kl, reverse=True)
+
+
+def test_the_plan_is_what_the_store_holds(smollm2_path, cal, text):
+    config = cal.config(3.0, kvgguf.TieredConfig(hot=96, block=32))  # the short text reaches the store
+    choice = cal.plan(3.0)
+    llm = kvgguf.Llama(str(smollm2_path), kv_codec=config, n_ctx=len(text), n_threads=2, verbose=False)
+    try:
+        llm.eval(text)
+        for (il, kind), cand in choice.items():
+            blocks = [b for b in llm._kv.store.blocks(il, kind) if b.tier == TIER_WARM]
+            assert blocks and {b.codec for b in blocks} == {cand.codec}, (il, kind)
+    finally:
+        llm.close()
+
+
+def test_a_calibration_file_round_trips_and_another_models_is_refused(tmp_path, monkeypatch, smollm2_path,
+                                                                     gemma3_path, cal):
+    path = cal.save(tmp_path / "cal.json")
+    assert calibration.Calibration.load(path).curves == cal.curves
+    calibration.Calibration.load(path).require_model(str(smollm2_path))
+    with pytest.raises(kvgguf.CalibrationError, match="another model"):
+        calibration.Calibration.load(path).require_model(str(gemma3_path))
+
+    # Gemma-3's calibration where SmolLM2's belongs: kv_codec="auto" refuses it, the file stays
+    from kvgguf.model.gguf_file import metadata_digests
+
+    monkeypatch.setenv("KVGGUF_CACHE_DIR", str(tmp_path / "cache"))
+    d = cal.to_json()
+    d["model"]["metadata_sha256"], d["model"]["tokenizer_sha256"] = metadata_digests(gemma3_path)
+    slot = calibration.default_path(str(smollm2_path))
+    slot.parent.mkdir(parents=True)
+    slot.write_text(json.dumps(d))
+    with pytest.raises(kvgguf.CalibrationError, match="another model"):
+        kvgguf.Llama(str(smollm2_path), kv_codec="auto", n_ctx=512, verbose=False)
+    assert json.loads(slot.read_text()) == d
+
+
+@pytest.mark.parametrize("body,match", [
+    ("not json", "cannot read"),
+    ('{"format": "other"}', "not a kvgguf calibration"),
+    ('{"format": "kvgguf-calibration", "version": 99}', "version 99"),
+    ('{"format": "kvgguf-calibration", "version": 1}', "version 1"),
+    ('{"format": "kvgguf-calibration", "version": %d, "lists": [{"layer": 0}]}' % calibration.VERSION, "malformed"),
+])
+def test_broken_calibration_files_are_refused_clearly(tmp_path, body, match):
+    p = tmp_path / "cal.json"
+    p.write_text(body)
+    with pytest.raises(kvgguf.CalibrationError, match=match):
+        calibration.Calibration.load(p)
+
+
+def test_auto_reads_the_models_calibration_for_its_budget(tmp_path, monkeypatch, smollm2_path, cal, text):
+    monkeypatch.setenv("KVGGUF_CACHE_DIR", str(tmp_path))
+    cal.save(calibration.default_path(str(smollm2_path)))
+    prompt = text + text[1:]  # longer than the preset's hot window
+    for kv_codec, budget in (("auto", calibration.DEFAULT_BUDGET), ("auto:2.5", 2.5)):
+        llm = kvgguf.Llama(str(smollm2_path), kv_codec=kv_codec, n_ctx=len(prompt) + 16, n_threads=2, verbose=False)
+        try:
+            assert llm.kv_config == cal.config(budget, llm.kv_config)
+            out = llm.create_completion(prompt, max_tokens=4, temperature=0.0)
+            assert out["usage"]["completion_tokens"] >= 1
+            assert llm._kv.n_cold > 0
+        finally:
+            llm.close()
+
+
+@pytest.mark.parametrize("kv_codec", ["auto:", "auto:x", "auto:0.5", "auto:17"])
+def test_bad_budgets_are_refused(smollm2_path, kv_codec):
+    with pytest.raises(ValueError, match="auto:BITS"):
+        kvgguf.Llama(str(smollm2_path), kv_codec=kv_codec, n_ctx=512, verbose=False)
