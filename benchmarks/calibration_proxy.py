@@ -1,7 +1,7 @@
 """Does calibration's cheap prediction track the KL it stands for?
 
 Calibration measures one KL per (layer, K/V) list (that list alone at the probe codec, rotq2) and
-predicts the others from the rows' reconstruction error (kvgguf/policy/calibration.py). Here
+predicts the others from the rows' reconstruction error (kvgguf/evaluation/calibration.py). Here
 the same text runs through the model with one list at one codec for a sample of lists and
 codecs (the KL the prediction stands for), and with whole plans at several budgets (is the
 summed prediction the plan's KL, i.e. do lists add up?). On the calibration text itself: this
@@ -38,7 +38,8 @@ def spearman(a, b) -> float:
 def main(argv=None) -> int:
     import kvgguf
     from kvgguf.native.store import KIND_K
-    from kvgguf.policy import allocation, calibration
+    from kvgguf.evaluation import calibration
+    from kvgguf.policy import allocation
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m", help="model name or GGUF path")

@@ -32,7 +32,7 @@ import llama_cpp
 
 from .llama import SUPPORTED_ARCHS, Llama
 from .model.gguf_file import read_metadata
-from .policy import calibration
+from .evaluation import calibration
 from .policy.tiered import TieredConfig
 
 ENV_VAR = "KVGGUF_KV_CODEC"

@@ -14,7 +14,7 @@ from .runtime.live_cache import FUSED_MAX_TOKENS, LiveCache
 from .runtime.memory import KVMemory, TierMemory
 from .model.gguf_file import read_metadata
 from .model.shape import MAX_LAYERS, KVShape
-from .policy import calibration
+from .evaluation import calibration
 from .policy.tiered import TieredConfig
 from .session import session
 from .session.container import write_atomic

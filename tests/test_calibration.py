@@ -1,4 +1,4 @@
-"""Calibration (kvgguf.policy.calibration): measured once per model, a plan per budget, refused
+"""Calibration (kvgguf.evaluation.calibration): measured once per model, a plan per budget, refused
 for another model; kv_codec="auto" reads it."""
 
 import json
@@ -9,7 +9,8 @@ import pytest
 
 import kvgguf
 from kvgguf.native.store import KIND_K, KIND_V, TIER_WARM
-from kvgguf.policy import allocation, calibration
+from kvgguf.evaluation import calibration
+from kvgguf.policy import allocation
 
 N_TOKENS = 200  # the least the measurement takes on SmolLM2 (hot 96, two blocks of 32) plus room
 

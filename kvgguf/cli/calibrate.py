@@ -1,4 +1,4 @@
-"""`kvgguf calibrate`: measure a model once (kvgguf.policy.calibration), show its plans."""
+"""`kvgguf calibrate`: measure a model once (kvgguf.evaluation.calibration), show its plans."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def plan_table(cal, budgets=BUDGETS) -> list[str]:
 def run(args) -> int:
     import kvgguf
 
-    from ..policy import calibration
+    from ..evaluation import calibration
 
     path = str(kvgguf.models.path(args.model))
     out = Path(args.out) if args.out else calibration.default_path(path)

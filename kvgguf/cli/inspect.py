@@ -182,7 +182,7 @@ def format_card(path, shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[in
 def calibration_lines(path) -> tuple[list[str], Optional[dict]]:
     """What kv_codec='auto' would use on this model: its calibration file and the plans."""
     from ..errors import CalibrationError
-    from ..policy import calibration
+    from ..evaluation import calibration
     from .calibrate import plan_table
 
     file = calibration.default_path(str(path))

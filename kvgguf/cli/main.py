@@ -24,7 +24,7 @@ def _cache_type(value: str) -> str:
 def _kv_codec(value: str) -> str:
     from ..native import codecs
 
-    from ..policy import calibration
+    from ..evaluation import calibration
 
     names = ["tiered", "auto", "auto:BITS"] + codecs.names()
     if value not in names and not value.startswith("k:") and calibration.parse_auto(value) is None:

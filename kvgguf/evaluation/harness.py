@@ -21,7 +21,7 @@ import numpy as np
 from ..native import codecs
 from ..llama import CACHE_TYPES, Llama
 from ..model.shape import KVShape
-from ..policy import calibration
+from . import calibration
 from ..policy.tiered import TieredConfig
 
 DEFAULT_CONFIGS = "f16,q8_0,q5_1,q4_0,iq4_nl,kivi4,kivi2,rotq4,rotq3,rotq2,tiered"

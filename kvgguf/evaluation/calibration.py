@@ -32,8 +32,8 @@ import numpy as np
 from ..errors import CalibrationError
 from ..native import codecs
 from ..native.store import KIND_K, KIND_V, TIER_WARM
-from . import allocation
-from .tiered import TieredConfig
+from ..policy import allocation
+from ..policy.tiered import TieredConfig
 
 FORMAT = "kvgguf-calibration"
 VERSION = 2  # 2: codec costs measured through the model (1 scaled by reconstruction error)
@@ -207,7 +207,7 @@ def self_text(model_path: str, n_tokens: int, seed: int = 0, threads: Optional[i
 
 
 def _kl(ref_logp: np.ndarray, logits: np.ndarray) -> float:
-    from ..evaluation.harness import log_softmax
+    from .harness import log_softmax
 
     lt = log_softmax(logits.astype(np.float64))
     return float((np.exp(ref_logp) * (ref_logp - lt)).sum(axis=1).mean())
@@ -235,7 +235,7 @@ class Probe:
 
     def __init__(self, model_path: str, tokens: Sequence[int], threads: Optional[int] = None,
                  reference: str = "f16", attention: str = "fused"):
-        from ..evaluation.harness import log_softmax
+        from .harness import log_softmax
         from ..llama import Llama
 
         self.block = BLOCK
