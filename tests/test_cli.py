@@ -43,6 +43,7 @@ def test_chat_in_a_terminal_streams_stats_resets_interrupts_and_quits():
     child.expect("> ")
     # A long reply, stopped with Ctrl-C: the program stays and takes the next command.
     child.sendline("Write a very long story about a dragon, with many chapters.")
+    child.expect_exact("many chapters.")  # the terminal's echo of the line, not yet the reply
     child.expect(r"\S", timeout=60)  # the reply has started streaming
     child.sendintr()
     child.expect(r"\[stopped\]")
@@ -108,7 +109,7 @@ def test_chat_non_interactive_prompt_goes_to_stdout_logs_to_stderr():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["chat", "--kv-codec", "rotq9"], "'rotq9' is not a kv codec; choose one of: tiered, f16"),
+        (["chat", "--kv-codec", "rotq9"], "'rotq9' is not a kv codec; choose one of: tiered, auto, auto:BITS, f16"),
         (["chat", "-ctk", "q3"], "'q3' is not a cache type; choose one of: f32, f16"),
         (["chat", "-c", "0"], "argument -c/--ctx-size: must be > 0"),
         (["chat", "--bogus"], "unrecognized arguments: --bogus"),
