@@ -64,14 +64,17 @@ def run_one(model: str, n_ctx: int, cache: str, n_decode: int, threads: int, bat
         llm = kvgguf.Llama(path, type_k=cache, type_v=cache, **kw)
     else:  # a kvgguf codec; "<codec>:expand" expands cold rows to f16 for every ubatch;
         # "<codec>@H/U": hot window H, U tokens per llama_decode (default: the config's)
-        spec, _, attention = cache.partition(":")
+        spec, attention = cache, "fused"
+        for mode in ("fused", "expand"):
+            if cache.endswith(":" + mode):
+                spec, attention = cache[: -len(mode) - 1], mode
         codec, _, sizes = spec.partition("@")
         config = kvgguf.TieredConfig.parse(codec)
         if sizes:
             hot, ubatch = (int(x) for x in sizes.split("/"))
             config = dataclasses.replace(config, hot=hot, ubatch=ubatch)
         kw["n_batch"] = kw["n_ubatch"] = min(batch, config.ubatch)
-        llm = kvgguf.Llama(path, kv_codec=config if sizes else codec, kv_attention=attention or "fused", **kw)
+        llm = kvgguf.Llama(path, kv_codec=config if sizes else codec, kv_attention=attention, **kw)
     t0 = time.perf_counter()
     llm.eval(tokens[:n_prefill])
     t1 = time.perf_counter()

@@ -9,6 +9,7 @@ figure there is what a committed command wrote (the command heads each block).
 - recall:  benchmarks/results/retrieval_*.md       (benchmarks/retrieval.py)
 - window:  benchmarks/results/ubatch/*.md          (kvgguf eval --hot H --ubatch U; benchmarks/live_cache.py)
 - calibration: benchmarks/results/calibration/*.md (benchmarks/calibration_proxy.py; kvgguf eval --codecs auto:...)
+- keep:    benchmarks/results/keep/*.md            (kvgguf eval and benchmarks/live_cache.py with tiered:keep=...)
 """
 
 import re
@@ -54,6 +55,10 @@ def calibration() -> str:
     return "\n\n".join(md.read_text().strip() for md in sorted((RESULTS / "calibration").glob("*.md")))
 
 
+def keep() -> str:
+    return "\n\n".join(md.read_text().strip() for md in sorted((RESULTS / "keep").glob("*.md")))
+
+
 def replace(text: str, name: str, body: str) -> str:
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     if begin not in text or end not in text:
@@ -66,7 +71,7 @@ def main() -> None:
     readme = ROOT / "README.md"
     text = readme.read_text()
     for name, make in (("usage", usage), ("live", live), ("quality", quality), ("recall", recall),
-                       ("window", window), ("calibration", calibration)):
+                       ("window", window), ("calibration", calibration), ("keep", keep)):
         text = replace(text, name, make())
     readme.write_text(text)
 

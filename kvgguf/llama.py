@@ -88,7 +88,9 @@ class Llama(llama_cpp.Llama):
 
     kv_codec: None for llama.cpp's own cache (stock behaviour); "tiered" for the preset
         (recent tokens exact, older ones at 4 bits, the oldest with 4-bit keys and 2-bit
-        values, first tokens exact as attention sinks); a codec name such as "rotq3" or
+        values, first tokens exact as attention sinks); "tiered:keep=SIGNAL[:FRACTION]" (the
+        preset, keeping the blocks a signal ranks highest warm instead of archiving them:
+        TieredConfig.keep); a codec name such as "rotq3" or
         "kivi4" (every token outside the hot window uses it); "k:NAME,v:NAME" (the same with
         K and V apart); "auto" or "auto:BITS" (a codec per layer and K/V from this model's
         calibration, allocated for an average of BITS per compressed value, default 3.0; the
@@ -110,7 +112,7 @@ class Llama(llama_cpp.Llama):
 
     def __init__(
         self,
-        model_path: str,
+        model_path: Union[str, os.PathLike],
         *,
         kv_codec: Union[str, TieredConfig, None] = None,
         n_ctx: int = 512,
@@ -122,6 +124,7 @@ class Llama(llama_cpp.Llama):
         **kwargs,
     ):
         type_k, type_v = cache_type(type_k, "type_k"), cache_type(type_v, "type_v")
+        model_path = os.fspath(model_path)  # a pathlib.Path too (stock wants a str)
         self._kv: Optional[LiveCache] = None
         self.tokens_evaluated = 0  # tokens run through llama_decode so far (a prompt cache hit saves them)
         if kv_codec is None:
@@ -219,8 +222,27 @@ class Llama(llama_cpp.Llama):
         for i in range(0, len(tokens), self.n_batch):
             batch = tokens[i : i + self.n_batch]
             self._kv.before_batch(self.n_tokens, len(batch))
-            super().eval(batch)
+            if self._kv.wants_logits:
+                self._eval_noting_logits(batch)
+            else:
+                super().eval(batch)
             self._kv.check_errors()
+            self._kv.after_batch(len(batch))
+
+    def _eval_noting_logits(self, batch: Sequence[int]) -> None:
+        """One batch as llama-cpp-python's eval runs it, with the logits of every token (not
+        only the last) handed to the cache's surprisal signal (TieredConfig.keep)."""
+        n_past, n = self.n_tokens, len(batch)
+        self._ctx.kv_cache_seq_rm(-1, n_past, -1)
+        self._batch.set_batch(batch=batch, n_past=n_past, logits_all=True)
+        self._ctx.decode(self._batch)
+        self.input_ids[n_past : n_past + n] = batch
+        logits = np.ctypeslib.as_array(self._ctx.get_logits(), shape=(n * self._n_vocab,)).reshape(n, self._n_vocab)
+        if self._logits_all:
+            self.scores[n_past : n_past + n, :] = logits
+        self._kv.note_logits(n_past, batch, logits)
+        self.n_tokens += n
+        self._requires_eval = False
 
     def eval_logits(self, tokens: Sequence[int]) -> Iterator[tuple[int, np.ndarray]]:
         """Evaluates tokens in batches of n_batch, yielding (position of the batch's first
@@ -237,13 +259,17 @@ class Llama(llama_cpp.Llama):
             n_past = self.n_tokens
             self._batch.set_batch(batch=batch, n_past=n_past, logits_all=True)
             self._ctx.decode(self._batch)
+            n = len(batch)
+            logits = np.ctypeslib.as_array(self._ctx.get_logits(), shape=(n * self._n_vocab,)).reshape(n, self._n_vocab)
             if self._kv is not None:
                 self._kv.check_errors()
-            self.input_ids[n_past : n_past + len(batch)] = batch
-            self.n_tokens += len(batch)
+                if self._kv.wants_logits:
+                    self._kv.note_logits(n_past, batch, logits)
+                self._kv.after_batch(n)
+            self.input_ids[n_past : n_past + n] = batch
+            self.n_tokens += n
             self._requires_eval = False
-            n = len(batch)
-            yield n_past, np.ctypeslib.as_array(self._ctx.get_logits(), shape=(n * self._n_vocab,)).reshape(n, self._n_vocab)
+            yield n_past, logits
 
     def reset(self):
         super().reset()
@@ -264,11 +290,17 @@ class Llama(llama_cpp.Llama):
 
         Compressed rows are written as held. Rows llama.cpp holds exactly (the hot window,
         or the whole stock cache) are encoded with `codec`: a codec name, a (K, V) pair of
-        names, or {layer: name or pair, "default": ...}; by default the warm codec (the
+        names, {layer: name or pair, "default": ...}, or "auto[:BITS]" (this model's
+        calibrated plan, as kv_codec="auto[:BITS]" takes it); by default the warm codec (the
         tiered cache) or kvgguf.session.DEFAULT_STOCK_CODEC. exact=True keeps them bit for
         bit. entropy=True zstd-codes the file's sections. app: JSON data stored with it,
         returned by load_session (the chat keeps its messages there).
         """
+        self._check_open("save_session")
+        budget = calibration.parse_auto(codec)
+        if budget is not None:
+            codec = calibration.for_model(self.model_path, budget,
+                                          progress=_calibration_progress(self.model_path, self.verbose)).warm
         data, info = session.dump(self._session_view(drop_dead_rows=True), codec=codec, exact=exact,
                                   entropy=entropy, app=app)
         write_atomic(path, data)

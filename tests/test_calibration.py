@@ -146,3 +146,23 @@ def test_auto_reads_the_models_calibration_for_its_budget(tmp_path, monkeypatch,
 def test_bad_budgets_are_refused(smollm2_path, kv_codec):
     with pytest.raises(ValueError, match="auto:BITS"):
         kvgguf.Llama(str(smollm2_path), kv_codec=kv_codec, n_ctx=512, verbose=False)
+
+
+def test_a_session_saved_with_auto_holds_the_calibrated_codecs(tmp_path, monkeypatch, smollm2_path, cal, text):
+    monkeypatch.setenv("KVGGUF_CACHE_DIR", str(tmp_path))
+    cal.save(calibration.default_path(str(smollm2_path)))
+    llm = kvgguf.Llama(str(smollm2_path), n_ctx=512, n_threads=2, verbose=False)
+    try:
+        llm.eval(text)
+        info = llm.save_session(tmp_path / "s.kvz", codec="auto:3.0")
+        from kvgguf.policy import codec_spec
+
+        n_layer = 1 + max(il for il, _ in cal.plan(3.0))
+        assert info.codec == codec_spec.describe(codec_spec.choice(cal.config(3.0).warm, n_layer))
+        again = kvgguf.Llama(str(smollm2_path), n_ctx=512, n_threads=2, verbose=False)
+        try:
+            assert again.load_session(tmp_path / "s.kvz").n_tokens == len(text)
+        finally:
+            again.close()
+    finally:
+        llm.close()

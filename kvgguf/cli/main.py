@@ -26,9 +26,11 @@ def _kv_codec(value: str) -> str:
 
     from ..evaluation import calibration
 
-    names = ["tiered", "auto", "auto:BITS"] + codecs.names()
-    if value not in names and not value.startswith("k:") and calibration.parse_auto(value) is None:
-        raise argparse.ArgumentTypeError(f"'{value}' is not a kv codec; choose one of: {', '.join(names)}")
+    names = ["tiered", "tiered:keep=SIGNAL[:FRACTION]", "auto", "auto:BITS"] + codecs.names()
+    try:
+        calibration.parse(value)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"'{value}' is not a kv codec; choose one of: {', '.join(names)}") from None
     return value
 
 

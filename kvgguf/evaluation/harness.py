@@ -38,6 +38,14 @@ class CacheConfig:
     swa_full: Optional[bool] = None  # llama.cpp types: None is llama-cpp-python's default (on)
 
 
+def _is_kv_codec(spec: str) -> bool:
+    try:
+        calibration.parse(spec)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def parse_configs(text: str) -> list[CacheConfig]:
     """Names in llama.cpp's CACHE_TYPES run llama.cpp's own cache; 'tiered', kvgguf codec names
     and 'kvgguf:NAME' (e.g. kvgguf:f16) run kvgguf's live cache."""
@@ -46,12 +54,12 @@ def parse_configs(text: str) -> list[CacheConfig]:
         spec = name[len(KVGGUF_PREFIX):] if name.startswith(KVGGUF_PREFIX) else name
         if not name.startswith(KVGGUF_PREFIX) and spec in CACHE_TYPES:
             out.append(CacheConfig(name, "llama.cpp", spec))
-        elif spec == "tiered" or spec in codecs.names() or calibration.parse_auto(spec) is not None:
+        elif _is_kv_codec(spec):
             out.append(CacheConfig(name, "kvgguf", spec))
         else:
             raise ValueError(
                 f"cache '{name}' is unknown; choose llama.cpp types ({', '.join(CACHE_TYPES)}), "
-                f"'tiered', 'auto[:BITS]', or kvgguf codecs ({', '.join(codecs.names())}; prefix with 'kvgguf:' for f16)"
+                f"'tiered', 'tiered:keep=SIGNAL[:FRACTION]', 'auto[:BITS]', or kvgguf codecs ({', '.join(codecs.names())}; prefix with 'kvgguf:' for f16)"
             )
     if not out:
         raise ValueError("no cache configuration given")

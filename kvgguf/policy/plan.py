@@ -7,6 +7,9 @@ out. Rows are positions of one sequence: cold rows are [0, n_cold), hot ones fol
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
 
 from ..native.store import TIER_ARCHIVE, TIER_SINK, TIER_WARM
 from .tiered import TieredConfig
@@ -14,11 +17,13 @@ from .tiered import TieredConfig
 
 @dataclass
 class Block:
-    """Cold rows [r0, r1), all in one tier."""
+    """Cold rows [r0, r1), all in one tier; kept: a warm block a signal chose to keep warm
+    when it aged (TieredConfig.keep), never offered to the archive again."""
 
     r0: int
     r1: int
     tier: int
+    kept: bool = False
 
 
 def rows_to_evict(n_past: int, n_cold: int, config: TieredConfig) -> int:
@@ -44,12 +49,24 @@ def blocks_to_archive(blocks: list[Block], config: TieredConfig) -> list[Block]:
     if config.archive is None or not blocks:
         return []
     limit = blocks[-1].r1 - config.warm_tokens
-    return [b for b in blocks if b.tier == TIER_WARM and b.r1 <= limit]
+    return [b for b in blocks if b.tier == TIER_WARM and not b.kept and b.r1 <= limit]
+
+
+def kept(scores: Sequence[float], reference: Sequence[float], fraction: float) -> list[bool]:
+    """Which aging blocks stay warm: those whose score is among the top ``fraction`` of
+    ``reference`` (the scores of every compressed block, the aging ones included). NaN
+    scores are not ranked: such a block ages and does not count in the reference."""
+    ranked = np.asarray(reference, dtype=np.float64)
+    ranked = ranked[~np.isnan(ranked)]
+    if fraction <= 0.0 or ranked.size == 0:
+        return [False] * len(scores)
+    threshold = np.quantile(ranked, 1.0 - fraction, method="higher")
+    return [bool(s >= threshold) for s in scores]  # NaN >= x is False
 
 
 def truncated(blocks: list[Block], n_rows: int) -> list[Block]:
     """The block list after cold rows at positions >= n_rows are dropped."""
-    return [Block(b.r0, min(b.r1, n_rows), b.tier) for b in blocks if b.r0 < n_rows]
+    return [Block(b.r0, min(b.r1, n_rows), b.tier, b.kept) for b in blocks if b.r0 < n_rows]
 
 
 def blocks_after(n_tokens: int, n_batch: int, config: TieredConfig) -> list[Block]:

@@ -12,6 +12,9 @@ from . import codec_spec
 from .codec_spec import CodecSpec
 
 
+KEEP_SIGNALS = (None, "surprisal", "mass", "random")
+
+
 @dataclass(frozen=True)
 class TieredConfig:
     """Where each token of a sequence is held.
@@ -30,6 +33,14 @@ class TieredConfig:
     archive: codec for the oldest tokens, in the same forms; None keeps everything warm.
     block: tokens evicted from llama.cpp at a time (the store's re-encoding unit).
     group_size: kivi's group size G.
+    keep: which signal decides the blocks that stay warm instead of aging to archive (None:
+        none stay). "surprisal": the blocks whose tokens the model found least predictable
+        (mean -log p of each token, noted from the logits of every position);
+        "mass": the blocks that received the most attention per query while cold (H2O's
+        heavy hitters, counted by the fused attention); "random": a control that keeps as many
+        blocks, chosen without looking, for comparisons at equal bits.
+    keep_fraction: the share of blocks that stay warm: a block that ages is kept when its
+        score is among the top keep_fraction of the compressed blocks' scores.
     """
 
     hot: int = 224
@@ -40,6 +51,8 @@ class TieredConfig:
     archive: Optional[CodecSpec] = ("rotq4", "rotq2")  # K, V: recall needs the keys (README, long-range recall)
     block: int = 64
     group_size: int = 32
+    keep: Optional[str] = None
+    keep_fraction: float = 0.25
 
     def __post_init__(self):
         for name in ("hot", "ubatch", "block", "group_size", "sinks", "warm_tokens"):
@@ -54,6 +67,11 @@ class TieredConfig:
         for name in ("sinks", "warm_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TieredConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.keep not in KEEP_SIGNALS:
+            raise ValueError(f"TieredConfig.keep must be one of {KEEP_SIGNALS}, got {self.keep!r}")
+        if isinstance(self.keep_fraction, bool) or not isinstance(self.keep_fraction, numbers.Real) \
+                or not 0.0 <= self.keep_fraction <= 1.0:
+            raise ValueError(f"TieredConfig.keep_fraction must be a number in [0, 1], got {self.keep_fraction!r}")
         if self.hot <= self.block:
             raise ValueError(f"TieredConfig.hot ({self.hot}) must exceed block ({self.block})")
         for name in ("warm", "archive"):
@@ -75,15 +93,18 @@ class TieredConfig:
 
     @classmethod
     def parse(cls, spec: Union[str, "TieredConfig"]) -> "TieredConfig":
-        """``"tiered"`` (the preset), a codec name (every token outside the hot window uses
-        it, no sinks, no archive), ``"k:NAME,v:NAME"`` (the same with K and V apart), or a
-        TieredConfig."""
+        """``"tiered"`` (the preset), ``"tiered:keep=SIGNAL[:FRACTION]"`` (the preset keeping
+        the blocks a signal ranks highest warm), a codec name (every token outside the hot
+        window uses it, no sinks, no archive), ``"k:NAME,v:NAME"`` (the same with K and V
+        apart), or a TieredConfig."""
         if isinstance(spec, TieredConfig):
             return spec
         if not isinstance(spec, str):
             raise TypeError(f"kv_codec must be a str or TieredConfig, got {type(spec).__name__}")
         if spec == "tiered":
             return cls()
+        if spec.startswith("tiered:"):
+            return cls._parse_keep(spec)
         if spec.startswith("k:"):
             return cls(sinks=0, warm=codec_spec.parse_kv(spec), warm_tokens=0, archive=None)
         if spec not in codecs.names():
@@ -91,6 +112,18 @@ class TieredConfig:
                 f"kv_codec {spec!r} is unknown; choose 'tiered', 'auto', 'auto:BITS', 'k:NAME,v:NAME' or one of: {', '.join(codecs.names())}"
             )
         return cls(sinks=0, warm=spec, warm_tokens=0, archive=None)
+
+    @classmethod
+    def _parse_keep(cls, spec: str) -> "TieredConfig":
+        signal, _, fraction = spec[len("tiered:keep="):].partition(":")
+        if not spec.startswith("tiered:keep=") or signal not in KEEP_SIGNALS[1:]:
+            raise ValueError(f"kv_codec {spec!r}: write 'tiered:keep=SIGNAL' or 'tiered:keep=SIGNAL:FRACTION' "
+                             f"with SIGNAL one of {', '.join(KEEP_SIGNALS[1:])}")
+        try:
+            share = float(fraction) if fraction else cls.keep_fraction
+        except ValueError:
+            raise ValueError(f"kv_codec {spec!r}: FRACTION must be a number in [0, 1]") from None
+        return cls(keep=signal, keep_fraction=share)
 
     def fit_window(self, n_swa: int, *, strict: bool) -> "TieredConfig":
         """This config on a model whose sliding-window layers hold n_swa tokens (0: none).

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..llamacpp import hooks
 from .memory import KVMemory, TierMemory
+from .signals import TokenSignals
 from ..model.shape import KVShape
 from ..native import codecs
 from ..native.store import KIND_K, KIND_V, MASS_ROWS, TIER_ARCHIVE, TIER_NAMES, TIER_SINK, TIER_WARM, KVStore
@@ -52,6 +53,7 @@ class LiveCache:
         self.codecs = {tier: config.table(tier, shape.n_layer) for tier in (TIER_SINK, TIER_WARM, TIER_ARCHIVE)
                        if tier != TIER_ARCHIVE or config.archive is not None}
         self.blocks: list[plan.Block] = []
+        self.signals = TokenSignals(config.keep, config.sinks)
         self._attach(self.store)
         self._errors_seen = 0
 
@@ -76,6 +78,11 @@ class LiveCache:
         """Replaces the compressed rows by another store's (a restored session's)."""
         self._attach(store)
         self.blocks = [plan.Block(*b) for b in blocks]
+        # Warm blocks below the warm window were kept when they aged (the signals that chose
+        # them are not saved): they stay warm.
+        for b in self.blocks:
+            b.kept = b in plan.blocks_to_archive(self.blocks, self.config)
+        self.signals.clear()
 
     @property
     def n_cold(self) -> int:
@@ -118,6 +125,19 @@ class LiveCache:
             self._evict(n_cold, n_cold + n_evict)
             self._age()
 
+    @property
+    def wants_logits(self) -> bool:
+        """Whether kvgguf.Llama must hand every position's logits to note_logits."""
+        return self.signals.wants_logits
+
+    def note_logits(self, n_past: int, tokens, logits: np.ndarray) -> None:
+        self.signals.note_logits(n_past, tokens, logits)
+
+    def after_batch(self, n_tokens: int) -> None:
+        """Notes what a batch of n_tokens just decoded tells the keep signal."""
+        if self.signals.wants_mass and self.blocks and 0 < n_tokens <= self.fused_max_tokens:
+            self.signals.note_mass(self.attention_mass(reset=True), n_tokens)
+
     def _read(self, il: int, kind: int, p0: int, p1: int) -> np.ndarray:
         n = p1 - p0
         rows = np.empty((n, self.store.width(kind)), dtype=np.float16)
@@ -151,7 +171,14 @@ class LiveCache:
     def _age(self) -> None:
         table = self.codecs.get(TIER_ARCHIVE, {})
         used = {table[il, kind] for il in self.layers for kind in (KIND_K, KIND_V)} if table else set()
-        for b in plan.blocks_to_archive(self.blocks, self.config):
+        aging = plan.blocks_to_archive(self.blocks, self.config)
+        if aging and self.config.keep is not None:
+            score = lambda b: self.signals.score(b.r0, b.r1)  # noqa: E731
+            reference = [score(b) for b in self.blocks if b.tier != TIER_SINK]
+            for b, keep in zip(aging, plan.kept([score(b) for b in aging], reference, self.config.keep_fraction)):
+                b.kept = keep
+            aging = [b for b in aging if not b.kept]
+        for b in aging:
             if len(used) == 1:  # one codec for every list: one call re-encodes them all
                 self.store.retier(b.r0, b.r1, TIER_ARCHIVE, next(iter(used)))
             else:
@@ -162,6 +189,7 @@ class LiveCache:
 
     def truncate(self, n_tokens: int) -> None:
         """Forgets compressed rows at positions >= n_tokens (a new prompt diverged there)."""
+        self.signals.truncate(n_tokens)
         if n_tokens >= self.n_cold:
             return
         self.store.truncate(n_tokens)
@@ -170,6 +198,7 @@ class LiveCache:
     def clear(self) -> None:
         self.store.clear()
         self.blocks = []
+        self.signals.clear()
 
     def check_errors(self) -> None:
         n = hooks.n_errors(self.ctx)
