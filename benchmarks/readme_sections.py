@@ -10,6 +10,7 @@ figure there is what a committed command wrote (the command heads each block).
 - window:  benchmarks/results/ubatch/*.md          (kvgguf eval --hot H --ubatch U; benchmarks/live_cache.py)
 - calibration: benchmarks/results/calibration/*.md (benchmarks/calibration_proxy.py; kvgguf eval --codecs auto:...)
 - keep:    benchmarks/results/keep/*.md            (kvgguf eval and benchmarks/live_cache.py with tiered:keep=...)
+- sessions_auto: benchmarks/results/sessions_auto.md (benchmarks/sessions.py --codecs ...auto:BITS...)
 """
 
 import re
@@ -59,6 +60,10 @@ def keep() -> str:
     return "\n\n".join(md.read_text().strip() for md in sorted((RESULTS / "keep").glob("*.md")))
 
 
+def sessions_auto() -> str:
+    return (RESULTS / "sessions_auto.md").read_text().strip()
+
+
 def replace(text: str, name: str, body: str) -> str:
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     if begin not in text or end not in text:
@@ -71,7 +76,8 @@ def main() -> None:
     readme = ROOT / "README.md"
     text = readme.read_text()
     for name, make in (("usage", usage), ("live", live), ("quality", quality), ("recall", recall),
-                       ("window", window), ("calibration", calibration), ("keep", keep)):
+                       ("window", window), ("calibration", calibration), ("keep", keep),
+                       ("sessions_auto", sessions_auto)):
         text = replace(text, name, make())
     readme.write_text(text)
 

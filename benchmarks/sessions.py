@@ -133,7 +133,7 @@ def main(argv=None) -> int:
         src.close(), dst.close()
 
         print(f"ctx {n}: prefill tiered", file=sys.stderr, flush=True)
-        tkw = {**kw, "n_batch": 256, "n_ubatch": 256}
+        tkw = {k: v for k, v in kw.items() if k not in ("n_batch", "n_ubatch")}  # kvgguf's ubatch (hot + ubatch cells)
         src, dst = (kvgguf.Llama(path, kv_codec="tiered", **tkw) for _ in range(2))
         src.eval(ctx_tokens)
         rows["kvgguf tiered +zstd"] = kvgguf_session(src, dst, f"{tmp}/t.kvz", n, next_tokens, ref,
