@@ -143,3 +143,20 @@ def test_keep_needs_no_logits_when_off_and_answers_like_the_preset(smollm2_path)
     a, _ = _blocks_after(smollm2_path, TieredConfig(keep="surprisal", hot=128, warm_tokens=128, keep_fraction=0.0), tokens)
     b, _ = _blocks_after(smollm2_path, TieredConfig(hot=128, warm_tokens=128), tokens)
     assert a == b
+
+
+def test_a_restored_session_keeps_the_kept_blocks_warm(smollm2_path, tmp_path):
+    filler = "The small boat drifted along the quiet river past the old mill. " * 3
+    digits = " ".join(str(d) for d in np.random.default_rng(1).integers(0, 10, 40))
+    tokens = _tokens(smollm2_path, filler * 6 + "Remember the access code: " + digits + ". " + filler * 12)
+    config = TieredConfig(keep="surprisal", **KEEP)
+    llms = [kvgguf.Llama(smollm2_path, kv_codec=config, n_ctx=2048, verbose=False) for _ in range(2)]
+    try:
+        llms[0].eval(tokens)
+        llms[0].save_session(tmp_path / "s.kvz")
+        llms[1].load_session(tmp_path / "s.kvz")
+        saved, restored = ([(b.r0, b.r1, b.tier, b.kept) for b in llm._kv.blocks] for llm in llms)
+        assert restored == saved and any(b[3] for b in restored)
+    finally:
+        for llm in llms:
+            llm.close()

@@ -78,10 +78,11 @@ class LiveCache:
         """Replaces the compressed rows by another store's (a restored session's)."""
         self._attach(store)
         self.blocks = [plan.Block(*b) for b in blocks]
-        # Warm blocks below the warm window were kept when they aged (the signals that chose
-        # them are not saved): they stay warm.
-        for b in self.blocks:
-            b.kept = b in plan.blocks_to_archive(self.blocks, self.config)
+        if self.config.keep is not None:
+            # Warm blocks below the warm window were kept when they aged (the signals that
+            # chose them are not saved): they stay warm.
+            for b in plan.blocks_to_archive(self.blocks, self.config):
+                b.kept = True
         self.signals.clear()
 
     @property
