@@ -215,6 +215,12 @@ class Llama(llama_cpp.Llama):
 
     def eval(self, tokens: Sequence[int]):
         self._check_open("eval")
+        if self._kv is not None and self._kv.wants_logits:
+            # The surprisal signal needs every position's logits: eval_logits hands them to it.
+            for n_past, logits in self.eval_logits(tokens):
+                if self._logits_all:
+                    self.scores[n_past : n_past + len(logits), :] = logits
+            return
         self.tokens_evaluated += len(tokens)
         if self._kv is None:
             return super().eval(tokens)
@@ -222,27 +228,9 @@ class Llama(llama_cpp.Llama):
         for i in range(0, len(tokens), self.n_batch):
             batch = tokens[i : i + self.n_batch]
             self._kv.before_batch(self.n_tokens, len(batch))
-            if self._kv.wants_logits:
-                self._eval_noting_logits(batch)
-            else:
-                super().eval(batch)
+            super().eval(batch)
             self._kv.check_errors()
             self._kv.after_batch(len(batch))
-
-    def _eval_noting_logits(self, batch: Sequence[int]) -> None:
-        """One batch as llama-cpp-python's eval runs it, with the logits of every token (not
-        only the last) handed to the cache's surprisal signal (TieredConfig.keep)."""
-        n_past, n = self.n_tokens, len(batch)
-        self._ctx.kv_cache_seq_rm(-1, n_past, -1)
-        self._batch.set_batch(batch=batch, n_past=n_past, logits_all=True)
-        self._ctx.decode(self._batch)
-        self.input_ids[n_past : n_past + n] = batch
-        logits = np.ctypeslib.as_array(self._ctx.get_logits(), shape=(n * self._n_vocab,)).reshape(n, self._n_vocab)
-        if self._logits_all:
-            self.scores[n_past : n_past + n, :] = logits
-        self._kv.note_logits(n_past, batch, logits)
-        self.n_tokens += n
-        self._requires_eval = False
 
     def eval_logits(self, tokens: Sequence[int]) -> Iterator[tuple[int, np.ndarray]]:
         """Evaluates tokens in batches of n_batch, yielding (position of the batch's first

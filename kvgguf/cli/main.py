@@ -27,10 +27,8 @@ def _kv_codec(value: str) -> str:
     from ..evaluation import calibration
 
     names = ["tiered", "tiered:keep=SIGNAL[:FRACTION]", "auto", "auto:BITS"] + codecs.names()
-    try:
-        calibration.parse(value)
-    except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"'{value}' is not a kv codec; choose one of: {', '.join(names)}") from None
+    if not calibration.is_kv_codec(value):
+        raise argparse.ArgumentTypeError(f"'{value}' is not a kv codec; choose one of: {', '.join(names)}")
     return value
 
 

@@ -179,6 +179,15 @@ def parse(kv_codec) -> tuple[TieredConfig, Optional[float]]:
     return (TieredConfig() if budget is not None else TieredConfig.parse(kv_codec)), budget
 
 
+def is_kv_codec(spec) -> bool:
+    """Whether kvgguf.Llama takes spec as a kv_codec (what parse accepts)."""
+    try:
+        parse(spec)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 # --- measurement ---------------------------------------------------------------------------
 
 

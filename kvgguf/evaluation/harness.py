@@ -38,14 +38,6 @@ class CacheConfig:
     swa_full: Optional[bool] = None  # llama.cpp types: None is llama-cpp-python's default (on)
 
 
-def _is_kv_codec(spec: str) -> bool:
-    try:
-        calibration.parse(spec)
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
 def parse_configs(text: str) -> list[CacheConfig]:
     """Names in llama.cpp's CACHE_TYPES run llama.cpp's own cache; 'tiered', kvgguf codec names
     and 'kvgguf:NAME' (e.g. kvgguf:f16) run kvgguf's live cache."""
@@ -54,7 +46,7 @@ def parse_configs(text: str) -> list[CacheConfig]:
         spec = name[len(KVGGUF_PREFIX):] if name.startswith(KVGGUF_PREFIX) else name
         if not name.startswith(KVGGUF_PREFIX) and spec in CACHE_TYPES:
             out.append(CacheConfig(name, "llama.cpp", spec))
-        elif _is_kv_codec(spec):
+        elif calibration.is_kv_codec(spec):
             out.append(CacheConfig(name, "kvgguf", spec))
         else:
             raise ValueError(
