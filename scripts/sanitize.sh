@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# libkvgguf built with AddressSanitizer and UndefinedBehaviorSanitizer, and the tests that drive
+# it run against that build: codecs, store and attention kernels directly, then the fused
+# attention op and its mass counters inside llama.cpp's decode (SmolLM2 and Gemma-3).
+#
+#   bash scripts/sanitize.sh            # after the README's test install (.venv, cmake from [test])
+#
+# Python itself is not instrumented, so the ASan runtime is preloaded and leak checking is off
+# (the interpreter keeps memory until exit by design); any error report aborts the run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=build/sanitize
+start=$(date +%s)
+cmake=$( [ -x .venv/bin/cmake ] && echo .venv/bin/cmake || echo cmake )
+mkdir -p build
+"$cmake" -S . -B "$build" -DKVGGUF_BUILD_LLAMA=OFF -DKVGGUF_SANITIZE=address,undefined \
+      -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$build.log" 2>&1 || { cat "$build.log"; exit 1; }
+"$cmake" --build "$build" --target kvgguf -j 2 >> "$build.log" 2>&1 || { cat "$build.log"; exit 1; }
+lib=$(find "$build" -maxdepth 1 -name 'libkvgguf.so' | head -n 1)
+asan=$(${CC:-cc} -print-file-name=libasan.so)
+ubsan=$(${CC:-cc} -print-file-name=libubsan.so)
+nm -D "$lib" | grep -q __asan_report || { echo "sanitize: $lib is not instrumented"; exit 1; }
+echo "sanitize: $lib (preloading $asan)"
+KVGGUF_LIB="$lib" LD_PRELOAD="$asan $ubsan" \
+    ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1 \
+    UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    .venv/bin/pytest -q -p no:cacheprovider tests/test_codecs.py tests/test_store.py tests/test_attend.py \
+    tests/test_fused_attention.py tests/test_attention_mass.py "$@"
+echo "sanitize: clean in $(( $(date +%s) - start )) s"
