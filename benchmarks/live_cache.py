@@ -85,7 +85,7 @@ def run_one(model: str, n_ctx: int, cache: str, n_decode: int, threads: int, bat
     return {
         "model": model,
         "n_ctx": n_ctx,
-        "cache": cache,
+        "cache": cache + (" (calibrated)" if cache == "tiered" and llm.kv_calibration else ""),
         "n_prefill": n_prefill,
         "n_decode": n_decode,
         "prefill_tok_s": n_prefill / (t1 - t0),

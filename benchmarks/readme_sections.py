@@ -7,6 +7,8 @@ figure there is what a committed command wrote (the command heads each block).
 - live:    benchmarks/results/live_cache_*.md      (benchmarks/live_cache.py)
 - quality: benchmarks/results/eval/*.md            (kvgguf eval ... --out benchmarks/results/eval)
 - recall:  benchmarks/results/retrieval_*.md       (benchmarks/retrieval.py)
+- preset:  benchmarks/results/preset/*.md, retrieval_preset_*.md (kvgguf eval, benchmarks/retrieval.py
+           with tiered:fixed and tiered)
 - window:  benchmarks/results/ubatch/*.md          (kvgguf eval --hot H --ubatch U; benchmarks/live_cache.py)
 - calibration: benchmarks/results/calibration/*.md (benchmarks/calibration_proxy.py; kvgguf eval --codecs auto:...)
 - keep:    benchmarks/results/keep/*.md            (kvgguf eval and benchmarks/live_cache.py with tiered:keep=...)
@@ -22,7 +24,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 def usage() -> str:
     out = (RESULTS / "usage_example.txt").read_text().rstrip()
-    return "Output of `.venv/bin/python benchmarks/usage_example.py` (the code above, run as written):\n\n```text\n" + out + "\n```"
+    return ("Output of `.venv/bin/python benchmarks/usage_example.py` (the code above, run as written, on a "
+            "model without a calibration: the fixed preset):\n\n```text\n" + out + "\n```")
 
 
 LIVE_FIRST = ("live_cache_4k_8k_ubatch",)  # the current preset's run first, older days after
@@ -33,9 +36,10 @@ def live() -> str:
     return "\n\n".join(md.read_text().strip() for md in mds)
 
 
-def quality() -> str:
+def with_plots(mds) -> str:
+    """Each result table, followed by its KL-vs-bits plot where kvgguf eval drew one."""
     parts = []
-    for md in sorted((RESULTS / "eval").glob("*.md")):
+    for md in mds:
         part = md.read_text().strip()
         png = md.with_suffix(".png")
         if png.exists():
@@ -44,8 +48,21 @@ def quality() -> str:
     return "\n\n".join(parts)
 
 
+def quality() -> str:
+    return with_plots(sorted((RESULTS / "eval").glob("*.md")))
+
+
 def recall() -> str:
-    return "\n\n".join(md.read_text().strip() for md in sorted(RESULTS.glob("retrieval_*.md")))
+    return "\n\n".join(md.read_text().strip() for md in sorted(RESULTS.glob("retrieval_*.md"))
+                       if not md.stem.startswith("retrieval_preset"))
+
+
+def preset() -> str:
+    """Today's preset, fixed and calibrated: KL beside llama.cpp's types, then recall."""
+    evals = sorted((RESULTS / "preset").glob("*.md"), key=lambda md: ("smollm2" not in md.stem, md.stem))
+    recalls = sorted(RESULTS.glob("retrieval_preset_*.md"), key=lambda md: ("gemma" in md.stem, int(
+        re.search(r"_(\d+)k", md.stem).group(1))))
+    return with_plots(evals + recalls)
 
 
 def window() -> str:
@@ -75,7 +92,7 @@ def replace(text: str, name: str, body: str) -> str:
 def main() -> None:
     readme = ROOT / "README.md"
     text = readme.read_text()
-    for name, make in (("usage", usage), ("live", live), ("quality", quality), ("recall", recall),
+    for name, make in (("usage", usage), ("live", live), ("quality", quality), ("recall", recall), ("preset", preset),
                        ("window", window), ("calibration", calibration), ("keep", keep),
                        ("sessions_auto", sessions_auto)):
         text = replace(text, name, make())

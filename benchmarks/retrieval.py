@@ -28,6 +28,8 @@ def open_llama(path: str, cache: str, n_ctx: int, threads: int):
     kw = dict(n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, flash_attn=True, verbose=False, seed=0)
     if cache in LLAMA_TYPES:
         return kvgguf.Llama(path, type_k=cache, type_v=cache, **kw)
+    if cache.startswith("k:"):  # "k:A/v:B" (a comma separates caches on the command line)
+        return kvgguf.Llama(path, kv_codec=cache.replace("/", ","), **kw)
     # "tiered:archive=SPEC": the preset with another archive tier ("none", a codec, "k:A/v:B")
     name, _, archive = cache.partition(":archive=")
     if not archive:
@@ -54,7 +56,8 @@ def run_cache(path: str, cache: str, n_tokens: int, n_documents: int, threads: i
                       f"{mark} {t.expected} -> {t.answer!r}", file=sys.stderr, flush=True)
             trials += retrieval.ask(llm, doc, show, index=i)
             bits.append(llm.kv_memory().bits_per_value)
-        return dict(retrieval.summary(trials), cache=cache, n_tokens=n_tokens,
+        calibrated = cache == "tiered" and llm.kv_calibration is not None
+        return dict(retrieval.summary(trials), cache=cache + (" (calibrated)" if calibrated else ""), n_tokens=n_tokens,
                     bits_per_value=sum(bits) / len(bits), seconds=time.perf_counter() - t0)
     finally:
         llm.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from pathlib import Path
 from typing import Iterator, Optional, Sequence, Union
 
 import llama_cpp
@@ -87,8 +88,10 @@ class Llama(llama_cpp.Llama):
     Takes every argument llama_cpp.Llama takes, keyword-only after the model path, plus:
 
     kv_codec: None for llama.cpp's own cache (stock behaviour); "tiered" for the preset
-        (recent tokens exact, older ones at 4 bits, the oldest with 4-bit keys and 2-bit
-        values, first tokens exact as attention sinks); "tiered:keep=SIGNAL[:FRACTION]" (the
+        (recent tokens exact, first tokens exact as attention sinks; on a model with a
+        calibration in kvgguf's cache folder every older token at its (layer, K/V) list's
+        calibrated codec, 4.0 bits per compressed value on average, as "auto:4.0"; without one, or with "tiered:fixed", the fixed preset: older tokens at 4 bits, the
+        oldest with 4-bit keys and 2-bit values); "tiered:keep=SIGNAL[:FRACTION]" (the fixed
         preset, keeping the blocks a signal ranks highest warm instead of archiving them:
         TieredConfig.keep); a codec name such as "rotq3" or
         "kivi4" (every token outside the hot window uses it); "k:NAME,v:NAME" (the same with
@@ -126,6 +129,7 @@ class Llama(llama_cpp.Llama):
         type_k, type_v = cache_type(type_k, "type_k"), cache_type(type_v, "type_v")
         model_path = os.fspath(model_path)  # a pathlib.Path too (stock wants a str)
         self._kv: Optional[LiveCache] = None
+        self.kv_calibration = None
         self.tokens_evaluated = 0  # tokens run through llama_decode so far (a prompt cache hit saves them)
         if kv_codec is None:
             super().__init__(model_path, n_ctx=n_ctx, n_batch=512 if n_batch is None else n_batch,
@@ -137,7 +141,7 @@ class Llama(llama_cpp.Llama):
         if not os.path.isfile(model_path):  # the exception stock raises, before kvgguf reads the file
             raise ValueError(f"Model path does not exist or is not a file: {model_path}")
         preset = isinstance(kv_codec, str)
-        config, budget = calibration.parse(kv_codec)  # budget: "auto[:BITS]", the model's calibrated plan
+        config, request = calibration.parse(kv_codec)  # request: "auto[:BITS]" or "tiered", calibration decides
         if kv_attention not in ("fused", "expand"):
             raise ValueError(f"kv_attention must be 'fused' or 'expand', got {kv_attention!r}")
         for name, t in (("type_k", type_k), ("type_v", type_v)):
@@ -146,9 +150,16 @@ class Llama(llama_cpp.Llama):
         if n_ctx <= 0:
             raise ValueError("kv_codec needs n_ctx > 0: the logical context to hold")
         config, shape = _config_for_model(config, preset, model_path)
-        if budget is not None:
-            config = calibration.for_model(model_path, budget, base=config,
+        calibrated = None
+        if request is not None:
+            fixed = config
+            config = calibration.for_model(model_path, request, base=config,
                                            progress=_calibration_progress(model_path, kwargs.get("verbose", True)))
+            calibrated = None if config is fixed else calibration.default_path(model_path)
+            if not request.required and kwargs.get("verbose", True):
+                print("kvgguf: kv_codec='tiered' " + (f"follows this model's calibration ({calibrated})" if calibrated
+                      else "holds the fixed preset (no calibration for this model: `kvgguf calibrate` measures one)"),
+                      file=sys.stderr)
         n_batch = min(config.ubatch, n_ctx) if n_batch is None else n_batch
         if n_batch > config.hot:
             raise ValueError(
@@ -164,6 +175,7 @@ class Llama(llama_cpp.Llama):
         super().__init__(model_path, n_ctx=physical, n_batch=n_batch, n_ubatch=min(n_ubatch, n_batch),
                          type_k=type_k, type_v=type_v, **kwargs)
         self._kvgguf_shape = shape  # what KVShape.of(self) returns from now on
+        self.kv_calibration: Optional[Path] = calibrated  # the calibration file kv_config follows, if any
         try:
             self._kv = LiveCache(self._ctx.ctx, shape, config,
                                  fused_max_tokens=FUSED_MAX_TOKENS if kv_attention == "fused" else 0)

@@ -8,11 +8,45 @@ import pytest
 import kvgguf  # noqa: F401  (first: binds llama_cpp to kvgguf's patched llama.cpp)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_cache_dir(tmp_path_factory):
+    """kvgguf's cache folder for this test run (KVGGUF_CACHE_DIR; child processes inherit it), so
+    a calibration the user measured does not change what kv_codec="tiered" holds in the tests.
+    Its models folder is the user's (Gemma-3's GGUF is assembled there once)."""
+    from kvgguf.model.registry import cache_dir
+
+    models = cache_dir() / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    folder = tmp_path_factory.mktemp("kvgguf-cache")
+    (folder / "models").symlink_to(models, target_is_directory=True)
+    saved = os.environ.get("KVGGUF_CACHE_DIR")
+    os.environ["KVGGUF_CACHE_DIR"] = str(folder)
+    yield folder
+    if saved is None:
+        os.environ.pop("KVGGUF_CACHE_DIR", None)
+    else:
+        os.environ["KVGGUF_CACHE_DIR"] = saved
+
+
 @pytest.fixture(scope="session")
 def smollm2_path():
     import kvgguf
 
     return kvgguf.models.path("smollm2-135m")
+
+
+CALIBRATION_TOKENS = 200  # the least the measurement takes on SmolLM2 (hot 96, two blocks of 32) plus room
+
+
+@pytest.fixture(scope="session")
+def smollm2_calibration(smollm2_path, tmp_path_factory):
+    """SmolLM2 measured on 200 tokens of its own text through the command line, as a user runs it."""
+    from kvgguf.cli.main import main
+    from kvgguf.evaluation import calibration
+
+    out = tmp_path_factory.mktemp("calibration") / "smollm2.json"
+    assert main(["calibrate", str(smollm2_path), "--tokens", str(CALIBRATION_TOKENS), "-t", "2", "--out", str(out)]) == 0
+    return calibration.Calibration.load(out)
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@ for another model; kv_codec="auto" reads it."""
 
 import json
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from kvgguf.native.store import KIND_K, KIND_V, TIER_WARM
 from kvgguf.evaluation import calibration
 from kvgguf.policy import allocation
 
-N_TOKENS = 200  # the least the measurement takes on SmolLM2 (hot 96, two blocks of 32) plus room
+from conftest import CALIBRATION_TOKENS as N_TOKENS  # the measurement's text
 
 
 @pytest.fixture(scope="module")
@@ -21,13 +22,8 @@ def text(smollm2_path):
 
 
 @pytest.fixture(scope="module")
-def cal(smollm2_path, tmp_path_factory):
-    """Measured through the command line, as a user runs it."""
-    from kvgguf.cli.main import main
-
-    out = tmp_path_factory.mktemp("calibration") / "smollm2.json"
-    assert main(["calibrate", str(smollm2_path), "--tokens", str(N_TOKENS), "-t", "2", "--out", str(out)]) == 0
-    return calibration.Calibration.load(out)
+def cal(smollm2_calibration):
+    return smollm2_calibration
 
 
 def test_calibrate_prints_its_plans_and_inspect_shows_them(tmp_path, monkeypatch, capsys, smollm2_path, cal):
@@ -166,3 +162,55 @@ def test_a_session_saved_with_auto_holds_the_calibrated_codecs(tmp_path, monkeyp
             again.close()
     finally:
         llm.close()
+
+
+def test_tiered_follows_the_models_calibration_once_it_has_one(tmp_path, monkeypatch, smollm2_path, cal, text):
+    monkeypatch.setenv("KVGGUF_CACHE_DIR", str(tmp_path))
+    prompt = text + text[1:]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        fixed = kvgguf.Llama(str(smollm2_path), kv_codec="tiered", n_ctx=512, verbose=False)
+    assert not [w for w in seen if "calibration" in str(w.message)]  # none is no reason to warn
+    try:  # no calibration yet: the fixed preset, as "tiered:fixed" always is
+        assert fixed.kv_config == kvgguf.TieredConfig() == kvgguf.TieredConfig.parse("tiered:fixed")
+        assert fixed.kv_calibration is None
+    finally:
+        fixed.close()
+
+    cal.save(calibration.default_path(str(smollm2_path)))
+    llm = kvgguf.Llama(str(smollm2_path), kv_codec="tiered", n_ctx=len(prompt) + 16, n_threads=2, verbose=False)
+    try:
+        config = llm.kv_config
+        assert llm.kv_calibration == calibration.default_path(str(smollm2_path))
+        assert config == cal.config(calibration.PRESET_BUDGET, kvgguf.TieredConfig())
+        assert config.archive is None and config.sinks == kvgguf.TieredConfig().sinks
+        held = llm._kv.codecs[TIER_WARM]
+        plan = cal.plan(calibration.PRESET_BUDGET)
+        assert all(held[key] == c.codec for key, c in plan.items())
+        assert len(set(held.values())) > 1  # a plan, not one codec
+        llm.eval(prompt)
+        assert llm._kv.n_cold > 0
+    finally:
+        llm.close()
+    still_fixed = kvgguf.Llama(str(smollm2_path), kv_codec="tiered:fixed", n_ctx=512, verbose=False)
+    try:
+        assert still_fixed.kv_config == kvgguf.TieredConfig() and still_fixed.kv_calibration is None
+    finally:
+        still_fixed.close()
+
+
+def test_tiered_keeps_the_fixed_preset_with_a_warning_when_the_calibration_is_broken(tmp_path, monkeypatch,
+                                                                                    smollm2_path):
+    monkeypatch.setenv("KVGGUF_CACHE_DIR", str(tmp_path))
+    slot = calibration.default_path(str(smollm2_path))
+    slot.parent.mkdir(parents=True)
+    slot.write_text("not json")
+    with pytest.warns(UserWarning, match="fixed preset: cannot read calibration"):
+        llm = kvgguf.Llama(str(smollm2_path), kv_codec="tiered", n_ctx=512, verbose=False)
+    try:
+        assert llm.kv_config == kvgguf.TieredConfig()
+    finally:
+        llm.close()
+    with pytest.raises(kvgguf.CalibrationError, match="cannot read"):  # "auto" needs it
+        kvgguf.Llama(str(smollm2_path), kv_codec="auto", n_ctx=512, verbose=False)
+    assert slot.read_text() == "not json"

@@ -9,23 +9,26 @@ BUDGETS = (2.5, 3.0, 3.5, 4.0)
 
 
 def plan_table(cal, budgets=BUDGETS) -> list[str]:
-    """A Markdown table: per budget, the average bits, the summed predicted KL and the codecs
-    K and V get (how many lists each)."""
+    """A Markdown table: per budget and for the calibrated "tiered" preset, the average bits,
+    the summed predicted KL and the codecs K and V get (how many lists each)."""
     from ..native.store import KIND_K, KIND_V
     from ..policy import allocation
 
+    from ..evaluation import calibration
+
     lines = ["| kv_codec | bits/value (compressed rows) | predicted KL | K | V |", "|---|---|---|---|---|"]
-    for budget in budgets:
+    rows = [(f"auto:{b:g}", b) for b in budgets] + [("tiered", calibration.PRESET_BUDGET)]
+    for name, budget in rows:
         try:
             choice = cal.plan(budget)
         except ValueError as e:
-            lines.append(f"| auto:{budget:g} | {e} | | | |")
+            lines.append(f"| {name} | {e} | | | |")
             continue
         cells = []
         for kind in (KIND_K, KIND_V):
             names = [c.codec for (il, k), c in sorted(choice.items()) if k == kind]
             cells.append(", ".join(f"{n} x{names.count(n)}" for n in sorted(set(names), key=names.index)))
-        lines.append(f"| auto:{budget:g} | {allocation.average_bits(choice, cal.weights):.2f} | "
+        lines.append(f"| {name} | {allocation.average_bits(choice, cal.weights):.2f} | "
                      f"{sum(c.error for c in choice.values()):.4f} | {cells[0]} | {cells[1]} |")
     return lines
 

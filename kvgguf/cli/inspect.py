@@ -90,8 +90,9 @@ def llama_label(shape: KVShape, cache: str, swa_full: bool) -> str:
 
 
 def kv_table(shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[int] = None,
-             n_ubatch: int = N_UBATCH) -> list[dict]:
+             n_ubatch: int = N_UBATCH, tiered: Optional[TieredConfig] = None) -> list[dict]:
     """One row per cache: bytes held with n tokens in context, for each n of contexts.
+    tiered: the model's calibrated preset (None: the fixed one).
     llama.cpp's types as llama-cpp-python builds them with n_ctx=n, n_ubatch; both swa_full
     settings where the model has sliding-window layers. kvgguf's codecs as kvgguf.Llama builds
     them with kv_codec=<name>, n_ctx=n, n_batch (default: the config's ubatch), swa_full on."""
@@ -105,13 +106,14 @@ def kv_table(shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[int] = None
                          "bytes": {n: llama_cache_bytes(shape, n, cache, swa_full=swa_full, n_ubatch=n_ubatch)
                                    for n in contexts}})
     for name in ["tiered"] + codecs.names():
-        config = TieredConfig() if name == "tiered" else TieredConfig.parse(name)
+        config = (tiered or TieredConfig()) if name == "tiered" else TieredConfig.parse(name)
+        label = "tiered (calibrated)" if name == "tiered" and tiered else name
         try:
             sizes = {n: kvgguf_bytes(shape, n, config, n_batch=n_batch, n_ubatch=n_ubatch) for n in contexts}
         except ValueError as e:  # a head dim the codec cannot take
-            rows.append({"cache": name, "from": "kvgguf", "unavailable": str(e)})
+            rows.append({"cache": label, "from": "kvgguf", "unavailable": str(e)})
             continue
-        rows.append({"cache": name, "from": "kvgguf", "swa_full": True if shape.n_swa else None,
+        rows.append({"cache": label, "from": "kvgguf", "swa_full": True if shape.n_swa else None,
                      "bits_per_value": None,
                      "bytes": {n: s["hot"] + s["store"] for n, s in sizes.items()}})
     for r in rows:
@@ -125,7 +127,7 @@ def tokens(n: int) -> str:
 
 
 def format_card(path, shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[int] = None,
-                n_ubatch: int = N_UBATCH) -> str:
+                n_ubatch: int = N_UBATCH, tiered: Optional[TieredConfig] = None) -> str:
     full = shape.full_layers
     if not shape.n_swa:
         swa = "no sliding window"
@@ -169,7 +171,7 @@ def format_card(path, shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[in
     head = (["cache", "from"] + [f"KV @ {tokens(n)}" for n in contexts]
             + [f"bits @ {tokens(n)}" for n in contexts])
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in kv_table(shape, contexts, n_batch=n_batch, n_ubatch=n_ubatch):
+    for r in kv_table(shape, contexts, n_batch=n_batch, n_ubatch=n_ubatch, tiered=tiered):
         if "unavailable" in r:
             cells = [r["cache"], r["from"]] + ["n/a"] * (2 * len(contexts))
         else:
@@ -180,7 +182,8 @@ def format_card(path, shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[in
 
 
 def calibration_lines(path) -> tuple[list[str], Optional[dict]]:
-    """What kv_codec='auto' would use on this model: its calibration file and the plans."""
+    """What kv_codec='auto' and 'tiered' would use on this model: its calibration file and the
+    plans."""
     from ..errors import CalibrationError
     from ..evaluation import calibration
     from .calibrate import plan_table
@@ -207,11 +210,16 @@ def run(args) -> int:
     shape = KVShape.from_gguf(path)
     contexts = tuple(args.ctx) if args.ctx else CONTEXTS
     lines, cal = calibration_lines(path)
+    tiered = None
+    if cal is not None:  # kv_codec="tiered" follows it (a file that cannot be used: the fixed preset)
+        from ..evaluation import calibration
+
+        tiered = calibration.for_model(str(path), calibration.parse("tiered")[1])
     if args.json:
         print(json.dumps({"path": str(path), **asdict(shape), "n_ubatch": N_UBATCH,
-                          "kv_table": kv_table(shape, contexts), "calibration": cal}, indent=2))
+                          "kv_table": kv_table(shape, contexts, tiered=tiered), "calibration": cal}, indent=2))
     else:
-        print(format_card(Path(path), shape, contexts))
+        print(format_card(Path(path), shape, contexts, tiered=tiered))
         print()
         print("\n".join(lines))
     return 0

@@ -26,7 +26,7 @@ def _kv_codec(value: str) -> str:
 
     from ..evaluation import calibration
 
-    names = ["tiered", "tiered:keep=SIGNAL[:FRACTION]", "auto", "auto:BITS"] + codecs.names()
+    names = ["tiered", "tiered:fixed", "tiered:keep=SIGNAL[:FRACTION]", "auto", "auto:BITS"] + codecs.names()
     if not calibration.is_kv_codec(value):
         raise argparse.ArgumentTypeError(f"'{value}' is not a kv codec; choose one of: {', '.join(names)}")
     return value

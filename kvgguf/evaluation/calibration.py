@@ -16,6 +16,10 @@ Measured once per model, kept in kvgguf's cache folder, allocated for any budget
    prediction with single-list runs.)
 4. Allocation (``allocation.allocate``) under an average of bits per value over the
    compressed rows.
+
+Two ways to use it: kv_codec="auto[:BITS]" (measures the model on first use) and
+kv_codec="tiered" on a model that has a calibration (the plan at PRESET_BUDGET; a model without
+one keeps the fixed preset, and "tiered" never measures: it must start at once).
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -40,6 +45,7 @@ VERSION = 2  # 2: codec costs measured through the model (1 scaled by reconstruc
 PROBE = "rotq2"
 CANDIDATES = ("kivi2", "kivi3", "kivi4", "rotq2", "rotq3", "rotq4", "crotq2", "crotq3", "crotq4", "kivi8", "f16")
 DEFAULT_BUDGET = 3.0  # bits per value over the compressed rows (README: what the budgets measured)
+PRESET_BUDGET = 4.0  # "tiered" on a calibrated model: recall like f16's at 5K where 3.5 lost it (README)
 PROMPTS = (
     "The history of the town begins",
     "Here is a short explanation of how it works.",
@@ -171,12 +177,26 @@ def parse_auto(kv_codec) -> Optional[float]:
     return budget
 
 
-def parse(kv_codec) -> tuple[TieredConfig, Optional[float]]:
-    """(config, budget) of any kv_codec a user may pass: for "auto[:BITS]" the preset's config
-    (whose codecs the calibration replaces once the model is known) and the budget; else
-    TieredConfig.parse's config and None."""
+@dataclass(frozen=True)
+class Request:
+    """A kv_codec that a model's calibration decides: the plan for budget; required: measure the
+    model when it has no calibration ("auto"), else keep the fixed preset ("tiered")."""
+
+    budget: float
+    required: bool = True
+
+
+def parse(kv_codec) -> tuple[TieredConfig, Optional[Request]]:
+    """(config, request) of any kv_codec a user may pass: "auto[:BITS]" and "tiered" give the
+    fixed preset's config (whose codecs a calibration replaces once the model is known) and a
+    Request; anything else TieredConfig.parse's config and None ("tiered:fixed": the fixed
+    preset whatever the cache folder holds)."""
     budget = parse_auto(kv_codec)
-    return (TieredConfig() if budget is not None else TieredConfig.parse(kv_codec)), budget
+    if budget is not None:
+        return TieredConfig(), Request(budget)
+    if kv_codec == "tiered":
+        return TieredConfig(), Request(PRESET_BUDGET, required=False)
+    return TieredConfig.parse(kv_codec), None
 
 
 def is_kv_codec(spec) -> bool:
@@ -354,15 +374,29 @@ def calibrate(model_path: str, *, n_tokens: Optional[int] = None, seed: int = 0,
     return measure(model_path, tokens, threads=threads, text=text, progress=progress)
 
 
-def for_model(model_path: str, budget: float, *, base: Optional[TieredConfig] = None,
+def for_model(model_path: str, request: Union[Request, float], *, base: Optional[TieredConfig] = None,
               progress: Optional[Callable[[int, int], None]] = None) -> TieredConfig:
-    """kv_codec="auto[:BITS]": the model's calibration from the cache folder (measured now and
-    kept when there is none), allocated for budget."""
+    """The config a Request (or a budget: "auto:BITS") gets on this model: its calibration from
+    the cache folder, allocated for the budget. A required request measures the model when it
+    has none (and keeps it); otherwise base (the fixed preset) is returned as it is, with a
+    warning when the model's calibration file cannot be used."""
+    if not isinstance(request, Request):
+        request = Request(float(request))
+    base = base or TieredConfig()
     path = default_path(model_path)
     if path.exists():
-        cal = Calibration.load(path)
-        cal.require_model(model_path)
-    else:
+        try:
+            cal = Calibration.load(path)
+            cal.require_model(model_path)
+        except CalibrationError as e:
+            if request.required:
+                raise
+            warnings.warn(f"kv_codec='tiered' keeps the fixed preset: {e}", stacklevel=3)
+            return base
+    elif request.required:
         cal = calibrate(model_path, progress=progress)
         cal.save(path)
-    return cal.config(budget, base)
+    else:
+        return base
+    return cal.config(request.budget, base)
+

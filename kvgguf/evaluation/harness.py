@@ -38,6 +38,11 @@ class CacheConfig:
     swa_full: Optional[bool] = None  # llama.cpp types: None is llama-cpp-python's default (on)
 
 
+def label(cfg: CacheConfig, llm) -> str:
+    """The row's name: "tiered (calibrated)" where "tiered" followed the model's calibration."""
+    return cfg.name + (" (calibrated)" if cfg.spec == "tiered" and getattr(llm, "kv_calibration", None) else "")
+
+
 def parse_configs(text: str) -> list[CacheConfig]:
     """Names in llama.cpp's CACHE_TYPES run llama.cpp's own cache; 'tiered', kvgguf codec names
     and 'kvgguf:NAME' (e.g. kvgguf:f16) run kvgguf's live cache."""
@@ -51,7 +56,7 @@ def parse_configs(text: str) -> list[CacheConfig]:
         else:
             raise ValueError(
                 f"cache '{name}' is unknown; choose llama.cpp types ({', '.join(CACHE_TYPES)}), "
-                f"'tiered', 'tiered:keep=SIGNAL[:FRACTION]', 'auto[:BITS]', or kvgguf codecs ({', '.join(codecs.names())}; prefix with 'kvgguf:' for f16)"
+                f"'tiered', 'tiered:fixed', 'tiered:keep=SIGNAL[:FRACTION]', 'auto[:BITS]', or kvgguf codecs ({', '.join(codecs.names())}; prefix with 'kvgguf:' for f16)"
             )
     if not out:
         raise ValueError("no cache configuration given")
@@ -162,14 +167,18 @@ def make_llama(model_path: str, cfg: Optional[CacheConfig], ctx: int, batch: int
             kw["swa_full"] = cfg.swa_full
         return Llama(model_path, type_k=t, type_v=t, **kw)
     # kvgguf splits the batches of B into its config's ubatch (what a user's application gets).
-    spec, budget = calibration.parse(cfg.spec)
+    spec, request = calibration.parse(cfg.spec)
     kw["n_batch"] = kw["n_ubatch"] = min(batch, ubatch or spec.ubatch)
     if hot is None:  # the preset string: the facade fits it to the model (e.g. Gemma's window)
         return Llama(model_path, kv_codec=cfg.spec, kv_attention=kv_attention, **kw)
     spec = replace(spec, hot=hot, block=min(spec.block, hot // 2))
-    if budget is not None:
-        spec = calibration.for_model(model_path, budget, base=spec)
-    return Llama(model_path, kv_codec=spec, kv_attention=kv_attention, **kw)
+    fixed = spec
+    if request is not None:
+        spec = calibration.for_model(model_path, request, base=spec)
+    llm = Llama(model_path, kv_codec=spec, kv_attention=kv_attention, **kw)
+    if spec is not fixed:
+        llm.kv_calibration = calibration.default_path(model_path)
+    return llm
 
 
 def run_eval(model_path: str, configs: Sequence[CacheConfig], tokens: Sequence[int], *, ctx: int, chunks: int,
@@ -205,8 +214,8 @@ def run_eval(model_path: str, configs: Sequence[CacheConfig], tokens: Sequence[i
 
     results = []
     for cfg in configs:
-        res = Result(cfg.name, cfg.kind)
         llm = make_llama(model_path, cfg, ctx, batch, threads, hot, kv_attention, ubatch)
+        res = Result(label(cfg, llm), cfg.kind)
         nll_r, nll_t, agree = [], [], []
         t0 = time.perf_counter()
         for c, part in enumerate(parts):

@@ -93,7 +93,7 @@ class TieredConfig:
 
     @classmethod
     def parse(cls, spec: Union[str, "TieredConfig"]) -> "TieredConfig":
-        """``"tiered"`` (the preset), ``"tiered:keep=SIGNAL[:FRACTION]"`` (the preset keeping
+        """``"tiered"`` or ``"tiered:fixed"`` (the fixed preset), ``"tiered:keep=SIGNAL[:FRACTION]"`` (the preset keeping
         the blocks a signal ranks highest warm), a codec name (every token outside the hot
         window uses it, no sinks, no archive), ``"k:NAME,v:NAME"`` (the same with K and V
         apart), or a TieredConfig."""
@@ -101,7 +101,7 @@ class TieredConfig:
             return spec
         if not isinstance(spec, str):
             raise TypeError(f"kv_codec must be a str or TieredConfig, got {type(spec).__name__}")
-        if spec == "tiered":
+        if spec in ("tiered", "tiered:fixed"):  # kvgguf.Llama: "tiered" follows a model's calibration
             return cls()
         if spec.startswith("tiered:"):
             return cls._parse_keep(spec)
@@ -109,7 +109,7 @@ class TieredConfig:
             return cls(sinks=0, warm=codec_spec.parse_kv(spec), warm_tokens=0, archive=None)
         if spec not in codecs.names():
             raise ValueError(
-                f"kv_codec {spec!r} is unknown; choose 'tiered', 'auto', 'auto:BITS', 'k:NAME,v:NAME' or one of: {', '.join(codecs.names())}"
+                f"kv_codec {spec!r} is unknown; choose 'tiered', 'tiered:fixed', 'auto', 'auto:BITS', 'k:NAME,v:NAME' or one of: {', '.join(codecs.names())}"
             )
         return cls(sinks=0, warm=spec, warm_tokens=0, archive=None)
 
@@ -117,7 +117,7 @@ class TieredConfig:
     def _parse_keep(cls, spec: str) -> "TieredConfig":
         signal, _, fraction = spec[len("tiered:keep="):].partition(":")
         if not spec.startswith("tiered:keep=") or signal not in KEEP_SIGNALS[1:]:
-            raise ValueError(f"kv_codec {spec!r}: write 'tiered:keep=SIGNAL' or 'tiered:keep=SIGNAL:FRACTION' "
+            raise ValueError(f"kv_codec {spec!r}: write 'tiered', 'tiered:fixed', 'tiered:keep=SIGNAL' or 'tiered:keep=SIGNAL:FRACTION' "
                              f"with SIGNAL one of {', '.join(KEEP_SIGNALS[1:])}")
         try:
             share = float(fraction) if fraction else cls.keep_fraction
