@@ -28,7 +28,9 @@ def spawn_chat(*args):
 
 
 def test_chat_in_a_terminal_streams_stats_resets_interrupts_and_quits():
-    child = spawn_chat("--kv-codec", "tiered", "-c", "2048", "--temp", "0", "-n", "48", "-t", "2")
+    # -n 256: the story must still be streaming when Ctrl-C arrives (48 tokens took under a second
+    # and once finished before the interrupt landed)
+    child = spawn_chat("--kv-codec", "tiered", "-c", "2048", "--temp", "0", "-n", "256", "-t", "2")
     child.sendline("What is the capital of France?")
     child.expect("> ")
     answer = child.before
