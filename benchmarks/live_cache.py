@@ -45,6 +45,7 @@ def rss_bytes() -> int:
 
 def run_one(model: str, n_ctx: int, cache: str, n_decode: int, threads: int, batch: int) -> dict:
     import kvgguf
+    from kvgguf.evaluation import harness
     from kvgguf.evaluation.text import wikitext2_test
 
     path = str(kvgguf.models.path(model))
@@ -85,7 +86,7 @@ def run_one(model: str, n_ctx: int, cache: str, n_decode: int, threads: int, bat
     return {
         "model": model,
         "n_ctx": n_ctx,
-        "cache": cache + (" (calibrated)" if cache == "tiered" and llm.kv_calibration else ""),
+        "cache": harness.row_name(cache, cache, llm),
         "n_prefill": n_prefill,
         "n_decode": n_decode,
         "prefill_tok_s": n_prefill / (t1 - t0),

@@ -40,7 +40,7 @@ def open_llama(path: str, cache: str, n_ctx: int, threads: int):
 
 
 def run_cache(path: str, cache: str, n_tokens: int, n_documents: int, threads: int, seed: int) -> dict:
-    from kvgguf.evaluation import retrieval
+    from kvgguf.evaluation import harness, retrieval
     from kvgguf.evaluation.text import wikitext2_test
 
     llm = open_llama(path, cache, n_tokens + retrieval.QUESTION_ROOM, threads)
@@ -56,8 +56,7 @@ def run_cache(path: str, cache: str, n_tokens: int, n_documents: int, threads: i
                       f"{mark} {t.expected} -> {t.answer!r}", file=sys.stderr, flush=True)
             trials += retrieval.ask(llm, doc, show, index=i)
             bits.append(llm.kv_memory().bits_per_value)
-        calibrated = cache == "tiered" and llm.kv_calibration is not None
-        return dict(retrieval.summary(trials), cache=cache + (" (calibrated)" if calibrated else ""), n_tokens=n_tokens,
+        return dict(retrieval.summary(trials), cache=harness.row_name(cache, cache, llm), n_tokens=n_tokens,
                     bits_per_value=sum(bits) / len(bits), seconds=time.perf_counter() - t0)
     finally:
         llm.close()

@@ -38,9 +38,10 @@ class CacheConfig:
     swa_full: Optional[bool] = None  # llama.cpp types: None is llama-cpp-python's default (on)
 
 
-def label(cfg: CacheConfig, llm) -> str:
-    """The row's name: "tiered (calibrated)" where "tiered" followed the model's calibration."""
-    return cfg.name + (" (calibrated)" if cfg.spec == "tiered" and getattr(llm, "kv_calibration", None) else "")
+def row_name(name: str, spec: str, llm) -> str:
+    """A result row's name (the benchmarks' too): "tiered (calibrated)" where the kv_codec
+    "tiered" followed the model's calibration, else name."""
+    return name + (" (calibrated)" if spec == "tiered" and getattr(llm, "kv_calibration", None) else "")
 
 
 def parse_configs(text: str) -> list[CacheConfig]:
@@ -215,7 +216,7 @@ def run_eval(model_path: str, configs: Sequence[CacheConfig], tokens: Sequence[i
     results = []
     for cfg in configs:
         llm = make_llama(model_path, cfg, ctx, batch, threads, hot, kv_attention, ubatch)
-        res = Result(label(cfg, llm), cfg.kind)
+        res = Result(row_name(cfg.name, cfg.spec, llm), cfg.kind)
         nll_r, nll_t, agree = [], [], []
         t0 = time.perf_counter()
         for c, part in enumerate(parts):
