@@ -77,7 +77,7 @@ def measure(codec: str, n_rows: int, repeat: int, level: int) -> dict:
         t_expand = best_of(expand, repeat)
     return {
         "codec": codec,
-        "simd": ("scalar", "avx2")[level],
+        "simd": ("scalar", "avx2", "neon")[level],
         "rows": n_rows,
         "encoded_bytes": encoded,
         "attend_us": t_attend * 1e6,
@@ -97,7 +97,7 @@ def main() -> None:
     ap.add_argument("--out", help="also write the figures to this JSON file")
     args = ap.parse_args()
 
-    levels = [0] + ([1] if codecs.simd_max_level() >= 1 else [])
+    levels = codecs.simd_levels()
     results = []
     for _ in range(args.rounds):
         this = [measure(c, args.rows, args.repeat, lvl) for c in CODECS for lvl in levels]
@@ -109,7 +109,7 @@ def main() -> None:
         print(f"{r['codec']:<7} {r['simd']:<7} {r['encoded_bytes']:>10} {r['attend_us']:>10.1f} "
               f"{r['attend_gb_s']:>7.2f} {r['ns_per_row']:>7.1f} {r['expand_f16_us']:>14.1f}")
     if levels == [0]:
-        print("(no AVX2 in this CPU or build: scalar only)")
+        print("(no SIMD kernels for this CPU or build: scalar only)")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"shape": {"head_dim": HEAD_DIM, "n_head_kv": N_HEAD_KV, "n_head": N_HEAD,

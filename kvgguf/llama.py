@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import re
 import sys
+import threading
 from pathlib import Path
 from typing import Iterator, Optional, Sequence, Union
 
@@ -82,6 +85,15 @@ def _calibration_progress(model_path: str, verbose: bool):
     return progress
 
 
+def _serialized(method):
+    """Runs a method of Llama holding its _kv_lock (one batch or cache change at a time)."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self._kv_lock:
+            return method(self, *args, **kwargs)
+    return run
+
+
 class Llama(llama_cpp.Llama):
     """llama_cpp.Llama with a compressed KV cache.
 
@@ -126,6 +138,10 @@ class Llama(llama_cpp.Llama):
         kv_attention: str = "fused",
         **kwargs,
     ):
+        # Held around each llama_decode batch and every change of the cache (sessions, states,
+        # reset, close): ctypes lets other threads run during llama_decode, and a session load
+        # from one of them must wait rather than free rows llama.cpp's threads are reading.
+        self._kv_lock = threading.RLock()
         type_k, type_v = cache_type(type_k, "type_k"), cache_type(type_v, "type_v")
         model_path = os.fspath(model_path)  # a pathlib.Path too (stock wants a str)
         self._kv: Optional[LiveCache] = None
@@ -235,47 +251,68 @@ class Llama(llama_cpp.Llama):
             return
         self.tokens_evaluated += len(tokens)
         if self._kv is None:
-            return super().eval(tokens)
-        self._begin_eval(len(tokens))
+            with self._kv_lock:
+                return super().eval(tokens)
+        with self._kv_lock:
+            self._begin_eval(len(tokens))
         for i in range(0, len(tokens), self.n_batch):
             batch = tokens[i : i + self.n_batch]
-            self._kv.before_batch(self.n_tokens, len(batch))
-            super().eval(batch)
-            self._kv.check_errors()
-            self._kv.after_batch(len(batch))
+            with self._kv_lock:
+                self._check_open("eval")
+                n_past = self.n_tokens
+                self._kv.before_batch(n_past, len(batch))
+                before = self._kv.read_failures()
+                super().eval(batch)
+                self._batch_done(before, n_past)
+                self._kv.after_batch(len(batch))
+
+    def _batch_done(self, before: tuple[int, int], n_past: int) -> None:
+        """Undoes a batch whose cold rows could not be read (LiveCache.check_batch)."""
+        try:
+            self._kv.check_batch(before, n_past)
+        except RuntimeError:
+            self.n_tokens = n_past
+            raise
 
     def eval_logits(self, tokens: Sequence[int]) -> Iterator[tuple[int, np.ndarray]]:
         """Evaluates tokens in batches of n_batch, yielding (position of the batch's first
         token, its logits [n, n_vocab]) per batch, without keeping them (llama.cpp's buffer,
         valid until the next batch). For scoring long texts with large vocabularies."""
         self._check_open("eval_logits")
-        self._begin_eval(len(tokens))
-        self.tokens_evaluated += len(tokens)
-        self._ctx.kv_cache_seq_rm(-1, self.n_tokens, -1)
+        with self._kv_lock:
+            self._begin_eval(len(tokens))
+            self.tokens_evaluated += len(tokens)
+            self._ctx.kv_cache_seq_rm(-1, self.n_tokens, -1)
         for i in range(0, len(tokens), self.n_batch):
             batch = tokens[i : i + self.n_batch]
-            if self._kv is not None:
-                self._kv.before_batch(self.n_tokens, len(batch))
-            n_past = self.n_tokens
-            self._batch.set_batch(batch=batch, n_past=n_past, logits_all=True)
-            self._ctx.decode(self._batch)
-            n = len(batch)
-            logits = np.ctypeslib.as_array(self._ctx.get_logits(), shape=(n * self._n_vocab,)).reshape(n, self._n_vocab)
-            if self._kv is not None:
-                self._kv.check_errors()
-                if self._kv.wants_logits:
-                    self._kv.note_logits(n_past, batch, logits)
-                self._kv.after_batch(n)
-            self.input_ids[n_past : n_past + n] = batch
-            self.n_tokens += n
-            self._requires_eval = False
+            with self._kv_lock:  # per batch: another thread may save or load between batches, never during one
+                self._check_open("eval_logits")
+                n_past = self.n_tokens
+                if self._kv is not None:
+                    self._kv.before_batch(n_past, len(batch))
+                    before = self._kv.read_failures()
+                self._batch.set_batch(batch=batch, n_past=n_past, logits_all=True)
+                self._ctx.decode(self._batch)
+                n = len(batch)
+                logits = np.ctypeslib.as_array(self._ctx.get_logits(), shape=(n * self._n_vocab,))
+                logits = logits.reshape(n, self._n_vocab)
+                if self._kv is not None:
+                    self._batch_done(before, n_past)
+                    if self._kv.wants_logits:
+                        self._kv.note_logits(n_past, batch, logits)
+                    self._kv.after_batch(n)
+                self.input_ids[n_past : n_past + n] = batch
+                self.n_tokens += n
+                self._requires_eval = False
             yield n_past, logits
 
+    @_serialized
     def reset(self):
         super().reset()
         if self._kv is not None:
             self._kv.clear()
 
+    @_serialized
     def embed(self, *args, **kwargs):
         if self._kv is not None:
             self._kv.clear()  # embed clears llama.cpp's cache; cold rows must go with it
@@ -284,6 +321,7 @@ class Llama(llama_cpp.Llama):
 
     # --- sessions -------------------------------------------------------------------------
 
+    @_serialized
     def save_session(self, path, *, codec: Optional[session.CodecSpec] = None, exact: bool = False,
                      entropy: bool = True, app: Optional[dict] = None) -> SessionInfo:
         """Writes the context (tokens and KV cache) to a .kvz file, atomically.
@@ -306,6 +344,7 @@ class Llama(llama_cpp.Llama):
         write_atomic(path, data)
         return info
 
+    @_serialized
     def load_session(self, path) -> SessionInfo:
         """Restores a context saved by save_session. A file that is damaged, from another
         model or for another cache raises a SessionError and leaves this context as it was."""
@@ -339,6 +378,7 @@ class Llama(llama_cpp.Llama):
         return session.LiveContext(self._ctx.ctx, self._kv, KVShape.of(self), ModelFingerprint.of(self),
                                    self.input_ids[:n].copy(), self.n_ctx(), self.n_vocab())
 
+    @_serialized
     def save_state(self):
         """llama-cpp-python's state; with a kv_codec or a compressed prompt cache, a
         SessionState holding .kvz bytes (encoded with the cache's codec)."""
@@ -351,6 +391,7 @@ class Llama(llama_cpp.Llama):
                                    entropy=cache.entropy if cache is not None else False)
         return SessionState(self.input_ids[: self.n_tokens].copy(), data, self._seed)
 
+    @_serialized
     def load_state(self, state):
         self._check_open("load_state")
         if isinstance(state, SessionState):
@@ -362,6 +403,7 @@ class Llama(llama_cpp.Llama):
             raise TypeError("with a kv_codec, load_state takes the SessionState that save_state returns")
         return super().load_state(state)
 
+    @_serialized
     def kv_attention_mass(self, reset: bool = False) -> np.ndarray:
         """How much attention the compressed rows get: a float64 array [n_layer, granules] whose
         entry [il, g] is the softmax weight that cold rows (positions) [64 g, 64 g + 64) of layer
@@ -375,6 +417,7 @@ class Llama(llama_cpp.Llama):
             raise ValueError("kv_attention_mass needs a kv_codec: llama.cpp's own cache has no cold rows")
         return self._kv.attention_mass(reset)
 
+    @_serialized
     def kv_memory(self) -> KVMemory:
         """Bytes held for the KV cache now, per tier, and bits per value."""
         self._check_open("kv_memory")
@@ -385,6 +428,10 @@ class Llama(llama_cpp.Llama):
         return self._kv.memory(self.n_tokens)
 
     def close(self) -> None:
+        with getattr(self, "_kv_lock", None) or contextlib.nullcontext():  # waits for a batch in flight
+            self._close()
+
+    def _close(self) -> None:
         if getattr(self, "_kv", None) is not None:
             self._kv.close()
         if hasattr(self, "_stack"):  # absent when __init__ refused its arguments

@@ -32,15 +32,15 @@ K_CUTS = [0, 4, 77, 205, N_ROWS]
 V_CUTS = [0, 4, 40, 170, N_ROWS]
 RANGES = [(0, N_ROWS), (3, 197), (100, 101), (61, 250), (130, 139)]
 
-LEVELS = [0] + ([1] if codecs.simd_max_level() >= 1 else [])
+LEVELS = codecs.simd_levels()  # scalar, then AVX2 or NEON where this build and CPU have it
 
 # The kernels compute what decoding the rows and taking the softmax would, in float32 and in
 # another order (dot products of rotated queries, rotated value sums transformed once, kivi's
 # scale and min folded into the query, crotq's means dotted once per group, a polynomial exp
-# under AVX2). The reference is float64 over the float32 rows kvg_store_decode gives, so the
-# two differ by float32 rounding: of scores that reach a few tens here (queries of norm ~2 sqrt(d),
-# keys with 8x outlier channels), i.e. ~1e-5 absolute, which moves the output by about that
-# fraction of max |v|. Measured worst cases over this file's cases: 8e-6 of max |v| (scalar
+# under AVX2 and NEON). The reference is float64 over the float32 rows kvg_store_decode gives,
+# so the two differ by float32 rounding: of scores that reach a few tens here (queries of norm
+# ~2 sqrt(d), keys with 8x outlier channels), i.e. ~1e-5 absolute, which moves the output by
+# about that fraction of max |v|. Measured worst cases over this file's cases: 8e-6 of max |v| (scalar
 # kivi3, d = 256), 8e-6 between the SIMD levels. The bounds below keep a 4-6x margin and still
 # catch one row of N_ROWS left out or misread (about 1/N_ROWS ~ 4e-3 of max |v|).
 TOL = 5e-5
@@ -116,7 +116,7 @@ def test_attend_matches_softmax_over_decoded_rows(k_codec, v_codec, head_dim):
                     outs.append(out)
                 if len(outs) == 2:
                     err = float(np.abs(outs[0] - outs[1]).max())
-                    assert err <= TOL_SIMD * vmax, f"scalar vs avx2 {k_codec}/{v_codec} d={head_dim}: {err:.3g}"
+                    assert err <= TOL_SIMD * vmax, f"scalar vs SIMD level {LEVELS[1]} {k_codec}/{v_codec} d={head_dim}: {err:.3g}"
 
 
 def merge(a, b):
@@ -152,7 +152,7 @@ def test_empty_range_leaves_the_state_as_it_was():
 
 
 def test_shapes_off_the_fast_paths_fall_back_to_the_reference():
-    """head_dim 8 (rotq's smallest AVX2 shape), 4 and 24 (not handled by the AVX2 kernels), and a
+    """head_dim 8 (rotq's smallest SIMD shape), 4 and 24 (not handled by the SIMD kernels), and a
     kivi group size that is not a multiple of 8: every level still matches the decoded rows."""
     rng = np.random.default_rng(11)
     for head_dim, group_size, pairs in ((8, 32, [("rotq3", "crotq2"), ("kivi3", "f16")]),

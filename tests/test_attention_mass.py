@@ -14,7 +14,7 @@ from kvgguf.native.store import KIND_K, KIND_V, MASS_ROWS, KVStore
 
 from test_attend import build, merge, queries, reference, N_ROWS
 
-LEVELS = [0] + ([1] if codecs.simd_max_level() >= 1 else [])
+LEVELS = codecs.simd_levels()  # scalar, then AVX2 or NEON where this build and CPU have it
 
 
 def test_granule_size_agrees_with_the_header():

@@ -353,10 +353,12 @@ def special_values(rng, shape):
     return x
 
 
-@pytest.mark.skipif(codecs.simd_max_level() < 1, reason="CPU or build without AVX2+FMA: nothing to compare")
+@pytest.mark.skipif(codecs.simd_levels() == [0], reason="CPU or build without SIMD kernels: nothing to compare")
 @pytest.mark.parametrize("name", ALL)
-def test_avx2_matches_scalar_oracle(name):
+def test_simd_matches_scalar_oracle(name):
+    """This build's SIMD kernels (AVX2 or NEON) write the scalar oracle's bytes."""
     rng = np.random.default_rng(5)
+    level = codecs.simd_max_level()
     for shape, g in SIMD_CASES:
         if name in ROTQ + CROTQ and shape[-1] & (shape[-1] - 1):
             continue
@@ -366,24 +368,43 @@ def test_avx2_matches_scalar_oracle(name):
             with codecs.force_simd(0):
                 b0 = c.encode(x, kind)
                 y0 = c.decode(b0, shape, kind)
-            with codecs.force_simd(1):
+            with codecs.force_simd(level):
                 b1 = c.encode(x, kind)
                 y1 = c.decode(b0, shape, kind)
-            assert np.array_equal(b0, b1), f"{name} {kind} {shape} G={g}: AVX2 bytes differ"
+            assert np.array_equal(b0, b1), f"{name} {kind} {shape} G={g}: SIMD level {level} bytes differ"
             assert np.max(np.abs(y0 - y1), initial=0) <= 1e-6 * max(1.0, float(np.max(np.abs(y0))))
 
 
 def test_force_simd_restores_level():
     before = codecs.simd_level()
+    assert before in codecs.simd_levels() and codecs.simd_levels()[0] == 0
     with codecs.force_simd("scalar"):
         assert codecs.simd_level() == 0
     assert codecs.simd_level() == before
-    if codecs.simd_max_level() < 1:
-        with pytest.raises(codecs.KvgUnsupportedError):
-            with codecs.force_simd(1):
+    for level in codecs.simd_levels():
+        with codecs.force_simd(level):
+            assert codecs.simd_level() == level
+    assert codecs.simd_level() == before
+
+
+@pytest.mark.parametrize("name,level", [("avx2", 1), ("neon", 2)])
+def test_force_simd_refuses_levels_this_build_lacks(name, level):
+    """A build has AVX2 (x86-64) or NEON (AArch64) kernels, not both: the other is refused by name
+    and number, with the reason, and the level in force stays."""
+    if level in codecs.simd_levels():
+        pytest.skip(f"{name} is available here")
+    before = codecs.simd_level()
+    for arg in (name, level):
+        with pytest.raises(codecs.KvgUnsupportedError, match=f"{level} \\({name}\\) is not supported"):
+            with codecs.force_simd(arg):
                 pass
-    with pytest.raises(ValueError):
-        with codecs.force_simd(2):
+        assert codecs.simd_level() == before
+
+
+@pytest.mark.parametrize("bad", [3, -1, "sse4", True])
+def test_force_simd_rejects_levels_that_do_not_exist(bad):
+    with pytest.raises(ValueError, match="SIMD level must be one of"):
+        with codecs.force_simd(bad):
             pass
 
 

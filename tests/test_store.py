@@ -97,3 +97,18 @@ def test_bad_input_raises_and_leaves_the_store_intact():
         s.append(2, KIND_K, TIER_WARM, "f16", rows(1))
     assert s.n_rows(0, KIND_K) == 8
     assert s.decode(0, KIND_K, 0, 8).shape == (8, 128)
+
+
+@pytest.mark.parametrize("codec", ["kivi2", "kivi3", "kivi4"])  # rotq refuses such norms when encoding
+@pytest.mark.parametrize("kind", [KIND_K, KIND_V])
+def test_rows_at_the_edge_of_f16_never_reach_llama_cpp_as_inf(codec, kind):
+    """A group spanning all of f16's range decodes a hair past 65504 (kivi's scale rounds up);
+    the f16 read path, which feeds llama.cpp, saturates instead of writing Inf."""
+    s = make_store()
+    x = rows(32)
+    x[::2, :] = 65504.0
+    x[1::2, :] = -65504.0
+    s.append(1, kind, TIER_WARM, codec, x)
+    back = s.decode_f16(1, kind, 0, 32)
+    assert np.isfinite(back).all()
+    assert np.all(np.abs(back.astype(np.float32)) <= 65504.0)

@@ -53,12 +53,13 @@ __all__ = [
     "names",
     "rotq_codebook",
     "simd_level",
+    "simd_levels",
     "simd_max_level",
 ]
 
 _KINDS = {"k": 0, "v": 1, "key": 0, "value": 1}  # the store's KIND_K / KIND_V numbers
 _KIND_NAMES = ("K", "V")
-_SIMD_LEVELS = {"scalar": 0, "avx2": 1}
+_SIMD_LEVELS = {"scalar": 0, "avx2": 1, "neon": 2}  # enum kvg_simd
 _MAX_DIM = 1 << 56  # the library's limit on values per block
 
 
@@ -280,25 +281,37 @@ def rotq_codebook(bits: int, head_dim: int) -> np.ndarray:
 
 
 def simd_level() -> int:
-    """SIMD level in use: 0 scalar, 1 AVX2."""
+    """SIMD level in use: 0 scalar, 1 AVX2 (x86-64), 2 NEON (AArch64)."""
     return int(binding.get_lib().kvg_simd_level())
 
 
 def simd_max_level() -> int:
-    """Best SIMD level this CPU and build support."""
+    """Best SIMD level this CPU and build support (0 where there is none)."""
     return int(binding.get_lib().kvg_simd_max_level())
+
+
+def simd_levels() -> list[int]:
+    """The levels ``force_simd`` accepts here: scalar, then this build's SIMD level if the CPU has it.
+
+    A build carries one set of SIMD kernels (AVX2 on x86-64, NEON on AArch64), so the levels are
+    not ordered: on an AArch64 build ``[0, 2]``, never 1.
+    """
+    best = simd_max_level()
+    return [0] + ([best] if best != 0 else [])
 
 
 @contextlib.contextmanager
 def force_simd(level) -> Iterator[int]:
-    """Runs the block with the native SIMD level set to ``level`` (0/"scalar", 1/"avx2").
+    """Runs the block with the native SIMD level set to ``level`` (0/"scalar", 1/"avx2", 2/"neon").
 
     The level is process-wide: do not use it while other threads encode or decode.
-    Raises KvgUnsupportedError if the CPU or build lacks the level.
+    Raises ValueError for a level that does not exist, KvgUnsupportedError if this CPU or build
+    lacks it (see ``simd_levels()``).
     """
     lvl = _SIMD_LEVELS.get(level, level) if isinstance(level, str) else level
-    if lvl not in (0, 1) or isinstance(lvl, bool):
-        raise ValueError(f"SIMD level must be 0/'scalar' or 1/'avx2', got {level!r}")
+    if lvl not in _SIMD_LEVELS.values() or isinstance(lvl, bool):
+        names = ", ".join(f"{v}/{k!r}" for k, v in _SIMD_LEVELS.items())
+        raise ValueError(f"SIMD level must be one of {names}, got {level!r}")
     lib = binding.get_lib()
     old = lib.kvg_simd_level()
     check(lib.kvg_set_simd_level(lvl), "force_simd")

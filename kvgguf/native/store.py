@@ -151,8 +151,40 @@ class KVStore:
             f" ({'KV'[kind]})" if kind in (KIND_K, KIND_V) else "")
         check(get_lib().kvg_store_retier_list(self._ptr, il, kind, r0, r1, tier, codecs.get(codec).type), what)
 
+    def retier_lists(self, r0: int, r1: int, tier: int, table: dict[tuple[int, int], str]) -> None:
+        """Re-encodes the blocks inside rows [r0, r1) into ``tier``, each (layer, kind) of ``table``
+        into its own codec (lists not in it stay as they are), all lists or none."""
+        types = [-1] * (2 * self.n_layer)
+        for (il, kind), codec in table.items():
+            if not (0 <= il < self.n_layer and kind in (KIND_K, KIND_V)):
+                raise ValueError(f"retier: no list ({il}, {kind}) in a store of {self.n_layer} layers")
+            types[2 * il + kind] = codecs.get(codec).type
+        check(get_lib().kvg_store_retier_lists(self._ptr, r0, r1, tier, get_ffi().new("int32_t[]", types), len(types)),
+              f"retier rows [{r0}, {r1}) to tier {TIER_NAMES[tier] if 0 <= tier < 3 else tier}")
+
     def truncate(self, n_rows: int) -> None:
+        """Keeps rows [0, n_rows) of every list (all or nothing; a cut on a block boundary
+        cannot fail)."""
         check(get_lib().kvg_store_truncate(self._ptr, n_rows), f"truncate to {n_rows} rows")
+
+    def read_failures(self) -> tuple[int, int]:
+        """(hook_decode calls that failed, hook_attend calls that left rows out) since the store
+        was made: llama.cpp's two ways of reading the rows."""
+        lib = get_lib()
+        return int(lib.kvg_store_read_failures(self._ptr, 0)), int(lib.kvg_store_read_failures(self._ptr, 1))
+
+    # --- failure injection, for tests (kvg_debug_fail_after, kvg_store_debug_fail_reads) ---
+
+    @staticmethod
+    def fail_after(n_steps: int) -> int:
+        """Makes the (n_steps + 1)-th fallible step of a store mutation from now fail as out of
+        memory, once (process-wide; negative: cancel). Returns the countdown it replaced
+        (-1: none pending, or it fired)."""
+        return int(get_lib().kvg_debug_fail_after(n_steps))
+
+    def fail_reads(self, il: int, kind: int, row: int, on: bool = True) -> None:
+        """Makes every read of the block of (il, kind) holding ``row`` fail (or work again)."""
+        check(get_lib().kvg_store_debug_fail_reads(self._ptr, il, kind, row, int(on)), f"fail_reads row {row}")
 
     def clear(self) -> None:
         get_lib().kvg_store_clear(self._ptr)

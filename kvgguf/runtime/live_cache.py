@@ -8,7 +8,9 @@ Cold rows are exactly positions [0, n_cold) of the sequence; hot ones follow.
 
 from __future__ import annotations
 
+import copy
 import ctypes
+import warnings
 
 import llama_cpp.llama_cpp as C
 import numpy as np
@@ -18,6 +20,7 @@ from .memory import KVMemory, TierMemory
 from .signals import TokenSignals
 from ..model.shape import KVShape
 from ..native import codecs
+from ..native.binding import KvgError
 from ..native.store import KIND_K, KIND_V, MASS_ROWS, TIER_ARCHIVE, TIER_NAMES, TIER_SINK, TIER_WARM, KVStore
 from ..policy import codec_spec, plan
 from ..policy.tiered import TieredConfig
@@ -55,7 +58,6 @@ class LiveCache:
         self.blocks: list[plan.Block] = []
         self.signals = TokenSignals(config.keep, config.sinks)
         self._attach(self.store)
-        self._errors_seen = 0
 
     def _attach(self, store: KVStore) -> None:
         """Points llama.cpp's hooks at store (the C entry points read it, no Python)."""
@@ -70,9 +72,14 @@ class LiveCache:
         hooks.set_mass(self.ctx, store.mass_function() if fused else None)
         self.store = store
 
-    def snapshot(self) -> tuple[KVStore, list[tuple[int, int, int]]]:
-        """The store and block list now, for adopt() to put back."""
-        return self.store, [(b.r0, b.r1, b.tier) for b in self.blocks]
+    def snapshot(self) -> tuple[KVStore, list[plan.Block], TokenSignals]:
+        """The store, block list and keep signals now, for restore() to put back."""
+        return self.store, copy.deepcopy(self.blocks), copy.deepcopy(self.signals)
+
+    def restore(self, snapshot: tuple[KVStore, list[plan.Block], TokenSignals]) -> None:
+        store, blocks, signals = snapshot
+        self._attach(store)
+        self.blocks, self.signals = blocks, signals
 
     def adopt(self, store: KVStore, blocks: list[tuple[int, int, int]]) -> None:
         """Replaces the compressed rows by another store's (a restored session's)."""
@@ -153,25 +160,33 @@ class LiveCache:
         return rows.astype(np.float32)
 
     def _evict(self, p0: int, p1: int) -> None:
+        """Moves positions [p0, p1) into the store, all layers and both kinds, or nothing: the
+        appended blocks all start at p0, so cutting back to p0 undoes them and cannot fail."""
         parts = plan.evicted_parts(p0, p1, self.config)
-        for il in self.layers:
-            for kind in (KIND_K, KIND_V):
-                rows = self._read(il, kind, p0, p1)
-                for tier, a, b in parts:
-                    self.store.append(il, kind, tier, self.codecs[tier][il, kind], rows[a:b])
+        try:
+            for il in self.layers:
+                for kind in (KIND_K, KIND_V):
+                    rows = self._read(il, kind, p0, p1)
+                    for tier, a, b in parts:
+                        self.store.append(il, kind, tier, self.codecs[tier][il, kind], rows[a:b])
+            mem = C.llama_get_memory(self.ctx)
+            if not C.llama_memory_seq_rm(mem, SEQ, p0, p1):
+                raise RuntimeError(f"kvgguf: llama.cpp could not remove positions [{p0}, {p1}) after encoding them")
+        except BaseException:
+            self.store.truncate(p0)
+            raise
         for tier, a, b in parts:
             self.blocks.append(plan.Block(p0 + a, p0 + b, tier))
-        mem = C.llama_get_memory(self.ctx)
-        if not C.llama_memory_seq_rm(mem, SEQ, p0, p1):
-            raise RuntimeError(f"kvgguf: llama.cpp could not remove positions [{p0}, {p1}) after encoding them")
         # Hot rows back in position order at the front: attention then sums in the same
-        # order as a cache that never wrapped, and new tokens follow the old ones.
+        # order as a cache that never wrapped, and new tokens follow the old ones. (It fails
+        # only for caches kvgguf refuses when it attaches; the rows are consistent either way.)
         if hooks.compact(self.ctx) != 0:
             raise RuntimeError("kvgguf: llama.cpp could not compact its KV cache after an eviction")
 
     def _age(self) -> None:
+        """Warm blocks that left the warm window go to the archive tier: each block in one
+        store call over every layer and kind (all of them or none), its tier noted after."""
         table = self.codecs.get(TIER_ARCHIVE, {})
-        used = {table[il, kind] for il in self.layers for kind in (KIND_K, KIND_V)} if table else set()
         aging = plan.blocks_to_archive(self.blocks, self.config)
         if aging and self.config.keep is not None:
             score = lambda b: self.signals.score(b.r0, b.r1)  # noqa: E731
@@ -179,33 +194,48 @@ class LiveCache:
             for b, keep in zip(aging, plan.kept([score(b) for b in aging], reference, self.config.keep_fraction)):
                 b.kept = keep
             aging = [b for b in aging if not b.kept]
+        lists = {(il, kind): table[il, kind] for il in self.layers for kind in (KIND_K, KIND_V)} if table else {}
         for b in aging:
-            if len(used) == 1:  # one codec for every list: one call re-encodes them all
-                self.store.retier(b.r0, b.r1, TIER_ARCHIVE, next(iter(used)))
-            else:
-                for il in self.layers:
-                    for kind in (KIND_K, KIND_V):
-                        self.store.retier(b.r0, b.r1, TIER_ARCHIVE, table[il, kind], il=il, kind=kind)
+            try:
+                self.store.retier_lists(b.r0, b.r1, TIER_ARCHIVE, lists)
+            except KvgError as e:
+                # Not worth failing the batch over: warm rows are the better copy, and the next
+                # eviction tries again.
+                warnings.warn(f"kvgguf: rows [{b.r0}, {b.r1}) could not move to the archive tier ({e}); they stay "
+                              "warm for now (more memory, no loss)", RuntimeWarning, stacklevel=4)
+                return
             b.tier = TIER_ARCHIVE
 
     def truncate(self, n_tokens: int) -> None:
         """Forgets compressed rows at positions >= n_tokens (a new prompt diverged there)."""
+        if n_tokens < self.n_cold:
+            self.store.truncate(n_tokens)  # first: all or nothing, and the only step that can fail
+            self.blocks = plan.truncated(self.blocks, n_tokens)
         self.signals.truncate(n_tokens)
-        if n_tokens >= self.n_cold:
-            return
-        self.store.truncate(n_tokens)
-        self.blocks = plan.truncated(self.blocks, n_tokens)
 
     def clear(self) -> None:
         self.store.clear()
         self.blocks = []
         self.signals.clear()
 
-    def check_errors(self) -> None:
-        n = hooks.n_errors(self.ctx)
-        if n != self._errors_seen:
-            self._errors_seen = n
-            raise RuntimeError(f"kvgguf: decoding cold rows failed {n} time(s) during llama_decode")
+    def read_failures(self) -> tuple[int, int]:
+        """The store's failed reads so far (expanded, fused); compare before and after a batch."""
+        return self.store.read_failures()
+
+    def check_batch(self, before: tuple[int, int], n_past: int) -> None:
+        """After llama_decode of the batch that started at n_past: a failed read of cold rows
+        on the expanding path gave llama.cpp zero rows (which would still get softmax weight),
+        so the batch's positions are removed again and RuntimeError says so; the fused path
+        left the rows out of the softmax (as if masked), which a RuntimeWarning reports."""
+        expanded, fused = (after - b for after, b in zip(self.store.read_failures(), before))
+        if expanded:
+            C.llama_memory_seq_rm(C.llama_get_memory(self.ctx), SEQ, n_past, -1)
+            raise RuntimeError(
+                f"kvgguf: compressed rows could not be read ({expanded} failed decode(s), out of memory?); "
+                f"the batch was not evaluated and the context keeps its first {n_past} tokens")
+        if fused:
+            warnings.warn(f"kvgguf: {fused} attention call(s) could not read some compressed rows and left them "
+                          "out of the softmax for this batch (out of memory?)", RuntimeWarning, stacklevel=3)
 
     # --- reads --------------------------------------------------------------------------
 

@@ -242,6 +242,8 @@ def parse(live: LiveContext, data: bytes) -> _Restored:
     _field(meta, "codec", str)
     if n_tokens > live.n_ctx:
         raise SessionMismatchError(f"the session holds {n_tokens} tokens; this Llama's n_ctx is {live.n_ctx}")
+    if len(sections[1][1]) % 4:
+        raise SessionCorruptError("the session's token section is not a whole number of int32 ids")
     tokens = np.frombuffer(sections[1][1], dtype="<i4")
     if len(tokens) != n_tokens or (n_tokens and (tokens.min() < 0 or tokens.max() >= live.n_vocab)):
         raise SessionCorruptError("the session's token ids do not match its metadata or the vocabulary")
@@ -407,7 +409,7 @@ def apply(live: LiveContext, restored: _Restored) -> None:
         _set_seq_state(live.ctx, restored.state)
     except BaseException:
         if kv is not None:
-            kv.adopt(*old_store)
+            kv.restore(old_store)
         _set_seq_state(live.ctx, before)
         raise
 

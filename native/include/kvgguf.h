@@ -96,12 +96,13 @@ enum kvg_kind {
 // Bumped whenever a declaration in this region changes; kvg_abi_version() returns the value the
 // library was built with, and the Python binding refuses a library and header that disagree.
 enum kvg_abi {
-    KVG_ABI_VERSION = 5
+    KVG_ABI_VERSION = 6
 };
 
 enum kvg_simd {
     KVG_SIMD_SCALAR = 0,
-    KVG_SIMD_AVX2   = 1
+    KVG_SIMD_AVX2   = 1,  // x86-64 with AVX2, FMA and F16C
+    KVG_SIMD_NEON   = 2   // AArch64 (Advanced SIMD is part of the base ISA)
 };
 
 typedef struct kvg_codec_params {
@@ -141,7 +142,7 @@ int kvg_decode(int type, int kind, const void * src, size_t src_bytes,
 // The 2^bits centroids (ascending) that rotq uses for head_dim, in units of y above.
 int kvg_rotq_codebook(int bits, int64_t head_dim, float * out, size_t out_count);
 
-int kvg_simd_level(void);            // the level in use: KVG_SIMD_SCALAR or KVG_SIMD_AVX2
+int kvg_simd_level(void);            // the level in use: KVG_SIMD_SCALAR, _AVX2 or _NEON
 int kvg_simd_max_level(void);        // the best level this CPU and build support
 int kvg_set_simd_level(int level);   // process-wide; for tests and benchmarks
 
@@ -150,6 +151,8 @@ int kvg_set_simd_level(int level);   // process-wide; for tests and benchmarks
 // Rows of a (layer, kind) are numbered from 0 in position order and held in blocks, each
 // encoded with one codec and tagged with a tier. Appends go to the end; retier re-encodes
 // whole blocks in place (warm -> archive as rows age); truncate drops rows from the end.
+// Every mutation is all or nothing: on failure the store is exactly as it was (every layer
+// and kind), and kvg_last_error() says why.
 // Mutations must not run concurrently with anything else; reads (decode, the hook entry
 // points) may run on many threads at once: they take no locks.
 
@@ -197,7 +200,13 @@ int kvg_store_retier(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, int32_
 int kvg_store_retier_list(kvg_store * s, int32_t il, int32_t kind, int64_t r0, int64_t r1, int32_t tier,
                           int32_t codec);
 
-// Every layer and kind: keeps rows [0, n_rows). A block cut in two is re-encoded.
+// Each list into its own codec: list il * 2 + kind gets codecs[il * 2 + kind] (-1: left as it
+// is); n_codecs must be 2 * n_layer. What one eviction's aging needs in one call.
+int kvg_store_retier_lists(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, const int32_t * codecs,
+                           size_t n_codecs);
+
+// Every layer and kind: keeps rows [0, n_rows). A block cut in two is re-encoded; a cut on a block
+// boundary (undoing appends) allocates nothing and cannot fail.
 int kvg_store_truncate(kvg_store * s, int64_t n_rows);
 void kvg_store_clear(kvg_store * s);
 
@@ -254,6 +263,12 @@ int32_t kvg_store_hook_attend(void * user, int32_t il, int64_t r0, int64_t r1,
                               const float * q, int32_t n_tokens, int32_t n_head, float scale,
                               float * m, float * l, float * acc);
 
+// Failed reads on llama.cpp's paths since the store was made: KVG_READ_DECODE counts hook_decode
+// calls that failed (rows llama.cpp expanded are then zeros: kvgguf drops that ubatch), and
+// KVG_READ_ATTEND hook_attend calls that left rows out (as if masked). -1 for bad arguments.
+enum kvg_read_path { KVG_READ_DECODE = 0, KVG_READ_ATTEND = 1 };
+int64_t kvg_store_read_failures(const kvg_store * s, int32_t path);
+
 // ---- attention mass: how much softmax weight the cold rows receive -------------------------
 //
 // While collection is on, every attend call also notes, per query and per granule of
@@ -281,6 +296,16 @@ int32_t kvg_store_hook_mass(void * user, int32_t il, int32_t n_tokens, int32_t n
 // Notes dropped since the store was made: attend calls beyond KVG_MASS_SLOTS between two
 // kvg_store_hook_mass calls, out of memory, or never brought in.
 int64_t kvg_store_mass_dropped(const kvg_store * s);
+
+// ---- failure injection, for tests ---------------------------------------------------------
+
+// The (n_steps + 1)-th step from now that can fail inside a store mutation (an allocation or an
+// encode in append, append_encoded, retier or truncate) fails as out of memory, once; n_steps < 0
+// cancels. Process-wide. Returns the countdown it replaces: -1 when none was pending (or it fired).
+int64_t kvg_debug_fail_after(int64_t n_steps);
+// Every read of the block of (il, kind) holding `row` fails (on != 0) or works again (on == 0):
+// decode, the hooks (the fused attend then leaves its rows out), and re-encoding it.
+int kvg_store_debug_fail_reads(kvg_store * s, int32_t il, int32_t kind, int64_t row, int32_t on);
 
 // cffi-end
 

@@ -15,30 +15,20 @@
 #include "kvg_internal.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-// Per-thread workspace, grown and never shrunk: llama.cpp calls the hook on its long-lived
-// worker threads, so after the first call of a shape nothing is allocated.
-static _Thread_local float * tl_ws     = NULL;
-static _Thread_local size_t  tl_ws_cap = 0;
-
+// Per-thread workspace (scratch.c): llama.cpp calls the hook on its long-lived worker threads,
+// so after the first call of a shape nothing is allocated.
 static float * workspace(size_t n_floats) {
-    if (n_floats > tl_ws_cap) {
-        float * p = (float *) realloc(tl_ws, n_floats * sizeof(float));
-        if (!p) {
-            return NULL;
-        }
-        tl_ws     = p;
-        tl_ws_cap = n_floats;
-    }
-    return tl_ws;
+    return kvg_thread_scratch(KVG_SCRATCH_ATTEND, n_floats);
 }
 
-static int run_score(const kvg_codec_traits * tr, int avx2, const kvg_job * job, const uint8_t * src, int64_t t0,
+static int run_score(const kvg_codec_traits * tr, int simd, const kvg_job * job, const uint8_t * src, int64_t t0,
                      int64_t n, const kvg_attn * a, float * out) {
-    if (avx2 && tr->score_avx2) {
-        const int st = tr->score_avx2(job, src, t0, n, a, out);
+    if (simd && tr->score_simd) {
+        const int st = tr->score_simd(job, src, t0, n, a, out);
         if (st != KVG_NOT_HANDLED) {
             return st;
         }
@@ -46,10 +36,10 @@ static int run_score(const kvg_codec_traits * tr, int avx2, const kvg_job * job,
     return tr->score_ref(job, src, t0, n, a, out);
 }
 
-static int run_accumulate(const kvg_codec_traits * tr, int avx2, const kvg_job * job, const uint8_t * src, int64_t t0,
+static int run_accumulate(const kvg_codec_traits * tr, int simd, const kvg_job * job, const uint8_t * src, int64_t t0,
                           int64_t n, const float * p, const kvg_attn * a) {
-    if (avx2 && tr->accumulate_avx2) {
-        const int st = tr->accumulate_avx2(job, src, t0, n, p, a);
+    if (simd && tr->accumulate_simd) {
+        const int st = tr->accumulate_simd(job, src, t0, n, p, a);
         if (st != KVG_NOT_HANDLED) {
             return st;
         }
@@ -89,10 +79,22 @@ void kvg_attn_softmax_ref(const kvg_attn * a, float * m, float * l, float * s, i
     }
 }
 
+static int32_t attend(kvg_store * s, int32_t il, int64_t r0, int64_t r1, const float * q, int32_t n_tokens,
+                      int32_t n_head, float scale, float * m, float * l, float * acc);
+
 int32_t kvg_store_hook_attend(void * user, int32_t il, int64_t r0, int64_t r1, const float * q, int32_t n_tokens,
                               int32_t n_head, float scale, float * m, float * l, float * acc) {
     kvg_clear_error();
-    kvg_store * s = (kvg_store *) user;  // read only, but for the mass notes of this call's own slot
+    kvg_store *   s  = (kvg_store *) user;  // read only, but for the mass notes of this call's own slot
+    const int32_t rc = attend(s, il, r0, r1, q, n_tokens, n_head, scale, m, l, acc);
+    if (rc != KVG_OK && s) {  // some rows (or all) were left out: Python reads the count after decode
+        atomic_fetch_add_explicit(&s->read_failures[KVG_READ_ATTEND], 1, memory_order_relaxed);
+    }
+    return rc;
+}
+
+static int32_t attend(kvg_store * s, int32_t il, int64_t r0, int64_t r1, const float * q, int32_t n_tokens,
+                      int32_t n_head, float scale, float * m, float * l, float * acc) {
     if (!s || !q || !m || !l || !acc) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "attend: store, q, m, l and acc must not be NULL");
     }
@@ -154,7 +156,7 @@ int32_t kvg_store_hook_attend(void * user, int32_t il, int64_t r0, int64_t r1, c
 
     kvg_attn         a     = { n_q, P, wq, wqr, wacc, waccr, tmp };
     kvg_mass_notes * notes = kvg_mass_begin(s, il, n_tokens, n_head, n_q, r0, r1);
-    const int avx2        = kvg_simd_level() == KVG_SIMD_AVX2;
+    const int simd        = kvg_simd_on();  // once per call: the level cannot change under a chunk
     int       q_rotated   = 0;  // wqr holds W(s * q)
     int       acc_rotated = 0;  // waccr is in use (zeroed)
     int       status      = KVG_OK;
@@ -179,6 +181,9 @@ int32_t kvg_store_hook_attend(void * user, int32_t il, int64_t r0, int64_t r1, c
         if (st == KVG_OK) {
             st = kvg_make_job(vb->codec, KVG_KIND_V, vb->n_rows, Hkv, dv, &s->p.codec, &jv, &unused);
         }
+        if (st == KVG_OK && (kb->fail_reads || vb->fail_reads)) {
+            st = kvg_fail(KVG_ERR_NO_MEMORY, "attend: injected read failure (kvg_store_debug_fail_reads)");
+        }
         if (st == KVG_OK && ((tk->rotated && !kvg_rotq_get_book(dk)) || (tv->rotated && !kvg_rotq_get_book(dv)))) {
             st = kvg_fail(KVG_ERR_NO_MEMORY, "attend: rotq codebook missing");  // checked blocks have it built
         }
@@ -202,12 +207,12 @@ int32_t kvg_store_hook_attend(void * user, int32_t il, int64_t r0, int64_t r1, c
         for (int64_t c0 = row, n; st == KVG_OK && c0 < e; c0 += n) {
             n  = KVG_ATTN_CHUNK - c0 % KVG_ATTN_CHUNK;
             n  = e - c0 < n ? e - c0 : n;
-            st = run_score(tk, avx2, &jk, kb->data, c0 - kb->row0, n, &a, sc);
+            st = run_score(tk, simd, &jk, kb->data, c0 - kb->row0, n, &a, sc);
             if (st != KVG_OK) {
                 break;  // these rows are left out; the state has not seen them
             }
-            if (avx2) {
-                kvg_attn_softmax_avx2(&a, wm, wl, sc, n, dv, acc_rotated);
+            if (simd) {
+                KVG_SIMD(kvg_attn_softmax)(&a, wm, wl, sc, n, dv, acc_rotated);
             } else {
                 kvg_attn_softmax_ref(&a, wm, wl, sc, n, dv, acc_rotated);
             }
@@ -216,7 +221,7 @@ int32_t kvg_store_hook_attend(void * user, int32_t il, int64_t r0, int64_t r1, c
             }
             // Kernels fail only on shapes that append refused; a failure here would leave the
             // chunk's weights in l without its values, so it is reported all the same.
-            st = run_accumulate(tv, avx2, &jv, vb->data, c0 - vb->row0, n, sc, &a);
+            st = run_accumulate(tv, simd, &jv, vb->data, c0 - vb->row0, n, sc, &a);
         }
         if (st != KVG_OK && status == KVG_OK) {  // kvg_last_error() tells the first failure
             char why[160];

@@ -52,14 +52,19 @@ const char * kvg_strerror(int status) {
 
 // ---- the traits table ----------------------------------------------------------------------
 
-// The columns after encoded_size, the same for every bit width of a family.
-#define KVG_F16_ROW  kvg_f16_check, 0, kvg_f16_score_ref, kvg_f16_accumulate_ref, kvg_f16_score_avx2, kvg_f16_accumulate_avx2
-#define KVG_KIVI_ROW kvg_kivi_encode_ref, kvg_kivi_decode_ref, kvg_kivi_encode_avx2, kvg_kivi_decode_avx2, kvg_kivi_check, 0, \
-                     kvg_kivi_score_ref, kvg_kivi_accumulate_ref, kvg_kivi_score_avx2, kvg_kivi_accumulate_avx2
-#define KVG_ROTQ_ROW kvg_rotq_encode_ref, kvg_rotq_decode_ref, kvg_rotq_encode_avx2, kvg_rotq_decode_avx2, kvg_rotq_check, 1, \
-                     kvg_rotq_score_ref, kvg_rotq_accumulate_ref, kvg_rotq_score_avx2, kvg_rotq_accumulate_avx2
-#define KVG_CROTQ_ROW kvg_crotq_encode_ref, kvg_crotq_decode_ref, kvg_crotq_encode_avx2, kvg_crotq_decode_avx2, kvg_crotq_check, 1, \
-                      kvg_crotq_score_ref, kvg_crotq_accumulate_ref, kvg_crotq_score_avx2, kvg_crotq_accumulate_avx2
+// The columns after encoded_size, the same for every bit width of a family. The SIMD columns
+// hold this build's kernels (KVG_SIMD: AVX2 on x86-64, NEON on AArch64).
+#define KVG_F16_ROW  kvg_f16_check, 0, kvg_f16_score_ref, kvg_f16_accumulate_ref, \
+                     KVG_SIMD(kvg_f16_score), KVG_SIMD(kvg_f16_accumulate)
+#define KVG_KIVI_ROW kvg_kivi_encode_ref, kvg_kivi_decode_ref, KVG_SIMD(kvg_kivi_encode), KVG_SIMD(kvg_kivi_decode), \
+                     kvg_kivi_check, 0, kvg_kivi_score_ref, kvg_kivi_accumulate_ref, \
+                     KVG_SIMD(kvg_kivi_score), KVG_SIMD(kvg_kivi_accumulate)
+#define KVG_ROTQ_ROW kvg_rotq_encode_ref, kvg_rotq_decode_ref, KVG_SIMD(kvg_rotq_encode), KVG_SIMD(kvg_rotq_decode), \
+                     kvg_rotq_check, 1, kvg_rotq_score_ref, kvg_rotq_accumulate_ref, \
+                     KVG_SIMD(kvg_rotq_score), KVG_SIMD(kvg_rotq_accumulate)
+#define KVG_CROTQ_ROW kvg_crotq_encode_ref, kvg_crotq_decode_ref, KVG_SIMD(kvg_crotq_encode), KVG_SIMD(kvg_crotq_decode), \
+                      kvg_crotq_check, 1, kvg_crotq_score_ref, kvg_crotq_accumulate_ref, \
+                      KVG_SIMD(kvg_crotq_score), KVG_SIMD(kvg_crotq_accumulate)
 
 static const kvg_codec_traits k_traits[] = {
     [KVG_CODEC_F16]    = { "f16",    16, kvg_f16_size,   kvg_f16_encode_ref, kvg_f16_decode_ref, NULL, NULL, KVG_F16_ROW },
@@ -242,8 +247,8 @@ int kvg_encode(int type, int kind, const float * src, size_t src_count,
     }
     const kvg_codec_traits * tr = &k_traits[type];
     st = KVG_NOT_HANDLED;
-    if (tr->encode_avx2 != NULL && kvg_simd_level() >= KVG_SIMD_AVX2) {
-        st = tr->encode_avx2(&job, src, (uint8_t *) dst);
+    if (tr->encode_simd != NULL && kvg_simd_on()) {
+        st = tr->encode_simd(&job, src, (uint8_t *) dst);
     }
     if (st == KVG_NOT_HANDLED) {
         st = tr->encode_ref(&job, src, (uint8_t *) dst);
@@ -278,8 +283,8 @@ int kvg_decode(int type, int kind, const void * src, size_t src_bytes,
     }
     const kvg_codec_traits * tr = &k_traits[type];
     st = KVG_NOT_HANDLED;
-    if (tr->decode_avx2 != NULL && kvg_simd_level() >= KVG_SIMD_AVX2) {
-        st = tr->decode_avx2(&job, (const uint8_t *) src, dst);
+    if (tr->decode_simd != NULL && kvg_simd_on()) {
+        st = tr->decode_simd(&job, (const uint8_t *) src, dst);
     }
     if (st == KVG_NOT_HANDLED) {
         st = tr->decode_ref(&job, (const uint8_t *) src, dst);

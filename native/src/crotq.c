@@ -107,6 +107,14 @@ int kvg_crotq_decode_avx2(const kvg_job * job, const uint8_t * src, float * dst)
     return decode(job, src, dst, kvg_rotq_decode_avx2);
 }
 
+int kvg_crotq_encode_neon(const kvg_job * job, const float * src, uint8_t * dst) {
+    return encode(job, src, dst, kvg_rotq_encode_neon);
+}
+
+int kvg_crotq_decode_neon(const kvg_job * job, const uint8_t * src, float * dst) {
+    return decode(job, src, dst, kvg_rotq_decode_neon);
+}
+
 // ---- attention: rotq on the residual, plus the channel means ------------------------------
 //
 // Keys: q . (mean + r') = q . mean + q . r', with q . mean once per (128-token group, query).
@@ -204,4 +212,13 @@ int kvg_crotq_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, i
 int kvg_crotq_accumulate_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
                               const kvg_attn * a) {
     return accumulate(job, src, t0, n, p, a, kvg_rotq_accumulate_avx2);
+}
+
+int kvg_crotq_score_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out) {
+    return score(job, src, t0, n, a, out, kvg_rotq_score_neon);
+}
+
+int kvg_crotq_accumulate_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                              const kvg_attn * a) {
+    return accumulate(job, src, t0, n, p, a, kvg_rotq_accumulate_neon);
 }

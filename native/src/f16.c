@@ -116,8 +116,8 @@ int kvg_f16_decode_ref(const kvg_job * job, const uint8_t * src, float * dst) {
 }
 
 void kvg_f32_to_f16_row(const float * x, uint16_t * y, int64_t n) {
-    if (kvg_simd_level() == KVG_SIMD_AVX2) {
-        kvg_f32_to_f16_row_avx2(x, y, n);
+    if (kvg_simd_on()) {
+        KVG_SIMD(kvg_f32_to_f16_row)(x, y, n);
         return;
     }
     for (int64_t i = 0; i < n; ++i) {

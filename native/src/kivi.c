@@ -109,7 +109,7 @@ static const kvg_kivi_ops k_kivi_ops_ref = {
     dequant_row_ref,
 };
 
-// ---- drivers, shared by the scalar and AVX2 paths ------------------------------------------
+// ---- drivers, shared by the scalar and SIMD paths ------------------------------------------
 
 // Appends the group's place to the detail message of a failure.
 static void where(int st, const char * rows, int64_t r0, int64_t r1, const char * cols, int64_t c0, int64_t c1) {

@@ -61,7 +61,7 @@ typedef struct kvg_attn {
 #define KVG_ATTN_TMP(n_q, d) ((n_q) * ((d) + KVG_ATTN_CHUNK + 2) + 2 * KVG_ATTN_CHUNK * ((d) + 2) + 4 * (d) + 64)
 
 // Kernels read rows [t0, t0 + n) of one block (0 < n <= KVG_ATTN_CHUNK) whose bytes passed the
-// codec's check when they were appended, so they cannot fail; an AVX2 kernel may return
+// codec's check when they were appended, so they cannot fail; a SIMD kernel may return
 // KVG_NOT_HANDLED (before touching anything) for a shape outside its fast path.
 // score: out[j * n + t] = dot(q_j, key row t0 + t, KV head j / per_head); rotated codecs use qr.
 typedef int (*kvg_score_fn)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n,
@@ -70,11 +70,12 @@ typedef int (*kvg_score_fn)(const kvg_job * job, const uint8_t * src, int64_t t0
 typedef int (*kvg_accumulate_fn)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n,
                                  const float * p, const kvg_attn * a);
 
-// The online-softmax step of one chunk (attend.c; AVX2 in attend_avx2.c): folds the chunk's
+// The online-softmax step of one chunk (attend.c; SIMD in attend_avx2.c, attend_neon.c): folds the chunk's
 // scores s[j * n + t] into m, l and the accumulators (rescaled when m grows; accr too when
 // `rotated`), and turns the scores into the weights exp(s - m) the values are summed with.
 void kvg_attn_softmax_ref(const kvg_attn * a, float * m, float * l, float * s, int64_t n, int64_t dv, int rotated);
 void kvg_attn_softmax_avx2(const kvg_attn * a, float * m, float * l, float * s, int64_t n, int64_t dv, int rotated);
+void kvg_attn_softmax_neon(const kvg_attn * a, float * m, float * l, float * s, int64_t n, int64_t dv, int rotated);
 
 typedef int (*kvg_size_fn)  (const kvg_job * job, size_t * out_bytes);
 typedef int (*kvg_encode_fn)(const kvg_job * job, const float * src, uint8_t * dst);
@@ -90,14 +91,14 @@ typedef struct kvg_codec_traits {
     kvg_size_fn       encoded_size;  // may reject a shape (rotq: head_dim)
     kvg_encode_fn     encode_ref;    // scalar oracle
     kvg_decode_fn     decode_ref;
-    kvg_encode_fn     encode_avx2;   // NULL where no AVX2 kernel exists; may return KVG_NOT_HANDLED
-    kvg_decode_fn     decode_avx2;
+    kvg_encode_fn     encode_simd;   // KVG_SIMD(...): NULL where none exists; may return KVG_NOT_HANDLED
+    kvg_decode_fn     decode_simd;
     kvg_check_fn      check;
     int               rotated;       // attention: keys scored against qr, values (partly) into accr
     kvg_score_fn      score_ref;     // scalar oracle of the attention kernels
     kvg_accumulate_fn accumulate_ref;
-    kvg_score_fn      score_avx2;    // NULL where no AVX2 kernel exists; may return KVG_NOT_HANDLED
-    kvg_accumulate_fn accumulate_avx2;
+    kvg_score_fn      score_simd;    // KVG_SIMD(...): may return KVG_NOT_HANDLED
+    kvg_accumulate_fn accumulate_simd;
 } kvg_codec_traits;
 
 // codecs.c: the row of a codec type (NULL if out of range), and a job for an already valid
@@ -125,8 +126,9 @@ int kvg_cpu_has_avx2_fma(void);
 
 uint16_t kvg_f32_to_f16(float f);  // round to nearest even; overflow gives +-Inf
 float    kvg_f16_to_f32(uint16_t h);
-void     kvg_f32_to_f16_row(const float * x, uint16_t * y, int64_t n);       // dispatches to F16C
+void     kvg_f32_to_f16_row(const float * x, uint16_t * y, int64_t n);       // dispatches to F16C / NEON
 void     kvg_f32_to_f16_row_avx2(const float * x, uint16_t * y, int64_t n);  // simd_avx2.c
+void     kvg_f32_to_f16_row_neon(const float * x, uint16_t * y, int64_t n);  // simd_neon.c
 uint16_t kvg_f16_next_up(uint16_t h);    // next f16 towards +Inf (finite input)
 uint16_t kvg_f16_next_down(uint16_t h);  // next f16 towards -Inf (finite input)
 
@@ -148,6 +150,8 @@ int kvg_f16_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int6
 int kvg_f16_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
 int kvg_f16_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
 int kvg_f16_accumulate_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
+int kvg_f16_score_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
+int kvg_f16_accumulate_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
 
 // ---- bit packing (pack.c) ------------------------------------------------------------------
 
@@ -172,7 +176,7 @@ typedef struct kvg_kivi_group {
 } kvg_kivi_group;
 _Static_assert(sizeof(kvg_kivi_group) == 4, "kivi group header must be 32 bits");
 
-// Row kernels the kivi drivers call; scalar ones in kivi.c, AVX2 ones in simd_avx2.c.
+// Row kernels the kivi drivers call; scalar ones in kivi.c, SIMD ones in simd_avx2.c and simd_neon.c.
 // All must compute exactly what the scalar ones compute.
 typedef struct kvg_kivi_ops {
     // mn[c] = min(mn[c], x[c]), mx[c] = max(mx[c], x[c]) as (x < mn ? x : mn), (x > mx ? x : mx)
@@ -187,7 +191,7 @@ typedef struct kvg_kivi_ops {
                         int64_t n, int bits, float * out, uint8_t * scratch);
 } kvg_kivi_ops;
 
-// Quantizes one element; the AVX2 kernels do the same float operations in the same order.
+// Quantizes one element; the SIMD kernels do the same float operations in the same order.
 static inline uint8_t kvg_kivi_code(float x, float mf, float inv, float top) {
     float v = (x - mf) * inv;
     v = v > 0.0f ? v : 0.0f;
@@ -202,11 +206,15 @@ int kvg_kivi_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_kivi_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
 int kvg_kivi_encode_avx2(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_kivi_decode_avx2(const kvg_job * job, const uint8_t * src, float * dst);
+int kvg_kivi_encode_neon(const kvg_job * job, const float * src, uint8_t * dst);
+int kvg_kivi_decode_neon(const kvg_job * job, const uint8_t * src, float * dst);
 int kvg_kivi_check(const kvg_job * job, const uint8_t * src);
 int kvg_kivi_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
 int kvg_kivi_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
 int kvg_kivi_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
 int kvg_kivi_accumulate_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
+int kvg_kivi_score_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
+int kvg_kivi_accumulate_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
 
 static inline int64_t kvg_kivi_n_groups(const kvg_job * job) {
     const int64_t G = job->group_size;
@@ -237,11 +245,12 @@ typedef struct kvg_rotq_ops {
 const kvg_rotq_book * kvg_rotq_get_book(int64_t head_dim);  // NULL if out of memory
 void  kvg_rotq_signs(uint64_t seed, int64_t d, float * sgn);  // +-1.0f per coordinate
 // Sum of squares in 8 interleaved float lanes (lane i % 8) reduced as
-// ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)), the order an AVX2 register reduction takes, so both
-// paths compute the same norm.
+// ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)), the order an AVX2 register reduction takes (and the
+// NEON kernel copies), so every path computes the same norm.
 float kvg_rotq_sumsq_ref(const float * x, int64_t d);
 void  kvg_fwht_ref(float * x, int64_t d);  // unnormalized, in place, d a power of two
 void  kvg_fwht_avx2(float * x, int64_t d);  // simd_avx2.c; the same butterflies, d >= 8
+void  kvg_fwht_neon(float * x, int64_t d);  // simd_neon.c; likewise
 void  kvg_fwht(float * x, int64_t d);       // dispatches on the SIMD level
 
 int kvg_rotq_size(const kvg_job * job, size_t * out_bytes);
@@ -251,6 +260,8 @@ int kvg_rotq_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_rotq_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
 int kvg_rotq_encode_avx2(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_rotq_decode_avx2(const kvg_job * job, const uint8_t * src, float * dst);
+int kvg_rotq_encode_neon(const kvg_job * job, const float * src, uint8_t * dst);
+int kvg_rotq_decode_neon(const kvg_job * job, const uint8_t * src, float * dst);
 int kvg_rotq_check(const kvg_job * job, const uint8_t * src);
 // Keys: q . x' = (n / d) * sum_i qr_i * cb[code_i] with qr = W(s * q), since W is symmetric.
 // Values: accr_j += p * (n / d) * cb[codes]; s * W(accr) is the sum of p * x'.
@@ -258,6 +269,8 @@ int kvg_rotq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int
 int kvg_rotq_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
 int kvg_rotq_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
 int kvg_rotq_accumulate_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
+int kvg_rotq_score_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
+int kvg_rotq_accumulate_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
 
 // ---- crotq: rotq of the residual after per-channel group means (crotq.c) ----------------
 
@@ -274,10 +287,14 @@ int kvg_crotq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, in
 int kvg_crotq_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
 int kvg_crotq_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
 int kvg_crotq_accumulate_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
+int kvg_crotq_score_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
+int kvg_crotq_accumulate_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
 int kvg_crotq_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_crotq_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
 int kvg_crotq_encode_avx2(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_crotq_decode_avx2(const kvg_job * job, const uint8_t * src, float * dst);
+int kvg_crotq_encode_neon(const kvg_job * job, const float * src, uint8_t * dst);
+int kvg_crotq_decode_neon(const kvg_job * job, const uint8_t * src, float * dst);
 
 // ---- store (store.c; attend.c reads its blocks) --------------------------------------------
 
@@ -288,6 +305,7 @@ typedef struct kvg_block {
     int32_t   tier;
     size_t    n_bytes;
     uint8_t * data;
+    int32_t   fail_reads;  // kvg_store_debug_fail_reads: every read of this block fails (tests)
 } kvg_block;
 
 typedef struct kvg_rows {
@@ -327,6 +345,7 @@ struct kvg_store {
     kvg_mass_notes * notes;      // [KVG_MASS_SLOTS], allocated with the store
     _Atomic int32_t  n_notes;    // slots taken by attend calls since the last hook_mass
     _Atomic int64_t  mass_dropped;
+    _Atomic int64_t  read_failures[2];  // kvg_store_read_failures, by enum kvg_read_path
 };
 
 // mass.c: a slot for an attend call's notes (NULL when collection is off or none is left) with
@@ -341,9 +360,35 @@ void kvg_mass_free(kvg_store * s);
 // Index of the block holding row `row` (0 <= row < n_rows).
 int64_t kvg_rows_find_block(const kvg_rows * r, int64_t row);
 
-// ---- simd_avx2.c ---------------------------------------------------------------------------
+// ---- scratch.c: per-thread scratch, grown and never shrunk, freed when the thread ends --------
+
+enum { KVG_SCRATCH_STORE = 0, KVG_SCRATCH_ATTEND = 1, KVG_SCRATCH_SLOTS = 2 };
+float * kvg_thread_scratch(int slot, size_t n_floats);  // NULL when out of memory
+
+// ---- store.c: failure injection (kvg_debug_fail_after) -------------------------------------
+
+// KVG_OK, or the injected failure when the countdown kvg_debug_fail_after set reaches it. Every
+// step of a store mutation that could fail for real (an allocation, an encode) calls it first.
+int kvg_injected_failure(const char * where);
+
+// ---- SIMD: which kernels this build has (cpu.c chooses whether they run) -------------------
 
 int kvg_avx2_built(void);  // 1 if simd_avx2.c was compiled with AVX2 and FMA enabled
+int kvg_neon_built(void);  // 1 if simd_neon.c was compiled for (little-endian) AArch64
+
+// Every SIMD kernel exists as *_avx2 and *_neon, each a stub outside its own ISA, so a build
+// carries one working set: KVG_SIMD(kvg_fwht) names this build's. It runs when kvg_simd_level()
+// is not KVG_SIMD_SCALAR, which cpu.c allows only where the set works.
+#if defined(__aarch64__)
+#    define KVG_SIMD(fn) fn##_neon
+#else
+#    define KVG_SIMD(fn) fn##_avx2
+#endif
+
+// kvg_simd_level() != KVG_SIMD_SCALAR: the KVG_SIMD kernels are to run.
+static inline int kvg_simd_on(void) {
+    return kvg_simd_level() != KVG_SIMD_SCALAR;
+}
 
 #if defined(__GNUC__) && !defined(_WIN32)
 #    pragma GCC visibility pop

@@ -268,8 +268,8 @@ void kvg_fwht_ref(float * x, int64_t d) {
 }
 
 void kvg_fwht(float * x, int64_t d) {
-    if (d >= 8 && kvg_simd_level() == KVG_SIMD_AVX2) {
-        kvg_fwht_avx2(x, d);
+    if (d >= 8 && kvg_simd_on()) {
+        KVG_SIMD(kvg_fwht)(x, d);
     } else {
         kvg_fwht_ref(x, d);
     }

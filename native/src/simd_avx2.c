@@ -265,10 +265,19 @@ int kvg_rotq_decode_avx2(const kvg_job * job, const uint8_t * src, float * dst) 
 
 // F16C rounds to nearest even like kvg_f32_to_f16, so the bits are the same; the store's
 // read path (cold rows back to llama.cpp as f16) spends most of its time here otherwise.
+// NaN is where they part (F16C keeps the top of the payload, the oracle writes one quiet NaN
+// per sign): eight values with a NaN among them go to the oracle.
 void kvg_f32_to_f16_row_avx2(const float * x, uint16_t * y, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256 v = _mm256_loadu_ps(x + i);
+        if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0) {
+            for (int k = 0; k < 8; k++) {
+                y[i + k] = kvg_f32_to_f16(x[i + k]);
+            }
+            continue;
+        }
+        const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         _mm_storeu_si128((__m128i *) (y + i), h);
     }
     for (; i < n; ++i) {

@@ -3,27 +3,38 @@
 // Rows live in blocks (one per eviction, usually): each block is one kvg_encode call, so a
 // block is the unit of re-encoding. Readers take no locks: Python mutates the store only
 // between llama_decode calls, and llama.cpp's worker threads only read it.
+//
+// Every mutation is all or nothing: whatever can fail (allocations, encodes) runs first into
+// blocks nobody sees yet, and the store changes only in a commit step that cannot fail.
 
 #include "kvg_internal.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-// Per-thread scratch for decoding a block as float32; kept between calls because the
-// hook decodes on llama.cpp's long-lived worker threads.
-static _Thread_local float * tl_scratch     = NULL;
-static _Thread_local size_t  tl_scratch_cap = 0;
-
+// Per-thread scratch for decoding a block as float32 (scratch.c): the hook decodes on
+// llama.cpp's long-lived worker threads, so it is kept between calls.
 static float * scratch_floats(size_t n) {
-    if (n > tl_scratch_cap) {
-        float * p = (float *) realloc(tl_scratch, n * sizeof(float));
-        if (!p) {
-            return NULL;
+    return kvg_thread_scratch(KVG_SCRATCH_STORE, n);
+}
+
+// ---- failure injection (tests): the countdown kvg_debug_fail_after sets ---------------------
+
+static _Atomic int64_t g_fail_countdown = -1;
+
+int64_t kvg_debug_fail_after(int64_t n_steps) {
+    return atomic_exchange(&g_fail_countdown, n_steps < 0 ? -1 : n_steps);
+}
+
+int kvg_injected_failure(const char * where) {
+    int64_t c = atomic_load(&g_fail_countdown);
+    while (c >= 0) {
+        if (atomic_compare_exchange_weak(&g_fail_countdown, &c, c - 1)) {
+            return c == 0 ? kvg_fail(KVG_ERR_NO_MEMORY, "injected failure: %s (kvg_debug_fail_after)", where) : KVG_OK;
         }
-        tl_scratch     = p;
-        tl_scratch_cap = n;
     }
-    return tl_scratch;
+    return KVG_OK;
 }
 
 static int64_t head_dim_of(const kvg_store * s, int32_t kind) {
@@ -144,7 +155,11 @@ int kvg_store_set_layer_enabled(kvg_store * s, int32_t il, int32_t enabled) {
 static int encode_block(const kvg_store * s, int32_t kind, int32_t tier, int32_t codec,
                         const float * rows, int64_t n_rows, kvg_block * out) {
     size_t n_bytes = 0;
-    int rc = kvg_encoded_size(codec, kind, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &s->p.codec, &n_bytes);
+    int rc = kvg_injected_failure("encode a block");
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    rc = kvg_encoded_size(codec, kind, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &s->p.codec, &n_bytes);
     if (rc != KVG_OK) {
         return rc;
     }
@@ -167,12 +182,16 @@ static int encode_block(const kvg_store * s, int32_t kind, int32_t tier, int32_t
     out->n_rows  = n_rows;
     out->codec   = codec;
     out->tier    = tier;
-    out->n_bytes = n_bytes;
-    out->data    = data;
+    out->n_bytes    = n_bytes;
+    out->data       = data;
+    out->fail_reads = 0;
     return KVG_OK;
 }
 
 static int decode_block(const kvg_store * s, int32_t kind, const kvg_block * b, float * dst) {
+    if (b->fail_reads) {
+        return kvg_fail(KVG_ERR_NO_MEMORY, "injected read failure (kvg_store_debug_fail_reads)");
+    }
     const size_t count = (size_t) b->n_rows * (size_t) row_width(s, kind);
     return kvg_decode(b->codec, kind, b->data, b->n_bytes, b->n_rows, s->p.n_head_kv, head_dim_of(s, kind),
                       &s->p.codec, dst, count);
@@ -182,6 +201,10 @@ static int decode_block(const kvg_store * s, int32_t kind, const kvg_block * b, 
 static int reserve_block(kvg_rows * r) {
     if (r->n_blocks < r->cap) {
         return KVG_OK;
+    }
+    const int rc = kvg_injected_failure("grow the block index");
+    if (rc != KVG_OK) {
+        return rc;
     }
     const int64_t cap = r->cap ? r->cap * 2 : 16;
     kvg_block *   nb  = (kvg_block *) realloc(r->blocks, (size_t) cap * sizeof(kvg_block));
@@ -269,7 +292,11 @@ int kvg_store_append_encoded(kvg_store * s, int32_t il, int32_t kind, int32_t ti
     if (rc != KVG_OK) {
         return rc;
     }
-    kvg_block b = { 0, n_rows, codec, tier, n_bytes, (uint8_t *) malloc(n_bytes ? n_bytes : 1) };
+    rc = kvg_injected_failure("copy an encoded block");
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    kvg_block b = { 0, n_rows, codec, tier, n_bytes, (uint8_t *) malloc(n_bytes ? n_bytes : 1), 0 };
     if (!b.data) {
         return kvg_fail(KVG_ERR_NO_MEMORY, "block of %zu bytes", n_bytes);
     }
@@ -377,6 +404,9 @@ static int decode_range(const kvg_store * s, int32_t il, int32_t kind, int64_t r
         const size_t  first = (size_t) (a - b->row0) * (size_t) w;  // in the block
         const size_t  n     = (size_t) (e - a) * (size_t) w;
         const size_t  out   = (size_t) (a - r0) * (size_t) w;       // in dst
+        if (b->fail_reads) {
+            return kvg_fail(KVG_ERR_NO_MEMORY, "injected read failure (kvg_store_debug_fail_reads)");
+        }
         if (b->codec == KVG_CODEC_F16 && dst16) {
             // Exact rows go back bit for bit: no round trip through f32.
             for (size_t i = 0; i < n; ++i) {
@@ -395,7 +425,13 @@ static int decode_range(const kvg_store * s, int32_t il, int32_t kind, int64_t r
         if (dst32) {
             memcpy(dst32 + out, tmp + first, n * sizeof(float));
         } else {
-            kvg_f32_to_f16_row(tmp + first, dst16 + out, (int64_t) n);
+            // Saturate: a kivi group spanning nearly all of f16's range can decode a hair past
+            // 65504 (its scale rounds up), and llama.cpp must never see an Inf key or value.
+            float * v = tmp + first;
+            for (size_t i = 0; i < n; ++i) {
+                v[i] = v[i] > KVG_F16_MAX ? KVG_F16_MAX : (v[i] < -KVG_F16_MAX ? -KVG_F16_MAX : v[i]);
+            }
+            kvg_f32_to_f16_row(v, dst16 + out, (int64_t) n);
         }
     }
     return KVG_OK;
@@ -446,12 +482,6 @@ int kvg_store_retier_list(kvg_store * s, int32_t il, int32_t kind, int64_t r0, i
     if (!s) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "store is NULL");
     }
-    if (tier < 0 || tier >= KVG_TIER_COUNT) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "tier %d is unknown", (int) tier);
-    }
-    if (!kvg_codec_name(codec)) {
-        return kvg_fail(KVG_ERR_UNKNOWN_CODEC, "codec type %d is unknown", (int) codec);
-    }
     if (il < -1 || il >= s->p.n_layer) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "layer %d is out of range (the store has %d; -1: all)", (int) il,
                         (int) s->p.n_layer);
@@ -459,13 +489,60 @@ int kvg_store_retier_list(kvg_store * s, int32_t il, int32_t kind, int64_t r0, i
     if (kind < -1 || kind > KVG_KIND_V) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "kind %d is unknown (0: K, 1: V, -1: both)", (int) kind);
     }
+    if (!kvg_codec_name(codec)) {
+        return kvg_fail(KVG_ERR_UNKNOWN_CODEC, "codec type %d is unknown", (int) codec);
+    }
+    const size_t n_lists = (size_t) s->p.n_layer * 2;
+    int32_t *    codecs  = (int32_t *) malloc(n_lists * sizeof(int32_t));
+    if (!codecs) {
+        return kvg_fail(KVG_ERR_NO_MEMORY, "retier: list of %zu codecs", n_lists);
+    }
+    for (size_t li = 0; li < n_lists; ++li) {  // list li holds layer li / 2, kind li % 2
+        const int selected = (il < 0 || (int32_t) (li / 2) == il) && (kind < 0 || (int32_t) (li % 2) == kind);
+        codecs[li]         = selected ? codec : -1;
+    }
+    const int rc = kvg_store_retier_lists(s, r0, r1, tier, codecs, n_lists);
+    free(codecs);
+    return rc;
+}
+
+// A block re-encoded but not yet swapped in: list li, block bi.
+typedef struct kvg_staged {
+    int64_t   li;
+    int64_t   bi;
+    kvg_block nb;
+} kvg_staged;
+
+static void staged_free(kvg_staged * st, int64_t n) {
+    for (int64_t k = 0; k < n; ++k) {
+        free(st[k].nb.data);
+    }
+    free(st);
+}
+
+int kvg_store_retier_lists(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, const int32_t * codecs,
+                           size_t n_codecs) {
+    kvg_clear_error();
+    if (!s || !codecs) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "store and codecs must not be NULL");
+    }
+    if (tier < 0 || tier >= KVG_TIER_COUNT) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "tier %d is unknown", (int) tier);
+    }
     const int64_t n_lists = (int64_t) s->p.n_layer * 2;
-    // The lists (layer, kind) this call touches: list li holds layer li / 2, kind li % 2.
-#define KVG_SELECTED(li) ((il < 0 || (li) / 2 == il) && (kind < 0 || (li) % 2 == kind))
-    // Check every list first so a straddled boundary changes nothing.
+    if (n_codecs != (size_t) n_lists) {
+        return kvg_fail(KVG_ERR_BUFFER_SIZE, "%zu codecs given for %lld lists (2 per layer)", n_codecs,
+                        (long long) n_lists);
+    }
+    // Check every list first so a straddled boundary or an unknown codec changes nothing.
+    int64_t n_todo = 0;
     for (int64_t li = 0; li < n_lists; ++li) {
-        if (!KVG_SELECTED(li)) {
+        if (codecs[li] == -1) {
             continue;
+        }
+        if (!kvg_codec_name(codecs[li])) {
+            return kvg_fail(KVG_ERR_UNKNOWN_CODEC, "codec type %d (list %lld) is unknown", (int) codecs[li],
+                            (long long) li);
         }
         const kvg_rows * r = &s->rows[li];
         for (int64_t bi = 0; bi < r->n_blocks; ++bi) {
@@ -475,28 +552,44 @@ int kvg_store_retier_list(kvg_store * s, int32_t il, int32_t kind, int64_t r0, i
                 return kvg_fail(KVG_ERR_INVALID_ARG, "rows [%lld, %lld) cut block [%lld, %lld)",
                                 (long long) r0, (long long) r1, (long long) b->row0, (long long) e);
             }
+            n_todo += b->row0 >= r0 && e <= r1 && !(b->tier == tier && b->codec == codecs[li]);
         }
     }
-    for (int64_t li = 0; li < n_lists; ++li) {
-        if (!KVG_SELECTED(li)) {
-            continue;
-        }
-        kvg_rows * r = &s->rows[li];
-        for (int64_t bi = 0; bi < r->n_blocks; ++bi) {
-            kvg_block * b = &r->blocks[bi];
-            if (b->row0 < r0 || b->row0 + b->n_rows > r1 || (b->tier == tier && b->codec == codec)) {
+    if (n_todo == 0) {
+        return KVG_OK;
+    }
+    // Stage: every new block is encoded before any old one is touched.
+    int rc = kvg_injected_failure("retier: staging list");
+    kvg_staged * st = rc == KVG_OK ? (kvg_staged *) calloc((size_t) n_todo, sizeof(kvg_staged)) : NULL;
+    if (!st) {
+        return rc != KVG_OK ? rc : kvg_fail(KVG_ERR_NO_MEMORY, "retier: staging list of %lld blocks", (long long) n_todo);
+    }
+    int64_t k = 0;
+    for (int64_t li = 0; li < n_lists && rc == KVG_OK; ++li) {
+        const kvg_rows * r = &s->rows[li];
+        for (int64_t bi = 0; codecs[li] != -1 && bi < r->n_blocks && rc == KVG_OK; ++bi) {
+            const kvg_block * b = &r->blocks[bi];
+            if (b->row0 < r0 || b->row0 + b->n_rows > r1 || (b->tier == tier && b->codec == codecs[li])) {
                 continue;
             }
-            kvg_block nb;
-            int rc = reencode_block(s, (int32_t) (li % 2), b, b->n_rows, tier, codec, &nb);
-            if (rc != KVG_OK) {
-                return rc;  // blocks done so far are re-encoded, the rest unchanged: all valid
-            }
-            free(b->data);
-            *b = nb;
+            rc = reencode_block(s, (int32_t) (li % 2), b, b->n_rows, tier, codecs[li], &st[k].nb);
+            st[k].li = li;
+            st[k].bi = bi;
+            k += rc == KVG_OK;
         }
     }
-#undef KVG_SELECTED
+    if (rc != KVG_OK) {
+        staged_free(st, k);
+        return rc;
+    }
+    // Commit: pointer swaps only.
+    for (k = 0; k < n_todo; ++k) {
+        kvg_block * b = &s->rows[st[k].li].blocks[st[k].bi];
+        free(b->data);
+        *b            = st[k].nb;
+        st[k].nb.data = NULL;
+    }
+    staged_free(st, n_todo);
     return KVG_OK;
 }
 
@@ -508,7 +601,40 @@ int kvg_store_truncate(kvg_store * s, int64_t n_rows) {
     if (n_rows < 0) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "n_rows %lld is negative", (long long) n_rows);
     }
-    for (int64_t li = 0; li < (int64_t) s->p.n_layer * 2; ++li) {
+    const int64_t n_lists = (int64_t) s->p.n_layer * 2;
+    // Lists whose last kept block is cut in two need it re-encoded; a cut on a block boundary
+    // (the rollback of an append) allocates nothing and cannot fail.
+    int64_t n_cut = 0;
+    for (int64_t li = 0; li < n_lists; ++li) {
+        const kvg_rows * r = &s->rows[li];
+        n_cut += r->n_rows > n_rows && n_rows > 0 && r->blocks[kvg_rows_find_block(r, n_rows)].row0 != n_rows;
+    }
+    kvg_block * cut = NULL;  // [n_lists]: the re-encoded head of each cut block (data NULL: none)
+    if (n_cut) {
+        int rc = kvg_injected_failure("truncate: staging list");
+        cut    = rc == KVG_OK ? (kvg_block *) calloc((size_t) n_lists, sizeof(kvg_block)) : NULL;
+        if (!cut) {
+            return rc != KVG_OK ? rc : kvg_fail(KVG_ERR_NO_MEMORY, "truncate: staging list");
+        }
+        for (int64_t li = 0; li < n_lists && rc == KVG_OK; ++li) {
+            const kvg_rows * r = &s->rows[li];
+            if (r->n_rows <= n_rows) {
+                continue;
+            }
+            const kvg_block * b = &r->blocks[kvg_rows_find_block(r, n_rows)];
+            if (b->row0 != n_rows) {
+                rc = reencode_block(s, (int32_t) (li % 2), b, n_rows - b->row0, b->tier, b->codec, &cut[li]);
+            }
+        }
+        if (rc != KVG_OK) {
+            for (int64_t li = 0; li < n_lists; ++li) {
+                free(cut[li].data);
+            }
+            free(cut);
+            return rc;
+        }
+    }
+    for (int64_t li = 0; li < n_lists; ++li) {
         kvg_rows * r = &s->rows[li];
         if (r->n_rows <= n_rows) {
             continue;
@@ -518,22 +644,31 @@ int kvg_store_truncate(kvg_store * s, int64_t n_rows) {
             continue;
         }
         const int64_t bi = kvg_rows_find_block(r, n_rows);
-        kvg_block *   b  = &r->blocks[bi];
-        if (b->row0 == n_rows) {
+        if (!cut || !cut[li].data) {
             rows_drop_from(r, bi);
             continue;
         }
-        kvg_block nb;
-        int rc = reencode_block(s, (int32_t) (li % 2), b, n_rows - b->row0, b->tier, b->codec, &nb);
-        if (rc != KVG_OK) {
-            return rc;
-        }
         rows_drop_from(r, bi + 1);
-        free(b->data);
-        *b = nb;
-        r->n_rows = n_rows;
+        free(r->blocks[bi].data);
+        r->blocks[bi] = cut[li];
+        r->n_rows     = n_rows;
     }
+    free(cut);
     kvg_mass_forget_from(s, n_rows);
+    return KVG_OK;
+}
+
+int kvg_store_debug_fail_reads(kvg_store * s, int32_t il, int32_t kind, int64_t row, int32_t on) {
+    kvg_clear_error();
+    int rc = check_layer_kind(s, il, kind);
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    kvg_rows * r = &s->rows[il * 2 + kind];
+    if (row < 0 || row >= r->n_rows) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "row %lld is outside [0, %lld)", (long long) row, (long long) r->n_rows);
+    }
+    r->blocks[kvg_rows_find_block(r, row)].fail_reads = on ? 1 : 0;
     return KVG_OK;
 }
 
@@ -574,7 +709,9 @@ int32_t kvg_store_hook_n_cold(void * user, int32_t il) {
     if (!s || il < 0 || il >= s->p.n_layer || !s->enabled[il]) {
         return 0;
     }
-    return (int32_t) s->rows[il * 2].n_rows;
+    // Rows held by both K and V: the two are appended one after the other.
+    const int64_t nk = s->rows[il * 2].n_rows, nv = s->rows[il * 2 + 1].n_rows;
+    return (int32_t) (nk < nv ? nk : nv);
 }
 
 int32_t kvg_store_hook_decode(void * user, int32_t il, int32_t kind, int64_t r0, int64_t r1,
@@ -583,5 +720,16 @@ int32_t kvg_store_hook_decode(void * user, int32_t il, int32_t kind, int64_t r0,
     if (!s || !dst || check_layer_kind(s, il, kind) != KVG_OK || n_embd != row_width(s, kind) || r1 < r0) {
         return KVG_ERR_INVALID_ARG;
     }
-    return decode_range(s, il, kind, r0, r1, NULL, dst, (size_t) (r1 - r0) * (size_t) n_embd);
+    const int rc = decode_range(s, il, kind, r0, r1, NULL, dst, (size_t) (r1 - r0) * (size_t) n_embd);
+    if (rc != KVG_OK) {
+        atomic_fetch_add_explicit(&((kvg_store *) user)->read_failures[KVG_READ_DECODE], 1, memory_order_relaxed);
+    }
+    return rc;
+}
+
+int64_t kvg_store_read_failures(const kvg_store * s, int32_t path) {
+    if (!s || path < 0 || path > KVG_READ_ATTEND) {
+        return -1;
+    }
+    return atomic_load_explicit(&((kvg_store *) s)->read_failures[path], memory_order_relaxed);
 }

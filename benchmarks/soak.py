@@ -1,0 +1,162 @@
+"""Soak: a long generation through the tiered cache, watching memory.
+
+One kvgguf.Llama generates --tokens tokens in conversations: each starts from the same prompt
+(the first --prompt tokens of WikiText-2), samples until the logical context is full, then
+goes back to the prompt (llama-cpp-python's truncation: kvgguf drops the compressed rows past
+it) and starts again. So every path runs thousands of times: eviction, aging into the archive
+tier, truncation, the fused attention. Every --every tokens it records the process's RSS and
+kv_memory() (llama.cpp's buffers plus the store's encoded rows). Pass criteria, checked at the
+end: no error; the bytes held follow the compressed size (the store's bytes at each sample are
+what the rows held need: the same token count gives the same bytes in every conversation);
+RSS bounded (the peak of the last conversation within --rss-slack MiB of the first one's).
+
+    .venv/bin/python benchmarks/soak.py --tokens 100000 --out benchmarks/results/soak/soak_100k
+    .venv/bin/python benchmarks/soak.py --cache tiered:keep=mass --held-spread 0.5 --tokens 20000 \
+        --out benchmarks/results/soak/soak_keep_20k
+
+writes OUT.json, OUT.md and (with matplotlib) OUT.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def soak(model: str, cache: str, n_ctx: int, n_tokens: int, n_prompt: int, every: int, threads: int,
+         seed: int) -> dict:
+    import kvgguf
+    from kvgguf.evaluation.text import wikitext2_test
+
+    path = str(kvgguf.models.path(model))
+    llm = kvgguf.Llama(path, kv_codec=cache, n_ctx=n_ctx, n_threads=threads, seed=seed, verbose=False)
+    prompt = llm.tokenize(wikitext2_test()[:20000].encode("utf-8"))[:n_prompt]
+    samples, conversations = [], []
+    generated, t0 = 0, time.perf_counter()
+    rss0 = rss_bytes()
+    while generated < n_tokens:
+        llm.n_tokens = 0  # back to the prompt; the next eval drops what followed it (compressed rows too)
+        llm.eval(prompt)
+        conv = {"start": generated, "rss_peak": 0}
+        while llm.n_tokens < n_ctx and generated < n_tokens:
+            token = llm.sample(temp=0.9, top_k=40, top_p=0.95, repeat_penalty=1.1)
+            llm.eval([token])
+            generated += 1
+            if generated % every == 0:
+                mem = llm.kv_memory()
+                rss = rss_bytes()
+                conv["rss_peak"] = max(conv["rss_peak"], rss)
+                samples.append({
+                    "generated": generated, "n_tokens": llm.n_tokens, "seconds": round(time.perf_counter() - t0, 2),
+                    "rss": rss, "kv_held": mem.total_bytes, "hot": mem.tiers[0].bytes,
+                    "store": sum(t.bytes for t in mem.tiers[1:]), "index": mem.index_bytes,
+                    "bits_per_value": round(mem.bits_per_value, 3),
+                })
+                if generated % (20 * every) == 0:
+                    print(f"soak: {generated} tokens, {samples[-1]['seconds']} s, RSS {rss / 2**20:.1f} MiB, "
+                          f"KV held {mem.total_bytes / 2**20:.1f} MiB", file=sys.stderr, flush=True)
+        conv["end"] = generated
+        conversations.append(conv)
+    elapsed = time.perf_counter() - t0
+    llm.close()
+    return {"samples": samples, "conversations": conversations, "seconds": round(elapsed, 1),
+            "rss_start": rss0, "generated": generated}
+
+
+def verdicts(result: dict, rss_slack_mib: float, held_spread: float) -> dict:
+    """The pass criteria, computed from the samples."""
+    by_position: dict[int, list[int]] = {}
+    for s in result["samples"]:
+        by_position.setdefault(s["n_tokens"], []).append(s["store"] + s["hot"])
+    # Bytes held follow the rows held: at one context length, the same bytes in every conversation
+    # (exactly, unless a keep signal chooses which blocks stay warm by content).
+    spread = max(max(v) / min(v) - 1 for v in by_position.values())
+    held_follows = spread <= held_spread
+    full = [c for c in result["conversations"] if c["rss_peak"]]
+    first, last = full[0]["rss_peak"], full[-1]["rss_peak"]
+    growth_mib = (last - first) / 2**20
+    return {"held_follows_rows": held_follows, "held_spread": round(spread, 4), "rss_first_conversation_mib": round(first / 2**20, 1),
+            "rss_last_conversation_mib": round(last / 2**20, 1), "rss_growth_mib": round(growth_mib, 1),
+            "rss_bounded": growth_mib <= rss_slack_mib, "rss_slack_mib": rss_slack_mib}
+
+
+def plot(result: dict, out: Path, title: str) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    xs = [s["generated"] / 1000 for s in result["samples"]]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.plot(xs, [s["rss"] / 2**20 for s in result["samples"]], label="process RSS")
+    ax.plot(xs, [s["kv_held"] / 2**20 for s in result["samples"]], label="KV held (kv_memory)")
+    ax.plot(xs, [s["store"] / 2**20 for s in result["samples"]], label="of which compressed rows")
+    ax.set_xlabel("tokens generated (thousands)")
+    ax.set_ylabel("MiB")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=9)
+    ax.legend(loc="center right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out.with_suffix(".png"), dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--cache", default="tiered:fixed", help="kv_codec (default: the fixed preset, all three tiers)")
+    ap.add_argument("--ctx", type=int, default=4096, help="logical context of each conversation")
+    ap.add_argument("--tokens", type=int, default=100_000)
+    ap.add_argument("--prompt", type=int, default=64)
+    ap.add_argument("--every", type=int, default=250, help="tokens between samples")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--rss-slack", type=float, default=32.0, help="MiB the RSS peak may grow, last vs first conversation")
+    ap.add_argument("--held-spread", type=float, default=0.0,
+                    help="how far the bytes held at one context length may differ between conversations "
+                         "(0: not at all; a keep signal needs some)")
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "soak" / "soak")
+    args = ap.parse_args(argv)
+
+    result = soak(args.model, args.cache, args.ctx, args.tokens, args.prompt, args.every, args.threads, args.seed)
+    result["verdicts"] = verdicts(result, args.rss_slack, args.held_spread)
+    result["setting"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    result["command"] = "benchmarks/soak.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    v = result["verdicts"]
+    last = result["samples"][-1] if result["samples"] else {}
+    md = [f"# Soak: {args.cache} on {args.model}, {result['generated']} tokens generated", "",
+          f"Command: `{result['command']}`", "",
+          f"- conversations of up to {args.ctx} tokens: {len(result['conversations'])}; {result['seconds']} s "
+          f"({result['generated'] / max(result['seconds'], 1e-9):.1f} tokens/s, sampling included)",
+          f"- errors: none (the run ended)",
+          f"- bytes held follow the rows held (at one context length, the same bytes in every conversation, "
+          f"spread {v['held_spread']:.4f}, allowed {args.held_spread}): {'yes' if v['held_follows_rows'] else 'NO'}",
+          f"- RSS peak, first conversation {v['rss_first_conversation_mib']} MiB, last {v['rss_last_conversation_mib']} "
+          f"MiB: growth {v['rss_growth_mib']} MiB ({'bounded' if v['rss_bounded'] else 'NOT bounded'}: "
+          f"slack {v['rss_slack_mib']} MiB)",
+          f"- at the last sample ({last.get('n_tokens')} tokens in context): KV held {last.get('kv_held', 0) / 2**20:.1f} MiB, "
+          f"{last.get('bits_per_value')} bits per value"]
+    if plot(result, args.out, f"{args.cache} on {args.model}: {result['generated']} tokens, ctx {args.ctx}"):
+        md += ["", f"![RSS and KV bytes]({args.out.with_suffix('.png').name})"]
+    args.out.with_suffix(".md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0 if v["held_follows_rows"] and v["rss_bounded"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# Coverage-guided fuzzing of what kvgguf reads from outside: every codec's decoder (kvg_decode),
+# the store's kvg_store_append_encoded and the reads over what it links (libFuzzer targets in
+# native/fuzz, linked with libkvgguf's sources built with the same ASan+UBSan+coverage flags), and
+# the .kvz session parser (an atheris target). Each target starts from seeds made here of real
+# encoded blocks and sessions and runs a fixed number of inputs; a crash, a sanitizer report, a
+# broken promise of kvgguf.h or an exception other than SessionError fails the run, and the
+# input that did it is left in build/fuzz/crashes.
+#
+#   bash scripts/fuzz.sh                                    # 4000 inputs per target (CI)
+#   bash scripts/fuzz.sh --runs 1000000 --fresh --json out.jsonl
+#   bash scripts/fuzz.sh --targets "decode store"           # the native targets only
+#   bash scripts/fuzz.sh --work DIR                         # seeds, corpus, logs and crashes in DIR
+#
+# Needs clang with libFuzzer (apt-get installs clang-14 and libclang-rt-14-dev when missing and
+# run as root, unless KVG_FUZZ_NO_INSTALL=1) and, for the session target, atheris in the Python
+# that runs the tests (the [test] extra; $PYTHON overrides which Python). The targets are built
+# in build/fuzz; the corpus grows in build/fuzz/corpus between runs; --fresh starts from seeds.
+# One fuzzing process at a time: no -jobs/-workers, which would fork more.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+runs=${KVG_FUZZ_RUNS:-4000}
+targets="decode store session"
+fresh=0
+json=""
+work=build/fuzz
+seed=1
+max_len=16384
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --runs) runs=$2; shift 2 ;;
+        --targets) targets=$2; shift 2 ;;
+        --fresh) fresh=1; shift ;;
+        --json) json=$2; shift 2 ;;
+        --seed) seed=$2; shift 2 ;;
+        --work) work=$2; shift 2 ;;
+        *) echo "fuzz: unknown argument $1 (see the top of $0)"; exit 2 ;;
+    esac
+done
+
+out=build/fuzz
+mkdir -p "$out/obj" "$out/logs" "$work/seeds" "$work/corpus" "$work/crashes" "$work/logs"
+py=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+
+# ---- clang with libFuzzer ---------------------------------------------------------------------
+
+links_fuzzer() {  # can $1 build a libFuzzer binary?
+    command -v "$1" > /dev/null 2>&1 || return 1
+    printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { (void) d; (void) n; return 0; }\n' \
+        > "$out/probe.c"
+    "$1" -fsanitize=fuzzer,address,undefined "$out/probe.c" -o "$out/probe" > /dev/null 2>&1
+}
+
+find_clang() {
+    for c in ${CLANG:-} clang clang-19 clang-18 clang-17 clang-16 clang-15 clang-14; do
+        if links_fuzzer "$c"; then echo "$c"; return 0; fi
+    done
+    return 1
+}
+
+native=0
+for t in $targets; do case "$t" in session) ;; *) native=1 ;; esac; done
+
+build_native() {
+    if ! cc_fuzz=$(find_clang); then
+        if [ "${KVG_FUZZ_NO_INSTALL:-0}" != 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+            echo "fuzz: installing clang and libFuzzer with apt-get"
+            export DEBIAN_FRONTEND=noninteractive
+            apt-get update -qq > /dev/null
+            # Debian bookworm: libFuzzer is in libclang-rt-14-dev; elsewhere in the default clang
+            apt-get install -y -qq --no-install-recommends clang-14 libclang-rt-14-dev > /dev/null 2>&1 \
+                || apt-get install -y -qq --no-install-recommends clang > /dev/null
+        fi
+        cc_fuzz=$(find_clang) || { echo "fuzz: no clang with libFuzzer (install clang and libclang-rt-dev)"; exit 1; }
+    fi
+
+    # ---- build: the library's sources and the targets, all instrumented ------------------------
+
+    flags="-g -O2 -std=c11 -fno-omit-frame-pointer -ffp-contract=off -fno-sanitize-recover=all -Inative/include"
+    lib_flags="$flags -fsanitize=fuzzer-no-link,address,undefined"
+    newest_header=$(ls -t native/include/*.h native/src/*.h native/fuzz/*.h | head -n 1)
+    objs=()
+    for src in native/src/*.c; do
+        obj="$out/obj/$(basename "${src%.c}").o"
+        objs+=("$obj")
+        [ "$obj" -nt "$src" ] && [ "$obj" -nt "$newest_header" ] && continue
+        extra=""
+        case "$src" in *avx2*) extra="-mavx2 -mfma -mf16c" ;; esac
+        if ! "$cc_fuzz" $lib_flags $extra -c "$src" -o "$obj" 2> "$out/logs/build.log"; then
+            # clang 14 rejects __builtin_cpu_supports("f16c"); cpu.c only asks the CPU what it has
+            # and reads no input, so it may go uninstrumented, built by the C compiler.
+            if [ "$(basename "$src")" = cpu.c ]; then
+                ${CC:-cc} -O2 -std=c11 -Inative/include -c "$src" -o "$obj"
+            else
+                cat "$out/logs/build.log"; exit 1
+            fi
+        fi
+    done
+    for t in decode store; do
+        "$cc_fuzz" $flags -fsanitize=fuzzer,address,undefined "native/fuzz/fuzz_$t.c" "${objs[@]}" -lm -lpthread \
+            -o "$out/fuzz_$t"
+    done
+    "$cc_fuzz" $flags -fsanitize=address,undefined native/fuzz/fuzz_seeds.c "${objs[@]}" -lm -lpthread -o "$out/fuzz_seeds"
+}
+
+if [ "$native" = 1 ]; then
+    build_native
+fi
+
+# ---- seeds, made fresh from the codecs as they are -----------------------------------------
+
+rm -rf "$work/seeds/decode" "$work/seeds/store" "$work/seeds/session"
+if [ "$native" = 1 ]; then
+    mkdir -p "$work/seeds/decode" "$work/seeds/store"
+    ASAN_OPTIONS=detect_leaks=1 "$out/fuzz_seeds" "$work/seeds/decode" "$work/seeds/store"
+fi
+if [[ " $targets " == *" session "* ]]; then
+    "$py" -c "import atheris" 2> /dev/null \
+        || { echo "fuzz: atheris is not installed in $py (pip install '.[test]', or atheris alone)"; exit 1; }
+    "$py" native/fuzz/fuzz_session.py --seeds "$work/seeds/session" 2> "$work/logs/session-seeds.log" \
+        || { cat "$work/logs/session-seeds.log"; exit 1; }
+fi
+
+# ---- run ----------------------------------------------------------------------------------
+
+failed=0
+for t in $targets; do
+    corpus="$work/corpus/$t"
+    [ "$fresh" = 1 ] && rm -rf "$corpus"
+    mkdir -p "$corpus"
+    rm -f "$work/crashes/$t-"*
+    if [ "$t" = session ]; then
+        cmd=("$py" native/fuzz/fuzz_session.py)
+    else
+        cmd=("$out/fuzz_$t")
+    fi
+    log="$work/logs/$t.log"
+    start=$(date +%s.%N)
+    rc=0
+    "${cmd[@]}" -runs="$runs" -seed="$seed" -max_len="$max_len" -rss_limit_mb=2048 -timeout=30 \
+        -print_final_stats=1 -artifact_prefix="$work/crashes/$t-" "$corpus" "$work/seeds/$t" > "$log" 2>&1 || rc=$?
+    secs=$(awk "BEGIN { print $(date +%s.%N) - $start }")
+    inputs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
+    crashes=$(find "$work/crashes" -name "$t-*" | wc -l)
+    [ "$rc" != 0 ] && [ "$crashes" = 0 ] && crashes=1  # died without leaving an input: still a failure
+    files=$(find "$corpus" -type f | wc -l)
+    bytes=$(du -sb "$corpus" | cut -f1)
+    cov=$(grep -o 'cov: [0-9]* ft: [0-9]*' "$log" | tail -n 1 | sed 's/cov: \([0-9]*\) ft: \([0-9]*\)/\1 \2/')
+    printf 'fuzz: %-8s %9s inputs, %s crashes, %7.1f s, corpus %s files (%s bytes), cov/ft %s\n' \
+        "$t" "${inputs:-0}" "$crashes" "$secs" "$files" "$bytes" "${cov:-? ?}"
+    if [ -n "$json" ]; then
+        printf '{"target": "%s", "inputs": %s, "crashes": %s, "seconds": %.1f, "corpus_files": %s, "corpus_bytes": %s, "cov": %s, "features": %s, "exit_status": %s}\n' \
+            "$t" "${inputs:-0}" "$crashes" "$secs" "$files" "$bytes" "$(echo "${cov:-0 0}" | cut -d' ' -f1)" \
+            "$(echo "${cov:-0 0}" | cut -d' ' -f2)" "$rc" >> "$json"
+    fi
+    if [ "$crashes" != 0 ]; then
+        failed=1
+        echo "fuzz: $t failed (exit $rc); its report (full log: $log):"
+        grep -v '^#\|^INFO\|^"\|^WARNING' "$log" | tail -n 60
+        find "$work/crashes" -name "$t-*" | sed 's/^/fuzz: input: /'
+    fi
+done
+exit $failed

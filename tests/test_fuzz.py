@@ -1,0 +1,63 @@
+"""A bounded run of the fuzz targets (scripts/fuzz.sh): every codec's decoder, the store's
+append_encoded and the reads over it (libFuzzer, ASan+UBSan), and the .kvz session parser
+(atheris), a few thousand inputs each from seeds of real encoded blocks and sessions. The
+million-input run is benchmarks/fuzz.py."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = 3000
+
+
+def _clang_with_libfuzzer(tmp: Path):
+    """A clang that links -fsanitize=fuzzer, or None (the same probe scripts/fuzz.sh makes)."""
+    probe = tmp / "probe.c"
+    probe.write_text("int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { (void) d; (void) n; return 0; }\n")
+    for cc in [os.environ.get("CLANG"), "clang", *(f"clang-{v}" for v in range(19, 13, -1))]:
+        if cc and shutil.which(cc) and subprocess.run([cc, "-fsanitize=fuzzer,address,undefined", str(probe), "-o",
+                                                       str(tmp / "probe")], capture_output=True).returncode == 0:
+            return cc
+    return None
+
+
+def _atheris() -> bool:
+    try:
+        import atheris  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def fuzz(targets: str, tmp: Path) -> list[dict]:
+    lines = tmp / "fuzz.jsonl"
+    env = {**os.environ, "PYTHON": sys.executable, "KVG_FUZZ_NO_INSTALL": "1"}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "fuzz.sh"), "--runs", str(RUNS), "--fresh",
+                           "--targets", targets, "--work", str(tmp / "work"), "--json", str(lines)],
+                          cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, f"scripts/fuzz.sh failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
+    return [json.loads(line) for line in lines.read_text().splitlines()]
+
+
+def test_native_decoders_and_store_survive_fuzzing(tmp_path):
+    if _clang_with_libfuzzer(tmp_path) is None:
+        pytest.skip("no clang with libFuzzer: apt-get install clang-14 libclang-rt-14-dev (scripts/fuzz.sh does it as root)")
+    rows = fuzz("decode store", tmp_path)
+    assert [r["target"] for r in rows] == ["decode", "store"]
+    for r in rows:
+        assert r["crashes"] == 0 and r["exit_status"] == 0, r
+        assert r["inputs"] >= RUNS, r
+        assert r["cov"] > 100, r  # instrumented: the library's own code reports coverage
+
+
+def test_session_parser_survives_fuzzing(tmp_path):
+    if not _atheris():
+        pytest.skip("atheris is not installed: pip install atheris (it is in the [test] extra)")
+    rows = fuzz("session", tmp_path)
+    assert len(rows) == 1 and rows[0]["crashes"] == 0 and rows[0]["inputs"] >= RUNS, rows
