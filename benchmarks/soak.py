@@ -34,13 +34,21 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def python_heap() -> int:
+    """Bytes the interpreter's allocator holds in its arenas (sys._debugmallocstats is too
+    verbose): a leak of Python objects shows here, one of native memory only in RSS."""
+    import gc
+    return sum(sys.getsizeof(o) for o in gc.get_objects())
+
+
 def soak(model: str, cache: str, n_ctx: int, n_tokens: int, n_prompt: int, every: int, threads: int,
          seed: int) -> dict:
     import kvgguf
     from kvgguf.evaluation.text import wikitext2_test
 
     path = str(kvgguf.models.path(model))
-    llm = kvgguf.Llama(path, kv_codec=cache, n_ctx=n_ctx, n_threads=threads, seed=seed, verbose=False)
+    kv_codec = None if cache == "none" else cache  # "none": llama.cpp's own f16 cache, the reference
+    llm = kvgguf.Llama(path, kv_codec=kv_codec, n_ctx=n_ctx, n_threads=threads, seed=seed, verbose=False)
     prompt = llm.tokenize(wikitext2_test()[:20000].encode("utf-8"))[:n_prompt]
     samples, conversations = [], []
     generated, t0 = 0, time.perf_counter()
@@ -60,6 +68,7 @@ def soak(model: str, cache: str, n_ctx: int, n_tokens: int, n_prompt: int, every
                 samples.append({
                     "generated": generated, "n_tokens": llm.n_tokens, "seconds": round(time.perf_counter() - t0, 2),
                     "rss": rss, "kv_held": mem.total_bytes, "hot": mem.tiers[0].bytes,
+                    "python_heap": python_heap(),
                     "store": sum(t.bytes for t in mem.tiers[1:]), "index": mem.index_bytes,
                     "bits_per_value": round(mem.bits_per_value, 3),
                 })
@@ -117,7 +126,8 @@ def plot(result: dict, out: Path, title: str) -> bool:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--cache", default="tiered:fixed", help="kv_codec (default: the fixed preset, all three tiers)")
+    ap.add_argument("--cache", default="tiered:fixed",
+                    help="kv_codec (default: the fixed preset, all three tiers; 'none': llama.cpp's own cache)")
     ap.add_argument("--ctx", type=int, default=4096, help="logical context of each conversation")
     ap.add_argument("--tokens", type=int, default=100_000)
     ap.add_argument("--prompt", type=int, default=64)

@@ -1,6 +1,8 @@
 // codecs.c: the codec traits table, argument checking, dispatch and status strings.
 #include "kvg_internal.h"
 
+#include <stdint.h>
+
 #include <stdarg.h>
 #include <stdio.h>
 
@@ -156,6 +158,12 @@ int kvg_make_job(int type, int kind, int64_t n_tokens, int64_t n_heads, int64_t 
     }
     if (n_heads > KVG_MAX_VALUES / head_dim || n_tokens > KVG_MAX_VALUES / (n_heads * head_dim)) {
         return kvg_fail(KVG_ERR_SHAPE, "%s: shape (%lld, %lld, %lld) has more than 2^56 values",
+                        name, (long long) n_tokens, (long long) n_heads, (long long) head_dim);
+    }
+    // Every size below (bytes of f32 values, of f16 values, of codes) is at most 4 bytes a value:
+    // with a 32-bit size_t that bound is what keeps kvg_f16_size, crotq's residual and the rest exact.
+    if ((uint64_t) (n_tokens * n_heads * head_dim) > (uint64_t) (SIZE_MAX / 8)) {
+        return kvg_fail(KVG_ERR_SHAPE, "%s: shape (%lld, %lld, %lld) is too large for this platform's size_t",
                         name, (long long) n_tokens, (long long) n_heads, (long long) head_dim);
     }
     kvg_codec_params defaults;
