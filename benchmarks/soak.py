@@ -20,6 +20,7 @@ writes OUT.json, OUT.md and (with matplotlib) OUT.png.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import sys
@@ -42,7 +43,7 @@ def python_heap() -> int:
 
 
 def soak(model: str, cache: str, n_ctx: int, n_tokens: int, n_prompt: int, every: int, threads: int,
-         seed: int) -> dict:
+         seed: int, trim: bool = False) -> dict:
     import kvgguf
     from kvgguf.evaluation.text import wikitext2_test
 
@@ -76,6 +77,10 @@ def soak(model: str, cache: str, n_ctx: int, n_tokens: int, n_prompt: int, every
                     print(f"soak: {generated} tokens, {samples[-1]['seconds']} s, RSS {rss / 2**20:.1f} MiB, "
                           f"KV held {mem.total_bytes / 2**20:.1f} MiB", file=sys.stderr, flush=True)
         conv["end"] = generated
+        conv["rss_end"] = rss_bytes()
+        if trim:  # memory glibc keeps but nothing uses (fragmentation) goes back; a leak stays
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+            conv["rss_after_trim"] = rss_bytes()
         conversations.append(conv)
     elapsed = time.perf_counter() - t0
     llm.close()
@@ -138,10 +143,14 @@ def main(argv=None) -> int:
     ap.add_argument("--held-spread", type=float, default=0.0,
                     help="how far the bytes held at one context length may differ between conversations "
                          "(0: not at all; a keep signal needs some)")
+    ap.add_argument("--trim", action="store_true",
+                    help="after each conversation, malloc_trim(0) and note the RSS before and after (a leak "
+                         "survives it, memory glibc merely keeps does not)")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "soak" / "soak")
     args = ap.parse_args(argv)
 
-    result = soak(args.model, args.cache, args.ctx, args.tokens, args.prompt, args.every, args.threads, args.seed)
+    result = soak(args.model, args.cache, args.ctx, args.tokens, args.prompt, args.every, args.threads, args.seed,
+                  args.trim)
     result["verdicts"] = verdicts(result, args.rss_slack, args.held_spread)
     result["setting"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     result["command"] = "benchmarks/soak.py " + " ".join(sys.argv[1:] if argv is None else argv)

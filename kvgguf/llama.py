@@ -266,7 +266,7 @@ class Llama(llama_cpp.Llama):
                 self._batch_done(before, n_past)
                 self._kv.after_batch(len(batch))
 
-    def _batch_done(self, before: tuple[int, int], n_past: int) -> None:
+    def _batch_done(self, before: tuple[int, int, int], n_past: int) -> None:
         """Undoes a batch whose cold rows could not be read (LiveCache.check_batch)."""
         try:
             self._kv.check_batch(before, n_past)

@@ -98,17 +98,17 @@ ATTEND = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctype
                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
 
 
-def test_attend_failure_raises_after_decode_and_cache_stays_usable(smollm2_path, tokens):
+def test_attend_failure_warns_after_decode_and_cache_stays_usable(smollm2_path, tokens):
     """An attend hook that fails (leaving its rows out, as the contract says) is counted by
-    llama.cpp and raised in Python after llama_decode; with the store's hook back, the same
-    context decodes as a fresh one does."""
+    llama.cpp and reported in Python after llama_decode (a RuntimeWarning: the rows were masked,
+    test_live_failures); with the store's hook back, the same context decodes as a fresh one does."""
     cfg = uniform("rotq4")
     llm = Llama(str(smollm2_path), kv_codec=cfg, n_ctx=1024, n_batch=128, logits_all=True, flash_attn=True,
                 verbose=False, n_threads=N_THREADS)
     llm.eval(tokens[:N_PREFILL])
     failing = ATTEND(lambda *args: -1)
     hooks.set_attend(llm._ctx.ctx, ctypes.cast(failing, ctypes.c_void_p).value, FUSED_MAX_TOKENS)
-    with pytest.raises(RuntimeError, match="cold rows failed"):
+    with pytest.warns(RuntimeWarning, match="left them out of the softmax"):
         llm.eval([tokens[N_PREFILL]])
     hooks.set_attend(llm._ctx.ctx, llm._kv.store.attend_function(), FUSED_MAX_TOKENS)
     llm.n_tokens = N_PREFILL  # drop the failed step; the next eval removes its rows

@@ -218,16 +218,18 @@ class LiveCache:
         self.blocks = []
         self.signals.clear()
 
-    def read_failures(self) -> tuple[int, int]:
-        """The store's failed reads so far (expanded, fused); compare before and after a batch."""
-        return self.store.read_failures()
+    def read_failures(self) -> tuple[int, int, int]:
+        """Failed reads so far: the store's (expanded, fused) and every failed hook call llama.cpp
+        counted (a hook other than the store's counts only there); compare before and after a batch."""
+        return (*self.store.read_failures(), int(hooks.n_errors(self.ctx)))
 
-    def check_batch(self, before: tuple[int, int], n_past: int) -> None:
+    def check_batch(self, before: tuple[int, int, int], n_past: int) -> None:
         """After llama_decode of the batch that started at n_past: a failed read of cold rows
         on the expanding path gave llama.cpp zero rows (which would still get softmax weight),
         so the batch's positions are removed again and RuntimeError says so; the fused path
         left the rows out of the softmax (as if masked), which a RuntimeWarning reports."""
-        expanded, fused = (after - b for after, b in zip(self.store.read_failures(), before))
+        expanded, fused, counted = (after - b for after, b in zip(self.read_failures(), before))
+        fused = max(fused, counted - expanded)
         if expanded:
             C.llama_memory_seq_rm(C.llama_get_memory(self.ctx), SEQ, n_past, -1)
             raise RuntimeError(
