@@ -19,7 +19,7 @@ mkdir -p build
 lib=$(find "$build" -maxdepth 1 -name 'libkvgguf.so' | head -n 1)
 asan=$(${CC:-cc} -print-file-name=libasan.so)
 ubsan=$(${CC:-cc} -print-file-name=libubsan.so)
-nm -D "$lib" | grep -q __asan_report || { echo "sanitize: $lib is not instrumented"; exit 1; }
+nm -D "$lib" | grep __asan_report > /dev/null || { echo "sanitize: $lib is not instrumented"; exit 1; }
 echo "sanitize: $lib (preloading $asan)"
 KVGGUF_LIB="$lib" LD_PRELOAD="$asan $ubsan" \
     ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1 \
