@@ -4,6 +4,7 @@
 #define KVG_AVX2_H
 
 #include "kvg_internal.h"
+#include "kvg_le.h"
 
 #include <immintrin.h>
 
@@ -11,30 +12,6 @@
 
 static inline __m256i lane_shifts(int bits) {
     return _mm256_setr_epi32(0, bits, 2 * bits, 3 * bits, 4 * bits, 5 * bits, 6 * bits, 7 * bits);
-}
-
-static inline uint32_t load_le(const uint8_t * p, int n) {  // n = 1..4 bytes; x86 is little-endian
-    uint16_t h;
-    uint32_t w;
-    switch (n) {  // one load each once n is a constant (the attention kernels specialize on it)
-        case 1:
-            return p[0];
-        case 2:
-            memcpy(&h, p, 2);
-            return h;
-        case 3:
-            memcpy(&h, p, 2);
-            return (uint32_t) h | ((uint32_t) p[2] << 16);
-        default:
-            memcpy(&w, p, 4);
-            return w;
-    }
-}
-
-static inline void store_le(uint8_t * p, uint32_t w, int n) {
-    for (int k = 0; k < n; k++) {
-        p[k] = (uint8_t) (w >> (8 * k));
-    }
 }
 
 // 8 codes from the `bits` bytes at p, as 32-bit lanes.

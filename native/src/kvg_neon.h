@@ -5,6 +5,7 @@
 #define KVG_NEON_H
 
 #include "kvg_internal.h"
+#include "kvg_le.h"
 
 #include <arm_neon.h>
 
@@ -37,30 +38,6 @@ static inline codes8 make_codes8(int bits) {
     c.shr_hi = vnegq_s32(c.shl_hi);
     c.mask   = vdupq_n_u32((1u << bits) - 1);
     return c;
-}
-
-static inline uint32_t load_le(const uint8_t * p, int n) {  // n = 1..4 bytes; the guard asks for little-endian
-    uint16_t h;
-    uint32_t w;
-    switch (n) {  // one load each once n is a constant (the attention kernels specialize on it)
-        case 1:
-            return p[0];
-        case 2:
-            memcpy(&h, p, 2);
-            return h;
-        case 3:
-            memcpy(&h, p, 2);
-            return (uint32_t) h | ((uint32_t) p[2] << 16);
-        default:
-            memcpy(&w, p, 4);
-            return w;
-    }
-}
-
-static inline void store_le(uint8_t * p, uint32_t w, int n) {
-    for (int k = 0; k < n; k++) {
-        p[k] = (uint8_t) (w >> (8 * k));
-    }
 }
 
 // 8 codes from the `bits` bytes at p, as 32-bit lanes.
