@@ -13,6 +13,7 @@ figure there is what a committed command wrote (the command heads each block).
 - calibration: benchmarks/results/calibration/*.md (benchmarks/calibration_proxy.py; kvgguf eval --codecs auto:...)
 - keep:    benchmarks/results/keep/*.md            (kvgguf eval and benchmarks/live_cache.py with tiered:keep=...)
 - sessions_auto: benchmarks/results/sessions_auto.md (benchmarks/sessions.py --codecs ...auto:BITS...)
+- seed_claims: benchmarks/results/seed_claims/*.md (benchmarks/seed_claims.py)
 """
 
 import re
@@ -81,6 +82,10 @@ def sessions_auto() -> str:
     return (RESULTS / "sessions_auto.md").read_text().strip()
 
 
+def seed_claims() -> str:
+    return "\n\n".join(md.read_text().strip() for md in sorted((RESULTS / "seed_claims").glob("*.md")))
+
+
 def replace(text: str, name: str, body: str) -> str:
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     if begin not in text or end not in text:
@@ -94,7 +99,7 @@ def main() -> None:
     text = readme.read_text()
     for name, make in (("usage", usage), ("live", live), ("quality", quality), ("recall", recall), ("preset", preset),
                        ("window", window), ("calibration", calibration), ("keep", keep),
-                       ("sessions_auto", sessions_auto)):
+                       ("sessions_auto", sessions_auto), ("seed_claims", seed_claims)):
         text = replace(text, name, make())
     readme.write_text(text)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import json
 import os
 import sys
@@ -35,15 +36,32 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def malloc_bytes() -> tuple[int, int]:
+    """(bytes the program has allocated and not freed, free bytes glibc keeps in its arenas),
+    over every arena (glibc's mallinfo2 sums them): a leak grows the first; fragmentation and
+    memory glibc keeps for reuse grow the second and RSS, not the first. (-1, -1) without glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+    except (OSError, AttributeError):
+        return -1, -1
+    m = libc.mallinfo2()
+    return m.uordblks + m.hblkhd, m.fordblks
+
+
 def python_heap() -> int:
     """Bytes the interpreter's allocator holds in its arenas (sys._debugmallocstats is too
     verbose): a leak of Python objects shows here, one of native memory only in RSS."""
-    import gc
     return sum(sys.getsizeof(o) for o in gc.get_objects())
 
 
 def soak(model: str, cache: str, n_ctx: int, n_tokens: int, n_prompt: int, every: int, threads: int,
-         seed: int, trim: bool = False) -> dict:
+         seed: int, trim: bool = False, keep_open: bool = False) -> dict:
     import kvgguf
     from kvgguf.evaluation.text import wikitext2_test
 
@@ -66,10 +84,12 @@ def soak(model: str, cache: str, n_ctx: int, n_tokens: int, n_prompt: int, every
                 mem = llm.kv_memory()
                 rss = rss_bytes()
                 conv["rss_peak"] = max(conv["rss_peak"], rss)
+                in_use, free_held = malloc_bytes()
+                conv["heap_peak"] = max(conv.get("heap_peak", 0), in_use)
                 samples.append({
                     "generated": generated, "n_tokens": llm.n_tokens, "seconds": round(time.perf_counter() - t0, 2),
                     "rss": rss, "kv_held": mem.total_bytes, "hot": mem.tiers[0].bytes,
-                    "python_heap": python_heap(),
+                    "python_heap": python_heap(), "malloc_in_use": in_use, "malloc_free_held": free_held,
                     "store": sum(t.bytes for t in mem.tiers[1:]), "index": mem.index_bytes,
                     "bits_per_value": round(mem.bits_per_value, 3),
                 })
@@ -78,12 +98,19 @@ def soak(model: str, cache: str, n_ctx: int, n_tokens: int, n_prompt: int, every
                           f"KV held {mem.total_bytes / 2**20:.1f} MiB", file=sys.stderr, flush=True)
         conv["end"] = generated
         conv["rss_end"] = rss_bytes()
+        # What the process still holds once Python's cyclic garbage is gone: llama-cpp-python's
+        # samplers (one per sample() call) sit in reference cycles until a full collection, each
+        # holding native buffers, so the heap between collections swings by tens of MiB.
+        gc.collect()
+        conv["heap_after_gc"], _ = malloc_bytes()
+        conv["rss_after_gc"] = rss_bytes()
         if trim:  # memory glibc keeps but nothing uses (fragmentation) goes back; a leak stays
             ctypes.CDLL("libc.so.6").malloc_trim(0)
             conv["rss_after_trim"] = rss_bytes()
         conversations.append(conv)
     elapsed = time.perf_counter() - t0
-    llm.close()
+    if not keep_open:  # --exit-without-close: a leak checker then reports all the context holds
+        llm.close()
     return {"samples": samples, "conversations": conversations, "seconds": round(elapsed, 1),
             "rss_start": rss0, "generated": generated}
 
@@ -100,7 +127,15 @@ def verdicts(result: dict, rss_slack_mib: float, held_spread: float) -> dict:
     full = [c for c in result["conversations"] if c["rss_peak"]]
     first, last = full[0]["rss_peak"], full[-1]["rss_peak"]
     growth_mib = (last - first) / 2**20
-    return {"held_follows_rows": held_follows, "held_spread": round(spread, 4), "rss_first_conversation_mib": round(first / 2**20, 1),
+    g_first, g_last = full[0].get("heap_after_gc", -1), full[-1].get("heap_after_gc", -1)
+    h_first, h_last = full[0].get("heap_peak", -1), full[-1].get("heap_peak", -1)
+    heap_growth_mib = (h_last - h_first) / 2**20
+    return {"held_follows_rows": held_follows, "held_spread": round(spread, 4),
+            "heap_first_conversation_mib": round(h_first / 2**20, 1), "heap_last_conversation_mib": round(h_last / 2**20, 1),
+            "heap_growth_mib": round(heap_growth_mib, 1), "heap_bounded": h_first >= 0 and heap_growth_mib <= rss_slack_mib,
+            "heap_after_gc_first_mib": round(g_first / 2**20, 1), "heap_after_gc_last_mib": round(g_last / 2**20, 1),
+            "heap_after_gc_growth_mib": round((g_last - g_first) / 2**20, 2),
+            "rss_first_conversation_mib": round(first / 2**20, 1),
             "rss_last_conversation_mib": round(last / 2**20, 1), "rss_growth_mib": round(growth_mib, 1),
             "rss_bounded": growth_mib <= rss_slack_mib, "rss_slack_mib": rss_slack_mib}
 
@@ -115,6 +150,9 @@ def plot(result: dict, out: Path, title: str) -> bool:
     xs = [s["generated"] / 1000 for s in result["samples"]]
     fig, ax = plt.subplots(figsize=(8, 4))
     ax.plot(xs, [s["rss"] / 2**20 for s in result["samples"]], label="process RSS")
+    if result["samples"] and result["samples"][0].get("malloc_in_use", -1) >= 0:
+        ax.plot(xs, [s["malloc_in_use"] / 2**20 for s in result["samples"]], label="malloc'd, in use (mallinfo2)")
+        ax.plot(xs, [s["malloc_free_held"] / 2**20 for s in result["samples"]], label="free, kept by glibc")
     ax.plot(xs, [s["kv_held"] / 2**20 for s in result["samples"]], label="KV held (kv_memory)")
     ax.plot(xs, [s["store"] / 2**20 for s in result["samples"]], label="of which compressed rows")
     ax.set_xlabel("tokens generated (thousands)")
@@ -146,11 +184,14 @@ def main(argv=None) -> int:
     ap.add_argument("--trim", action="store_true",
                     help="after each conversation, malloc_trim(0) and note the RSS before and after (a leak "
                          "survives it, memory glibc merely keeps does not)")
+    ap.add_argument("--exit-without-close", action="store_true",
+                    help="end the process without freeing the Llama, so that heaptrack or valgrind lists everything it "
+                         "still holds by where it was allocated (what grows with the run stands out)")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "soak" / "soak")
     args = ap.parse_args(argv)
 
     result = soak(args.model, args.cache, args.ctx, args.tokens, args.prompt, args.every, args.threads, args.seed,
-                  args.trim)
+                  args.trim, keep_open=args.exit_without_close)
     result["verdicts"] = verdicts(result, args.rss_slack, args.held_spread)
     result["setting"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     result["command"] = "benchmarks/soak.py " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -168,13 +209,23 @@ def main(argv=None) -> int:
           f"- RSS peak, first conversation {v['rss_first_conversation_mib']} MiB, last {v['rss_last_conversation_mib']} "
           f"MiB: growth {v['rss_growth_mib']} MiB ({'bounded' if v['rss_bounded'] else 'NOT bounded'}: "
           f"slack {v['rss_slack_mib']} MiB)",
+          f"- heap in use (malloc'd and not freed, all arenas) peak, first conversation {v['heap_first_conversation_mib']} "
+          f"MiB, last {v['heap_last_conversation_mib']} MiB: growth {v['heap_growth_mib']} MiB "
+          f"({'bounded' if v['heap_bounded'] else 'NOT bounded'})",
+          f"- heap in use after each conversation and a full garbage collection: first {v['heap_after_gc_first_mib']} MiB, "
+          f"last {v['heap_after_gc_last_mib']} MiB (growth {v['heap_after_gc_growth_mib']} MiB; per conversation: "
+          f"{', '.join(str(round(c['heap_after_gc'] / 2**20, 1)) for c in result['conversations'])})",
           f"- at the last sample ({last.get('n_tokens')} tokens in context): KV held {last.get('kv_held', 0) / 2**20:.1f} MiB, "
           f"{last.get('bits_per_value')} bits per value"]
     if plot(result, args.out, f"{args.cache} on {args.model}: {result['generated']} tokens, ctx {args.ctx}"):
         md += ["", f"![RSS and KV bytes]({args.out.with_suffix('.png').name})"]
     args.out.with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
-    return 0 if v["held_follows_rows"] and v["rss_bounded"] else 1
+    code = 0 if v["held_follows_rows"] and v["rss_bounded"] else 1
+    if args.exit_without_close:
+        sys.stdout.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

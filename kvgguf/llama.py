@@ -312,6 +312,30 @@ class Llama(llama_cpp.Llama):
         if self._kv is not None:
             self._kv.clear()
 
+    def sample(self, *args, **kwargs):
+        """llama_cpp.Llama.sample, with the sampler chain it builds for one call freed when the
+        call returns. llama-cpp-python's LlamaSampler keeps itself in a reference cycle (its
+        close callback), so each call's chain (native buffers included) would wait for a full
+        garbage collection: tens of MiB held and freed in waves over a long generation
+        (benchmarks/soak.py; tests/test_live_cache.py)."""
+        if self._sampler is not None:  # the caller's own chain (generate() sets one): theirs to keep
+            return super().sample(*args, **kwargs)
+        made = []
+        build = self._init_sampler
+
+        def build_and_keep(*a, **kw):
+            made.append(build(*a, **kw))
+            return made[-1]
+
+        self._init_sampler = build_and_keep  # for this call only
+        try:
+            return super().sample(*args, **kwargs)
+        finally:
+            del self._init_sampler
+            for chain in made:
+                if chain is not self._sampler:
+                    chain.close()
+
     @_serialized
     def embed(self, *args, **kwargs):
         if self._kv is not None:

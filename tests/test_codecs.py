@@ -15,7 +15,17 @@ from kvgguf.native.codecs import KvgCorruptError
 KIVI = ["kivi2", "kivi3", "kivi4", "kivi8"]
 ROTQ = ["rotq1", "rotq2", "rotq3", "rotq4"]
 CROTQ = ["crotq2", "crotq3", "crotq4"]
-ALL = ["f16"] + KIVI + ROTQ + CROTQ
+DELTA = ["delta4", "pdelta4"]
+OUTL = ["outl2", "outl3"]
+LOWRANK = ["lowrank2", "lowrank3"]
+QJL = ["qjl3", "qjl4"]
+SEEDS = DELTA + OUTL + LOWRANK + QJL  # issue 13's codecs; their own tests are in tests/test_seed_*.py
+ALL = ["f16"] + KIVI + ROTQ + CROTQ + SEEDS
+POW2_HEAD_DIM = ROTQ + CROTQ + OUTL + LOWRANK + QJL  # rotation-based: head_dim a power of two
+# Byte offset, in a (4, 2, 64) block, of an f16 field for which NaN, +-Inf and -1.0 are all
+# corrupt (a norm or a scale), for test_corrupt_header_is_detected_before_writing.
+SEED_HEADER_OFFSET = {"delta4": 258, "pdelta4": 258, "outl2": 6, "outl3": 6,
+                      "lowrank2": 6, "lowrank3": 6, "qjl3": 6, "qjl4": 6}
 
 # MSE per unit variance of the optimal (Lloyd-Max) scalar quantizer of N(0, 1), by bits
 # (Max 1960, Table I). rotq must stay within 1.25x of it (TurboQuant's claim is ~1x).
@@ -110,7 +120,7 @@ def test_names_in_enum_order():
 
 
 def test_codec_properties():
-    assert [codecs.get(n).bits for n in ALL] == [16, 2, 3, 4, 8, 1, 2, 3, 4, 2, 3, 4]
+    assert [codecs.get(n).bits for n in ALL] == [16, 2, 3, 4, 8, 1, 2, 3, 4, 2, 3, 4, 4, 4, 2, 3, 2, 3, 3, 4]
     assert codecs.get("kivi2", group_size=64).group_size == 64
     assert codecs.get("rotq3", seed=7).seed == 7
     assert codecs.get("rotq3").seed == codecs.get("rotq3", seed=None).seed
@@ -320,9 +330,13 @@ def test_bits_per_value_is_measured_size(name, kind):
 def test_nominal_bits_per_value(name):
     c = codecs.get(name)
     for d in [64, 128, 256]:
-        x = np.zeros((128, 2, d), dtype=np.float32)  # whole groups: the nominal figure is exact
+        # whole groups: the nominal figure is exact (the seeds': a 64-row block of one head)
+        x = np.zeros((64, 1, d) if name in SEEDS else (128, 2, d), dtype=np.float32)
         measured = len(c.encode(x)) * 8 / x.size
         assert c.nominal_bits_per_value(d) == pytest.approx(measured, rel=1e-12)
+    if name in SEEDS:
+        assert c.nominal_bits_per_value(128) > c.bits
+        return
     expected = {"f16": 16.0, "kivi2": 3.0, "kivi3": 4.0, "kivi4": 5.0, "kivi8": 9.0,
                 "rotq1": 1.125, "rotq2": 2.125, "rotq3": 3.125, "rotq4": 4.125,
                 "crotq2": 2.25, "crotq3": 3.25, "crotq4": 4.25}[name]
@@ -360,7 +374,7 @@ def test_simd_matches_scalar_oracle(name):
     rng = np.random.default_rng(5)
     level = codecs.simd_max_level()
     for shape, g in SIMD_CASES:
-        if name in ROTQ + CROTQ and shape[-1] & (shape[-1] - 1):
+        if name in POW2_HEAD_DIM and shape[-1] & (shape[-1] - 1):
             continue
         x = special_values(rng, shape)
         c = codecs.get(name, group_size=g)
@@ -605,6 +619,8 @@ def test_corrupt_header_is_detected_before_writing(name):
     for bad in [0x7E00, 0x7C00, 0xFC00, 0xBC00]:  # NaN, +Inf, -Inf, -1.0
         b = buf.copy()
         off = 0 if name == "f16" else (2 if name in KIVI else 6)  # a value / a kivi scale / a rotq norm
+        if name in SEEDS:
+            off = SEED_HEADER_OFFSET[name]
         if name in CROTQ:
             off += 2 * 64 * 2  # past the channel means (one group): a rotq norm
         b[off : off + 2] = np.frombuffer(np.uint16(bad).tobytes(), np.uint8)
@@ -623,7 +639,7 @@ def test_corrupt_header_is_detected_before_writing(name):
 def test_concurrent_encode_decode():
     # head_dim 2048 is used by no other test: its codebook is built while threads race for it
     rng = np.random.default_rng(8)
-    blocks = [(name, rng.standard_normal((16, 2, 2048 if name in ROTQ + CROTQ else 64)).astype(np.float32))
+    blocks = [(name, rng.standard_normal((16, 2, 2048 if name in POW2_HEAD_DIM else 64)).astype(np.float32))
               for name in ALL for _ in range(3)]
 
     def work(item):

@@ -58,6 +58,9 @@ __all__ = [
 ]
 
 _KINDS = {"k": 0, "v": 1, "key": 0, "value": 1}  # the store's KIND_K / KIND_V numbers
+# Rows per block of the live cache (TieredConfig.block): where the seed codecs state their bits.
+SEED_BLOCK_ROWS = 64
+
 _KIND_NAMES = ("K", "V")
 _SIMD_LEVELS = {"scalar": 0, "avx2": 1, "neon": 2}  # enum kvg_simd
 _MAX_DIM = 1 << 56  # the library's limit on values per block
@@ -129,7 +132,8 @@ class Codec:
 
     @property
     def family(self) -> str:
-        """``"f16"``, ``"kivi"``, ``"rotq"`` or ``"crotq"``."""
+        """``"f16"``, ``"kivi"``, ``"rotq"``, ``"crotq"`` or a seed codec's family (``"delta"``,
+        ``"pdelta"``, ``"outl"``, ``"lowrank"``, ``"qjl"``)."""
         return self.name.rstrip("0123456789") if self.name != "f16" else "f16"
 
     def _params(self):
@@ -155,7 +159,8 @@ class Codec:
         return self.encoded_size(shape, kind) * 8 / (t * h * d)
 
     def nominal_bits_per_value(self, head_dim: int, kind: str = "k") -> float:
-        """Bits per value for long sequences: kivi B + 32/G, rotq B + 16/head_dim, f16 16."""
+        """Bits per value for long sequences: kivi B + 32/G, rotq B + 16/head_dim, f16 16; the
+        seed codecs' at a 64-row block of one head."""
         self.encoded_size((1, 1, head_dim), kind)  # validates head_dim (rotq: power of two)
         if self.family == "kivi":
             return self.bits + 32 / self.group_size
@@ -163,7 +168,11 @@ class Codec:
             return self.bits + 16 / head_dim
         if self.family == "crotq":  # + an f16 mean per channel per 128 tokens
             return self.bits + 16 / head_dim + 16 / 128
-        return float(self.bits)
+        if self.family == "f16":
+            return 16.0
+        # The seed codecs keep side data per block (keyframes, channel lists, factors): their
+        # figure is the live cache's block, 64 rows of one head.
+        return self.bits_per_value((SEED_BLOCK_ROWS, 1, head_dim), kind)
 
     def encode(self, x, kind: str = "k") -> np.ndarray:
         """Encodes a (n_tokens, n_heads, head_dim) or (n_tokens, head_dim) block; returns uint8 bytes."""

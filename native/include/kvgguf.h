@@ -84,7 +84,21 @@ enum kvg_codec_type {
     // rotq of the residual after subtracting each channel's mean over 128-token groups (f16)
     KVG_CODEC_CROTQ2 = 9,
     KVG_CODEC_CROTQ3 = 10,
-    KVG_CODEC_CROTQ4 = 11
+    KVG_CODEC_CROTQ4 = 11,
+    // The seed documents' codecs (issue 13), each self-contained per block:
+    // keyframe every 64 rows in f16 + 4-bit residuals against it (TSC part I)
+    KVG_CODEC_DELTA4 = 12,
+    // the same, residual against the previous row's reconstruction (predictive, closed loop)
+    KVG_CODEC_PDELTA4 = 13,
+    // the block's highest-energy channels of each head in f16, the rest through rotq
+    KVG_CODEC_OUTL2 = 14,
+    KVG_CODEC_OUTL3 = 15,
+    // rotq plus a rank-4 f16 correction of the block's residual
+    KVG_CODEC_LOWRANK2 = 16,
+    KVG_CODEC_LOWRANK3 = 17,
+    // rotq at one bit less plus a 1-bit QJL sign sketch of the residual (TurboQuant-prod)
+    KVG_CODEC_QJL3 = 18,
+    KVG_CODEC_QJL4 = 19
 };
 
 // Which rows a block holds; the store, the codecs and llama.cpp's hooks use the same numbers.
@@ -96,7 +110,7 @@ enum kvg_kind {
 // Bumped whenever a declaration in this region changes; kvg_abi_version() returns the value the
 // library was built with, and the Python binding refuses a library and header that disagree.
 enum kvg_abi {
-    KVG_ABI_VERSION = 6
+    KVG_ABI_VERSION = 7
 };
 
 enum kvg_simd {

@@ -68,6 +68,10 @@ const char * kvg_strerror(int status) {
                       kvg_crotq_check, 1, kvg_crotq_score_ref, kvg_crotq_accumulate_ref, \
                       KVG_SIMD(kvg_crotq_score), KVG_SIMD(kvg_crotq_accumulate)
 
+// Seed codecs: scalar encode/decode, attention through attend_rows.c's decode-and-dot.
+#define KVG_ROWS_ROW(fam) kvg_##fam##_encode_ref, kvg_##fam##_decode_ref, NULL, NULL, kvg_##fam##_check, 0, \
+                          kvg_rows_score_ref, kvg_rows_accumulate_ref, NULL, NULL
+
 static const kvg_codec_traits k_traits[] = {
     [KVG_CODEC_F16]    = { "f16",    16, kvg_f16_size,   kvg_f16_encode_ref, kvg_f16_decode_ref, NULL, NULL, KVG_F16_ROW },
     [KVG_CODEC_KIVI2]  = { "kivi2",   2, kvg_kivi_size,  KVG_KIVI_ROW },
@@ -81,6 +85,14 @@ static const kvg_codec_traits k_traits[] = {
     [KVG_CODEC_CROTQ2] = { "crotq2",  2, kvg_crotq_size, KVG_CROTQ_ROW },
     [KVG_CODEC_CROTQ3] = { "crotq3",  3, kvg_crotq_size, KVG_CROTQ_ROW },
     [KVG_CODEC_CROTQ4] = { "crotq4",  4, kvg_crotq_size, KVG_CROTQ_ROW },
+    [KVG_CODEC_DELTA4]   = { "delta4",   4, kvg_delta_size,   KVG_ROWS_ROW(delta) },
+    [KVG_CODEC_PDELTA4]  = { "pdelta4",  4, kvg_pdelta_size,  KVG_ROWS_ROW(pdelta) },
+    [KVG_CODEC_OUTL2]    = { "outl2",    2, kvg_outl_size,    KVG_ROWS_ROW(outl) },
+    [KVG_CODEC_OUTL3]    = { "outl3",    3, kvg_outl_size,    KVG_ROWS_ROW(outl) },
+    [KVG_CODEC_LOWRANK2] = { "lowrank2", 2, kvg_lowrank_size, KVG_ROWS_ROW(lowrank) },
+    [KVG_CODEC_LOWRANK3] = { "lowrank3", 3, kvg_lowrank_size, KVG_ROWS_ROW(lowrank) },
+    [KVG_CODEC_QJL3]     = { "qjl3",     3, kvg_qjl_size,     KVG_ROWS_ROW(qjl) },
+    [KVG_CODEC_QJL4]     = { "qjl4",     4, kvg_qjl_size,     KVG_ROWS_ROW(qjl) },
 };
 _Static_assert(sizeof(k_traits) / sizeof(k_traits[0]) == KVG_CODEC_COUNT_, "one traits row per codec type");
 

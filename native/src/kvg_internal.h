@@ -13,7 +13,7 @@
 #    pragma GCC visibility push(hidden)
 #endif
 
-#define KVG_CODEC_COUNT_ 12
+#define KVG_CODEC_COUNT_ 20
 
 // A SIMD kernel returns this when the shape is outside its fast path; the caller then
 // runs the reference. Positive, so it can never be mistaken for a public status.
@@ -296,6 +296,45 @@ int kvg_crotq_decode_avx2(const kvg_job * job, const uint8_t * src, float * dst)
 int kvg_crotq_encode_neon(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_crotq_decode_neon(const kvg_job * job, const uint8_t * src, float * dst);
 
+// ---- the seed codecs (issue 13): delta.c, outliers.c, lowrank.c, qjl.c ----------------------
+//
+// Each is self-contained per block (keyframes, channel lists, factors and norms live in the
+// block and are counted in its bytes) and has scalar kernels only for now. Attention reads
+// them through attend_rows.c: the block decoded into per-thread scratch, then exact dots.
+
+#define KVG_DELTA_KEYFRAME 64  // rows per keyframe (TSC part I's interval)
+
+int kvg_delta_size(const kvg_job * job, size_t * out_bytes);
+int kvg_delta_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
+int kvg_delta_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
+int kvg_delta_check(const kvg_job * job, const uint8_t * src);
+int kvg_pdelta_size(const kvg_job * job, size_t * out_bytes);
+int kvg_pdelta_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
+int kvg_pdelta_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
+int kvg_pdelta_check(const kvg_job * job, const uint8_t * src);
+
+int kvg_outl_size(const kvg_job * job, size_t * out_bytes);
+int kvg_outl_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
+int kvg_outl_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
+int kvg_outl_check(const kvg_job * job, const uint8_t * src);
+
+int kvg_lowrank_size(const kvg_job * job, size_t * out_bytes);
+int kvg_lowrank_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
+int kvg_lowrank_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
+int kvg_lowrank_check(const kvg_job * job, const uint8_t * src);
+
+int kvg_qjl_size(const kvg_job * job, size_t * out_bytes);
+int kvg_qjl_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
+int kvg_qjl_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
+int kvg_qjl_check(const kvg_job * job, const uint8_t * src);
+
+// attend_rows.c: score/accumulate for codecs without their own kernels: decodes the block
+// (the job's whole shape) into per-thread scratch, then dots rows [t0, t0 + n) exactly as f16's
+// kernels do. KVG_ERR_NO_MEMORY if the scratch cannot grow.
+int kvg_rows_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
+int kvg_rows_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                            const kvg_attn * a);
+
 // ---- store (store.c; attend.c reads its blocks) --------------------------------------------
 
 typedef struct kvg_block {
@@ -362,7 +401,7 @@ int64_t kvg_rows_find_block(const kvg_rows * r, int64_t row);
 
 // ---- scratch.c: per-thread scratch, grown and never shrunk, freed when the thread ends --------
 
-enum { KVG_SCRATCH_STORE = 0, KVG_SCRATCH_ATTEND = 1, KVG_SCRATCH_SLOTS = 2 };
+enum { KVG_SCRATCH_STORE = 0, KVG_SCRATCH_ATTEND = 1, KVG_SCRATCH_ROWS = 2, KVG_SCRATCH_SLOTS = 3 };
 float * kvg_thread_scratch(int slot, size_t n_floats);  // NULL when out of memory
 
 // ---- store.c: failure injection (kvg_debug_fail_after) -------------------------------------
