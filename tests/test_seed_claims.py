@@ -36,19 +36,33 @@ def test_verdicts_follow_the_numbers():
     v = sc.claim_delta(rows, {})
     assert v.verdict == "refuted" and v.numbers["x_fp32"] == pytest.approx(32 / 5.3)
     assert sc.claim_pq_vq(rows, {}).verdict == "not measured yet"
+    rows["pq2"] = row("pq2", 2.4, 0.05)  # between rotq at its bits (~0.066) and rotq3 (0.03)
+    v = sc.claim_pq_sq(rows, {})
+    assert v.verdict == "partly" and v.numbers["rotq_same_bits_kl"] > 0.05
+    rows["pq2"] = row("pq2", 2.4, 0.02)
+    assert sc.claim_pq_sq(rows, {}).verdict == "reproduced"
+    rows["vq8"] = row("vq8", 0.03, 1.0)  # 1067x fp32 at KL 1.0: VQ's claim met; pq2's 13x is not 219x
+    v = sc.claim_pq_vq(rows, {})
+    assert v.verdict == "partly" and v.numbers["vq8"]["x_fp32"] == pytest.approx(32 / 0.03)
 
 
 def test_small_run_gives_a_verdict_per_claim(tmp_path):
     out = tmp_path / "claims"
     assert sc.main(["--ctx", "128", "--chunks", "1", "--hot", "32", "--surprisal-tokens", "128",
                     "--codecs", "rotq1,rotq2,rotq3,rotq4,kivi2,delta4,pdelta4,outl2,lowrank2,qjl3", "--out", str(out)]) == 0
-    data = json.loads(out.with_suffix(".json").read_text())
+    # and a second run measuring only pq2 and vq8, the first run's rows standing for the others
+    out2 = tmp_path / "claims2"
+    assert sc.main(["--ctx", "128", "--chunks", "1", "--hot", "32", "--codecs", "pq2,vq8", "--reuse",
+                    str(out.with_suffix(".json")), "--out", str(out2)]) == 0
+    data = json.loads(out2.with_suffix(".json").read_text())
+    assert data["meta"]["reused"]["rows"] == sorted(json.loads(out.with_suffix(".json").read_text())["rows"])
     verdicts = {v["key"]: v for v in data["verdicts"]}
     assert len(verdicts) == len(sc.CLAIMS)
-    for key in ("tsc1_delta", "tqpp_lowrank", "tqpp_outliers", "tq_qjl", "seq_surprisal", "adr_archive"):
+    for key in ("tsc1_delta", "tsc2_pq_vq", "tqpp_pq", "tqpp_lowrank", "tqpp_outliers", "tq_qjl", "seq_surprisal",
+                "adr_archive"):
         assert verdicts[key]["verdict"] in sc.VERDICTS[:3], key  # measured
         assert verdicts[key]["ours"]
     for r in data["rows"].values():
         assert r["bits"] > 0 and math.isfinite(r["kl"]) and r["kl"] >= 0
-    md = out.with_suffix(".md").read_text()
+    md = out2.with_suffix(".md").read_text()
     assert md.count("**") == 2 * len(sc.CLAIMS)

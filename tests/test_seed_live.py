@@ -1,4 +1,5 @@
-"""The seed codecs (issue 13) in the live cache and in sessions: every codec as the warm and
+"""The seed codecs (issue 13) in the live cache and in sessions (pq2 and vq8 with the codebooks
+the store trained, carried in the session's BOOK section): every codec as the warm and
 archive tiers of a small tiered cache on SmolLM2, its blocks held at the bits its encoder
 writes, and a session carrying those blocks verbatim into a fresh Llama that then continues
 exactly as the original does."""
@@ -11,14 +12,15 @@ from kvgguf import Llama, TieredConfig, codecs
 from kvgguf.evaluation.harness import kl_top1
 from kvgguf.evaluation.text import wikitext2_test
 
-SEEDS = ["delta4", "pdelta4", "outl2", "outl3", "lowrank2", "lowrank3", "qjl3", "qjl4"]
+SEEDS = ["delta4", "pdelta4", "outl2", "outl3", "lowrank2", "lowrank3", "qjl3", "qjl4", "pq2", "vq8"]
 # (KL, top-1) against the f16 cache over the 64 tokens after 300 (236 of them compressed):
 # bounds 3x the KL measured with the fused path and ~0.15 under its top-1 (rotq3 measured
 # 0.026, 0.89). qjl3 is that bad for real: its unbiased sketch adds noise along every
 # direction of the residual, and SmolLM2's queries are large in a few channels, so the scores'
 # noise dwarfs what rotq2's shrinkage costs (K alone through qjl3: KL 1.4; benchmarks/seed_claims.py).
 BOUNDS = {"delta4": (0.12, 0.75), "pdelta4": (0.05, 0.8), "outl2": (0.33, 0.7), "outl3": (0.11, 0.72),
-          "lowrank2": (0.3, 0.55), "lowrank3": (0.07, 0.7), "qjl3": (6.0, 0.2), "qjl4": (0.35, 0.65)}
+          "lowrank2": (0.3, 0.55), "lowrank3": (0.07, 0.7), "qjl3": (6.0, 0.2), "qjl4": (0.35, 0.65),
+          "pq2": (0.3, 0.7), "vq8": (0.6, 0.55)}  # measured 0.106, 0.86 and 0.195, 0.75 (books trained on the first block)
 KW = dict(n_ctx=1024, n_batch=64, n_threads=2, n_threads_batch=2, verbose=False, flash_attn=True)
 
 
@@ -65,4 +67,43 @@ def test_seed_codec_in_live_cache_and_session(smollm2_path, tokens, tmp_path, co
     kl_max, top1_min = BOUNDS[codec]
     assert kl_ref < kl_max and top1_ref > top1_min, (codec, kl_ref, top1_ref)
     for llm in (src, dst, ref):
+        llm.close()
+
+
+def test_pq_session_with_a_bad_codebook_is_refused_and_changes_nothing(smollm2_path, tokens, tmp_path):
+    from kvgguf.errors import SessionCorruptError
+    from kvgguf.session import container
+
+    src = Llama(str(smollm2_path), kv_codec=config("pq2"), **KW)
+    src.eval(tokens[:200])
+    src.save_session(tmp_path / "s.kvz", exact=True)
+    sections = container.unpack((tmp_path / "s.kvz").read_bytes())
+    tags = [t for t, _ in sections]
+    assert tags[3] == b"BOOK"
+    book = dict(sections)[b"BOOK"]
+    n_books = 0
+    off = 0
+    while off < len(book):  # one record per (layer, kind): 256 x 4 floats each
+        il, kind, codec, n = np.frombuffer(book, "<u4", 4, off)
+        assert codec == codecs.get("pq2").type and n == 1024
+        off += 16 + 4 * n
+        n_books += 1
+    assert n_books == 2 * len(src._kv.layers)
+    dst = Llama(str(smollm2_path), kv_codec=config("pq2"), **KW)
+    dst.eval(tokens[500:612])
+    scores(dst, tokens[612:620])
+    held = [bytes(b.data) for il in dst._kv.layers for kind in (0, 1) for b in dst._kv.store.blocks(il, kind)]
+    assert held
+    bad = bytearray(book)
+    bad[16:20] = np.float32(np.nan).tobytes()  # the first book's first value
+    cut = book[: len(book) - 8]  # a record that ends early
+    for payload in (bytes(bad), cut):
+        data = container.pack([(t, payload if t == b"BOOK" else p) for t, p in sections], entropy=False)
+        (tmp_path / "bad.kvz").write_bytes(data)
+        with pytest.raises(SessionCorruptError, match="codebook"):
+            dst.load_session(tmp_path / "bad.kvz")
+    # the context is still the one it had: its 120 tokens, its compressed rows as they were
+    assert dst.n_tokens == 120
+    assert [bytes(b.data) for il in dst._kv.layers for kind in (0, 1) for b in dst._kv.store.blocks(il, kind)] == held
+    for llm in (src, dst):
         llm.close()

@@ -58,15 +58,19 @@ def fitted_config(shape: KVShape, config: TieredConfig) -> TieredConfig:
 
 
 def store_bytes(shape: KVShape, blocks: list, config: TieredConfig) -> int:
-    """Encoded bytes of the store's blocks on the full-attention layers, each in its tier's codec."""
+    """Encoded bytes of the store's blocks on the full-attention layers, each in its tier's codec,
+    plus a float32 codebook per (layer, kind) for each codec that keeps one (pq2, vq8)."""
     tables = {tier: config.table(tier, shape.n_layer) for tier in {b.tier for b in blocks}}
-    total = 0
+    total, books = 0, set()
     for b in blocks:
         rows = b.r1 - b.r0
         for il in shape.full_layers:
             for kind, dim, role in ((KIND_K, shape.head_dim_k, "k"), (KIND_V, shape.head_dim_v, "v")):
                 c = codecs.get(tables[b.tier][il, kind], group_size=config.group_size)
                 total += c.encoded_size((rows, shape.n_head_kv, dim), role)
+                if c.name in codecs.BOOK_CODECS and (il, kind, c.name) not in books:
+                    books.add((il, kind, c.name))
+                    total += 256 * (4 if c.name == "pq2" else dim) * 4
     return total
 
 

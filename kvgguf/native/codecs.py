@@ -18,6 +18,10 @@ Codecs (see native/include/kvgguf.h for the byte layouts):
 - ``rotq1..4`` (TurboQuant, Zandieh et al. 2025): random-sign Hadamard rotation, Lloyd-Max
   codes, one f16 norm per head vector; B + 16/head_dim bits per value. head_dim must be a
   power of two in [2, 4096].
+- ``pq2``, ``vq8``: rotq's rotation and norm, then one byte per sub-vector naming the nearest
+  of 256 centroids of a trained codebook (:func:`train_book`; the store trains one per layer
+  and kind): pq2 codes 4 coordinates per byte (2 bits per value), vq8 a whole head vector.
+  Pass the codebook as ``get("pq2", book=...)``.
 
 Input dtypes: float32 is used as is (zero-copy when C-contiguous); other floating dtypes
 (float16, float64) are converted to float32; integer, bool and complex arrays are rejected
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -55,11 +59,15 @@ __all__ = [
     "simd_level",
     "simd_levels",
     "simd_max_level",
+    "train_book",
 ]
 
 _KINDS = {"k": 0, "v": 1, "key": 0, "value": 1}  # the store's KIND_K / KIND_V numbers
 # Rows per block of the live cache (TieredConfig.block): where the seed codecs state their bits.
 SEED_BLOCK_ROWS = 64
+
+# Codecs whose blocks need a codebook kept beside them (per layer and kind in the store).
+BOOK_CODECS = ("pq2", "vq8")
 
 _KIND_NAMES = ("K", "V")
 _SIMD_LEVELS = {"scalar": 0, "avx2": 1, "neon": 2}  # enum kvg_simd
@@ -129,6 +137,7 @@ class Codec:
     bits: int  # bits per code (16 for f16)
     group_size: int  # kivi G; kept (unused) for other codecs
     seed: int  # rotq sign seed; kept (unused) for other codecs
+    book: np.ndarray | None = field(default=None, compare=False, repr=False)  # pq2/vq8: float32 [256, S]
 
     @property
     def family(self) -> str:
@@ -136,10 +145,17 @@ class Codec:
         ``"pdelta"``, ``"outl"``, ``"lowrank"``, ``"qjl"``)."""
         return self.name.rstrip("0123456789") if self.name != "f16" else "f16"
 
+    def __post_init__(self):
+        # The C pointer into book, made once: it stays valid as long as this Codec holds book.
+        buf = binding.get_ffi().from_buffer("float[]", self.book) if self.book is not None else None
+        object.__setattr__(self, "_book_c", buf)
+
     def _params(self):
         p = binding.get_ffi().new("kvg_codec_params *")
         p.group_size = self.group_size
         p.seed = self.seed
+        if self._book_c is not None:
+            p.book, p.book_count = self._book_c, self.book.size
         return p
 
     def _context(self, kind: int, shape: tuple[int, int, int]) -> str:
@@ -170,6 +186,8 @@ class Codec:
             return self.bits + 16 / head_dim + 16 / 128
         if self.family == "f16":
             return 16.0
+        if self.family in ("pq", "vq"):  # a byte per sub-vector + the norm; the codebook is the store's
+            return 8 / (4 if self.family == "pq" else head_dim) + 16 / head_dim
         # The seed codecs keep side data per block (keyframes, channel lists, factors): their
         # figure is the live cache's block, 64 rows of one head.
         return self.bits_per_value((SEED_BLOCK_ROWS, 1, head_dim), kind)
@@ -227,11 +245,12 @@ class Codec:
         return self.decode_into(buf, out, kind)
 
 
-def get(name: str, *, group_size: int = 32, seed: int | None = None) -> Codec:
+def get(name: str, *, group_size: int = 32, seed: int | None = None, book=None) -> Codec:
     """The codec called ``name`` (see :func:`names`).
 
     group_size: kivi's G (tokens per key group, channels per value group), > 0.
     seed: rotq's sign seed, 0 <= seed < 2^64; None for the library default.
+    book: pq2/vq8's codebook, float32 [256, S] (:func:`train_book`); checked by the library.
     """
     ffi, lib = binding.get_ffi(), binding.get_lib()
     if not isinstance(name, str):
@@ -251,7 +270,26 @@ def get(name: str, *, group_size: int = 32, seed: int | None = None) -> Codec:
         raise ValueError(f"seed must be an integer in [0, 2^64), got {seed!r}")
     bits = ffi.new("int *")
     check(lib.kvg_codec_bits(t[0], bits))
-    return Codec(name=name, type=int(t[0]), bits=int(bits[0]), group_size=int(group_size), seed=int(seed))
+    if book is not None:
+        book = np.ascontiguousarray(_as_float32(book))
+    return Codec(name=name, type=int(t[0]), bits=int(bits[0]), group_size=int(group_size), seed=int(seed), book=book)
+
+
+def train_book(name: str, x, kind: str = "k", *, seed: int | None = None) -> np.ndarray:
+    """A pq2 or vq8 codebook (float32 [256, S]) trained by k-means on the block ``x``
+    ((n_tokens, n_heads, head_dim)), as the store trains one on the first rows it encodes."""
+    c = get(name, seed=seed)
+    if name not in BOOK_CODECS:
+        raise ValueError(f"codec {name!r} keeps no codebook; {', '.join(BOOK_CODECS)} do")
+    a = _as_float32(x)
+    shape = _shape3(a.shape)
+    ffi, lib = binding.get_ffi(), binding.get_lib()
+    s = shape[2] if name == "vq8" else 4
+    out = np.empty((256, s), dtype=np.float32)
+    check(lib.kvg_pq_train(c.type, _kind(kind), ffi.from_buffer("float[]", a), a.size, *shape, c._params(),
+                           ffi.from_buffer("float[]", out, require_writable=True), out.size),
+          f"{name} codebook, shape {shape}")
+    return out
 
 
 def encode(name: str, x, kind: str = "k", **params) -> np.ndarray:

@@ -96,6 +96,37 @@ class KVStore:
             out.append(EncodedBlock(int(info.n_rows), codec, int(info.tier), bytes(data)))
         return out
 
+    def book(self, il: int, kind: int, codec: str) -> np.ndarray | None:
+        """A copy of the codebook (float32 [256, S]) pq2 or vq8 blocks of (il, kind) are coded
+        with; None until the store has trained one (on the first block it encodes there)."""
+        ffi, lib = get_ffi(), get_lib()
+        c, n = codecs.get(codec), ffi.new("size_t *")
+        check(lib.kvg_store_book(self._ptr, il, kind, c.type, ffi.NULL, 0, n), f"codebook of layer {il} {'KV'[kind]}")
+        if not n[0]:
+            return None
+        out = np.empty(int(n[0]), dtype=np.float32)
+        check(lib.kvg_store_book(self._ptr, il, kind, c.type, ffi.from_buffer("float[]", out, require_writable=True),
+                                 out.size, n))
+        return out.reshape(256, -1)
+
+    def set_book(self, il: int, kind: int, codec: str, book: np.ndarray) -> None:
+        """Installs a codebook (a session's) before any block of that codec is appended there."""
+        book = np.ascontiguousarray(book, dtype=np.float32)
+        check(get_lib().kvg_store_set_book(self._ptr, il, kind, codecs.get(codec).type,
+                                           get_ffi().from_buffer("float[]", book), book.size),
+              f"{codec} codebook for layer {il} {'KV'[kind]}")
+
+    def books(self) -> list[tuple[int, int, str, np.ndarray]]:
+        """Every codebook held: (layer, kind, codec, book)."""
+        return [(il, kind, name, bk) for il in range(self.n_layer) for kind in (KIND_K, KIND_V)
+                for name in codecs.BOOK_CODECS if (bk := self.book(il, kind, name)) is not None]
+
+    def book_bytes(self) -> int:
+        """Bytes of the codebooks held (float32, as allocated): part of what pq2/vq8 rows cost."""
+        out = get_ffi().new("uint64_t *")
+        check(get_lib().kvg_store_book_bytes(self._ptr, out))
+        return int(out[0])
+
     def n_rows(self, il: int = 0, kind: int = KIND_K) -> int:
         out = get_ffi().new("int64_t *")
         check(get_lib().kvg_store_n_rows(self._ptr, il, kind, out))

@@ -260,5 +260,7 @@ class LiveCache:
             held = self.store.held(tier)
             if held.bytes or tier in self.codecs and tier != TIER_SINK:
                 tiers.append(TierMemory(TIER_NAMES[tier], self.codec_name(tier), held.bytes))
+        if books := self.store.book_bytes():  # pq2/vq8: one codebook per layer and kind, part of their cost
+            tiers.append(TierMemory("books", "codebooks", books))
         return KVMemory(tuple(tiers), self.store.index_bytes(), n_tokens, self.shape.values_per_token,
                         int(hooks.compute_bytes(self.ctx)), self.store.held().values)

@@ -9,7 +9,7 @@ MIB = 2**20
 
 @dataclass(frozen=True)
 class TierMemory:
-    name: str  # "hot", "sink", "warm", "archive"
+    name: str  # "hot", "sink", "warm", "archive", "books"
     codec: str
     bytes: int
 
@@ -19,7 +19,8 @@ class KVMemory:
     """Bytes held for the KV cache of one context.
 
     ``hot`` is what llama.cpp allocated for its own cache (the whole buffer, used or not);
-    the other tiers are the store's encoded rows; ``index_bytes`` is the store's
+    the other tiers are the store's encoded rows (and "books", the codebooks pq2 and vq8 rows
+    are coded with, where they are used); ``index_bytes`` is the store's
     bookkeeping. ``bits_per_value`` divides all of it by the K/V values of the tokens held
     (DESIGN.md: tokens x layers x (n_embd_k_gqa + n_embd_v_gqa)).
 

@@ -6,6 +6,8 @@ What a session holds, section by section (container.py frames them):
           blocks, codecs and their parameters, the layout of llama.cpp's cache records
     TOKS  the token ids (int32)
     CELL  llama.cpp's cell records (positions), verbatim
+    BOOK  (only where pq2 or vq8 rows are held) their codebooks: per (layer, kind, codec) a
+          record <IIII> (layer, kind, codec number, floats) and the float32 values
     Lnnn  per model layer nnn: K then V, each = the store's compressed blocks (as held, not
           re-encoded) + the rows llama.cpp holds exactly, encoded with the session codec
           (f16 when exact: bit for bit) or kept raw for quantized llama.cpp cache types
@@ -41,6 +43,7 @@ FORMAT = "kvgguf-session"
 SEQ = 0
 RAW = 0xFF  # hot rows kept as llama.cpp's bytes (quantized cache types)
 _BLOCK = struct.Struct("<IBBHQ")  # n_rows, codec, tier, 0, n_bytes
+_BOOK = struct.Struct("<IIII")  # layer, kind, codec, floats
 _HOT = struct.Struct("<iIII")  # ggml type, n_rows, row bytes, segments
 _SEGMENT = struct.Struct("<IBBHQ")  # n_rows, codec (or RAW), 0, 0, n_bytes
 SINKS = 4  # first positions kept exact in every session (attention sinks)
@@ -119,6 +122,10 @@ def dump(live: LiveContext, *, codec: Optional[CodecSpec] = None, exact: bool = 
         (b"TOKS", np.asarray(live.tokens, dtype="<i4").tobytes()),
         (b"CELL", b"".join(c.cells for c in caches)),
     ]
+    books = store.books() if store is not None and cold_layers else []
+    if books:
+        sections.append((b"BOOK", b"".join(_BOOK.pack(il, kind, codecs.get(name).type, bk.size)
+                                           + bk.astype("<f4").tobytes() for il, kind, name, bk in books)))
     for il in sorted(set(hot_rows) | set(cold_layers)):
         parts = [struct.pack("<I", il)]
         for kind in (KIND_K, KIND_V):
@@ -262,11 +269,17 @@ def parse(live: LiveContext, data: bytes) -> _Restored:
     cold_layers = set(meta.get("cold_layers") or []) if n_cold else set()
     hot_of = {il: c for c, layers in zip(caches, layers_of_cache) if c.n_cells for il in layers}
     expect = sorted(set(hot_of) | cold_layers)
-    got = [t for t in tags[3:]]
+    first = 3
+    if tags[3:4] == [b"BOOK"]:
+        if store is None:
+            raise SessionCorruptError("a session without compressed rows holds codebooks")
+        _read_books(sections[3][1], store)
+        first = 4
+    got = [t for t in tags[first:]]
     if got != [f"L{il:03d}".encode() for il in expect]:
         raise SessionCorruptError("the session's layer sections do not match its metadata")
     params = {"group_size": store.group_size, "seed": store.seed} if store else {}
-    for (tag, payload), il in zip(sections[3:], expect):
+    for (tag, payload), il in zip(sections[first:], expect):
         try:
             _read_layer(payload, il, il in cold_layers, store, hot_of.get(il), shape, params, n_cold)
         except KvgError as e:  # the codecs refuse bytes no encoder writes, or sizes that do not fit
@@ -324,6 +337,26 @@ def _new_store(kv: LiveCache, meta: dict, shape: KVShape, n_cold: int):
     if end != n_cold:
         raise SessionCorruptError("session block list does not cover its compressed rows")
     return store, blocks
+
+
+def _read_books(payload: bytes, store: KVStore) -> None:
+    """Installs the BOOK section's codebooks in the new store (before any block needs them)."""
+    names, off = codecs.names(), 0
+    while off < len(payload):
+        if off + _BOOK.size > len(payload):
+            raise SessionCorruptError("the codebook section ends early")
+        il, kind, codec_id, n = _BOOK.unpack_from(payload, off)
+        off += _BOOK.size
+        if codec_id >= len(names) or names[codec_id] not in codecs.BOOK_CODECS or kind > KIND_V or il >= store.n_layer:
+            raise SessionCorruptError(f"codebook record ({il}, {kind}, codec {codec_id}) names no codebook")
+        if off + 4 * n > len(payload):
+            raise SessionCorruptError("the codebook section ends early")
+        book = np.frombuffer(payload, dtype="<f4", count=n, offset=off).astype(np.float32)
+        off += 4 * n
+        try:
+            store.set_book(il, kind, names[codec_id], book)
+        except KvgError as e:
+            raise SessionCorruptError(f"codebook of layer {il}: {e}") from None
 
 
 def _read_layer(payload: bytes, il: int, has_cold: bool, store, cache, shape, params: dict, n_cold: int) -> None:

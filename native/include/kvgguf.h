@@ -38,6 +38,13 @@
 //          Sign of coordinate i: negative iff bit 63 of
 //          splitmix64_mix(seed + (i + 1) * 0x9E3779B97F4A7C15) is set.
 //
+//   pq2, vq8  [norms: n_tokens * n_heads f16, as rotq] [codes: one byte per sub-vector of S
+//          coordinates of y (rotq's y), vector-major: n_tokens * n_heads * head_dim / S bytes]
+//          S = 4 (pq2) or head_dim (vq8). Decode: c = the centroids book[code] side by side,
+//          x' = s * W(c) * n / head_dim. The codebook is not in the block (params.book).
+//          Bits per value: 8 / S + 16 / head_dim, plus the codebook's 256 * S floats per
+//          (layer, kind) the store holds.
+//
 //   codes  One contiguous bitstream per block: the code of element e = (t*n_heads + h)*head_dim + i
 //          occupies bits [e*B, e*B + B) of the stream, bit k of the stream being bit (k % 8)
 //          of byte k / 8. The final byte is zero-padded.
@@ -98,7 +105,13 @@ enum kvg_codec_type {
     KVG_CODEC_LOWRANK3 = 17,
     // rotq at one bit less plus a 1-bit QJL sign sketch of the residual (TurboQuant-prod)
     KVG_CODEC_QJL3 = 18,
-    KVG_CODEC_QJL4 = 19
+    KVG_CODEC_QJL4 = 19,
+    // rotq's rotation and norm, then one byte per sub-vector: the nearest of 256 centroids of a
+    // codebook trained per (layer, kind) (params.book; the store trains and keeps it):
+    // pq2 codes sub-vectors of 4 coordinates (2 bits per value; TurboQuant++'s PQ),
+    KVG_CODEC_PQ2 = 20,
+    // vq8 the whole head vector (8 bits per head vector; TSC part II's VQ)
+    KVG_CODEC_VQ8 = 21
 };
 
 // Which rows a block holds; the store, the codecs and llama.cpp's hooks use the same numbers.
@@ -110,7 +123,7 @@ enum kvg_kind {
 // Bumped whenever a declaration in this region changes; kvg_abi_version() returns the value the
 // library was built with, and the Python binding refuses a library and header that disagree.
 enum kvg_abi {
-    KVG_ABI_VERSION = 7
+    KVG_ABI_VERSION = 8
 };
 
 enum kvg_simd {
@@ -122,6 +135,8 @@ enum kvg_simd {
 typedef struct kvg_codec_params {
     int32_t  group_size;  // kivi: G, tokens (K) or channels (V) per group; default 32
     uint64_t seed;        // rotq: seed of the random signs; default KVG_DEFAULT_SEED
+    const float * book;   // pq2, vq8: the codebook, [256][S] floats (S = 4, or head_dim for vq8); default NULL
+    size_t   book_count;  // floats at book
 } kvg_codec_params;
 
 int32_t kvg_abi_version(void);  // KVG_ABI_VERSION as compiled into the library
@@ -152,6 +167,12 @@ int kvg_encode(int type, int kind, const float * src, size_t src_count,
 int kvg_decode(int type, int kind, const void * src, size_t src_bytes,
                int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                const kvg_codec_params * p, float * dst, size_t dst_count);
+
+// Trains a pq2 or vq8 codebook (book_count = 256 * S floats) on a block of rows: k-means on the
+// rotated, normalized sub-vectors (at most 65536 of them, evenly strided), 10 iterations from
+// evenly spaced samples. Deterministic. KVG_ERR_INVALID_ARG if every vector is zero.
+int kvg_pq_train(int type, int kind, const float * src, size_t src_count, int64_t n_tokens, int64_t n_heads,
+                 int64_t head_dim, const kvg_codec_params * p, float * book, size_t book_count);
 
 // The 2^bits centroids (ascending) that rotq uses for head_dim, in units of y above.
 int kvg_rotq_codebook(int bits, int64_t head_dim, float * out, size_t out_count);
@@ -228,6 +249,16 @@ void kvg_store_clear(kvg_store * s);
 // they stand for; out_index_bytes (may be NULL) gets the bookkeeping around them.
 int kvg_store_bytes(const kvg_store * s, int32_t tier, uint64_t * out_bytes, uint64_t * out_values,
                     uint64_t * out_index_bytes);
+
+// pq2 and vq8 codebooks: one per (layer, kind) and codec, trained by the store on the first
+// block it encodes there with that codec (kvg_pq_train) and kept until kvg_store_clear.
+// kvg_store_book copies it out (dst NULL: only *out_count, 0 when the list has none);
+// kvg_store_set_book installs one (a session's), refused while blocks of that codec use another.
+int kvg_store_book(const kvg_store * s, int32_t il, int32_t kind, int32_t codec, float * dst, size_t count,
+                   size_t * out_count);
+int kvg_store_set_book(kvg_store * s, int32_t il, int32_t kind, int32_t codec, const float * book, size_t count);
+// Bytes of every codebook the store holds (float32, as allocated).
+int kvg_store_book_bytes(const kvg_store * s, uint64_t * out_bytes);
 
 // ---- store blocks, for session files: the encoded bytes leave and come back unchanged ----
 

@@ -176,10 +176,12 @@ static int32_t attend(kvg_store * s, int32_t il, int64_t r0, int64_t r1, const f
         size_t  unused;
         int     st = tk && tv ? KVG_OK : kvg_fail(KVG_ERR_UNKNOWN_CODEC, "attend: block of codec %d or %d", kb->codec, vb->codec);
         if (st == KVG_OK) {
-            st = kvg_make_job(kb->codec, KVG_KIND_K, kb->n_rows, Hkv, dk, &s->p.codec, &jk, &unused);
+            const kvg_codec_params pk = kvg_store_list_params(s, (int64_t) il * 2, kb->codec, NULL);
+            st = kvg_make_job(kb->codec, KVG_KIND_K, kb->n_rows, Hkv, dk, &pk, &jk, &unused);
         }
         if (st == KVG_OK) {
-            st = kvg_make_job(vb->codec, KVG_KIND_V, vb->n_rows, Hkv, dv, &s->p.codec, &jv, &unused);
+            const kvg_codec_params pv = kvg_store_list_params(s, (int64_t) il * 2 + 1, vb->codec, NULL);
+            st = kvg_make_job(vb->codec, KVG_KIND_V, vb->n_rows, Hkv, dv, &pv, &jv, &unused);
         }
         if (st == KVG_OK && (kb->fail_reads || vb->fail_reads)) {
             st = kvg_fail(KVG_ERR_NO_MEMORY, "attend: injected read failure (kvg_store_debug_fail_reads)");

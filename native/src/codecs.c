@@ -93,6 +93,8 @@ static const kvg_codec_traits k_traits[] = {
     [KVG_CODEC_LOWRANK3] = { "lowrank3", 3, kvg_lowrank_size, KVG_ROWS_ROW(lowrank) },
     [KVG_CODEC_QJL3]     = { "qjl3",     3, kvg_qjl_size,     KVG_ROWS_ROW(qjl) },
     [KVG_CODEC_QJL4]     = { "qjl4",     4, kvg_qjl_size,     KVG_ROWS_ROW(qjl) },
+    [KVG_CODEC_PQ2]      = { "pq2",      2, kvg_pq_size,      KVG_ROWS_ROW(pq) },
+    [KVG_CODEC_VQ8]      = { "vq8",      8, kvg_pq_size,      KVG_ROWS_ROW(pq) },
 };
 _Static_assert(sizeof(k_traits) / sizeof(k_traits[0]) == KVG_CODEC_COUNT_, "one traits row per codec type");
 
@@ -197,6 +199,8 @@ int kvg_make_job(int type, int kind, int64_t n_tokens, int64_t n_heads, int64_t 
     job->n_values   = n_tokens * n_heads * head_dim;
     job->group_size = p->group_size;
     job->seed       = p->seed;
+    job->book       = p->book;
+    job->book_count = p->book_count;
     return k_traits[type].encoded_size(job, size);
 }
 

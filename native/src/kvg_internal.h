@@ -13,7 +13,7 @@
 #    pragma GCC visibility push(hidden)
 #endif
 
-#define KVG_CODEC_COUNT_ 20
+#define KVG_CODEC_COUNT_ 22
 
 // A SIMD kernel returns this when the shape is outside its fast path; the caller then
 // runs the reference. Positive, so it can never be mistaken for a public status.
@@ -38,6 +38,8 @@ typedef struct kvg_job {
     int64_t  n_values;    // N = n_tokens * C
     int32_t  group_size;
     uint64_t seed;
+    const float * book;   // pq2, vq8: params.book (checked by the codec, not here)
+    size_t   book_count;
 } kvg_job;
 
 // ---- attention over encoded rows (attend.c drives; each codec scores and accumulates) -------
@@ -327,6 +329,13 @@ int kvg_qjl_size(const kvg_job * job, size_t * out_bytes);
 int kvg_qjl_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_qjl_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
 int kvg_qjl_check(const kvg_job * job, const uint8_t * src);
+// pq.c: pq2 and vq8, whose codebook comes with the job (the store's, per layer and kind).
+#define KVG_PQ_CENTROIDS 256
+int64_t kvg_pq_sub_len(int type, int64_t head_dim);  // S: coordinates per code
+int kvg_pq_size(const kvg_job * job, size_t * out_bytes);
+int kvg_pq_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
+int kvg_pq_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
+int kvg_pq_check(const kvg_job * job, const uint8_t * src);
 
 // attend_rows.c: score/accumulate for codecs without their own kernels: decodes the block
 // (the job's whole shape) into per-thread scratch, then dots rows [t0, t0 + n) exactly as f16's
@@ -348,6 +357,7 @@ typedef struct kvg_block {
 } kvg_block;
 
 typedef struct kvg_rows {
+    float *     book[2];  // pq2's and vq8's codebooks (NULL: none yet), KVG_PQ_CENTROIDS * S floats
     kvg_block * blocks;
     int64_t     n_blocks;
     int64_t     cap;
@@ -395,6 +405,10 @@ void kvg_mass_note(kvg_mass_notes * nt, int64_t granule, const float * m, const 
 // After a successful truncate to n_rows: counters of rows >= n_rows go (a cut granule keeps its count).
 void kvg_mass_forget_from(kvg_store * s, int64_t n_rows);
 void kvg_mass_free(kvg_store * s);
+
+// The codec params of a block of list li (layer li / 2, kind li % 2) with `codec`: the store's,
+// with the list's codebook for pq2 and vq8 (`fresh` where the list has none yet; may be NULL).
+kvg_codec_params kvg_store_list_params(const kvg_store * s, int64_t li, int32_t codec, const float * fresh);
 
 // Index of the block holding row `row` (0 <= row < n_rows).
 int64_t kvg_rows_find_block(const kvg_rows * r, int64_t row);

@@ -9,6 +9,7 @@
 
 #include "kvg_internal.h"
 
+#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,6 +118,10 @@ void kvg_store_clear(kvg_store * s) {
     }
     for (int64_t i = 0; i < (int64_t) s->p.n_layer * 2; ++i) {
         rows_drop_from(&s->rows[i], 0);
+        for (int slot = 0; slot < 2; ++slot) {  // a new sequence trains its own
+            free(s->rows[i].book[slot]);
+            s->rows[i].book[slot] = NULL;
+        }
     }
     kvg_store_mass_clear(s);
 }
@@ -151,15 +156,56 @@ int kvg_store_set_layer_enabled(kvg_store * s, int32_t il, int32_t enabled) {
     return KVG_OK;
 }
 
-// Encodes rows into a new block (not yet linked anywhere).
-static int encode_block(const kvg_store * s, int32_t kind, int32_t tier, int32_t codec,
-                        const float * rows, int64_t n_rows, kvg_block * out) {
-    size_t n_bytes = 0;
+static int book_slot(int32_t codec) {  // index into kvg_rows.book, -1: the codec has none
+    return codec == KVG_CODEC_PQ2 ? 0 : codec == KVG_CODEC_VQ8 ? 1 : -1;
+}
+
+static size_t book_floats(const kvg_store * s, int32_t kind, int32_t codec) {
+    return (size_t) KVG_PQ_CENTROIDS * (size_t) kvg_pq_sub_len(codec, head_dim_of(s, kind));
+}
+
+kvg_codec_params kvg_store_list_params(const kvg_store * s, int64_t li, int32_t codec, const float * fresh) {
+    kvg_codec_params p    = s->p.codec;
+    const int        slot = book_slot(codec);
+    if (slot >= 0) {
+        p.book       = s->rows[li].book[slot] ? s->rows[li].book[slot] : fresh;
+        p.book_count = p.book ? book_floats(s, (int32_t) (li % 2), codec) : 0;
+    }
+    return p;
+}
+
+// Encodes rows of list li into a new block (not yet linked anywhere). A codec with a codebook
+// uses the list's; when the list has none yet, *fresh (trained here on these rows if NULL) is
+// used, and the caller keeps it once its mutation commits (or frees it).
+static int encode_block(const kvg_store * s, int64_t li, int32_t tier, int32_t codec,
+                        const float * rows, int64_t n_rows, float ** fresh, kvg_block * out) {
+    const int32_t kind    = (int32_t) (li % 2);
+    size_t        n_bytes = 0;
     int rc = kvg_injected_failure("encode a block");
     if (rc != KVG_OK) {
         return rc;
     }
-    rc = kvg_encoded_size(codec, kind, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &s->p.codec, &n_bytes);
+    const size_t count = (size_t) n_rows * (size_t) row_width(s, kind);
+    const int    slot  = book_slot(codec);
+    if (slot >= 0 && !s->rows[li].book[slot] && fresh && !*fresh) {
+        rc = kvg_injected_failure("train a codebook");
+        if (rc != KVG_OK) {
+            return rc;
+        }
+        const size_t nb = book_floats(s, kind, codec);
+        float *      bk = (float *) malloc(nb * sizeof(float));
+        if (!bk) {
+            return kvg_fail(KVG_ERR_NO_MEMORY, "codebook of %zu floats", nb);
+        }
+        rc = kvg_pq_train(codec, kind, rows, count, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &s->p.codec, bk, nb);
+        if (rc != KVG_OK) {
+            free(bk);
+            return rc;
+        }
+        *fresh = bk;
+    }
+    const kvg_codec_params cp = kvg_store_list_params(s, li, codec, fresh ? *fresh : NULL);
+    rc = kvg_encoded_size(codec, kind, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &cp, &n_bytes);
     if (rc != KVG_OK) {
         return rc;
     }
@@ -167,13 +213,11 @@ static int encode_block(const kvg_store * s, int32_t kind, int32_t tier, int32_t
     if (!data) {
         return kvg_fail(KVG_ERR_NO_MEMORY, "block of %zu bytes", n_bytes);
     }
-    const size_t count = (size_t) n_rows * (size_t) row_width(s, kind);
-    rc = kvg_encode(codec, kind, rows, count, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &s->p.codec,
-                    data, n_bytes, NULL);
+    rc = kvg_encode(codec, kind, rows, count, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &cp, data, n_bytes, NULL);
     if (rc == KVG_OK) {
         // Every linked block passes its codec's check once, here or in append_encoded, so the
         // readers (decode, attend) can trust the bytes without checking them again.
-        rc = kvg_check_encoded(codec, kind, data, n_bytes, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &s->p.codec);
+        rc = kvg_check_encoded(codec, kind, data, n_bytes, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &cp);
     }
     if (rc != KVG_OK) {
         free(data);
@@ -188,13 +232,15 @@ static int encode_block(const kvg_store * s, int32_t kind, int32_t tier, int32_t
     return KVG_OK;
 }
 
-static int decode_block(const kvg_store * s, int32_t kind, const kvg_block * b, float * dst) {
+static int decode_block(const kvg_store * s, int64_t li, const kvg_block * b, float * dst) {
     if (b->fail_reads) {
         return kvg_fail(KVG_ERR_NO_MEMORY, "injected read failure (kvg_store_debug_fail_reads)");
     }
-    const size_t count = (size_t) b->n_rows * (size_t) row_width(s, kind);
-    return kvg_decode(b->codec, kind, b->data, b->n_bytes, b->n_rows, s->p.n_head_kv, head_dim_of(s, kind),
-                      &s->p.codec, dst, count);
+    const int32_t          kind  = (int32_t) (li % 2);
+    const size_t           count = (size_t) b->n_rows * (size_t) row_width(s, kind);
+    const kvg_codec_params cp    = kvg_store_list_params(s, li, b->codec, NULL);
+    return kvg_decode(b->codec, kind, b->data, b->n_bytes, b->n_rows, s->p.n_head_kv, head_dim_of(s, kind), &cp, dst,
+                      count);
 }
 
 // Room in the index for one more block.
@@ -260,11 +306,16 @@ int kvg_store_append(kvg_store * s, int32_t il, int32_t kind, int32_t tier, int3
         return rc;
     }
     kvg_block b;
-    rc = encode_block(s, kind, tier, codec, rows, n_rows, &b);
+    float *   fresh = NULL;
+    rc              = encode_block(s, il * 2 + kind, tier, codec, rows, n_rows, &fresh, &b);
     if (rc != KVG_OK) {
+        free(fresh);
         return rc;
     }
     link_block(r, &b);
+    if (fresh) {
+        r->book[book_slot(codec)] = fresh;
+    }
     return KVG_OK;
 }
 
@@ -301,8 +352,10 @@ int kvg_store_append_encoded(kvg_store * s, int32_t il, int32_t kind, int32_t ti
         return kvg_fail(KVG_ERR_NO_MEMORY, "block of %zu bytes", n_bytes);
     }
     memcpy(b.data, data, n_bytes);
-    // Bytes from a file: refuse what no encoder writes before the block is visible to readers.
-    rc = kvg_check_encoded(codec, kind, b.data, n_bytes, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &s->p.codec);
+    // Bytes from a file: refuse what no encoder writes before the block is visible to readers
+    // (a pq2 or vq8 block before its list's codebook: kvg_store_set_book comes first).
+    const kvg_codec_params cp = kvg_store_list_params(s, il * 2 + kind, codec, NULL);
+    rc = kvg_check_encoded(codec, kind, b.data, n_bytes, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &cp);
     if (rc != KVG_OK) {
         free(b.data);
         return rc;
@@ -418,7 +471,7 @@ static int decode_range(const kvg_store * s, int32_t il, int32_t kind, int64_t r
         if (!tmp) {
             return kvg_fail(KVG_ERR_NO_MEMORY, "decode scratch");
         }
-        rc = decode_block(s, kind, b, tmp);
+        rc = decode_block(s, il * 2 + kind, b, tmp);
         if (rc != KVG_OK) {
             return rc;
         }
@@ -455,17 +508,18 @@ int kvg_store_decode_f16(const kvg_store * s, int32_t il, int32_t kind, int64_t 
     return decode_range(s, il, kind, r0, r1, NULL, dst, count);
 }
 
-// Decodes block b and encodes its first n_rows rows with (tier, codec) into *out.
-static int reencode_block(const kvg_store * s, int32_t kind, const kvg_block * b, int64_t n_rows,
-                          int32_t tier, int32_t codec, kvg_block * out) {
-    const size_t w   = (size_t) row_width(s, kind);
+// Decodes block b of list li and encodes its first n_rows rows with (tier, codec) into *out
+// (fresh: as in encode_block).
+static int reencode_block(const kvg_store * s, int64_t li, const kvg_block * b, int64_t n_rows,
+                          int32_t tier, int32_t codec, float ** fresh, kvg_block * out) {
+    const size_t w   = (size_t) row_width(s, (int32_t) (li % 2));
     float *      tmp = (float *) malloc((size_t) b->n_rows * w * sizeof(float));
     if (!tmp) {
         return kvg_fail(KVG_ERR_NO_MEMORY, "re-encode buffer");
     }
-    int rc = decode_block(s, kind, b, tmp);
+    int rc = decode_block(s, li, b, tmp);
     if (rc == KVG_OK) {
-        rc = encode_block(s, kind, tier, codec, tmp, n_rows, out);
+        rc = encode_block(s, li, tier, codec, tmp, n_rows, fresh, out);
     }
     free(tmp);
     out->row0 = b->row0;
@@ -561,7 +615,9 @@ int kvg_store_retier_lists(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, 
     // Stage: every new block is encoded before any old one is touched.
     int rc = kvg_injected_failure("retier: staging list");
     kvg_staged * st = rc == KVG_OK ? (kvg_staged *) calloc((size_t) n_todo, sizeof(kvg_staged)) : NULL;
-    if (!st) {
+    float ** fresh  = st ? (float **) calloc((size_t) n_lists, sizeof(float *)) : NULL;  // books trained here, per list
+    if (!fresh) {
+        free(st);
         return rc != KVG_OK ? rc : kvg_fail(KVG_ERR_NO_MEMORY, "retier: staging list of %lld blocks", (long long) n_todo);
     }
     int64_t k = 0;
@@ -572,7 +628,7 @@ int kvg_store_retier_lists(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, 
             if (b->row0 < r0 || b->row0 + b->n_rows > r1 || (b->tier == tier && b->codec == codecs[li])) {
                 continue;
             }
-            rc = reencode_block(s, (int32_t) (li % 2), b, b->n_rows, tier, codecs[li], &st[k].nb);
+            rc = reencode_block(s, li, b, b->n_rows, tier, codecs[li], &fresh[li], &st[k].nb);
             st[k].li = li;
             st[k].bi = bi;
             k += rc == KVG_OK;
@@ -580,6 +636,10 @@ int kvg_store_retier_lists(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, 
     }
     if (rc != KVG_OK) {
         staged_free(st, k);
+        for (int64_t li = 0; li < n_lists; ++li) {
+            free(fresh[li]);
+        }
+        free(fresh);
         return rc;
     }
     // Commit: pointer swaps only.
@@ -589,6 +649,12 @@ int kvg_store_retier_lists(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, 
         *b            = st[k].nb;
         st[k].nb.data = NULL;
     }
+    for (int64_t li = 0; li < n_lists; ++li) {
+        if (fresh[li]) {
+            s->rows[li].book[book_slot(codecs[li])] = fresh[li];
+        }
+    }
+    free(fresh);
     staged_free(st, n_todo);
     return KVG_OK;
 }
@@ -623,7 +689,7 @@ int kvg_store_truncate(kvg_store * s, int64_t n_rows) {
             }
             const kvg_block * b = &r->blocks[kvg_rows_find_block(r, n_rows)];
             if (b->row0 != n_rows) {
-                rc = reencode_block(s, (int32_t) (li % 2), b, n_rows - b->row0, b->tier, b->codec, &cut[li]);
+                rc = reencode_block(s, li, b, n_rows - b->row0, b->tier, b->codec, NULL, &cut[li]);
             }
         }
         if (rc != KVG_OK) {
@@ -732,4 +798,95 @@ int64_t kvg_store_read_failures(const kvg_store * s, int32_t path) {
         return -1;
     }
     return atomic_load_explicit(&((kvg_store *) s)->read_failures[path], memory_order_relaxed);
+}
+
+// ---- codebooks -----------------------------------------------------------------------------
+
+static int check_book_args(const kvg_store * s, int32_t il, int32_t kind, int32_t codec) {
+    int rc = check_layer_kind(s, il, kind);
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    if (book_slot(codec) < 0) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "codec %d (%s) keeps no codebook (pq2 and vq8 do)", (int) codec,
+                        kvg_codec_name(codec) ? kvg_codec_name(codec) : "unknown");
+    }
+    size_t unused;
+    return kvg_encoded_size(codec, kind, 1, s->p.n_head_kv, head_dim_of(s, kind), &s->p.codec, &unused);
+}
+
+int kvg_store_book(const kvg_store * s, int32_t il, int32_t kind, int32_t codec, float * dst, size_t count,
+                   size_t * out_count) {
+    kvg_clear_error();
+    int rc = check_book_args(s, il, kind, codec);
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    if (!out_count) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "out_count is NULL");
+    }
+    const float * bk = s->rows[il * 2 + kind].book[book_slot(codec)];
+    const size_t  n  = bk ? book_floats(s, kind, codec) : 0;
+    *out_count       = n;
+    if (dst && n) {
+        if (count != n) {
+            return kvg_fail(KVG_ERR_BUFFER_SIZE, "the codebook holds %zu floats, %zu given", n, count);
+        }
+        memcpy(dst, bk, n * sizeof(float));
+    }
+    return KVG_OK;
+}
+
+int kvg_store_set_book(kvg_store * s, int32_t il, int32_t kind, int32_t codec, const float * book, size_t count) {
+    kvg_clear_error();
+    int rc = check_book_args(s, il, kind, codec);
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    const size_t n = book_floats(s, kind, codec);
+    if (!book || count != n) {
+        return kvg_fail(KVG_ERR_BUFFER_SIZE, "a %s codebook of this store holds %zu floats, %zu given",
+                        kvg_codec_name(codec), n, book ? count : (size_t) 0);
+    }
+    for (size_t i = 0; i < n; ++i) {
+        if (!isfinite(book[i])) {
+            return kvg_fail(KVG_ERR_NONFINITE, "codebook value %zu is not finite", i);
+        }
+    }
+    kvg_rows * r    = &s->rows[il * 2 + kind];
+    const int  slot = codec == KVG_CODEC_VQ8;  // check_book_args: pq2 or vq8
+    for (int64_t bi = 0; bi < r->n_blocks; ++bi) {
+        if (r->blocks[bi].codec == codec) {
+            return kvg_fail(KVG_ERR_INVALID_ARG, "layer %d %c holds %s blocks coded with its codebook; clear it first",
+                            (int) il, kind == KVG_KIND_K ? 'K' : 'V', kvg_codec_name(codec));
+        }
+    }
+    rc = kvg_injected_failure("copy a codebook");
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    float * bk = (float *) malloc(n * sizeof(float));
+    if (!bk) {
+        return kvg_fail(KVG_ERR_NO_MEMORY, "codebook of %zu floats", n);
+    }
+    memcpy(bk, book, n * sizeof(float));
+    free(r->book[slot]);
+    r->book[slot] = bk;
+    return KVG_OK;
+}
+
+int kvg_store_book_bytes(const kvg_store * s, uint64_t * out_bytes) {
+    kvg_clear_error();
+    if (!s || !out_bytes) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "store and out_bytes must not be NULL");
+    }
+    uint64_t bytes = 0;
+    for (int64_t li = 0; li < (int64_t) s->p.n_layer * 2; ++li) {
+        for (int slot = 0; slot < 2; ++slot) {
+            const int32_t codec = slot ? KVG_CODEC_VQ8 : KVG_CODEC_PQ2;
+            bytes += s->rows[li].book[slot] ? book_floats(s, (int32_t) (li % 2), codec) * sizeof(float) : 0;
+        }
+    }
+    *out_bytes = bytes;
+    return KVG_OK;
 }

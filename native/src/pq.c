@@ -1,0 +1,247 @@
+// pq.c: product quantization of rotated, normalized head vectors with a trained codebook
+// (TurboQuant++'s PQ, TSC part II's VQ). Each head vector x is stored as its f16 L2 norm n and,
+// for y = W(s * x) / n (rotq's rotation: unit variance per coordinate), one byte per sub-vector
+// of S coordinates: the index of the nearest of KVG_PQ_CENTROIDS centroids. pq2: S = 4 (2 bits
+// per value), vq8: S = head_dim (one byte per head vector). The codebook, [256][S] floats, is
+// not in the block: the store keeps one per (layer, kind), trained by k-means on the first rows
+// it encodes (kvg_pq_train), and counts its bytes (kvg_store_book_bytes).
+// Why rotate first: the rotation makes every sub-vector look alike, so one book serves all of
+// them (16 per-subspace books of raw keys measured better per row, but cost 16x the book bytes).
+#include "kvg_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PQ_TRAIN_ITERS   10
+#define PQ_TRAIN_SAMPLES 65536  // sub-vectors k-means looks at, at most (evenly strided)
+
+int64_t kvg_pq_sub_len(int type, int64_t head_dim) {
+    return type == KVG_CODEC_VQ8 ? head_dim : 4;
+}
+
+static int pow2_dim(int64_t d) {
+    return d >= 4 && d <= KVG_ROTQ_MAX_HEAD_DIM && (d & (d - 1)) == 0;
+}
+
+int kvg_pq_size(const kvg_job * job, size_t * out_bytes) {
+    const char * name = job->type == KVG_CODEC_VQ8 ? "vq8" : "pq2";
+    if (!pow2_dim(job->head_dim)) {
+        return kvg_fail(KVG_ERR_SHAPE, "%s: head_dim must be a power of two in [4, %d], got %lld", name,
+                        KVG_ROTQ_MAX_HEAD_DIM, (long long) job->head_dim);
+    }
+    const int64_t nv = job->n_tokens * job->n_heads;
+    *out_bytes       = (size_t) nv * 2 + (size_t) nv * (size_t) (job->head_dim / kvg_pq_sub_len(job->type, job->head_dim));
+    return KVG_OK;
+}
+
+// The codebook the job carries: present, the right size, finite.
+static int check_book(const kvg_job * job) {
+    const char *  name = job->type == KVG_CODEC_VQ8 ? "vq8" : "pq2";
+    const int64_t S    = kvg_pq_sub_len(job->type, job->head_dim);
+    const size_t  want = (size_t) KVG_PQ_CENTROIDS * (size_t) S;
+    if (!job->book || job->book_count != want) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "%s: needs its codebook of %d x %lld floats (params.book), got %zu", name,
+                        KVG_PQ_CENTROIDS, (long long) S, job->book ? job->book_count : (size_t) 0);
+    }
+    for (size_t i = 0; i < want; i++) {
+        if (!isfinite(job->book[i])) {
+            return kvg_fail(KVG_ERR_INVALID_ARG, "%s: codebook value %zu is not finite", name, i);
+        }
+    }
+    return KVG_OK;
+}
+
+int kvg_pq_check(const kvg_job * job, const uint8_t * src) {
+    int rc = check_book(job);
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    const int64_t nv = job->n_tokens * job->n_heads;
+    for (int64_t v = 0; v < nv; v++) {
+        const uint16_t n16 = kvg_get_u16(src + 2 * v);
+        if (!kvg_f16_is_finite(n16) || (n16 & 0x8000)) {
+            return kvg_fail(KVG_ERR_CORRUPT, "pq: vector %lld has norm 0x%04x (negative or not finite)", (long long) v, n16);
+        }
+    }
+    return KVG_OK;  // every code byte names a centroid
+}
+
+// y = W(s * x) / n for the f16-rounded norm n (0: the vector is stored as zero).
+static int rotate(const float * x, int64_t d, const float * sgn, float * y, uint16_t * n16) {
+    const float norm = sqrtf(kvg_rotq_sumsq_ref(x, d));
+    *n16             = kvg_f32_to_f16(norm);
+    if (!kvg_f16_is_finite(*n16)) {
+        return kvg_fail(KVG_ERR_RANGE, "pq: vector norm %g does not fit in f16 (<= 65504)", (double) norm);
+    }
+    if (*n16 == 0) {
+        return KVG_OK;
+    }
+    const float inv = 1.0f / kvg_f16_to_f32(*n16);
+    for (int64_t i = 0; i < d; i++) {
+        y[i] = x[i] * sgn[i];
+    }
+    kvg_fwht_ref(y, d);
+    for (int64_t i = 0; i < d; i++) {
+        y[i] *= inv;
+    }
+    return KVG_OK;
+}
+
+// Index of the centroid nearest to v (the lowest on ties).
+static uint8_t nearest(const float * book, const float * v, int64_t S) {
+    int   best   = 0;
+    float best_d = INFINITY;
+    for (int c = 0; c < KVG_PQ_CENTROIDS; c++) {
+        const float * b    = book + (size_t) c * (size_t) S;
+        float         dist = 0.0f;
+        for (int64_t i = 0; i < S; i++) {
+            const float e = v[i] - b[i];
+            dist += e * e;
+        }
+        if (dist < best_d) {
+            best_d = dist;
+            best   = c;
+        }
+    }
+    return (uint8_t) best;
+}
+
+int kvg_pq_encode_ref(const kvg_job * job, const float * src, uint8_t * dst) {
+    int rc = check_book(job);
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    const int64_t d = job->head_dim, S = kvg_pq_sub_len(job->type, d), M = d / S;
+    const int64_t nv = job->n_tokens * job->n_heads;
+    float         sgn[KVG_ROTQ_MAX_HEAD_DIM], y[KVG_ROTQ_MAX_HEAD_DIM];
+    kvg_rotq_signs(job->seed, d, sgn);
+    uint8_t * codes = dst + (size_t) nv * 2;
+    for (int64_t v = 0; v < nv; v++) {
+        uint16_t n16;
+        rc = rotate(src + v * d, d, sgn, y, &n16);
+        if (rc != KVG_OK) {
+            return rc;
+        }
+        kvg_put_u16(dst + 2 * v, n16);
+        for (int64_t m = 0; m < M; m++) {
+            codes[v * M + m] = n16 ? nearest(job->book, y + m * S, S) : 0;
+        }
+    }
+    return KVG_OK;
+}
+
+int kvg_pq_decode_ref(const kvg_job * job, const uint8_t * src, float * dst) {
+    int rc = kvg_pq_check(job, src);  // before writing anything
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    const int64_t d = job->head_dim, S = kvg_pq_sub_len(job->type, d), M = d / S;
+    const int64_t nv = job->n_tokens * job->n_heads;
+    float         sgn[KVG_ROTQ_MAX_HEAD_DIM];
+    kvg_rotq_signs(job->seed, d, sgn);
+    const uint8_t * codes = src + (size_t) nv * 2;
+    for (int64_t v = 0; v < nv; v++) {
+        float *     out = dst + v * d;
+        const float nf  = kvg_f16_to_f32(kvg_get_u16(src + 2 * v));
+        if (nf == 0.0f) {
+            memset(out, 0, (size_t) d * sizeof(float));
+            continue;
+        }
+        for (int64_t m = 0; m < M; m++) {
+            memcpy(out + m * S, job->book + (size_t) codes[v * M + m] * (size_t) S, (size_t) S * sizeof(float));
+        }
+        kvg_fwht_ref(out, d);
+        const float f = nf * (1.0f / (float) d);  // W W = d I
+        for (int64_t i = 0; i < d; i++) {
+            out[i] = (out[i] * f) * sgn[i];
+        }
+    }
+    return KVG_OK;
+}
+
+// ---- training: k-means (Lloyd) on the rotated sub-vectors ----------------------------------
+
+int kvg_pq_train(int type, int kind, const float * src, size_t src_count, int64_t n_tokens, int64_t n_heads,
+                 int64_t head_dim, const kvg_codec_params * p, float * book, size_t book_count) {
+    kvg_clear_error();
+    if (type != KVG_CODEC_PQ2 && type != KVG_CODEC_VQ8) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_pq_train: codec type %d has no codebook (pq2 and vq8 do)", type);
+    }
+    kvg_job job;
+    size_t  size = 0;
+    int     rc   = kvg_make_job(type, kind, n_tokens, n_heads, head_dim, p, &job, &size);
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    const int64_t d = head_dim, S = kvg_pq_sub_len(type, d), M = d / S;
+    if (!src || !book || src_count != (size_t) job.n_values || book_count != (size_t) KVG_PQ_CENTROIDS * (size_t) S) {
+        return kvg_fail(KVG_ERR_BUFFER_SIZE, "kvg_pq_train: needs %lld values and a book of %lld floats",
+                        (long long) job.n_values, (long long) (KVG_PQ_CENTROIDS * S));
+    }
+    const int64_t nv    = n_tokens * n_heads;
+    const int64_t n_all = nv * M;
+    const int64_t step  = n_all > PQ_TRAIN_SAMPLES ? (n_all + PQ_TRAIN_SAMPLES - 1) / PQ_TRAIN_SAMPLES : 1;
+    const int64_t n_max = (n_all + step - 1) / step;
+    float *       X     = (float *) malloc((size_t) n_max * (size_t) S * sizeof(float));
+    float *       sum   = (float *) malloc((size_t) KVG_PQ_CENTROIDS * (size_t) S * sizeof(float));
+    int64_t *     cnt   = (int64_t *) malloc(KVG_PQ_CENTROIDS * sizeof(int64_t));
+    uint8_t *     asg   = (uint8_t *) malloc((size_t) n_max);
+    float *       sgn   = (float *) malloc((size_t) d * sizeof(float) * 2);
+    if (!X || !sum || !cnt || !asg || !sgn) {
+        rc = kvg_fail(KVG_ERR_NO_MEMORY, "kvg_pq_train: scratch for %lld sub-vectors", (long long) n_max);
+        goto done;
+    }
+    float * y = sgn + d;
+    kvg_rotq_signs(job.seed, d, sgn);
+    int64_t n = 0;  // sub-vectors of non-zero vectors, every step-th
+    for (int64_t v = 0; v < nv; v++) {
+        uint16_t n16;
+        rc = rotate(src + v * d, d, sgn, y, &n16);
+        if (rc != KVG_OK) {
+            goto done;
+        }
+        for (int64_t m = 0; m < M; m++) {
+            if (n16 && (v * M + m) % step == 0) {
+                memcpy(X + n * S, y + m * S, (size_t) S * sizeof(float));
+                n++;
+            }
+        }
+    }
+    if (n == 0) {
+        rc = kvg_fail(KVG_ERR_INVALID_ARG, "kvg_pq_train: every vector is zero; nothing to train on");
+        goto done;
+    }
+    // Start from samples scattered by a golden-ratio hash (evenly spaced ones would all be the
+    // same sub-vector of the same head), or every sample in turn when there are fewer than
+    // KVG_PQ_CENTROIDS (the repeats stay duplicates, never chosen: nearest() takes the lowest).
+    for (int c = 0; c < KVG_PQ_CENTROIDS; c++) {
+        const int64_t i = n >= KVG_PQ_CENTROIDS ? (int64_t) (((uint64_t) c * 0x9E3779B97F4A7C15ULL) % (uint64_t) n) : c % n;
+        memcpy(book + (size_t) c * (size_t) S, X + i * S, (size_t) S * sizeof(float));
+    }
+    for (int it = 0; it < PQ_TRAIN_ITERS; it++) {
+        memset(sum, 0, (size_t) KVG_PQ_CENTROIDS * (size_t) S * sizeof(float));
+        memset(cnt, 0, KVG_PQ_CENTROIDS * sizeof(int64_t));
+        for (int64_t i = 0; i < n; i++) {
+            asg[i]      = nearest(book, X + i * S, S);
+            float * acc = sum + (size_t) asg[i] * (size_t) S;
+            for (int64_t j = 0; j < S; j++) {
+                acc[j] += X[i * S + j];
+            }
+            cnt[asg[i]]++;
+        }
+        for (int c = 0; c < KVG_PQ_CENTROIDS; c++) {  // an empty cluster keeps its centroid
+            for (int64_t j = 0; cnt[c] && j < S; j++) {
+                book[(size_t) c * (size_t) S + j] = sum[(size_t) c * (size_t) S + j] / (float) cnt[c];
+            }
+        }
+    }
+    rc = KVG_OK;
+done:
+    free(X);
+    free(sum);
+    free(cnt);
+    free(asg);
+    free(sgn);
+    return rc;
+}
