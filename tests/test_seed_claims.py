@@ -44,6 +44,8 @@ def test_verdicts_follow_the_numbers():
     rows["vq8"] = row("vq8", 0.03, 1.0)  # 1067x fp32 at KL 1.0: VQ's claim met; pq2's 13x is not 219x
     v = sc.claim_pq_vq(rows, {})
     assert v.verdict == "partly" and v.numbers["vq8"]["x_fp32"] == pytest.approx(32 / 0.03)
+    rows["vq8"] = row("vq8", 3.4, 0.6)  # KL under the claim's 1.09, but at 9x, not 1034x: not the claim
+    assert sc.claim_pq_vq(rows, {}).verdict == "refuted"
 
 
 def test_small_run_gives_a_verdict_per_claim(tmp_path):
