@@ -336,6 +336,9 @@ int kvg_pq_size(const kvg_job * job, size_t * out_bytes);
 int kvg_pq_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_pq_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
 int kvg_pq_check(const kvg_job * job, const uint8_t * src);
+int kvg_pq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
+int kvg_pq_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                          const kvg_attn * a);
 
 // attend_rows.c: score/accumulate for codecs without their own kernels: decodes the block
 // (the job's whole shape) into per-thread scratch, then dots rows [t0, t0 + n) exactly as f16's

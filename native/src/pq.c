@@ -245,3 +245,64 @@ done:
     free(sgn);
     return rc;
 }
+
+// ---- attention: scored and summed from the codes, in the rotated domain ----------------------
+//
+// Like rotq (traits.rotated): q . x' = (n / d) * sum over sub-vectors m of qr_m . book[code_m],
+// with qr = W(s * q); values add (n / d) * book[code_m] into accr, which attend.c turns back
+// with s * W once per query. No block decode, no transform per row.
+
+int kvg_pq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out) {
+    const int64_t D = job->head_dim, H = job->n_heads, S = kvg_pq_sub_len(job->type, D), M = D / S;
+    if (!job->book) {  // the store passes the list's codebook; checked when the block was linked
+        return kvg_fail(KVG_ERR_INVALID_ARG, "pq: attend without the codebook");
+    }
+    const uint8_t * codes = src + (size_t) (job->n_tokens * H) * 2;
+    for (int64_t t = t0; t < t0 + n; t++) {
+        for (int64_t hk = 0; hk < H; hk++) {
+            const float     f = kvg_f16_to_f32(kvg_get_u16(src + 2 * (t * H + hk))) * (1.0f / (float) D);
+            const uint8_t * c = codes + (size_t) (t * H + hk) * (size_t) M;
+            for (int64_t j = hk * a->per_head; j < (hk + 1) * a->per_head; j++) {
+                const float * qr = a->qr + j * D;
+                float         s  = 0.0f;
+                for (int64_t m = 0; m < M; m++) {
+                    const float * b = job->book + (size_t) c[m] * (size_t) S;
+                    for (int64_t i = 0; i < S; i++) {
+                        s += qr[m * S + i] * b[i];
+                    }
+                }
+                out[j * n + (t - t0)] = f * s;
+            }
+        }
+    }
+    return KVG_OK;
+}
+
+int kvg_pq_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                          const kvg_attn * a) {
+    const int64_t D = job->head_dim, H = job->n_heads, S = kvg_pq_sub_len(job->type, D), M = D / S;
+    if (!job->book) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "pq: attend without the codebook");
+    }
+    const uint8_t * codes = src + (size_t) (job->n_tokens * H) * 2;
+    for (int64_t t = t0; t < t0 + n; t++) {
+        for (int64_t hk = 0; hk < H; hk++) {
+            const float f = kvg_f16_to_f32(kvg_get_u16(src + 2 * (t * H + hk))) * (1.0f / (float) D);
+            if (f == 0.0f) {
+                continue;  // a zero vector adds nothing
+            }
+            const uint8_t * c = codes + (size_t) (t * H + hk) * (size_t) M;
+            for (int64_t j = hk * a->per_head; j < (hk + 1) * a->per_head; j++) {
+                const float w   = p[j * n + (t - t0)] * f;
+                float *     acc = a->accr + j * D;
+                for (int64_t m = 0; m < M; m++) {
+                    const float * b = job->book + (size_t) c[m] * (size_t) S;
+                    for (int64_t i = 0; i < S; i++) {
+                        acc[m * S + i] += w * b[i];
+                    }
+                }
+            }
+        }
+    }
+    return KVG_OK;
+}
