@@ -195,6 +195,8 @@ class Llama(llama_cpp.Llama):
         try:
             self._kv = LiveCache(self._ctx.ctx, shape, config,
                                  fused_max_tokens=FUSED_MAX_TOKENS if kv_attention == "fused" else 0)
+            if config.codebooks == "calibration" and self._kv.book_lists():  # pq2/vq8/vq8f: the model's
+                self._kv.use_books(calibration.books_for(model_path))
         except BaseException:
             self.close()
             raise

@@ -16,8 +16,8 @@ from kvgguf.native.store import KIND_K, KIND_V, TIER_ARCHIVE, TIER_SINK, TIER_WA
 KIVI = ["kivi2", "kivi3", "kivi4", "kivi8"]
 ROTQ = ["rotq1", "rotq2", "rotq3", "rotq4"]
 CROTQ = ["crotq2", "crotq3", "crotq4"]
-# through attend_rows.c (pq2 and vq8 with the codebooks the store trains on their first block)
-SEEDS = ["delta4", "pdelta4", "outl2", "outl3", "lowrank2", "lowrank3", "qjl3", "qjl4", "pq2", "vq8"]
+# through attend_rows.c (pq2, vq8 and vq8f with the codebooks the store trains on their first block)
+SEEDS = ["delta4", "pdelta4", "outl2", "outl3", "lowrank2", "lowrank3", "qjl3", "qjl4", "pq2", "vq8", "vq8f"]
 ALL = ["f16"] + KIVI + ROTQ + CROTQ + SEEDS
 # Each K codec with the same V codec and with one from another family, so every kernel runs
 # on both sides and next to every other kind of kernel.

@@ -214,3 +214,92 @@ def test_tiered_keeps_the_fixed_preset_with_a_warning_when_the_calibration_is_br
     with pytest.raises(kvgguf.CalibrationError, match="cannot read"):  # "auto" needs it
         kvgguf.Llama(str(smollm2_path), kv_codec="auto", n_ctx=512, verbose=False)
     assert slot.read_text() == "not json"
+
+
+# --- pq2/vq8 codebooks --------------------------------------------------------------------
+
+
+def test_calibration_trains_a_pq2_and_a_vq8_codebook_per_list_and_the_file_keeps_them(tmp_path, cal):
+    from kvgguf.native import codecs
+
+    assert set(cal.books) == {(il, kind, name) for il, kind in cal.curves for name in codecs.BOOK_CODECS}
+    for (il, kind, name), bk in cal.books.items():
+        assert bk.dtype == np.float32 and bk.shape == ((256, 4) if name == "pq2" else (256, 64))
+        if name in calibration.SAME_BOOK:  # vq8f codes with vq8's
+            assert bk is cal.books[il, kind, calibration.SAME_BOOK[name]]
+        assert np.isfinite(bk).all() and len(np.unique(bk, axis=0)) > 16  # trained (600 vectors, many repeated: layer 0)
+    loaded = calibration.Calibration.load(cal.save(tmp_path / "cal.json"))
+    assert {e["codec"] for e in json.loads((tmp_path / "cal.json").read_text())["books"]} == {"pq2", "vq8"}
+    for key, bk in cal.books.items():  # kept as f16 on disk
+        assert np.array_equal(loaded.books[key], bk.astype(np.float16).astype(np.float32)), key
+    # A file written before codebooks were trained still loads, without them.
+    d = cal.to_json()
+    del d["books"]
+    (tmp_path / "old.json").write_text(json.dumps(d))
+    assert calibration.Calibration.load(tmp_path / "old.json").books == {}
+
+
+@pytest.mark.parametrize("damage,match", [
+    (lambda e: e.update(f16="not base64!"), "malformed"),
+    (lambda e: e.update(codec="rotq3"), "keeps none"),
+    (lambda e: e.update(centroids=7), "malformed"),
+    (lambda e: e.update(f16=__import__("base64").b64encode(np.full(1024, np.inf, "<f2").tobytes()).decode()),
+     "not finite"),
+    (lambda e: e.pop("layer"), "malformed"),
+])
+def test_a_damaged_codebook_in_a_calibration_file_is_refused(tmp_path, cal, damage, match):
+    d = cal.to_json()
+    damage(d["books"][0])
+    (tmp_path / "cal.json").write_text(json.dumps(d))
+    with pytest.raises(kvgguf.CalibrationError, match=match):
+        calibration.Calibration.load(tmp_path / "cal.json")
+
+
+def test_pq2_starts_from_the_models_codebooks_keeps_them_across_sequences_and_counts_them(
+        tmp_path, monkeypatch, smollm2_path, cal, text):
+    monkeypatch.setenv("KVGGUF_CACHE_DIR", str(tmp_path))
+    prompt = text + text[1:]
+    kw = dict(n_ctx=len(prompt) + 16, n_threads=2, verbose=False)
+    calibrated = kvgguf.TieredConfig(sinks=0, warm="pq2", warm_tokens=0, archive=None, codebooks="calibration")
+
+    def held(llm):
+        return {(il, kind, name): bk for il, kind, name, bk in llm._kv.store.books()}
+
+    with pytest.raises(ValueError, match="codebooks"):
+        kvgguf.TieredConfig(codebooks="model")
+    # No calibration yet: a warning, and the sequence trains its own on its first block.
+    with pytest.warns(UserWarning, match="no calibration"):
+        own = kvgguf.Llama(str(smollm2_path), kv_codec=calibrated, **kw)
+    try:
+        assert held(own) == {}
+        own.eval(prompt)
+        trained = held(own)
+        assert trained and all(name == "pq2" for _, _, name in trained)
+    finally:
+        own.close()
+
+    books = calibration.Calibration.load(cal.save(calibration.default_path(str(smollm2_path)))).books
+    plain = kvgguf.Llama(str(smollm2_path), kv_codec="pq2", **kw)  # codebooks="sequence", the default
+    try:
+        assert held(plain) == {}
+    finally:
+        plain.close()
+    llm = kvgguf.Llama(str(smollm2_path), kv_codec=calibrated, **kw)
+    try:
+        start = held(llm)
+        lists = {(il, kind, "pq2") for il in llm._kv.layers for kind in (KIND_K, KIND_V)}
+        assert set(start) == lists  # pq2's only: vq8's are not held
+        for key in lists:
+            assert np.array_equal(start[key], books[key])
+        assert llm.kv_memory().by_tier["books"].bytes == sum(bk.nbytes for bk in start.values())
+        llm.eval(prompt)
+        assert llm._kv.n_cold > 0
+        after = held(llm)
+        assert all(np.array_equal(after[key], books[key]) for key in lists)  # coded with them, not retrained
+        assert not np.array_equal(after[0, KIND_K, "pq2"], trained[0, KIND_K, "pq2"])
+        llm.reset()  # a new sequence: the store is cleared, the model's codebooks come back
+        assert all(np.array_equal(held(llm)[key], books[key]) for key in lists)
+        out = llm.create_completion(prompt, max_tokens=4, temperature=0.0)
+        assert out["usage"]["completion_tokens"] >= 1
+    finally:
+        llm.close()

@@ -21,7 +21,7 @@ LOWRANK = ["lowrank2", "lowrank3"]
 QJL = ["qjl3", "qjl4"]
 SEEDS = DELTA + OUTL + LOWRANK + QJL  # issue 13's codecs; their own tests are in tests/test_seed_*.py
 ALL = ["f16"] + KIVI + ROTQ + CROTQ + SEEDS
-BOOKED = ["pq2", "vq8"]  # need a trained codebook (tests/test_seed_pq.py), so not in ALL's generic tests
+BOOKED = ["pq2", "vq8", "vq8f"]  # need a trained codebook (tests/test_seed_pq.py), so not in ALL's generic tests
 POW2_HEAD_DIM = ROTQ + CROTQ + OUTL + LOWRANK + QJL  # rotation-based: head_dim a power of two
 # Byte offset, in a (4, 2, 64) block, of an f16 field for which NaN, +-Inf and -1.0 are all
 # corrupt (a norm or a scale), for test_corrupt_header_is_detected_before_writing.
@@ -121,7 +121,7 @@ def test_names_in_enum_order():
 
 
 def test_codec_properties():
-    assert [codecs.get(n).bits for n in ALL + BOOKED] == [16, 2, 3, 4, 8, 1, 2, 3, 4, 2, 3, 4, 4, 4, 2, 3, 2, 3, 3, 4, 2, 8]
+    assert [codecs.get(n).bits for n in ALL + BOOKED] == [16, 2, 3, 4, 8, 1, 2, 3, 4, 2, 3, 4, 4, 4, 2, 3, 2, 3, 3, 4, 2, 8, 8]
     assert codecs.get("kivi2", group_size=64).group_size == 64
     assert codecs.get("rotq3", seed=7).seed == 7
     assert codecs.get("rotq3").seed == codecs.get("rotq3", seed=None).seed

@@ -53,7 +53,7 @@ def decode_logits(path, config, attention, toks, *, flash_attn=True, n_ctx=1024)
 @pytest.mark.parametrize("codec, flash_attn", [("f16", True), ("f16", False), ("rotq4", True), ("rotq4", False),
                                                ("rotq2", True), ("kivi4", True), ("crotq3", False),
                                                ("delta4", True), ("pdelta4", False), ("outl3", True),
-                                               ("lowrank2", False), ("qjl3", True), ("pq2", False)])
+                                               ("lowrank2", False), ("qjl3", True), ("pq2", False), ("vq8f", True)])
 def test_fused_matches_expanding_path_smollm2(smollm2_path, tokens, codec, flash_attn):
     """SmolLM2: 9 query heads on 3 KV heads (GQA), head_dim 64, every layer full attention."""
     cfg = uniform(codec)

@@ -3,6 +3,7 @@ the live cache so the script cannot rot."""
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def test_verdicts_follow_the_numbers():
     assert sc.claim_pq_vq(rows, {}).verdict == "not measured yet"
     rows["pq2"] = row("pq2", 2.4, 0.05)  # between rotq at its bits (~0.066) and rotq3 (0.03)
     v = sc.claim_pq_sq(rows, {})
-    assert v.verdict == "partly" and v.numbers["rotq_same_bits_kl"] > 0.05
+    assert v.verdict == "partly" and v.numbers["pq2"]["rotq_same_bits_kl"] > 0.05
     rows["pq2"] = row("pq2", 2.4, 0.02)
     assert sc.claim_pq_sq(rows, {}).verdict == "reproduced"
     rows["vq8"] = row("vq8", 0.03, 1.0)  # 1067x fp32 at KL 1.0: VQ's claim met; pq2's 13x is not 219x
@@ -46,6 +47,36 @@ def test_verdicts_follow_the_numbers():
     assert v.verdict == "partly" and v.numbers["vq8"]["x_fp32"] == pytest.approx(32 / 0.03)
     rows["vq8"] = row("vq8", 3.4, 0.6)  # KL under the claim's 1.09, but at 9x, not 1034x: not the claim
     assert sc.claim_pq_vq(rows, {}).verdict == "refuted"
+    # calibrated codebooks: their own rows, reported beside the per-sequence ones; the better decides
+    cal = "pq2" + sc.CAL
+    rows["pq2"] = row("pq2", 2.4, 0.05)
+    rows[cal] = sc.Row(cal, 2.4, 0.02, 0.9, 10.0, 10.0, book_bits=0.15)
+    v = sc.claim_pq_sq(rows, {})
+    assert v.verdict == "reproduced" and set(v.numbers) >= {"pq2", cal} and cal in v.ours
+    v = sc.claim_pq_vq(rows, {})
+    assert v.verdict == "refuted" and f"{32 / 2.25:.1f}x fp32 without them" in v.ours
+
+
+def test_reused_rows_keep_their_origin():
+    old = {"meta": {"command": "B", "reused": {"from": "a.json", "command": "A", "rows": ["rotq1", "rotq2"]}}}
+    assert sc.reuse_groups(old, "b.json", {"rotq1", "pq2"}) == [
+        {"from": "a.json", "command": "A", "rows": ["rotq1"]}, {"from": "b.json", "command": "B", "rows": ["pq2"]}]
+
+
+@pytest.mark.parametrize("style", ["norm", "neox"])
+def test_unrope_undoes_rope(style):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x, pos, n_rot = rng.standard_normal((7, 2, 8)), np.arange(7) * 13, 6  # the last two channels unrotated
+    i = np.arange(n_rot // 2)
+    theta = pos[:, None] * 1e4 ** (-2.0 * i / n_rot)
+    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    a, b = (2 * i, 2 * i + 1) if style == "norm" else (i, i + n_rot // 2)
+    y = x.copy()
+    y[..., a], y[..., b] = x[..., a] * c - x[..., b] * s, x[..., a] * s + x[..., b] * c
+    assert np.allclose(sc.unrope(y, pos, 1e4, n_rot, style), x)
+    assert not np.allclose(sc.unrope(y, pos, 1e4, n_rot, "neox" if style == "norm" else "norm"), x)
 
 
 def test_small_run_gives_a_verdict_per_claim(tmp_path):
@@ -57,7 +88,11 @@ def test_small_run_gives_a_verdict_per_claim(tmp_path):
     assert sc.main(["--ctx", "128", "--chunks", "1", "--hot", "32", "--codecs", "pq2,vq8", "--reuse",
                     str(out.with_suffix(".json")), "--out", str(out2)]) == 0
     data = json.loads(out2.with_suffix(".json").read_text())
-    assert data["meta"]["reused"]["rows"] == sorted(json.loads(out.with_suffix(".json").read_text())["rows"])
+    assert data["meta"]["reused"][0]["rows"] == sorted(json.loads(out.with_suffix(".json").read_text())["rows"])
+    # keys rotated back before RoPE: layer 0 gives a recurring token its key back (f16 rounding apart)
+    rope = data["surprisal"]["rope"]
+    assert rope["check_pairs"] > 10 and rope["check_pre"] < 0.01 < 0.1 < rope["check_post"]
+    assert "Keys before RoPE" in next(v for v in data["verdicts"] if v["key"] == "tsc1_delta")["ours"]
     verdicts = {v["key"]: v for v in data["verdicts"]}
     assert len(verdicts) == len(sc.CLAIMS)
     for key in ("tsc1_delta", "tsc2_pq_vq", "tqpp_pq", "tqpp_lowrank", "tqpp_outliers", "tq_qjl", "seq_surprisal",
@@ -68,3 +103,23 @@ def test_small_run_gives_a_verdict_per_claim(tmp_path):
         assert r["bits"] > 0 and math.isfinite(r["kl"]) and r["kl"] >= 0
     md = out2.with_suffix(".md").read_text()
     assert md.count("**") == 2 * len(sc.CLAIMS)
+
+
+def test_pq2_on_the_models_calibrated_codebooks_is_its_own_row(tmp_path, monkeypatch, smollm2_path,
+                                                                 smollm2_calibration):
+    from kvgguf.evaluation import calibration
+
+    monkeypatch.setenv("KVGGUF_CACHE_DIR", str(tmp_path / "cache"))
+    args = ["--ctx", "128", "--chunks", "1", "--hot", "32", "--surprisal-tokens", "128", "--codecs", "rotq3,pq2",
+            "--codebooks", "calibration", "--out", str(tmp_path / "cal")]
+    with pytest.raises(SystemExit):  # no calibration yet
+        sc.main(args)
+    smollm2_calibration.save(calibration.default_path(str(smollm2_path)))
+    assert sc.main(args) == 0
+    data = json.loads((tmp_path / "cal.json").read_text())
+    assert data["meta"]["codebooks"] == "calibration" and set(data["rows"]) == {"rotq3", "pq2" + sc.CAL}
+    assert 0 < data["rows"]["pq2" + sc.CAL]["book_bits"] < data["rows"]["pq2" + sc.CAL]["bits"]
+    # by default each sequence trains its own, whatever the cache folder holds
+    assert sc.main(args[:-4] + ["--out", str(tmp_path / "seq")]) == 0
+    assert set(json.loads((tmp_path / "seq.json").read_text())["rows"]) == {"rotq3", "pq2"}
+    assert os.environ["KVGGUF_CACHE_DIR"] == str(tmp_path / "cache")  # put back

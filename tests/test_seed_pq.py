@@ -1,5 +1,6 @@
-"""pq2 / vq8 (native/src/pq.c): rotq's rotation and norm, then one byte per sub-vector naming a
-centroid of a trained codebook; the store trains and keeps one codebook per (layer, kind)."""
+"""pq2 / vq8 / vq8f (native/src/pq.c): rotq's rotation and norm, then one byte per sub-vector
+naming a centroid of a trained codebook (vq8f: the worst 1/32 of head vectors kept in f16 instead);
+the store trains and keeps one codebook per (layer, kind)."""
 
 import numpy as np
 import pytest
@@ -8,7 +9,7 @@ from kvgguf import codecs
 from kvgguf.native.codecs import KvgCorruptError, KvgError
 from kvgguf.native.store import KIND_K, KIND_V, TIER_ARCHIVE, TIER_WARM, KVStore
 
-NAMES = ["pq2", "vq8"]
+NAMES = ["pq2", "vq8", "vq8f"]
 # rotq2's bound on N(0, 1) rows (tests/test_codecs.py): 1.25x the Lloyd-Max MSE at 2 bits
 ROTQ2_BOUND = 1.25 * 0.1175
 
@@ -62,7 +63,7 @@ def test_round_trip_with_its_own_book(name, head_dim, n_tokens):
         assert err < (1e-5 if n_tokens * 3 <= 256 else 1.0)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", ["pq2", "vq8"])
 def test_layout_is_norms_then_codes_of_the_rotated_vector(name):
     """Decode by hand from the layout kvgguf.h documents: x' = s * W(book[codes]) * n / d."""
     rng = np.random.default_rng(7)
@@ -85,13 +86,53 @@ def test_layout_is_norms_then_codes_of_the_rotated_vector(name):
     assert np.all(got <= dist.min(1) + 1e-4)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", ["pq2", "vq8"])
 def test_bits_per_value_from_the_bytes(name):
     d = 64
     c = codecs.get(name, book=np.zeros((256, sub_len(name, d)), np.float32))
     want = 8 / sub_len(name, d) + 16 / d
     assert c.bits_per_value((64, 3, d)) == pytest.approx(want)
     assert c.nominal_bits_per_value(d) == pytest.approx(want)
+
+
+def test_vq8f_keeps_the_vectors_vq8_codes_worst_in_f16():
+    """vq8's bytes, then the bitmask and the flagged vectors' y in f16 (kvgguf.h): exactly
+    ceil(nv / 32) flagged, those farthest from their centroid; decode takes y for them."""
+    rng = np.random.default_rng(9)
+    t, h, d = 45, 3, 64
+    x = rng.standard_normal((t, h, d)).astype(np.float32)
+    x[::7] *= rng.uniform(0.2, 3.0, (len(x[::7]), h, 1)).astype(np.float32)
+    book = codecs.train_book("vq8f", x[:20])
+    assert np.array_equal(book, codecs.train_book("vq8", x[:20]))  # vq8's training
+    c, plain = codecs.get("vq8f", book=book), codecs.get("vq8", book=book)
+    buf, base = c.encode(x), plain.encode(x)
+    nv, F = t * h, -(-t * h // 32)
+    assert buf.size == base.size + -(-nv // 8) + F * d * 2 and np.array_equal(buf[: base.size], base)
+    mask = np.unpackbits(buf[base.size : base.size + -(-nv // 8)], bitorder="little")[:nv].astype(bool)
+    assert mask.sum() == F
+    norms = base[: nv * 2].view("<f2").astype(np.float64)
+    y = (x.reshape(-1, d).astype(np.float64) * signs(c.seed, d)) @ hadamard(d) / norms[:, None]
+    codes = base[nv * 2 :]
+    err = ((y - book.astype(np.float64)[codes]) ** 2).sum(1)
+    assert err[mask].min() >= err[~mask].max() - 1e-4  # the worst ones
+    kept = buf[base.size + -(-nv // 8) :].view("<f2").astype(np.float64).reshape(F, d)
+    assert np.allclose(kept, y[mask], atol=2e-3)
+    got, vq = c.decode(buf, x.shape).reshape(nv, d), plain.decode(base, x.shape).reshape(nv, d)
+    assert np.array_equal(got[~mask], vq[~mask])
+    assert np.allclose(got[mask], x.reshape(nv, d)[mask], atol=3e-3 * np.abs(x).max())
+    assert rel_mse(x, got.reshape(x.shape)) < rel_mse(x, vq.reshape(x.shape))
+    assert c.bits_per_value(x.shape) == pytest.approx(buf.size * 8 / x.size)
+    # a damaged bitmask: a flag too many, or one past the last vector, is refused
+    m0 = base.size
+    for i, bad in ((m0, buf[m0] ^ 0xFF), (m0 + nv // 8, buf[m0 + nv // 8] | 0x80)):
+        damaged = buf.copy()
+        damaged[i] = bad
+        with pytest.raises(KvgCorruptError, match="bitmask"):
+            c.decode(damaged, x.shape)
+    damaged = buf.copy()
+    damaged[-2:] = np.frombuffer(np.float16(np.inf).tobytes(), np.uint8)
+    with pytest.raises(KvgCorruptError, match="not finite"):
+        c.decode(damaged, x.shape)
 
 
 def test_training_is_deterministic_and_zero_rows_decode_to_zero():

@@ -59,7 +59,7 @@ def fitted_config(shape: KVShape, config: TieredConfig) -> TieredConfig:
 
 def store_bytes(shape: KVShape, blocks: list, config: TieredConfig) -> int:
     """Encoded bytes of the store's blocks on the full-attention layers, each in its tier's codec,
-    plus a float32 codebook per (layer, kind) for each codec that keeps one (pq2, vq8)."""
+    plus a float32 codebook per (layer, kind) for each codec that keeps one (pq2, vq8, vq8f)."""
     tables = {tier: config.table(tier, shape.n_layer) for tier in {b.tier for b in blocks}}
     total, books = 0, set()
     for b in blocks:

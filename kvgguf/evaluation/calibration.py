@@ -16,6 +16,11 @@ Measured once per model, kept in kvgguf's cache folder, allocated for any budget
    prediction with single-list runs.)
 4. Allocation (``allocation.allocate``) under an average of bits per value over the
    compressed rows.
+5. Codebooks. pq2 and vq8 code rows against a k-means codebook per (layer, K/V) list; the
+   calibration trains them on every row of the text (exact, from the reference run) and keeps
+   them; a live cache with TieredConfig(codebooks="calibration") starts from the model's
+   codebooks instead of training one on each sequence's first block (``books_for``; the live
+   cache still holds and counts them).
 
 Two ways to use it: kv_codec="auto[:BITS]" (measures the model on first use) and
 kv_codec="tiered" on a model that has a calibration (the plan at PRESET_BUDGET; a model without
@@ -24,11 +29,12 @@ one keeps the fixed preset, and "tiered" never measures: it must start at once).
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import tempfile
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
@@ -36,6 +42,7 @@ import numpy as np
 
 from ..errors import CalibrationError
 from ..native import codecs
+from ..native.binding import KvgValueError
 from ..native.store import KIND_K, KIND_V, TIER_WARM
 from ..policy import allocation
 from ..policy.tiered import TieredConfig
@@ -54,6 +61,7 @@ PROMPTS = (
     "In the first chapter of the book,",
 )
 KIND_NAMES = {KIND_K: "k", KIND_V: "v"}
+SAME_BOOK = {"vq8f": "vq8"}  # vq8f trains vq8's codebook: the file keeps it once
 
 
 @dataclass
@@ -66,6 +74,7 @@ class Calibration:
     text: dict  # {"source": "self" | file name, "tokens": n, "seed": s}
     hot: int
     block: int
+    books: dict = field(default_factory=dict)  # {(layer, kind, codec): float32 [256, S]}: pq2/vq8 codebooks
 
     def plan(self, budget: float) -> dict[tuple[int, int], allocation.Candidate]:
         return allocation.allocate(self.curves, self.weights, budget)
@@ -104,6 +113,12 @@ class Calibration:
                  "candidates": [[c.codec, c.bits, c.error] for c in cands]}
                 for (il, kind), cands in sorted(self.curves.items())
             ],
+            # f16 on disk (half the bytes; the centroids are unit-scale coordinates)
+            "books": [
+                {"layer": il, "kind": KIND_NAMES[kind], "codec": name, "centroids": int(bk.shape[0]),
+                 "f16": base64.b64encode(bk.astype("<f2").tobytes()).decode("ascii")}
+                for (il, kind, name), bk in sorted(self.books.items()) if name not in SAME_BOOK
+            ],
         }
 
     @classmethod
@@ -122,8 +137,20 @@ class Calibration:
                 weights[key] = int(e["values_per_row"])
                 for c in curves[key]:
                     codecs.get(c.codec)
-            return cls(dict(d["model"]), curves, weights, dict(d["text"]), int(d["hot"]), int(d["block"]))
-        except (KeyError, TypeError, ValueError) as e:
+            books = {}
+            for e in d.get("books", []):  # absent from files written before codebooks were trained
+                if e["codec"] not in codecs.BOOK_CODECS:
+                    raise ValueError(f"codebook for {e['codec']!r}, which keeps none")
+                raw = np.frombuffer(base64.b64decode(e["f16"], validate=True), dtype="<f2")
+                n = int(e["centroids"])
+                if n <= 0 or raw.size % n or not np.isfinite(raw).all():
+                    raise ValueError(f"codebook of layer {e['layer']} {e['kind']} {e['codec']}: {raw.size} values, "
+                                     f"{n} centroids, or not finite")
+                books[int(e["layer"]), kinds[e["kind"]], e["codec"]] = raw.astype(np.float32).reshape(n, -1)
+            for (il, kind, name), bk in list(books.items()):
+                books.update({(il, kind, alias): bk for alias, same in SAME_BOOK.items() if same == name})
+            return cls(dict(d["model"]), curves, weights, dict(d["text"]), int(d["hot"]), int(d["block"]), books)
+        except (KeyError, TypeError, ValueError) as e:  # binascii.Error is a ValueError
             if isinstance(e, CalibrationError):
                 raise
             raise CalibrationError(f"calibration file is malformed: {e!r}") from None
@@ -295,6 +322,14 @@ class Probe:
                 out.append(logits[max(self.first - p0, 0):].copy())
         return np.concatenate(out)
 
+    def rows(self, il: int, kind: int) -> np.ndarray:
+        """Every row of the text on list (il, kind), exact: (tokens, KV heads, head dim). Valid
+        after the reference run (cold rows in the store in f16, the rest in llama.cpp's cells)."""
+        store, n_cold = self.kv.store, self.kv.n_cold
+        rows = np.concatenate([store.decode(il, kind, 0, n_cold), self.kv._read(il, kind, n_cold, len(self.tokens))])
+        shape = self.kv.shape
+        return rows.reshape(len(rows), shape.n_head_kv, shape.head_dim_k if kind == KIND_K else shape.head_dim_v)
+
     def kl(self, overrides: dict[tuple[int, int], str]) -> float:
         """Mean KL against the reference with these lists at these codecs, the rest f16."""
         self.kv.set_codecs(TIER_WARM, {**self.reference, **overrides})
@@ -307,6 +342,23 @@ class Probe:
         self.llm.close()
 
 
+def train_books(probe: Probe) -> dict:
+    """pq2 and vq8 codebooks for every list, by k-means on all of the text's rows, as the store
+    would train them on a first block (codecs.train_book). A head size they cannot take gets none."""
+    books = {}
+    for il, kind in probe.lists:
+        rows = probe.rows(il, kind)
+        for name in codecs.BOOK_CODECS:
+            try:
+                books[il, kind, name] = (books[il, kind, SAME_BOOK[name]] if name in SAME_BOOK else
+                                         codecs.train_book(name, rows, KIND_NAMES[kind]))
+            except KvgValueError:
+                pass  # e.g. a head dim that is not a power of two: pq2/vq8 refuse such lists anyway
+            except KeyError:
+                pass  # the codebook it shares was not trained
+    return books
+
+
 def measure(model_path: str, tokens: Sequence[int], *, threads: Optional[int] = None, text: Optional[dict] = None,
             progress: Optional[Callable[[int, int], None]] = None,
             only: Optional[Sequence[tuple[int, int]]] = None) -> Calibration:
@@ -316,6 +368,7 @@ def measure(model_path: str, tokens: Sequence[int], *, threads: Optional[int] = 
 
     probe = Probe(model_path, tokens, threads)
     try:
+        books = train_books(probe)  # first: the reference rows are still in place
         lists = probe.lists
         if only is not None:
             unknown = set(only) - set(lists)
@@ -349,7 +402,7 @@ def measure(model_path: str, tokens: Sequence[int], *, threads: Optional[int] = 
         if progress:
             progress(runs, runs)
         return Calibration(ModelFingerprint.of(probe.llm).to_json(), curves, weights,
-                           text or {"source": "given", "tokens": len(tokens)}, probe.hot, probe.block)
+                           text or {"source": "given", "tokens": len(tokens)}, probe.hot, probe.block, books)
     finally:
         probe.close()
 
@@ -372,6 +425,27 @@ def calibrate(model_path: str, *, n_tokens: Optional[int] = None, seed: int = 0,
             vocab.close()
         text = {"source": Path(text_file).name, "tokens": len(tokens)}
     return measure(model_path, tokens, threads=threads, text=text, progress=progress)
+
+
+def books_for(model_path: str) -> dict:
+    """The codebooks of this model's calibration ({(layer, kind, codec): book}), or {} with a
+    warning when it has none (no calibration, one measured before codebooks were, or another
+    model's): pq2/vq8/vq8f then train their own per sequence."""
+    path = default_path(model_path)
+    if not path.exists():
+        warnings.warn(f"kvgguf: no calibration for {os.path.basename(model_path)} (`kvgguf calibrate` measures one): "
+                      "pq2/vq8/vq8f train their codebooks per sequence", stacklevel=3)
+        return {}
+    try:
+        cal = Calibration.load(path)
+        cal.require_model(model_path)
+    except CalibrationError as e:
+        warnings.warn(f"kvgguf: pq2/vq8/vq8f train their codebooks per sequence: {e}", stacklevel=3)
+        return {}
+    if not cal.books:
+        warnings.warn(f"kvgguf: {path} holds no codebooks (measured before kvgguf trained them; `kvgguf calibrate` "
+                      "again): pq2/vq8/vq8f train their codebooks per sequence", stacklevel=3)
+    return cal.books
 
 
 def for_model(model_path: str, request: Union[Request, float], *, base: Optional[TieredConfig] = None,

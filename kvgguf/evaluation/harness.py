@@ -40,8 +40,12 @@ class CacheConfig:
 
 def row_name(name: str, spec: str, llm) -> str:
     """A result row's name (the benchmarks' too): "tiered (calibrated)" where the kv_codec
-    "tiered" followed the model's calibration, else name."""
-    return name + (" (calibrated)" if spec == "tiered" and getattr(llm, "kv_calibration", None) else "")
+    "tiered" followed the model's calibration, "pq2 (calibrated codebooks)" where pq2/vq8 started
+    from the model's calibrated codebooks, else name."""
+    if spec == "tiered" and getattr(llm, "kv_calibration", None):
+        return name + " (calibrated)"
+    kv = getattr(llm, "_kv", None)
+    return name + (" (calibrated codebooks)" if kv is not None and kv.books else "")
 
 
 def parse_configs(text: str) -> list[CacheConfig]:
@@ -140,6 +144,7 @@ class Result:
     kind: str
     bits_per_value: float = 0.0  # bytes held for K and V (all tiers) x 8 / values, at the end of a chunk
     cold_bits_per_value: Optional[float] = None  # kvgguf: the store's tiers alone (bytes x 8 / their values); None: nothing compressed
+    book_bits_per_value: float = 0.0  # of cold_bits_per_value, what pq2/vq8's codebooks take (one per layer and K/V)
     peak_kv_bytes: int = 0
     peak_compute_bytes: int = 0  # llama.cpp's compute buffers (transient scratch, cold rows expanded included)
     kl_mean: float = 0.0
@@ -156,10 +161,12 @@ def _progress(msg: str) -> None:
 
 
 def make_llama(model_path: str, cfg: Optional[CacheConfig], ctx: int, batch: int, threads: int,
-               hot: Optional[int], kv_attention: str = "fused", ubatch: Optional[int] = None) -> Llama:
+               hot: Optional[int], kv_attention: str = "fused", ubatch: Optional[int] = None,
+               codebooks: str = "sequence") -> Llama:
     """kv_attention for kvgguf's caches: batches of up to FUSED_MAX_TOKENS take the fused path,
     whose f32 sums differ from llama.cpp's f16 ones by KL ~0.004 on SmolLM2 even with f16 rows;
-    "expand" measures the codec alone (llama.cpp's kernels over the decoded rows)."""
+    "expand" measures the codec alone (llama.cpp's kernels over the decoded rows). codebooks:
+    TieredConfig.codebooks (with hot given)."""
     kw = dict(n_ctx=ctx, n_batch=batch, n_ubatch=batch, flash_attn=True, verbose=False,
               n_threads=threads, n_threads_batch=threads)
     if cfg is None or cfg.kind == "llama.cpp":
@@ -171,8 +178,10 @@ def make_llama(model_path: str, cfg: Optional[CacheConfig], ctx: int, batch: int
     spec, request = calibration.parse(cfg.spec)
     kw["n_batch"] = kw["n_ubatch"] = min(batch, ubatch or spec.ubatch)
     if hot is None:  # the preset string: the facade fits it to the model (e.g. Gemma's window)
+        if codebooks != "sequence":
+            raise ValueError("codebooks other than 'sequence' need an explicit hot window")
         return Llama(model_path, kv_codec=cfg.spec, kv_attention=kv_attention, **kw)
-    spec = replace(spec, hot=hot, block=min(spec.block, hot // 2))
+    spec = replace(spec, hot=hot, block=min(spec.block, hot // 2), codebooks=codebooks)
     fixed = spec
     if request is not None:
         spec = calibration.for_model(model_path, request, base=spec)
@@ -184,7 +193,8 @@ def make_llama(model_path: str, cfg: Optional[CacheConfig], ctx: int, batch: int
 
 def run_eval(model_path: str, configs: Sequence[CacheConfig], tokens: Sequence[int], *, ctx: int, chunks: int,
              batch: int = 256, threads: int = 2, hot: Optional[int] = None,
-             kv_attention: str = "fused", ubatch: Optional[int] = None) -> tuple[dict, list[Result]]:
+             kv_attention: str = "fused", ubatch: Optional[int] = None,
+             codebooks: str = "sequence") -> tuple[dict, list[Result]]:
     if ctx < 4 or batch <= 0:
         raise ValueError(f"ctx must be >= 4 and batch > 0, got ctx={ctx}, batch={batch}")
     if chunks * ctx > len(tokens):
@@ -192,7 +202,7 @@ def run_eval(model_path: str, configs: Sequence[CacheConfig], tokens: Sequence[i
     configs = split_sliding_window(configs, sliding_window(model_path))
     for cfg in configs:  # before the reference runs: a configuration that compresses nothing is refused
         if cfg.kind == "kvgguf":
-            llm = make_llama(model_path, cfg, ctx, batch, threads, hot, kv_attention, ubatch)
+            llm = make_llama(model_path, cfg, ctx, batch, threads, hot, kv_attention, ubatch, codebooks)
             kv_hot, kv_batch = llm.kv_config.hot, llm.n_batch
             llm.close()
             check_compresses(kv_hot, ctx, kv_batch, cfg.name)
@@ -215,7 +225,7 @@ def run_eval(model_path: str, configs: Sequence[CacheConfig], tokens: Sequence[i
 
     results = []
     for cfg in configs:
-        llm = make_llama(model_path, cfg, ctx, batch, threads, hot, kv_attention, ubatch)
+        llm = make_llama(model_path, cfg, ctx, batch, threads, hot, kv_attention, ubatch, codebooks)
         res = Result(row_name(cfg.name, cfg.spec, llm), cfg.kind)
         nll_r, nll_t, agree = [], [], []
         t0 = time.perf_counter()
@@ -240,6 +250,8 @@ def run_eval(model_path: str, configs: Sequence[CacheConfig], tokens: Sequence[i
                 res.cold_bits_per_value = res.bits_per_value  # every row is held in that type
             elif mem.cold_values:
                 res.cold_bits_per_value = mem.cold_bytes * 8 / mem.cold_values
+                books = mem.by_tier.get("books")
+                res.book_bits_per_value = books.bytes * 8 / mem.cold_values if books else 0.0
         res.seconds = time.perf_counter() - t0
         llm.close()
         kl = np.concatenate(res._kl)

@@ -21,6 +21,8 @@ Codecs (see native/include/kvgguf.h for the byte layouts):
 - ``pq2``, ``vq8``: rotq's rotation and norm, then one byte per sub-vector naming the nearest
   of 256 centroids of a trained codebook (:func:`train_book`; the store trains one per layer
   and kind): pq2 codes 4 coordinates per byte (2 bits per value), vq8 a whole head vector.
+  ``vq8f``: vq8 with TSC part II's fp16 fallback: per block the 1/32 of head vectors it codes
+  worst are kept in f16 (flagged in a bitmask), about 0.52 bits per value more.
   Pass the codebook as ``get("pq2", book=...)``.
 
 Input dtypes: float32 is used as is (zero-copy when C-contiguous); other floating dtypes
@@ -67,7 +69,7 @@ _KINDS = {"k": 0, "v": 1, "key": 0, "value": 1}  # the store's KIND_K / KIND_V n
 SEED_BLOCK_ROWS = 64
 
 # Codecs whose blocks need a codebook kept beside them (per layer and kind in the store).
-BOOK_CODECS = ("pq2", "vq8")
+BOOK_CODECS = ("pq2", "vq8", "vq8f")
 
 _KIND_NAMES = ("K", "V")
 _SIMD_LEVELS = {"scalar": 0, "avx2": 1, "neon": 2}  # enum kvg_simd
@@ -276,7 +278,7 @@ def get(name: str, *, group_size: int = 32, seed: int | None = None, book=None) 
 
 
 def train_book(name: str, x, kind: str = "k", *, seed: int | None = None) -> np.ndarray:
-    """A pq2 or vq8 codebook (float32 [256, S]) trained by k-means on the block ``x``
+    """A pq2, vq8 or vq8f codebook (float32 [256, S]) trained by k-means on the block ``x``
     ((n_tokens, n_heads, head_dim)), as the store trains one on the first rows it encodes."""
     c = get(name, seed=seed)
     if name not in BOOK_CODECS:
@@ -284,7 +286,7 @@ def train_book(name: str, x, kind: str = "k", *, seed: int | None = None) -> np.
     a = _as_float32(x)
     shape = _shape3(a.shape)
     ffi, lib = binding.get_ffi(), binding.get_lib()
-    s = shape[2] if name == "vq8" else 4
+    s = 4 if name == "pq2" else shape[2]
     out = np.empty((256, s), dtype=np.float32)
     check(lib.kvg_pq_train(c.type, _kind(kind), ffi.from_buffer("float[]", a), a.size, *shape, c._params(),
                            ffi.from_buffer("float[]", out, require_writable=True), out.size),

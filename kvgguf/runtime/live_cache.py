@@ -57,10 +57,12 @@ class LiveCache:
                        if tier != TIER_ARCHIVE or config.archive is not None}
         self.blocks: list[plan.Block] = []
         self.signals = TokenSignals(config.keep, config.sinks)
+        self.books: dict[tuple[int, int, str], np.ndarray] = {}  # use_books: given codebooks, kept across clears
         self._attach(self.store)
 
     def _attach(self, store: KVStore) -> None:
         """Points llama.cpp's hooks at store (the C entry points read it, no Python)."""
+        self._install_books(store)  # first: if it fails, the hooks still point at the old store
         n_cold_fn, decode_fn = store.hook_functions()
         table = hooks.llama_kvgguf_hooks(store.address, n_cold_fn, decode_fn, 0, 0)
         if hooks.set_hooks(self.ctx, ctypes.byref(table)) != 0:
@@ -71,6 +73,26 @@ class LiveCache:
         store.set_mass(fused)
         hooks.set_mass(self.ctx, store.mass_function() if fused else None)
         self.store = store
+
+    def use_books(self, books: dict[tuple[int, int, str], np.ndarray]) -> None:
+        """pq2/vq8/vq8f codebooks ({(layer, kind, codec): book}, a calibration's) for the lists this
+        config codes with them: every sequence starts from these instead of training its own on
+        its first block. Held (and counted) only where a tier uses that codec on that list."""
+        used = self.book_lists()
+        self.books = {key: bk for key, bk in books.items() if key in used}
+        self._install_books(self.store)
+
+    def book_lists(self) -> set[tuple[int, int, str]]:
+        """(layer, kind, codec) of every list a tier codes with a codebook codec (pq2, vq8, vq8f)."""
+        return {(il, kind, name) for table in self.codecs.values() for (il, kind), name in table.items()
+                if name in codecs.BOOK_CODECS and il in self.layers}
+
+    def _install_books(self, store: KVStore) -> None:
+        """Gives store the codebooks it lacks (a new, cleared or restored store; a session's own
+        codebooks, which its rows were coded with, stay)."""
+        for (il, kind, name), bk in self.books.items():
+            if store.book(il, kind, name) is None:
+                store.set_book(il, kind, name, bk)
 
     def snapshot(self) -> tuple[KVStore, list[plan.Block], TokenSignals]:
         """The store, block list and keep signals now, for restore() to put back."""
@@ -214,9 +236,10 @@ class LiveCache:
         self.signals.truncate(n_tokens)
 
     def clear(self) -> None:
-        self.store.clear()
+        self.store.clear()  # frees the codebooks too: given ones go back in
         self.blocks = []
         self.signals.clear()
+        self._install_books(self.store)
 
     def read_failures(self) -> tuple[int, int, int]:
         """Failed reads so far: the store's (expanded, fused) and every failed hook call llama.cpp

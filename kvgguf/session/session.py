@@ -6,7 +6,7 @@ What a session holds, section by section (container.py frames them):
           blocks, codecs and their parameters, the layout of llama.cpp's cache records
     TOKS  the token ids (int32)
     CELL  llama.cpp's cell records (positions), verbatim
-    BOOK  (only where pq2 or vq8 rows are held) their codebooks: per (layer, kind, codec) a
+    BOOK  (only where pq2, vq8 or vq8f rows are held) their codebooks: per (layer, kind, codec) a
           record <IIII> (layer, kind, codec number, floats) and the float32 values
     Lnnn  per model layer nnn: K then V, each = the store's compressed blocks (as held, not
           re-encoded) + the rows llama.cpp holds exactly, encoded with the session codec

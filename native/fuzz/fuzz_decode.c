@@ -1,4 +1,4 @@
-// fuzz_decode.c: libFuzzer target for kvg_decode, every codec type (f16, kivi*, rotq*, crotq*).
+// fuzz_decode.c: libFuzzer target for kvg_decode, every codec type (pq2/vq8/vq8f with a fixed codebook).
 //
 // The input's header (fuzz_input.h) picks codec, kind, shape and params; the rest is the
 // encoded bytes, decoded twice: as they are (a wrong length must be refused), then repeated to

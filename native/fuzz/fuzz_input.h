@@ -81,6 +81,22 @@ typedef struct fz_decode_case {
     kvg_codec_params p;
 } fz_decode_case;
 
+// A fixed codebook for the codecs that need one (pq2, vq8, vq8f: 256 centroids of 4 or head_dim
+// floats), so their decoders are fuzzed past the codebook check; any finite values do.
+static inline void fz_attach_book(int type, int64_t head_dim, kvg_codec_params * p) {
+    static float book[256 * 256];
+    if (book[1] == 0.0f) {
+        for (size_t i = 0; i < sizeof(book) / sizeof(book[0]); i++) {
+            book[i] = (float) ((int) (i * 2654435761u >> 24) - 128) / 64.0f;  // in [-2, 2)
+        }
+    }
+    const int64_t S = type == KVG_CODEC_PQ2 ? 4 : head_dim;
+    if (type >= KVG_CODEC_PQ2 && type <= KVG_CODEC_VQ8F && S <= 256) {
+        p->book       = book;
+        p->book_count = (size_t) (256 * S);
+    }
+}
+
 static inline void fz_decode_parse(fz_reader * r, fz_decode_case * c) {
     const int count = kvg_codec_count();
     c->type         = (int) (fz_u8(r) % (uint8_t) (count + 2)) - 1;
@@ -94,6 +110,7 @@ static inline void fz_decode_parse(fz_reader * r, fz_decode_case * c) {
     kvg_codec_default_params(&c->p);
     c->p.group_size = (int8_t) fz_u8(r);
     c->p.seed       = fz_u64(r);
+    fz_attach_book(c->type, c->head_dim, &c->p);
 }
 
 static inline size_t fz_decode_header(uint8_t * out, int type, int kind, int64_t n_tokens, int64_t n_heads,

@@ -44,6 +44,11 @@
 //          x' = s * W(c) * n / head_dim. The codebook is not in the block (params.book).
 //          Bits per value: 8 / S + 16 / head_dim, plus the codebook's 256 * S floats per
 //          (layer, kind) the store holds.
+//   vq8f   vq8's bytes, then [mask: ceil(n_tokens * n_heads / 8) bytes, bit v (LSB first) set
+//          for a head vector kept in f16] [fallback: F = ceil(n_tokens * n_heads / 32) vectors of
+//          head_dim f16, y itself, in vector order]. Exactly F bits are set: the F vectors with
+//          the largest ||y - book[code]|| (ties: the lower index). Decode takes y for them in
+//          place of the centroid. Bits per value: vq8's + 1/head_dim + 16/32 (about 0.52 more).
 //
 //   codes  One contiguous bitstream per block: the code of element e = (t*n_heads + h)*head_dim + i
 //          occupies bits [e*B, e*B + B) of the stream, bit k of the stream being bit (k % 8)
@@ -111,7 +116,10 @@ enum kvg_codec_type {
     // pq2 codes sub-vectors of 4 coordinates (2 bits per value; TurboQuant++'s PQ),
     KVG_CODEC_PQ2 = 20,
     // vq8 the whole head vector (8 bits per head vector; TSC part II's VQ)
-    KVG_CODEC_VQ8 = 21
+    KVG_CODEC_VQ8 = 21,
+    // vq8 with TSC part II's fp16 fallback: per block, the 1/32 of head vectors vq8 codes worst
+    // are kept in f16 instead (rotated), flagged in a bitmask
+    KVG_CODEC_VQ8F = 22
 };
 
 // Which rows a block holds; the store, the codecs and llama.cpp's hooks use the same numbers.
@@ -123,7 +131,7 @@ enum kvg_kind {
 // Bumped whenever a declaration in this region changes; kvg_abi_version() returns the value the
 // library was built with, and the Python binding refuses a library and header that disagree.
 enum kvg_abi {
-    KVG_ABI_VERSION = 8
+    KVG_ABI_VERSION = 9
 };
 
 enum kvg_simd {
@@ -135,7 +143,7 @@ enum kvg_simd {
 typedef struct kvg_codec_params {
     int32_t  group_size;  // kivi: G, tokens (K) or channels (V) per group; default 32
     uint64_t seed;        // rotq: seed of the random signs; default KVG_DEFAULT_SEED
-    const float * book;   // pq2, vq8: the codebook, [256][S] floats (S = 4, or head_dim for vq8); default NULL
+    const float * book;   // pq2, vq8, vq8f: the codebook, [256][S] floats (S = 4, or head_dim for vq8/vq8f); default NULL
     size_t   book_count;  // floats at book
 } kvg_codec_params;
 
@@ -168,7 +176,7 @@ int kvg_decode(int type, int kind, const void * src, size_t src_bytes,
                int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                const kvg_codec_params * p, float * dst, size_t dst_count);
 
-// Trains a pq2 or vq8 codebook (book_count = 256 * S floats) on a block of rows: k-means on the
+// Trains a pq2, vq8 or vq8f codebook (book_count = 256 * S floats) on a block of rows: k-means on the
 // rotated, normalized sub-vectors (at most 65536 of them, evenly strided), 10 iterations from
 // evenly spaced samples. Deterministic. KVG_ERR_INVALID_ARG if every vector is zero.
 int kvg_pq_train(int type, int kind, const float * src, size_t src_count, int64_t n_tokens, int64_t n_heads,
@@ -250,7 +258,7 @@ void kvg_store_clear(kvg_store * s);
 int kvg_store_bytes(const kvg_store * s, int32_t tier, uint64_t * out_bytes, uint64_t * out_values,
                     uint64_t * out_index_bytes);
 
-// pq2 and vq8 codebooks: one per (layer, kind) and codec, trained by the store on the first
+// pq2, vq8 and vq8f codebooks: one per (layer, kind) and codec, trained by the store on the first
 // block it encodes there with that codec (kvg_pq_train) and kept until kvg_store_clear.
 // kvg_store_book copies it out (dst NULL: only *out_count, 0 when the list has none);
 // kvg_store_set_book installs one (a session's), refused while blocks of that codec use another.

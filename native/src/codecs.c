@@ -72,7 +72,7 @@ const char * kvg_strerror(int status) {
 #define KVG_ROWS_ROW(fam) kvg_##fam##_encode_ref, kvg_##fam##_decode_ref, NULL, NULL, kvg_##fam##_check, 0, \
                           kvg_rows_score_ref, kvg_rows_accumulate_ref, NULL, NULL
 
-// pq2, vq8: scalar, scored and summed from their codes in the rotated domain (as rotq is).
+// pq2, vq8, vq8f: scalar, scored and summed from their codes in the rotated domain (as rotq is).
 #define KVG_PQ_ROW kvg_pq_encode_ref, kvg_pq_decode_ref, NULL, NULL, kvg_pq_check, 1, kvg_pq_score_ref, \
                    kvg_pq_accumulate_ref, NULL, NULL
 
@@ -99,6 +99,7 @@ static const kvg_codec_traits k_traits[] = {
     [KVG_CODEC_QJL4]     = { "qjl4",     4, kvg_qjl_size,     KVG_ROWS_ROW(qjl) },
     [KVG_CODEC_PQ2]      = { "pq2",      2, kvg_pq_size,      KVG_PQ_ROW },
     [KVG_CODEC_VQ8]      = { "vq8",      8, kvg_pq_size,      KVG_PQ_ROW },
+    [KVG_CODEC_VQ8F]     = { "vq8f",     8, kvg_pq_size,      KVG_PQ_ROW },
 };
 _Static_assert(sizeof(k_traits) / sizeof(k_traits[0]) == KVG_CODEC_COUNT_, "one traits row per codec type");
 

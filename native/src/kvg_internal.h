@@ -13,7 +13,7 @@
 #    pragma GCC visibility push(hidden)
 #endif
 
-#define KVG_CODEC_COUNT_ 22
+#define KVG_CODEC_COUNT_ 23
 
 // A SIMD kernel returns this when the shape is outside its fast path; the caller then
 // runs the reference. Positive, so it can never be mistaken for a public status.
@@ -329,8 +329,10 @@ int kvg_qjl_size(const kvg_job * job, size_t * out_bytes);
 int kvg_qjl_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_qjl_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
 int kvg_qjl_check(const kvg_job * job, const uint8_t * src);
-// pq.c: pq2 and vq8, whose codebook comes with the job (the store's, per layer and kind).
+// pq.c: pq2, vq8 and vq8f, whose codebook comes with the job (the store's, per layer and kind).
 #define KVG_PQ_CENTROIDS 256
+#define KVG_BOOK_SLOTS   3   // codecs with a codebook: KVG_CODEC_PQ2 .. KVG_CODEC_VQ8F
+#define KVG_VQ8F_SHARE   32  // vq8f keeps 1 head vector in this many in f16
 int64_t kvg_pq_sub_len(int type, int64_t head_dim);  // S: coordinates per code
 int kvg_pq_size(const kvg_job * job, size_t * out_bytes);
 int kvg_pq_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
@@ -360,7 +362,7 @@ typedef struct kvg_block {
 } kvg_block;
 
 typedef struct kvg_rows {
-    float *     book[2];  // pq2's and vq8's codebooks (NULL: none yet), KVG_PQ_CENTROIDS * S floats
+    float *     book[KVG_BOOK_SLOTS];  // pq2's, vq8's, vq8f's codebooks (NULL: none yet), KVG_PQ_CENTROIDS * S floats
     kvg_block * blocks;
     int64_t     n_blocks;
     int64_t     cap;

@@ -118,7 +118,7 @@ void kvg_store_clear(kvg_store * s) {
     }
     for (int64_t i = 0; i < (int64_t) s->p.n_layer * 2; ++i) {
         rows_drop_from(&s->rows[i], 0);
-        for (int slot = 0; slot < 2; ++slot) {  // a new sequence trains its own
+        for (int slot = 0; slot < KVG_BOOK_SLOTS; ++slot) {  // a new sequence trains its own
             free(s->rows[i].book[slot]);
             s->rows[i].book[slot] = NULL;
         }
@@ -157,7 +157,7 @@ int kvg_store_set_layer_enabled(kvg_store * s, int32_t il, int32_t enabled) {
 }
 
 static int book_slot(int32_t codec) {  // index into kvg_rows.book, -1: the codec has none
-    return codec == KVG_CODEC_PQ2 ? 0 : codec == KVG_CODEC_VQ8 ? 1 : -1;
+    return codec >= KVG_CODEC_PQ2 && codec < KVG_CODEC_PQ2 + KVG_BOOK_SLOTS ? codec - KVG_CODEC_PQ2 : -1;
 }
 
 static size_t book_floats(const kvg_store * s, int32_t kind, int32_t codec) {
@@ -808,7 +808,7 @@ static int check_book_args(const kvg_store * s, int32_t il, int32_t kind, int32_
         return rc;
     }
     if (book_slot(codec) < 0) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "codec %d (%s) keeps no codebook (pq2 and vq8 do)", (int) codec,
+        return kvg_fail(KVG_ERR_INVALID_ARG, "codec %d (%s) keeps no codebook (pq2, vq8 and vq8f do)", (int) codec,
                         kvg_codec_name(codec) ? kvg_codec_name(codec) : "unknown");
     }
     size_t unused;
@@ -854,7 +854,7 @@ int kvg_store_set_book(kvg_store * s, int32_t il, int32_t kind, int32_t codec, c
         }
     }
     kvg_rows * r    = &s->rows[il * 2 + kind];
-    const int  slot = codec == KVG_CODEC_VQ8;  // check_book_args: pq2 or vq8
+    const int  slot = book_slot(codec);  // check_book_args: a codec with a codebook
     for (int64_t bi = 0; bi < r->n_blocks; ++bi) {
         if (r->blocks[bi].codec == codec) {
             return kvg_fail(KVG_ERR_INVALID_ARG, "layer %d %c holds %s blocks coded with its codebook; clear it first",
@@ -882,8 +882,8 @@ int kvg_store_book_bytes(const kvg_store * s, uint64_t * out_bytes) {
     }
     uint64_t bytes = 0;
     for (int64_t li = 0; li < (int64_t) s->p.n_layer * 2; ++li) {
-        for (int slot = 0; slot < 2; ++slot) {
-            const int32_t codec = slot ? KVG_CODEC_VQ8 : KVG_CODEC_PQ2;
+        for (int slot = 0; slot < KVG_BOOK_SLOTS; ++slot) {
+            const int32_t codec = KVG_CODEC_PQ2 + slot;
             bytes += s->rows[li].book[slot] ? book_floats(s, (int32_t) (li % 2), codec) * sizeof(float) : 0;
         }
     }
