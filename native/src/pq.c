@@ -59,7 +59,7 @@ static int64_t ones_before(const uint8_t * mask, int64_t v) {
     for (int64_t b = 0; b < (v >> 3); b++) {
         n += __builtin_popcount(mask[b]);
     }
-    return n + __builtin_popcount(mask[v >> 3] & ((1u << (v & 7)) - 1u));
+    return (v & 7) ? n + __builtin_popcount(mask[v >> 3] & ((1u << (v & 7)) - 1u)) : n;  // v = nv: no byte past
 }
 
 static int pow2_dim(int64_t d) {
