@@ -62,6 +62,15 @@ static int64_t ones_before(const uint8_t * mask, int64_t v) {
     return (v & 7) ? n + __builtin_popcount(mask[v >> 3] & ((1u << (v & 7)) - 1u)) : n;  // v = nv: no byte past
 }
 
+// vq8f's flagged vectors take their f16 y where the others take centroids (NULL for the
+// others); *k: the fallback slot of the next flagged vector, advanced past v's.
+static const uint8_t * fallback_of(const kvg_job * job, const uint8_t * src, const pq_layout * l, int64_t v, int64_t * k) {
+    if (!l->F || !flagged(src + l->mask, v)) {
+        return NULL;
+    }
+    return src + l->fallback + 2 * ((*k)++) * job->head_dim;
+}
+
 static int pow2_dim(int64_t d) {
     return d >= 4 && d <= KVG_ROTQ_MAX_HEAD_DIM && (d & (d - 1)) == 0;
 }
@@ -253,21 +262,19 @@ int kvg_pq_decode_ref(const kvg_job * job, const uint8_t * src, float * dst) {
     float           sgn[KVG_ROTQ_MAX_HEAD_DIM];
     kvg_rotq_signs(job->seed, d, sgn);
     const uint8_t * codes = src + l.codes;
-    int64_t         k     = 0;  // vq8f: fallback slot of the next flagged vector
+    int64_t         k     = 0;
     for (int64_t v = 0; v < l.nv; v++) {
-        float *     out  = dst + v * d;
-        const float nf   = kvg_f16_to_f32(kvg_get_u16(src + 2 * v));
-        const int   kept = l.F && flagged(src + l.mask, v);
+        float *         out = dst + v * d;
+        const float     nf  = kvg_f16_to_f32(kvg_get_u16(src + 2 * v));
+        const uint8_t * fb  = fallback_of(job, src, &l, v, &k);  // before skipping: keeps k in step
         if (nf == 0.0f) {
             memset(out, 0, (size_t) d * sizeof(float));
-            k += kept;
             continue;
         }
-        if (kept) {
+        if (fb) {
             for (int64_t i = 0; i < d; i++) {
-                out[i] = kvg_f16_to_f32(kvg_get_u16(src + l.fallback + 2 * (k * d + i)));
+                out[i] = kvg_f16_to_f32(kvg_get_u16(fb + 2 * i));
             }
-            k++;
         } else {
             for (int64_t m = 0; m < M; m++) {
                 memcpy(out + m * S, job->book + (size_t) codes[v * M + m] * (size_t) S, (size_t) S * sizeof(float));
@@ -373,14 +380,6 @@ done:
 // Like rotq (traits.rotated): q . x' = (n / d) * sum over sub-vectors m of qr_m . book[code_m],
 // with qr = W(s * q); values add (n / d) * book[code_m] into accr, which attend.c turns back
 // with s * W once per query. No block decode, no transform per row.
-
-// vq8f's flagged vectors take their f16 y where the others take centroids (fb: NULL when none).
-static const uint8_t * fallback_of(const kvg_job * job, const uint8_t * src, const pq_layout * l, int64_t v, int64_t * k) {
-    if (!l->F || !flagged(src + l->mask, v)) {
-        return NULL;
-    }
-    return src + l->fallback + 2 * ((*k)++) * job->head_dim;
-}
 
 int kvg_pq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out) {
     const int64_t D = job->head_dim, H = job->n_heads, S = kvg_pq_sub_len(job->type, D), M = D / S;
