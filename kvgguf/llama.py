@@ -462,3 +462,26 @@ class Llama(llama_cpp.Llama):
             self._kv.close()
         if hasattr(self, "_stack"):  # absent when __init__ refused its arguments
             super().close()
+
+
+# Every public method that reaches llama.cpp: on a closed Llama its model and context are freed,
+# and calling into them would crash the process, so each raises _check_open's ValueError first.
+_NEEDS_OPEN = (
+    "tokenize", "detokenize", "tokenizer", "n_ctx", "n_embd", "n_vocab", "token_bos", "token_eos", "token_nl",
+    "pooling_type", "reset", "eval", "eval_logits", "sample", "generate", "embed", "create_embedding",
+    "create_completion", "__call__", "create_chat_completion", "save_state", "load_state", "save_session",
+    "load_session", "kv_memory", "kv_attention_mass",
+)
+
+
+def _refused_when_closed(name: str, method):
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        self._check_open(name)
+        return method(self, *args, **kwargs)
+    return run
+
+
+for _name in _NEEDS_OPEN:
+    setattr(Llama, _name, _refused_when_closed(_name, getattr(Llama, _name)))
+del _name

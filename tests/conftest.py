@@ -50,6 +50,26 @@ def smollm2_calibration(smollm2_path, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def calibrated_cache_dir(smollm2_path, smollm2_calibration, own_cache_dir, tmp_path_factory):
+    """A kvgguf cache folder as a user's is after one `kvgguf calibrate` of SmolLM2: from then on
+    kv_codec="tiered" follows the calibration, with per-layer codecs. Point KVGGUF_CACHE_DIR here
+    (the `calibrated` fixture; child processes through their environment)."""
+    from kvgguf.evaluation import calibration
+    from kvgguf.model.registry import cache_dir
+
+    folder = tmp_path_factory.mktemp("kvgguf-calibrated")
+    (folder / "models").symlink_to(own_cache_dir / "models", target_is_directory=True)
+    smollm2_calibration.save(folder / calibration.default_path(str(smollm2_path)).relative_to(cache_dir()))
+    return folder
+
+
+@pytest.fixture
+def calibrated(calibrated_cache_dir, monkeypatch):
+    monkeypatch.setenv("KVGGUF_CACHE_DIR", str(calibrated_cache_dir))
+    return calibrated_cache_dir
+
+
+@pytest.fixture(scope="session")
 def gemma3_path():
     import kvgguf
 

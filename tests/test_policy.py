@@ -110,3 +110,27 @@ def test_blocks_after_lays_out_contiguous_tiers():
     for b in blocks[1:]:
         assert b.tier == (TIER_ARCHIVE if b.r1 <= n_cold - CFG.warm_tokens else TIER_WARM)
     assert plan.blocks_after(200, 256, CFG) == []  # nothing ever left the window
+
+
+@pytest.mark.parametrize("hot,block,ubatch,sinks,warm_tokens,archive", [
+    (224, 64, 32, 4, 2048, ("rotq4", "rotq2")),  # the preset
+    (65, 16, 7, 200, 100, "rotq2"),  # sinks beyond the first evictions, an odd batch
+    (100, 64, 50, 0, 0, None),  # evictions that alternate in size, no archive
+    (300, 16, 64, 4, 0, "rotq2"),  # everything but the newest block archived
+])
+def test_block_counts_in_closed_form_equal_the_simulation(hot, block, ubatch, sinks, warm_tokens, archive):
+    cfg = TieredConfig(hot=hot, block=block, ubatch=ubatch, sinks=sinks, warm_tokens=warm_tokens, archive=archive)
+    for n_batch in (1, 33, ubatch, hot):
+        for n_tokens in (0, 1, 250, 777, 5001):
+            blocks = plan.blocks_after(n_tokens, n_batch, cfg)
+            counts = {}
+            for b in blocks:
+                counts[b.r1 - b.r0, b.tier] = counts.get((b.r1 - b.r0, b.tier), 0) + 1
+            assert plan.block_counts(n_tokens, n_batch, cfg) == (counts, blocks[-1].r1 if blocks else 0)
+
+
+def test_block_counts_at_ten_billion_tokens():
+    counts, n_cold = plan.block_counts(10**10, 32, TieredConfig())
+    assert sum(rows * n for (rows, _), n in counts.items()) == n_cold
+    assert 10**10 - 32 - TieredConfig().hot <= n_cold <= 10**10
+    assert counts[64, TIER_ARCHIVE] > 10**8

@@ -1,15 +1,20 @@
 """`kvgguf serve`, driven by the real openai client: streamed chat, a long prefix served again
 from the compressed prompt cache, /v1/models, bad requests answered with HTTP errors while the
-server keeps serving, and the memory endpoint."""
+server keeps serving, concurrent streams queued and all completed, and the memory endpoint. The
+server runs as a user's does after one `kvgguf calibrate`: "tiered" follows the calibration, with
+per-layer codecs, which every cached prompt is saved with."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -33,7 +38,7 @@ def get_json(url: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_path, tmp_path_factory):
+def server(smollm2_path, tmp_path_factory, calibrated_cache_dir):
     port = free_port()
     log = tmp_path_factory.mktemp("serve") / "server.log"
     with open(log, "w") as out:
@@ -41,7 +46,7 @@ def server(smollm2_path, tmp_path_factory):
             [KVGGUF, "serve", str(smollm2_path), "--model_alias", "smollm2-135m", "--host", "127.0.0.1", "--port",
              str(port), "--n_ctx", "2048", "--n_threads", "2", "--n_threads_batch", "2", "--prompt-cache", "ram",
              "--prompt-cache-bytes", str(256 << 20)],
-            stdout=out, stderr=subprocess.STDOUT)
+            stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, KVGGUF_CACHE_DIR=str(calibrated_cache_dir)))
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + START_TIMEOUT_S
@@ -73,6 +78,7 @@ def client(server):
 def test_startup_log_states_the_kv_cache(server):
     text = server[1].read_text()
     assert "kvgguf serve:" in text and "kv cache: size" in text and "CompressedRAMCache" in text
+    assert "follows this model's calibration" in text
 
 
 def test_models_lists_the_alias(client):
@@ -119,3 +125,41 @@ def test_serve_help_lists_kvgguf_and_llama_cpp_flags():
     assert proc.returncode == 0, proc.stderr
     for flag in ("--kv-codec", "--prompt-cache", "--prompt-cache-bytes", "--n_ctx", "--port", "--config_file"):
         assert flag in proc.stdout
+
+
+def test_concurrent_streams_queue_and_every_one_completes(client):
+    """llama_cpp.server's default ends a running stream, empty and without an error, when another
+    request arrives; kvgguf serve queues them."""
+    results, errors = {}, []
+
+    def ask(i: int) -> None:
+        try:
+            stream = client.chat.completions.create(
+                model="smollm2-135m", messages=[{"role": "user", "content": f"Count from {i} to {i + 5}."}],
+                max_tokens=8, temperature=0.0, stream=True)
+            text, finish = "", None
+            for chunk in stream:
+                if chunk.choices:
+                    text += chunk.choices[0].delta.content or ""
+                    finish = chunk.choices[0].finish_reason or finish
+            results[i] = (text, finish)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not errors and len(results) == 8, errors
+    for i, (text, finish) in results.items():
+        assert text.strip() and finish in ("stop", "length"), (i, text, finish)
+
+
+def test_a_body_that_is_not_json_gets_400(server):
+    req = urllib.request.Request(server[0] + "/v1/chat/completions", data=b"{not json",
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert e.value.code == 400
+    assert "not valid JSON" in json.loads(e.value.read())["error"]["message"]

@@ -67,8 +67,8 @@ class ChatSession:
     def save(self, path: str) -> None:
         try:
             info = self.llm.save_session(path, app={"chat_messages": self.messages})
-        except (OSError, ValueError) as e:
-            print(f"/save failed: {e}", file=self.out)
+        except Exception as e:  # whatever went wrong, the conversation goes on: it is all the user has
+            print(f"/save failed, the conversation goes on: {e}", file=self.out)
             return
         print(f"saved {info.n_tokens} tokens to {path} ({info.file_bytes / 2**20:.2f} MiB, {info.codec})",
               file=self.out)

@@ -57,17 +57,17 @@ def fitted_config(shape: KVShape, config: TieredConfig) -> TieredConfig:
     return config.fit_window(shape.n_swa, strict=False)
 
 
-def store_bytes(shape: KVShape, blocks: list, config: TieredConfig) -> int:
-    """Encoded bytes of the store's blocks on the full-attention layers, each in its tier's codec,
-    plus a float32 codebook per (layer, kind) for each codec that keeps one (pq2, vq8, vq8f)."""
-    tables = {tier: config.table(tier, shape.n_layer) for tier in {b.tier for b in blocks}}
+def store_bytes(shape: KVShape, counts: dict[tuple[int, int], int], config: TieredConfig) -> int:
+    """Encoded bytes of the store's blocks ({(rows, tier): how many}) on the full-attention layers,
+    each in its tier's codec, plus a float32 codebook per (layer, kind) for each codec that keeps
+    one (pq2, vq8, vq8f)."""
+    tables = {tier: config.table(tier, shape.n_layer) for _, tier in counts}
     total, books = 0, set()
-    for b in blocks:
-        rows = b.r1 - b.r0
+    for (rows, tier), n_blocks in counts.items():
         for il in shape.full_layers:
             for kind, dim, role in ((KIND_K, shape.head_dim_k, "k"), (KIND_V, shape.head_dim_v, "v")):
-                c = codecs.get(tables[b.tier][il, kind], group_size=config.group_size)
-                total += c.encoded_size((rows, shape.n_head_kv, dim), role)
+                c = codecs.get(tables[tier][il, kind], group_size=config.group_size)
+                total += n_blocks * c.encoded_size((rows, shape.n_head_kv, dim), role)
                 if c.name in codecs.BOOK_CODECS and (il, kind, c.name) not in books:
                     books.add((il, kind, c.name))
                     total += 256 * (4 if c.name == "pq2" else dim) * 4
@@ -80,13 +80,14 @@ def kvgguf_bytes(shape: KVShape, n_ctx: int, config: TieredConfig, *, n_batch: O
     n_ubatch=n_ubatch, swa_full=swa_full) holds after n_tokens (default n_ctx) were evaluated in
     batches of n_batch: llama.cpp's f16 buffer for the hot window plus one batch (n_batch defaults
     to TieredConfig.ubatch, as kvgguf.Llama's does) and the store's blocks, which the policy's own
-    plans (policy.plan.blocks_after) lay out. n_cold: the rows the store then holds."""
+    plans lay out (policy.plan.block_counts: closed form, any context). n_cold: the rows the
+    store then holds."""
     config = fitted_config(shape, config)
     n_batch = min(config.ubatch, n_ctx) if n_batch is None else n_batch
-    blocks = plan.blocks_after(n_ctx if n_tokens is None else n_tokens, n_batch, config)
+    counts, n_cold = plan.block_counts(n_ctx if n_tokens is None else n_tokens, n_batch, config)
     hot = llama_cache_bytes(shape, min(n_ctx, config.hot + n_batch), "f16", swa_full=swa_full,
                             n_ubatch=min(n_ubatch, n_batch))
-    return {"hot": hot, "store": store_bytes(shape, blocks, config), "n_cold": blocks[-1].r1 if blocks else 0}
+    return {"hot": hot, "store": store_bytes(shape, counts, config), "n_cold": n_cold}
 
 
 def llama_label(shape: KVShape, cache: str, swa_full: bool) -> str:

@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     cal.set_defaults(func=lambda a: _run("calibrate", a))
 
     insp = sub.add_parser("inspect", help="a GGUF's attention shape and KV bytes per cache type (metadata only)")
-    insp.add_argument("model", help="GGUF path or model name")
+    insp.add_argument("model", nargs="?", default=None, help="model name or GGUF path (default: smollm2-135m)")
     insp.add_argument("--ctx", type=_positive, nargs="+", default=None,
                       help="contexts (tokens) to show (default: 4096 32768)")
     insp.add_argument("--json", action="store_true", help="print JSON instead of a table")

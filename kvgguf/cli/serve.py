@@ -4,8 +4,10 @@ settings) with kvgguf's compressed KV cache and compressed, byte-bounded prompt 
 The server builds `llama_cpp.Llama` itself; `kvgguf.install()` makes that a kvgguf.Llama. Its
 prompt-cache classes (`--cache true --cache_type ram|disk --cache_size N`, or
 `--prompt-cache ram|disk:DIR --prompt-cache-bytes N`) become kvgguf's compressed ones, whose
-capacity counts the compressed bytes really held. Every other flag (and `--config_file`) means
-what it means in `python -m llama_cpp.server`. Adds `GET /kvgguf/memory`.
+capacity counts the compressed bytes really held. Concurrent requests queue and are answered
+one after another (`--interrupt_requests true` restores llama_cpp.server's default, where a new
+request ends the running stream). Every other flag (and `--config_file`) means what it means in
+`python -m llama_cpp.server`. Adds `GET /kvgguf/memory`.
 """
 
 from __future__ import annotations
@@ -91,8 +93,8 @@ def memory_report(llm) -> dict:
 
 class RefuseUnknownModels:
     """ASGI middleware: a POST to /v1/... naming a model this server does not serve gets 404 (as
-    OpenAI answers), where llama_cpp.server would silently answer with its default model. The
-    body is read once and replayed to the app."""
+    OpenAI answers), where llama_cpp.server would silently answer with its default model; one
+    whose body is not JSON gets 400. The body is read once and replayed to the app."""
 
     def __init__(self, app, aliases):
         self.app = app
@@ -110,14 +112,17 @@ class RefuseUnknownModels:
             body += message.get("body", b"")
             if not message.get("more_body", False):
                 break
+        from starlette.responses import JSONResponse
+
         try:
-            model = json.loads(body).get("model")
-        except (ValueError, AttributeError):
-            model = None  # not a JSON object: the app's own validation answers
+            request = json.loads(body)
+        except ValueError as e:  # llama_cpp.server answers a plain 500; the client's mistake is a 400
+            error = {"message": f"The request body is not valid JSON: {e}", "type": "invalid_request_error",
+                     "param": None, "code": "invalid_json"}
+            return await JSONResponse({"error": error}, status_code=400)(scope, receive, send)
+        model = request.get("model") if isinstance(request, dict) else None  # else the app's validation answers
         served = list(self.aliases())
         if isinstance(model, str) and model not in served:
-            from starlette.responses import JSONResponse
-
             error = {"message": f"The model '{model}' does not exist here; this server serves: {', '.join(served)}",
                      "type": "invalid_request_error", "param": "model", "code": "model_not_found"}
             return await JSONResponse({"error": error}, status_code=404)(scope, receive, send)
@@ -173,6 +178,10 @@ def run(args) -> int:
         a.cache_size = a.prompt_cache_bytes
     if a.flash_attn is None:
         a.flash_attn = True  # llama.cpp runs flash attention on CPU; kvgguf's figures use it
+    if a.interrupt_requests is None:
+        # llama_cpp.server's default (true) ends a running stream, empty and without an error, as
+        # soon as another request arrives; a prefill is expensive here, so requests wait their turn.
+        a.interrupt_requests = False
 
     kvgguf.install(kv_codec=a.kv_codec, kv_attention=a.kv_attention)
     use_compressed_prompt_caches(a.prompt_cache[len("disk:"):] if (a.prompt_cache or "").startswith("disk:") else None)
@@ -188,6 +197,8 @@ def run(args) -> int:
                 else:
                     config = ConfigFileSettings.model_validate_json(f.read())
             server_settings = ServerSettings.model_validate(config)
+            if "interrupt_requests" not in config.model_fields_set:  # queue, as without a config file
+                server_settings.interrupt_requests = False
             model_settings = config.models
         else:
             server_settings = parse_model_from_args(ServerSettings, a)

@@ -96,6 +96,17 @@ class KVStore:
             out.append(EncodedBlock(int(info.n_rows), codec, int(info.tier), bytes(data)))
         return out
 
+    def codecs_held(self, il: int, kind: int) -> dict[int, set[str]]:
+        """{tier: names of the codecs its blocks of (il, kind) hold} (block infos only, no bytes)."""
+        ffi, lib = get_ffi(), get_lib()
+        n = ffi.new("int64_t *")
+        check(lib.kvg_store_n_blocks(self._ptr, il, kind, n))
+        info, names, out = ffi.new("kvg_block_info *"), codecs.names(), {}
+        for bi in range(int(n[0])):
+            check(lib.kvg_store_block(self._ptr, il, kind, bi, info, ffi.NULL, 0))
+            out.setdefault(int(info.tier), set()).add(names[info.codec])
+        return out
+
     def book(self, il: int, kind: int, codec: str) -> np.ndarray | None:
         """A copy of the codebook (float32 [256, S]) pq2 or vq8 blocks of (il, kind) are coded
         with; None until the store has trained one (on the first block it encodes there)."""

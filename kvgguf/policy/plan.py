@@ -81,3 +81,48 @@ def blocks_after(n_tokens: int, n_batch: int, config: TieredConfig) -> list[Bloc
             for b in blocks_to_archive(blocks, config):
                 b.tier = TIER_ARCHIVE
     return blocks
+
+
+def block_counts(n_tokens: int, n_batch: int, config: TieredConfig) -> tuple[dict[tuple[int, int], int], int]:
+    """What blocks_after ends with, in closed form: ({(rows, tier): how many blocks}, n_cold), in
+    time independent of n_tokens (inspect answers at any context).
+
+    The hot rows before batch i, h, follow h' = h - evicted(h) + n_batch, a function on a finite
+    set of values: after a prefix the evictions repeat with a period. Positions grow with the
+    sum of the evictions, so which blocks lie below the archive limit is arithmetic too."""
+    n_starts = -(-n_tokens // n_batch) if n_tokens > 0 else 0
+    sizes, first_at, h = [], {}, 0
+    while len(sizes) < n_starts and h not in first_at:
+        first_at[h] = len(sizes)
+        sizes.append(rows_to_evict(h, 0, config))
+        h += n_batch - sizes[-1]
+    c0 = first_at.get(h, len(sizes))  # the period starts here (none if every batch was walked)
+    prefix, cycle = sizes[:c0], sizes[c0:]
+    repeats, rest = divmod(n_starts - len(prefix), len(cycle)) if cycle else (0, 0)
+    period = sum(cycle)
+    n_cold = sum(prefix) + repeats * period + sum(cycle[:rest])
+    limit = n_cold - config.warm_tokens if config.archive is not None else -1  # blocks_to_archive's
+    counts: dict[tuple[int, int], int] = {}
+
+    def add(p0: int, sizes_: list[int], times: int = 1) -> int:
+        for e in sizes_:
+            if e and times:
+                for tier, a, b in evicted_parts(p0, p0 + e, config):
+                    if tier == TIER_WARM and p0 + b <= limit:
+                        tier = TIER_ARCHIVE
+                    counts[b - a, tier] = counts.get((b - a, tier), 0) + times
+            p0 += e
+        return p0
+
+    pos = add(0, prefix)
+    while repeats and pos < config.sinks:  # periods that still cut sinks are walked one by one
+        pos, repeats = add(pos, cycle), repeats - 1
+    below = min(max((limit - pos) // period, 0), repeats) if repeats else 0
+    add(pos, cycle, below)  # periods wholly under the archive limit
+    pos += below * period
+    if repeats > below:  # the period that straddles the limit, then periods wholly above it
+        pos = add(pos, cycle)
+        add(pos, cycle, repeats - below - 1)
+        pos += (repeats - below - 1) * period
+    add(pos, cycle[:rest])
+    return counts, n_cold

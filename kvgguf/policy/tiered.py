@@ -82,6 +82,9 @@ class TieredConfig:
             raise ValueError(f"TieredConfig.keep_fraction must be a number in [0, 1], got {self.keep_fraction!r}")
         if self.hot <= self.block:
             raise ValueError(f"TieredConfig.hot ({self.hot}) must exceed block ({self.block})")
+        if self.ubatch > self.hot:  # a batch lands in the hot window whole (kvgguf.Llama's n_batch)
+            raise ValueError(f"TieredConfig.ubatch ({self.ubatch}) must not exceed hot ({self.hot}): "
+                             f"lower ubatch or raise hot")
         for name in ("warm", "archive"):
             value = getattr(self, name)
             if value is not None:

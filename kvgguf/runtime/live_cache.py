@@ -131,8 +131,22 @@ class LiveCache:
 
     def codec_name(self, tier: int) -> str:
         """A tier's codecs over the layers that hold cold rows: "rotq4", "K kivi4 / V rotq3", ..."""
-        table = self.codecs[tier]
-        return codec_spec.describe({key: c for key, c in table.items() if key[0] in self.layers})
+        return self.codec_names()[tier]
+
+    def codec_names(self) -> dict[int, str]:
+        """Each tier's codecs, read from the blocks it holds (a restored session's rows keep the
+        codec they were saved with, whatever this config says); for a tier without rows, the
+        config's, which its next rows will get."""
+        held: dict[int, dict] = {}
+        for il in self.layers:
+            for kind in (KIND_K, KIND_V):
+                for tier, names in self.store.codecs_held(il, kind).items():
+                    held.setdefault(tier, {})[il, kind] = "+".join(sorted(names))
+        out = {tier: codec_spec.describe(table) for tier, table in held.items()}
+        for tier, table in self.codecs.items():
+            if tier not in out:
+                out[tier] = codec_spec.describe({key: c for key, c in table.items() if key[0] in self.layers})
+        return out
 
     def close(self) -> None:
         if self.ctx is not None:
@@ -279,10 +293,11 @@ class LiveCache:
 
     def memory(self, n_tokens: int) -> KVMemory:
         tiers = [TierMemory("hot", "f16", int(hooks.kv_bytes(self.ctx)))]
+        names = self.codec_names()
         for tier in (TIER_SINK, TIER_WARM, TIER_ARCHIVE):
             held = self.store.held(tier)
             if held.bytes or tier in self.codecs and tier != TIER_SINK:
-                tiers.append(TierMemory(TIER_NAMES[tier], self.codec_name(tier), held.bytes))
+                tiers.append(TierMemory(TIER_NAMES[tier], names[tier], held.bytes))
         if books := self.store.book_bytes():  # pq2/vq8: one codebook per layer and kind, part of their cost
             tiers.append(TierMemory("books", "codebooks", books))
         return KVMemory(tuple(tiers), self.store.index_bytes(), n_tokens, self.shape.values_per_token,

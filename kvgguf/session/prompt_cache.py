@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from collections import OrderedDict
 from pathlib import Path
 from typing import Optional, Sequence, Tuple, Union
@@ -103,6 +104,7 @@ class CompressedDiskCache(CompressedCache):
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self._keys: dict[Key, str] = {}
+        self._write_failed = False  # warned once already
         for key_file in self.path.glob("*.key"):
             kvz = key_file.with_suffix(".kvz")
             if kvz.exists():
@@ -137,8 +139,19 @@ class CompressedDiskCache(CompressedCache):
         value = self._check_state(value)
         key = tuple(key)
         name = hashlib.sha256(np.asarray(key, dtype="<i4").tobytes()).hexdigest()[:32]
-        container.write_atomic(self._file(name), value.llama_state)
-        container.write_atomic(self.path / f"{name}.key", np.asarray(key, dtype="<i4").tobytes())
+        try:
+            container.write_atomic(self._file(name), value.llama_state)
+            container.write_atomic(self.path / f"{name}.key", np.asarray(key, dtype="<i4").tobytes())
+        except OSError as e:
+            # A cache write that fails (a full disk, a folder gone read-only) must not fail the
+            # completion that produced it: the prompt is just not cached, and the user is told once.
+            if key not in self._keys:  # a stray .kvz without its .key; an older entry stays whole
+                self._unlink(name)
+            if not self._write_failed:
+                self._write_failed = True
+                warnings.warn(f"kvgguf: the prompt cache in {self.path} could not store a prompt ({e}); "
+                              "completions go on without caching what does not fit", RuntimeWarning, stacklevel=2)
+            return
         self._keys[key] = name
         while self.cache_size > self.capacity_bytes and self._keys:
             oldest = min(self._keys, key=lambda k: self._mtime(self._keys[k]))
@@ -151,7 +164,9 @@ class CompressedDiskCache(CompressedCache):
             return -1
 
     def _remove(self, key: Key) -> None:
-        name = self._keys.pop(key)
+        self._unlink(self._keys.pop(key))
+
+    def _unlink(self, name: str) -> None:
         for suffix in (".kvz", ".key"):
             try:
                 (self.path / f"{name}{suffix}").unlink()

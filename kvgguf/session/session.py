@@ -113,7 +113,7 @@ def dump(live: LiveContext, *, codec: Optional[CodecSpec] = None, exact: bool = 
         "codec": described,
         # the layers of each cache record even when it holds no cells (an empty context)
         "caches": [{"n_cells": c.n_cells, "v_trans": c.v_trans, "layers": layers} for c, layers in zip(caches, layers_of_cache)],
-        "config": asdict(kv.config) if kv is not None else None,
+        "config": _jsonable(asdict(kv.config)) if kv is not None else None,
         "app": app,
     }
     params = {"group_size": store.group_size, "seed": store.seed} if store else {}
@@ -138,6 +138,16 @@ def dump(live: LiveContext, *, codec: Optional[CodecSpec] = None, exact: bool = 
         sections.append((f"L{il:03d}".encode(), b"".join(parts)))
     data = container.pack(sections, entropy=entropy)
     return data, SessionInfo(n_tokens, n_cold, len(data), described, app)
+
+
+def _jsonable(value):
+    """A config as JSON can sort it: a per-layer codec spec is keyed by layer numbers and
+    "default" (json.dumps(sort_keys=True) cannot order int and str keys), so keys become str."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
 
 
 # Measured (benchmarks/sessions.py, SmolLM2 2K): keys need the 4th bit far more than values.
