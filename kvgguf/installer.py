@@ -77,15 +77,28 @@ class InstalledLlama(Llama):
         if kwargs.get("kv_codec") is not None:
             why = _why_stock(model_path, kwargs)
             if why is not None:
-                msg = f"kvgguf: {model_path}: {why}; this Llama uses llama.cpp's own KV cache, not kvgguf's"
-                print(msg, file=sys.stderr)
-                warnings.warn(msg, RuntimeWarning, stacklevel=3)
+                _say_stock(model_path, why)
                 kwargs["kv_codec"] = None
             else:
                 ubatch = calibration.parse(kwargs["kv_codec"])[0].ubatch
                 if kwargs.get("n_batch") is not None and kwargs["n_batch"] > ubatch:
                     kwargs["n_batch"] = ubatch
-        super().__init__(model_path, **kwargs)
+        try:
+            super().__init__(model_path, **kwargs)
+        except ValueError as e:
+            # kvgguf refused this model (a shape, a head dim its codec cannot take): a framework
+            # that asked for llama_cpp.Llama gets stock's, never an error stock would not raise.
+            if kwargs.get("kv_codec") is None:
+                raise
+            _say_stock(model_path, str(e))
+            kwargs["kv_codec"] = None
+            super().__init__(model_path, **kwargs)
+
+
+def _say_stock(model_path: str, why: str) -> None:
+    msg = f"kvgguf: {model_path}: {why}; this Llama uses llama.cpp's own KV cache, not kvgguf's"
+    print(msg, file=sys.stderr)
+    warnings.warn(msg, RuntimeWarning, stacklevel=4)
 
 
 def _new(cls, *args, **kwargs):

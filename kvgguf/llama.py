@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import os
 import re
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator, Optional, Sequence, Union
 
@@ -19,6 +21,8 @@ from .runtime.memory import KVMemory, TierMemory
 from .model.gguf_file import read_metadata
 from .model.shape import MAX_LAYERS, KVShape
 from .evaluation import calibration
+from .native import codecs
+from .policy import codec_spec
 from .policy.tiered import TieredConfig
 from .session import session
 from .session.container import write_atomic
@@ -34,8 +38,13 @@ CACHE_TYPES = {
     "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q5_1": llama_cpp.GGML_TYPE_Q5_1, "q5_0": llama_cpp.GGML_TYPE_Q5_0,
     "q4_1": llama_cpp.GGML_TYPE_Q4_1, "q4_0": llama_cpp.GGML_TYPE_Q4_0, "iq4_nl": llama_cpp.GGML_TYPE_IQ4_NL,
 }
-# Architectures whose attention goes through the patched build_attn paths and is tested.
-SUPPORTED_ARCHS = ("llama", "gemma3")
+# Architectures whose attention goes through the patched build_attn paths and is tested (tiny
+# random-weight models of each reproduce stock logits with an exact cold store: tests/test_archs.py).
+SUPPORTED_ARCHS = ("llama", "gemma3", "qwen2", "qwen3", "phi3", "mistral3", "granite", "smollm3", "olmo2",
+                   "starcoder2", "cohere2", "gemma2")
+# The preset where rotations cannot take the head dim (not a power of two: 80, 96, 100, 112):
+# KIVI's integer codes take any head dim, at the preset's bits (warm 4, archive V 2).
+KIVI_PRESET = {"warm": "kivi4", "archive": ("kivi4", "kivi2")}
 
 
 def cache_type(value: Union[str, int, None], name: str) -> Optional[int]:
@@ -62,6 +71,38 @@ def _config_for_model(config: TieredConfig, preset: bool, model_path: str) -> tu
         return config.fit_window(shape.n_swa, strict=not preset), shape
     except ValueError as e:
         raise ValueError(f"{model_path}: {e}") from None
+
+
+def _unfit(shape: KVShape, *specs) -> dict[str, str]:
+    """The codecs of these specs that this model's head dims cannot take ({codec: why})."""
+    out = {}
+    for spec in specs:
+        if spec is not None:
+            out.update(codec_spec.unfit(spec, shape.n_layer, shape.full_layers, shape.head_dim_k, shape.head_dim_v))
+    return out
+
+
+def _fit_codecs(config: TieredConfig, shape: KVShape, model_path: str, *, tiered_preset: bool,
+                request, verbose: bool) -> tuple[TieredConfig, object]:
+    """Config and calibration request as this model's head dims allow, decided before any token:
+    the presets switch to KIVI_PRESET (a calibration measures rotations, so "tiered" skips it and
+    "auto" is refused); a codec the user named that cannot take them is refused, naming why."""
+    unfit = _unfit(shape, config.warm, config.archive)
+    if request is not None and request.required and _unfit(shape, "rotq4"):
+        raise ValueError(f"{model_path}: kv_codec='auto' calibrates codecs that rotate rows, and this model's head dims "
+                         f"(K {shape.head_dim_k}, V {shape.head_dim_v}) are not powers of two; use 'tiered' "
+                         f"(KIVI on this model) or a kivi codec")
+    if not unfit:
+        return config, request
+    if not tiered_preset:
+        fitting = [name for name in codecs.names() if not _unfit(shape, name)]
+        raise ValueError(f"{model_path}: {'; '.join(unfit.values())}. Codecs this model's head dims take: "
+                         f"{', '.join(fitting)}")
+    if verbose:
+        print(f"kvgguf: {os.path.basename(model_path)} has head dims K {shape.head_dim_k} / V {shape.head_dim_v}, "
+              f"which rotations cannot take: the tiered preset holds warm {KIVI_PRESET['warm']}, archive "
+              f"K {KIVI_PRESET['archive'][0]} / V {KIVI_PRESET['archive'][1]} on this model", file=sys.stderr)
+    return replace(config, **KIVI_PRESET), None
 
 
 def _calibration_progress(model_path: str, verbose: bool):
@@ -166,6 +207,9 @@ class Llama(llama_cpp.Llama):
         if n_ctx <= 0:
             raise ValueError("kv_codec needs n_ctx > 0: the logical context to hold")
         config, shape = _config_for_model(config, preset, model_path)
+        tiered_preset = preset and kv_codec.split(":")[0] == "tiered"  # "tiered", "tiered:fixed", "tiered:keep=..."
+        config, request = _fit_codecs(config, shape, model_path, tiered_preset=tiered_preset, request=request,
+                                      verbose=kwargs.get("verbose", True))
         calibrated = None
         if request is not None:
             fixed = config
@@ -200,8 +244,10 @@ class Llama(llama_cpp.Llama):
         except BaseException:
             self.close()
             raise
-        # The logical context: llama-cpp-python sizes its token and logit arrays by it.
+        # The logical context: llama-cpp-python sizes its token and logit arrays by it, and llama.cpp
+        # chooses LongRoPE's factors by it (padded to 256 cells, as llama.cpp pads its own n_ctx).
         self._n_ctx = n_ctx
+        hooks.set_n_ctx(self._ctx.ctx, -(-n_ctx // 256) * 256)
         self.input_ids = np.ndarray((n_ctx,), dtype=np.intc)
         if self._logits_all:
             self.scores = np.ndarray((n_ctx, self._n_vocab), dtype=np.single)
@@ -447,11 +493,19 @@ class Llama(llama_cpp.Llama):
     def kv_memory(self) -> KVMemory:
         """Bytes held for the KV cache now, per tier, and bits per value."""
         self._check_open("kv_memory")
-        shape = KVShape.of(self)
         if self._kv is None:
             hot = TierMemory("hot", "llama.cpp", int(hooks.kv_bytes(self._ctx.ctx)))
-            return KVMemory((hot,), 0, self.n_tokens, shape.values_per_token, int(hooks.compute_bytes(self._ctx.ctx)))
+            return KVMemory((hot,), 0, self.n_tokens, self._values_per_token(), int(hooks.compute_bytes(self._ctx.ctx)))
         return self._kv.memory(self.n_tokens)
+
+    def _values_per_token(self) -> int:
+        """K and V values a token adds, from llama.cpp's own per-layer facts (any model stock
+        llama.cpp runs: per-layer KV heads, layers without a cache), not kvgguf's shape reader."""
+        k, v, total = ctypes.c_int32(), ctypes.c_int32(), 0
+        for il in range(llama_cpp.llama_model_n_layer(self._model.model)):
+            if hooks.layer_info(self._ctx.ctx, il, ctypes.byref(k), ctypes.byref(v)) >= 0:
+                total += k.value + v.value
+        return total
 
     def close(self) -> None:
         with getattr(self, "_kv_lock", None) or contextlib.nullcontext():  # waits for a batch in flight

@@ -147,5 +147,7 @@ def test_sliding_window_layout_as_llama_cpp_reads_it():
     gemma2 = as_arch("gemma2", {k: v for k, v in base.items() if "sliding" not in k})
     assert (KVShape.from_metadata(gemma2).n_swa, KVShape.from_metadata(gemma2).full_layers) == (4096, [1, 3, 5, 7])
     assert KVShape.from_metadata(as_arch("llama", base)).n_swa == 0  # llama.cpp gives llama no window
+    # exaone4's loader reads a window (with a layout of its own): without the layout, refused
     with pytest.raises(GGUFError, match="does not know which layers"):
-        KVShape.from_metadata(as_arch("newarch", base))
+        KVShape.from_metadata(as_arch("exaone4", base))
+    assert KVShape.from_metadata(as_arch("qwen3", base)).n_swa == 0  # its loader never reads one

@@ -64,3 +64,6 @@ set_attend = _bind("llama_kvgguf_set_attend", [C.llama_context_p_ctypes, ctypes.
 # The fused path's final softmax max and sum per query, once per layer and ubatch (mass: a C function
 # address, llama_kvgguf_mass_fn; 0: off), from which the store counts each cold granule's attention mass.
 set_mass = _bind("llama_kvgguf_set_mass", [C.llama_context_p_ctypes, ctypes.c_void_p], ctypes.c_int32)
+# The context the application holds (0: llama.cpp's own), for what depends on the context size:
+# LongRoPE's long or short rope factors.
+set_n_ctx = _bind("llama_kvgguf_set_n_ctx", [C.llama_context_p_ctypes, ctypes.c_uint32], ctypes.c_int32)

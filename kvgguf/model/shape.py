@@ -11,14 +11,25 @@ from .gguf_file import GGUFError, read_metadata
 
 # How llama.cpp 0c1e570 lays out sliding-window attention, per architecture (src/models/<arch>.cpp):
 # (the window when the GGUF states none, every n-th layer full when it states no pattern), or None
-# where llama.cpp gives the architecture no sliding window whatever its GGUF says. An architecture
-# missing here whose GGUF states a window is refused: its layout would be a guess.
+# where llama.cpp gives the architecture no sliding window whatever its GGUF says (phi3: its
+# converter writes one into every file, and llama.cpp ignores it).
 SLIDING_WINDOW: dict[str, Optional[tuple[int, int]]] = {
     "llama": None,
+    "phi3": None,
     "gemma2": (4096, 2),
     "gemma3": (0, 6),
     "cohere2": (0, 4),
+    "olmo2": (0, 4),  # OLMo 3: a window only where the GGUF states one
 }
+# The architectures whose loader reads attention.sliding_window at all (grep of src/models/*.cpp):
+# any other ignores a stated window, and one of these missing from SLIDING_WINDOW is refused when
+# its GGUF states a window, since its layout would be a guess.
+READS_SLIDING_WINDOW = frozenset((
+    "afmoe", "cohere2", "cohere2moe", "deepseek4", "dflash", "dots3note", "exaone-moe", "exaone4",
+    "gemma-embedding", "gemma2", "gemma3", "gemma3n", "gemma4-assistant", "gemma4", "granite-swa", "laguna",
+    "lfm2", "llama4", "maple", "mellum", "mimo2", "modern-bert", "muse-glimmer", "olmo2", "openai-moe", "phi3",
+    "plamo3", "smallthinker", "spark2-5", "step35",
+))
 MAX_LAYERS = 4096  # a per-layer array longer than this is no per-layer setting
 
 
@@ -65,7 +76,12 @@ class KVShape:
 
         def get(key, default=None):
             value = meta.get(f"{arch}.{key}", default)
-            if value is None or isinstance(value, (str, list)):
+            if isinstance(value, list) and value and all(v == value[0] for v in value):
+                value = value[0]  # a per-layer array (llama.cpp takes both) that is the same on every layer
+            elif isinstance(value, list):
+                raise GGUFError(f"{source} ({arch}): {arch}.{key} differs from layer to layer ({value[:8]}...); "
+                                "kvgguf holds one shape for every layer")
+            if value is None or isinstance(value, str):
                 raise GGUFError(f"{source} ({arch}) has no scalar {arch}.{key}")
             return int(value)
 
@@ -104,7 +120,8 @@ def _sliding_window(arch: str, meta: dict, n_layer: int, source: str) -> tuple[i
     """(window, every n-th layer full or 0, full-attention layers), as llama.cpp's load_swa_pattern
     reads them: the pattern is an array of per-layer flags (true: sliding) or a scalar n."""
     stated = meta.get(f"{arch}.attention.sliding_window")
-    if (arch in SLIDING_WINDOW and SLIDING_WINDOW[arch] is None) or (arch not in SLIDING_WINDOW and not stated):
+    if (arch in SLIDING_WINDOW and SLIDING_WINDOW[arch] is None) or (
+            arch not in SLIDING_WINDOW and (not stated or arch not in READS_SLIDING_WINDOW)):
         return 0, 0, tuple(range(n_layer))
     if arch not in SLIDING_WINDOW:
         raise GGUFError(

@@ -128,8 +128,11 @@ class KVStore:
               f"{codec} codebook for layer {il} {'KV'[kind]}")
 
     def books(self) -> list[tuple[int, int, str, np.ndarray]]:
-        """Every codebook held: (layer, kind, codec, book)."""
+        """Every codebook held: (layer, kind, codec, book). None where the head dims are not
+        powers of two: the codebook codecs cannot take them (and the store refuses the question)."""
+        dims = self.head_dim
         return [(il, kind, name, bk) for il in range(self.n_layer) for kind in (KIND_K, KIND_V)
+                if dims[kind] & (dims[kind] - 1) == 0
                 for name in codecs.BOOK_CODECS if (bk := self.book(il, kind, name)) is not None]
 
     def book_bytes(self) -> int:

@@ -74,3 +74,18 @@ def parse_kv(text: str) -> tuple[str, str]:
     if set(parts) != {"k", "v"} or len(text.split(",")) != 2:
         raise ValueError(f"kv_codec {text!r}: write K and V codecs as 'k:NAME,v:NAME', e.g. 'k:kivi4,v:rotq3'")
     return _pair((parts["k"].strip(), parts["v"].strip()))
+
+
+def unfit(spec: CodecSpec, n_layer: int, layers, head_dim_k: int, head_dim_v: int) -> dict[str, str]:
+    """{codec: why} for the codecs spec gives any of `layers` that cannot take that layer's head
+    dim (rotations need a power of two), so a config is refused or changed before the first
+    token rather than failing at the first eviction."""
+    out = {}
+    for (il, kind), name in choice(spec, n_layer).items():
+        if il in layers and name not in out:
+            try:
+                codecs.get(name).encoded_size((1, 1, head_dim_k if kind == KIND_K else head_dim_v),
+                                              "k" if kind == KIND_K else "v")
+            except ValueError as e:
+                out[name] = str(e)
+    return out

@@ -86,6 +86,9 @@ def dump(live: LiveContext, *, codec: Optional[CodecSpec] = None, exact: bool = 
         codec = "f16"
     elif codec is None:
         codec = kv.config.warm if kv is not None else DEFAULT_STOCK_CODEC
+        if kv is None and codec_spec.unfit(codec, shape.n_layer, range(shape.n_layer), shape.head_dim_k,
+                                           shape.head_dim_v):
+            codec = ANY_HEAD_DIM_STOCK_CODEC
     n_tokens = len(live.tokens)
     layers_of_cache = state_format.cache_layers(ctx, shape.n_layer, hooks.layer_info)
     caches = state_format.parse(_seq_state(ctx), layers_of_cache)
@@ -152,6 +155,8 @@ def _jsonable(value):
 
 # Measured (benchmarks/sessions.py, SmolLM2 2K): keys need the 4th bit far more than values.
 DEFAULT_STOCK_CODEC = ("rotq4", "rotq3")
+# Where rotations cannot take the head dim (not a power of two): KIVI, at 4 bits.
+ANY_HEAD_DIM_STOCK_CODEC = "kivi4"
 
 
 def _seq_state(ctx) -> bytes:

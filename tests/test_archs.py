@@ -1,0 +1,146 @@
+"""Architectures and shapes beyond the two real models, on tiny random-weight GGUFs
+(tests/tiny_models.py): an exact cold store gives stock llama.cpp's logits bit for bit, the
+preset evicts, generates and saves, inspect predicts kv_memory(), head dims that rotations cannot
+take are handled before the first token, and what kvgguf refuses it refuses clearly (install()
+then falls back to stock)."""
+
+from __future__ import annotations
+
+import llama_cpp
+import numpy as np
+import pytest
+
+import kvgguf
+from kvgguf import Llama, TieredConfig
+from kvgguf.cli import inspect
+from kvgguf.evaluation.text import wikitext2_test
+from kvgguf.model.shape import KVShape
+
+import tiny_models
+from tiny_models import TinySpec
+
+KW = dict(n_threads=1, n_threads_batch=1, verbose=False)
+F16_COLD = TieredConfig(hot=64, sinks=0, warm="f16", warm_tokens=0, archive=None, block=32)
+SPECS = {
+    "llama": TinySpec("llama"),
+    "qwen2": TinySpec("qwen2"),
+    "qwen3": TinySpec("qwen3", head_dim=32),
+    "phi3": TinySpec("phi3", sliding_window=2047),  # the window its converter writes and llama.cpp ignores
+    "mistral3": TinySpec("mistral3"),
+    "granite": TinySpec("granite"),
+    "smollm3": TinySpec("smollm3", n_layer=4),  # every 4th layer without rope
+    "olmo2": TinySpec("olmo2"),
+    "olmo2-swa": TinySpec("olmo2", n_layer=4, sliding_window=32),  # OLMo 3's layout: 3 of 4 layers slide
+    "starcoder2": TinySpec("starcoder2"),
+    "cohere2": TinySpec("cohere2", n_layer=4),  # sliding window 32, every 4th layer full
+    "gemma2": TinySpec("gemma2"),  # soft-capping, sliding window 32 on even layers
+    "llama-hd96": TinySpec("llama", head_dim=96),  # OpenLLaMA's and some Phi files' head dim
+    "llama-hd80": TinySpec("llama", head_dim=80),
+    "llama-kv-array": TinySpec("llama", n_head_kv=(2, 2)),  # head_count_kv written per layer
+    "llama-longrope": TinySpec("llama", longrope=256),  # n_ctx 1024 > 256: llama.cpp takes the long factors
+    "phi3-longrope": TinySpec("phi3", longrope=256),
+}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, smollm2_path):
+    folder = tmp_path_factory.mktemp("tiny-models")
+    made = {}
+
+    def get(name: str):
+        if name not in made:
+            made[name] = tiny_models.write(folder / f"{name}.gguf", SPECS[name], smollm2_path)
+        return made[name]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def text_tokens(smollm2_path):
+    vocab = llama_cpp.Llama(str(smollm2_path), vocab_only=True, verbose=False)
+    return vocab.tokenize(wikitext2_test()[:4000].encode("utf-8"))
+
+
+@pytest.mark.parametrize("flash_attn", [True, False])
+@pytest.mark.parametrize("name", list(SPECS))
+def test_an_exact_cold_store_gives_stock_logits(tiny, text_tokens, name, flash_attn):
+    path, toks = str(tiny(name)), text_tokens[:300]
+    ref = llama_cpp.Llama(path, n_ctx=1024, n_batch=32, n_ubatch=32, logits_all=True, flash_attn=flash_attn, **KW)
+    ref.eval(toks)
+    got = Llama(path, kv_codec=F16_COLD, n_ctx=1024, n_batch=32, logits_all=True, flash_attn=flash_attn,
+                kv_attention="expand", **KW)
+    got.eval(toks)
+    assert got._kv.n_cold >= 300 - 64 - 32
+    assert np.array_equal(got.scores[:300], ref.scores[:300])
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_the_preset_evicts_generates_saves_and_is_predicted(tiny, text_tokens, tmp_path, name):
+    path = tiny(name)
+    llm = Llama(str(path), kv_codec="tiered", n_ctx=2048, flash_attn=True, **KW)
+    prompt = text_tokens[:600]
+    out = [t for _, t in zip(range(8), llm.generate(prompt, top_k=1, temp=0.0))]
+    assert len(out) == 8
+    mem = llm.kv_memory()
+    assert mem.cold_bytes > 0 and mem.by_tier["warm"].bytes > 0
+    want = inspect.kvgguf_bytes(KVShape.from_gguf(path), 2048, llm.kv_config, n_tokens=llm.n_tokens)
+    # inspect's plan replays batches of the preset's ubatch; generation adds one token a batch
+    assert mem.by_tier["hot"].bytes == want["hot"]
+    info = llm.save_session(tmp_path / "s.kvz")
+    again = Llama(str(path), kv_codec="tiered", n_ctx=2048, flash_attn=True, **KW)
+    again.load_session(tmp_path / "s.kvz")
+    assert again.n_tokens == info.n_tokens == llm.n_tokens
+    assert len([t for _, t in zip(range(4), again.generate(again.input_ids[:info.n_tokens].tolist(), top_k=1,
+                                                           temp=0.0))]) == 4
+
+
+def test_head_dims_rotations_cannot_take_are_settled_before_the_first_token(tiny, capsys):
+    path = str(tiny("llama-hd96"))
+    llm = Llama(path, kv_codec="tiered", n_ctx=1024, n_threads=1, verbose=True)
+    assert llm.kv_config.warm == "kivi4" and llm.kv_config.archive == ("kivi4", "kivi2")
+    assert "which rotations cannot take" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="rotq3 needs a power-of-two head_dim.*kivi"):
+        Llama(path, kv_codec="rotq3", n_ctx=1024, **KW)
+    with pytest.raises(ValueError, match="kv_codec='auto' calibrates codecs that rotate rows"):
+        Llama(path, kv_codec="auto", n_ctx=1024, **KW)
+    stock = Llama(path, n_ctx=512, **KW)
+    stock.eval([1, 2, 3, 4])
+    assert stock.save_session(tmp_session := path + ".kvz").codec == "kivi4"  # the default session codec fits
+    assert stock.load_session(tmp_session).n_tokens == 4
+
+
+def test_install_falls_back_to_stock_where_kvgguf_refuses(tiny, recwarn):
+    kvgguf.install(kv_codec="rotq4")
+    try:
+        llm = llama_cpp.Llama(str(tiny("llama-hd80")), n_ctx=512, **KW)
+    finally:
+        kvgguf.uninstall()
+    assert llm.kv_config is None
+    assert any("rotq4 needs a power-of-two head_dim" in str(w.message) for w in recwarn)
+
+
+def test_a_phi3_window_is_ignored_as_llama_cpp_ignores_it_and_uniform_arrays_are_read():
+    meta = {"general.architecture": "phi3", "phi3.block_count": 2, "phi3.attention.head_count": 4,
+            "phi3.attention.head_count_kv": [2, 2], "phi3.embedding_length": 64,
+            "phi3.attention.sliding_window": 2047}
+    shape = KVShape.from_metadata(meta)
+    assert (shape.n_swa, shape.full_layers, shape.n_head_kv) == (0, [0, 1], 2)
+    qwen2 = {k.replace("phi3", "qwen2"): v for k, v in meta.items()} | {"general.architecture": "qwen2"}
+    assert KVShape.from_metadata(qwen2).n_swa == 0  # llama.cpp's qwen2 never reads a window
+    varying = dict(meta, **{"phi3.attention.head_count_kv": [2, 4]})
+    with pytest.raises(ValueError, match="differs from layer to layer"):
+        KVShape.from_metadata(varying)
+
+
+def test_an_unsupported_architecture_is_refused_naming_it_and_the_way_out(tmp_path, smollm2_path):
+    path = tiny_models.write(tmp_path / "t.gguf", TinySpec("llama"), smollm2_path)
+    from kvgguf import llama as facade
+
+    arch = "llama"
+    old = facade.SUPPORTED_ARCHS
+    facade.SUPPORTED_ARCHS = tuple(a for a in old if a != arch)
+    try:
+        with pytest.raises(ValueError, match=f"'{arch}'.*kv_codec=None"):
+            Llama(str(path), kv_codec="tiered", n_ctx=512, **KW)
+    finally:
+        facade.SUPPORTED_ARCHS = old

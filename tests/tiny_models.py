@@ -1,0 +1,211 @@
+"""Tiny random-weight GGUF models of llama.cpp's architectures, written with the `gguf` package
+(DESIGN.md, "Models"): a few layers, small widths, SmolLM2's tokenizer copied so that text
+tokenizes as it does for the real model. Random weights prove the mechanism (the cache must give
+stock llama.cpp's logits), not quality. Nothing here is committed as a model file: tests write
+them into their temporary folders.
+
+Tensor names, shapes and keys follow llama.cpp 0c1e570's loaders (src/models/<arch>.cpp,
+load_arch_hparams and load_arch_tensors).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Union
+
+import numpy as np
+
+# What each architecture's layers hold beyond llama's (attn_norm, q/k/v/output, ffn_norm, gated
+# FFN, output tied to token_embd):
+#   qkv_bias     q/k/v biases                   out_bias   attn_output bias
+#   qk_norm      per-head q/k RMS norms          qk_norm_rows  q/k norms over all heads' rows (olmo2)
+#   fused_qkv    one attn_qkv tensor (phi3)      fused_up   ffn_up of 2*n_ff holding gate and up (phi3)
+#   no_gate      ffn_up/ffn_down only            ffn_bias   FFN biases
+#   layer_norm   LayerNorm (layer_norm_epsilon) instead of RMSNorm; norm_bias: norms have biases
+#   post_norms   attn_post_norm and ffn_post_norm after each block
+#   no_pre_norms neither attn_norm nor ffn_norm (olmo2 norms after the blocks only)
+#   parallel     attention and FFN read the same attn_norm output: no ffn_norm (cohere2)
+#   output       an untied output.weight (olmo2's loader requires one)
+ARCHS: dict[str, frozenset] = {a: frozenset(f.split()) for a, f in {
+    "llama": "",
+    "mistral3": "",
+    "granite": "",
+    "smollm3": "",  # llama.cpp hard-codes its no-rope layers (every 4th): use n_layer >= 4 to have one
+    "qwen2": "qkv_bias",
+    "qwen3": "qk_norm",
+    "phi3": "fused_qkv fused_up",
+    "olmo2": "qk_norm_rows post_norms no_pre_norms output",
+    "starcoder2": "layer_norm norm_bias qkv_bias out_bias no_gate ffn_bias",
+    "cohere2": "layer_norm parallel",
+    "gemma2": "post_norms",
+}.items()}
+
+# Metadata the loaders require, or that makes the tiny model exercise the architecture's extras
+# (keys without "{arch}."; TinySpec's fields and extra override them). Windows are small so that a few hundred
+# tokens slide out of them; softcaps are small so that they bite on random weights.
+KEYS: dict[str, dict] = {
+    "granite": {"attention.scale": 0.0625, "embedding_scale": 12.0, "residual_scale": 0.22, "logit_scale": 8.0},
+    # cohere2: of every 4 layers, 3 slide (with rope) and the 4th attends to all (without rope)
+    "cohere2": {"attention.sliding_window": 32, "logit_scale": 0.125},
+    # gemma2: even layers slide, odd ones are full (llama.cpp's default pattern 2)
+    "gemma2": {"attention.sliding_window": 32, "attn_logit_softcapping": 5.0, "final_logit_softcapping": 10.0},
+}
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    arch: str = "llama"
+    n_layer: int = 2
+    n_embd: int = 64
+    n_head: int = 4
+    # a tuple: per-layer counts, written as an array (llama.cpp reads one; its llama loader sizes every
+    # layer's K/V tensors by layer 0, so only equal counts load there)
+    n_head_kv: Union[int, tuple[int, ...]] = 2
+    head_dim: Optional[int] = None  # None: n_embd / n_head (key_length and value_length unwritten)
+    n_ff: int = 128
+    n_ctx_train: int = 4096
+    # attention.sliding_window; phi3's converter writes one into every file and llama.cpp ignores it
+    sliding_window: Optional[int] = None
+    # LongRoPE's original context: rope.scaling.type "longrope" and rope_factors_long/short; llama.cpp
+    # takes the long factors when n_ctx_seq > this (llama_model::get_rope_factors)
+    longrope: Optional[int] = None
+    extra: dict = field(default_factory=dict)  # more metadata, keys without the "{arch}." prefix
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.n_embd // self.n_head
+
+    def kv_heads(self, il: int) -> int:
+        return self.n_head_kv[il] if isinstance(self.n_head_kv, tuple) else self.n_head_kv
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenizer_fields(source: str) -> tuple:
+    """(name, value, types) of source's tokenizer.* keys, read once per process: SmolLM2's GGUF
+    holds 49K-token arrays that take seconds to read."""
+    import gguf
+
+    reader = gguf.GGUFReader(source)
+    return tuple((name, f.contents(), f.types) for name, f in reader.fields.items() if name.startswith("tokenizer."))
+
+
+def _add(w, key: str, value) -> None:
+    if isinstance(value, bool):
+        w.add_bool(key, value)
+    elif isinstance(value, int):
+        w.add_uint32(key, value)
+    elif isinstance(value, float):
+        w.add_float32(key, value)
+    elif isinstance(value, str):
+        w.add_string(key, value)
+    else:
+        w.add_array(key, list(value))
+
+
+def write(path: Path, spec: TinySpec, tokenizer_from: Path, seed: int = 0) -> Path:
+    """Writes a GGUF of spec's shape with random f16 weights; returns its path."""
+    import gguf
+
+    a = spec.arch
+    has = ARCHS[a]
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), a)
+    w.add_name("tiny")  # not the arch: llama.cpp looks up Phi-3's special tokens in a model named "phi3"
+    keys = {
+        "context_length": spec.n_ctx_train,
+        "embedding_length": spec.n_embd,
+        "block_count": spec.n_layer,
+        "feed_forward_length": spec.n_ff,
+        "attention.head_count": spec.n_head,
+        "attention.head_count_kv": spec.n_head_kv,
+        "attention.layer_norm_epsilon" if "layer_norm" in has else "attention.layer_norm_rms_epsilon": 1e-5,
+        "rope.freq_base": 10000.0,
+        **KEYS.get(a, {}),
+    }
+    if spec.head_dim:
+        keys.update({"attention.key_length": spec.head_dim, "attention.value_length": spec.head_dim})
+    if spec.sliding_window is not None:
+        keys["attention.sliding_window"] = spec.sliding_window
+    if spec.longrope:
+        # attn_factor as Phi-3's converter computes it for a 4x longer context
+        scale = 4.0
+        keys.update({"rope.scaling.type": "longrope", "rope.scaling.original_context_length": spec.longrope,
+                     "rope.scaling.attn_factor": float(np.sqrt(1 + np.log(scale) / np.log(spec.longrope)))})
+    keys.update(spec.extra)
+    for key, value in keys.items():
+        _add(w, f"{a}.{key}", value)
+    n_vocab = 0
+    for name, value, types in _tokenizer_fields(str(tokenizer_from)):
+        if types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_array(name, value)
+            if name == "tokenizer.ggml.tokens":
+                n_vocab = len(value)
+        else:
+            w.add_key_value(name, value, types[0])
+
+    def t(name: str, *shape: int, scale: float = 0.08) -> None:
+        x = rng.standard_normal(shape).astype(np.float32) * scale
+        w.add_tensor(name, x.astype(np.float16) if len(shape) > 1 else x)
+
+    def ones(name: str, n: int) -> None:
+        w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
+
+    def norm(name: str) -> None:
+        ones(name + ".weight", spec.n_embd)
+        if "norm_bias" in has:
+            t(name + ".bias", spec.n_embd)
+
+    t("token_embd.weight", n_vocab, spec.n_embd, scale=0.5)
+    norm("output_norm")
+    if "output" in has:
+        t("output.weight", n_vocab, spec.n_embd)
+    if spec.longrope:
+        # one pair for the whole model (llama.cpp duplicates layer 0's); long factors > 1 slow the
+        # low frequencies down, as LongRoPE's do
+        half = spec.hd // 2
+        w.add_tensor("rope_factors_long.weight", np.linspace(1.0, 8.0, half, dtype=np.float32))
+        w.add_tensor("rope_factors_short.weight", np.linspace(1.0, 1.5, half, dtype=np.float32))
+    for il in range(spec.n_layer):
+        p = f"blk.{il}."
+        q, kv = spec.n_head * spec.hd, spec.kv_heads(il) * spec.hd
+        if "no_pre_norms" not in has:
+            norm(p + "attn_norm")
+        if "fused_qkv" in has:
+            t(p + "attn_qkv.weight", q + 2 * kv, spec.n_embd)
+        else:
+            t(p + "attn_q.weight", q, spec.n_embd)
+            t(p + "attn_k.weight", kv, spec.n_embd)
+            t(p + "attn_v.weight", kv, spec.n_embd)
+        if "qkv_bias" in has:
+            t(p + "attn_q.bias", q)
+            t(p + "attn_k.bias", kv)
+            t(p + "attn_v.bias", kv)
+        if "qk_norm" in has:
+            ones(p + "attn_q_norm.weight", spec.hd)
+            ones(p + "attn_k_norm.weight", spec.hd)
+        if "qk_norm_rows" in has:
+            ones(p + "attn_q_norm.weight", q)
+            ones(p + "attn_k_norm.weight", kv)
+        t(p + "attn_output.weight", spec.n_embd, q)
+        if "out_bias" in has:
+            t(p + "attn_output.bias", spec.n_embd)
+        if "post_norms" in has:
+            norm(p + "post_attention_norm")
+        if not has & {"no_pre_norms", "parallel"}:
+            norm(p + "ffn_norm")
+        if not has & {"no_gate", "fused_up"}:
+            t(p + "ffn_gate.weight", spec.n_ff, spec.n_embd)
+        t(p + "ffn_up.weight", spec.n_ff * (2 if "fused_up" in has else 1), spec.n_embd)
+        t(p + "ffn_down.weight", spec.n_embd, spec.n_ff)
+        if "ffn_bias" in has:
+            t(p + "ffn_up.bias", spec.n_ff)
+            t(p + "ffn_down.bias", spec.n_embd)
+        if "post_norms" in has:
+            norm(p + "post_ffw_norm")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
