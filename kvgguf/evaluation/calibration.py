@@ -32,7 +32,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import tempfile
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -46,6 +45,7 @@ from ..native.binding import KvgValueError
 from ..native.store import KIND_K, KIND_V, TIER_WARM
 from ..policy import allocation
 from ..policy.tiered import TieredConfig
+from ..session.container import write_atomic
 
 FORMAT = "kvgguf-calibration"
 VERSION = 2  # 2: codec costs measured through the model (1 scaled by reconstruction error)
@@ -156,17 +156,11 @@ class Calibration:
             raise CalibrationError(f"calibration file is malformed: {e!r}") from None
 
     def save(self, path: Path) -> Path:
-        """Written whole or not at all (a temporary file renamed over the old one)."""
+        """Written whole or not at all, as session files are (write_atomic: regular files only,
+        the umask's mode, errors naming the path)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.to_json(), f, indent=1)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_atomic(path, json.dumps(self.to_json(), indent=1).encode())
         return path
 
     @classmethod
