@@ -22,3 +22,8 @@ class SessionMismatchError(SessionError):
 class CalibrationError(ValueError):
     """A calibration file that cannot be used: unreadable, another format version, or measured
     on another model."""
+
+
+class UnsupportedModelError(ValueError):
+    """A model whose KV cache kvgguf cannot hold (kvgguf.model.support says why); llama.cpp's own
+    cache (kv_codec=None) runs it."""

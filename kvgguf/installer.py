@@ -12,8 +12,8 @@ still gets it. Scope, exactly:
 - `n_batch` larger than the config's ubatch is lowered to it (llama-cpp-python splits evaluation
   into n_batch chunks, so callers see no difference; its default is 512, which would make
   llama.cpp's f16 buffer hot + 512 cells);
-- a model or a setting the compressed cache does not support (an architecture other than
-  llama and gemma3, `vocab_only`, a quantized `type_k`/`type_v`, `embedding=True`, `n_ctx=0`) falls back
+- a model or a setting the compressed cache does not support (a model kvgguf.Llama refuses:
+  recurrent, MLA, ...; `vocab_only`, a quantized `type_k`/`type_v`, `embedding=True`, `n_ctx=0`) falls back
   to llama.cpp's own cache with a RuntimeWarning and a line on stderr that say why;
 - an unknown codec name is refused by `install()` itself.
 
@@ -30,7 +30,7 @@ from typing import Optional, Union
 
 import llama_cpp
 
-from .llama import SUPPORTED_ARCHS, Llama
+from .llama import Llama
 from .model.gguf_file import read_metadata
 from .evaluation import calibration
 from .policy.tiered import TieredConfig
@@ -59,12 +59,10 @@ def _why_stock(model_path: str, kwargs: dict) -> Optional[str]:
         if t not in (None, "f16", llama_cpp.GGML_TYPE_F16):
             return f"{name}={t!r} asks for llama.cpp's quantized cache"
     try:
-        arch = read_metadata(model_path).get("general.architecture", "")
+        read_metadata(model_path)
     except Exception as e:  # an unreadable file: let llama.cpp say what is wrong with it
         return f"its metadata could not be read ({e})"
-    if arch not in SUPPORTED_ARCHS:
-        return f"architecture '{arch}' is not supported (supported: {', '.join(SUPPORTED_ARCHS)})"
-    return None
+    return None  # a model kvgguf cannot hold is refused by kvgguf.Llama itself (support.why_not)
 
 
 class InstalledLlama(Llama):

@@ -30,7 +30,8 @@ from .session.prompt_cache import CompressedCache
 from .session.session import SessionInfo
 from .session.fingerprint import ModelFingerprint
 from .session.state import SessionState
-from .llamacpp import hooks
+from .llamacpp import hooks, support
+from .errors import UnsupportedModelError
 
 # llama.cpp's own cache types, by the names its CLI uses (-ctk/-ctv).
 CACHE_TYPES = {
@@ -38,10 +39,6 @@ CACHE_TYPES = {
     "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q5_1": llama_cpp.GGML_TYPE_Q5_1, "q5_0": llama_cpp.GGML_TYPE_Q5_0,
     "q4_1": llama_cpp.GGML_TYPE_Q4_1, "q4_0": llama_cpp.GGML_TYPE_Q4_0, "iq4_nl": llama_cpp.GGML_TYPE_IQ4_NL,
 }
-# Architectures whose attention goes through the patched build_attn paths and is tested (tiny
-# random-weight models of each reproduce stock logits with an exact cold store: tests/test_archs.py).
-SUPPORTED_ARCHS = ("llama", "gemma3", "qwen2", "qwen3", "phi3", "mistral3", "granite", "smollm3", "olmo2",
-                   "starcoder2", "cohere2", "gemma2")
 # The preset where rotations cannot take the head dim (not a power of two: 80, 96, 100, 112):
 # KIVI's integer codes take any head dim, at the preset's bits (warm 4, archive V 2).
 KIVI_PRESET = {"warm": "kivi4", "archive": ("kivi4", "kivi2")}
@@ -60,17 +57,19 @@ def _config_for_model(config: TieredConfig, preset: bool, model_path: str) -> tu
     """The config fitted to the model's sliding window, and the model's KV shape (one read of
     the GGUF's metadata for both)."""
     meta = read_metadata(model_path, max_array=MAX_LAYERS)
-    arch = meta.get("general.architecture", "")
-    if arch not in SUPPORTED_ARCHS:  # before the shape: other architectures lack its keys
-        raise ValueError(
-            f"kv_codec supports the architectures {', '.join(SUPPORTED_ARCHS)}; {model_path} is "
-            f"'{arch}'. Use kv_codec=None for llama.cpp's own cache."
-        )
-    shape = KVShape.from_metadata(meta, model_path)
+    try:
+        shape = KVShape.from_metadata(meta, model_path)
+    except ValueError as e:  # keys an attention model has are missing (a recurrent model), or a layout kvgguf cannot read
+        raise _refusal(model_path, meta.get("general.architecture", "?"), str(e)) from None
     try:
         return config.fit_window(shape.n_swa, strict=not preset), shape
     except ValueError as e:
         raise ValueError(f"{model_path}: {e}") from None
+
+
+def _refusal(model_path: str, arch: str, why: str) -> UnsupportedModelError:
+    return UnsupportedModelError(f"kv_codec cannot hold the cache of {model_path} ('{arch}'): {why}. "
+                                 "Use kv_codec=None for llama.cpp's own cache.")
 
 
 def _unfit(shape: KVShape, *specs) -> dict[str, str]:
@@ -237,6 +236,9 @@ class Llama(llama_cpp.Llama):
         self._kvgguf_shape = shape  # what KVShape.of(self) returns from now on
         self.kv_calibration: Optional[Path] = calibrated  # the calibration file kv_config follows, if any
         try:
+            why = support.why_not(self._model.model, self._ctx.ctx, shape)
+            if why:
+                raise _refusal(model_path, shape.arch, why)
             self._kv = LiveCache(self._ctx.ctx, shape, config,
                                  fused_max_tokens=FUSED_MAX_TOKENS if kv_attention == "fused" else 0)
             if config.codebooks == "calibration" and self._kv.book_lists():  # pq2/vq8/vq8f: the model's

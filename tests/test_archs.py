@@ -6,6 +6,8 @@ then falls back to stock)."""
 
 from __future__ import annotations
 
+import re
+
 import llama_cpp
 import numpy as np
 import pytest
@@ -13,6 +15,8 @@ import pytest
 import kvgguf
 from kvgguf import Llama, TieredConfig
 from kvgguf.cli import inspect
+from kvgguf.errors import UnsupportedModelError
+from kvgguf.llamacpp import support
 from kvgguf.evaluation.text import wikitext2_test
 from kvgguf.model.shape import KVShape
 
@@ -132,15 +136,28 @@ def test_a_phi3_window_is_ignored_as_llama_cpp_ignores_it_and_uniform_arrays_are
         KVShape.from_metadata(varying)
 
 
-def test_an_unsupported_architecture_is_refused_naming_it_and_the_way_out(tmp_path, smollm2_path):
-    path = tiny_models.write(tmp_path / "t.gguf", TinySpec("llama"), smollm2_path)
-    from kvgguf import llama as facade
-
-    arch = "llama"
-    old = facade.SUPPORTED_ARCHS
-    facade.SUPPORTED_ARCHS = tuple(a for a in old if a != arch)
+@pytest.mark.parametrize("arch, why", [
+    ("deepseek2", "layer 0's attention does not read llama.cpp's KV cache"),  # MLA: a K-only latent cache
+    ("mamba", "no attention heads"),  # recurrent: a state, no KV cache
+])
+def test_what_kvgguf_cannot_hold_is_refused_by_what_llama_cpp_built(tmp_path, smollm2_path, arch, why, recwarn):
+    path = str(tiny_models.write_refused(tmp_path / f"{arch}.gguf", arch, smollm2_path))
+    with pytest.raises(UnsupportedModelError, match=f"{re.escape(path)} \\('{arch}'\\): .*{why}.*kv_codec=None"):
+        Llama(path, kv_codec="tiered", n_ctx=512, **KW)
+    stock = Llama(path, n_ctx=512, **KW)  # llama.cpp's own cache runs it
+    stock.eval(stock.tokenize(b"hello world"))
+    kvgguf.install(kv_codec="tiered")
     try:
-        with pytest.raises(ValueError, match=f"'{arch}'.*kv_codec=None"):
-            Llama(str(path), kv_codec="tiered", n_ctx=512, **KW)
+        installed = llama_cpp.Llama(path, n_ctx=512, **KW)
     finally:
-        facade.SUPPORTED_ARCHS = old
+        kvgguf.uninstall()
+    assert installed.kv_config is None
+    assert any(why in str(w.message) for w in recwarn)
+
+
+def test_every_supported_layer_is_on_the_hooked_path_and_soft_capping_expands(tiny):
+    llm = Llama(str(tiny("gemma2")), kv_codec=F16_COLD, n_ctx=512, **KW)
+    layers = support.attention_layers(llm._ctx.ctx, llm._kvgguf_shape)
+    assert layers.full == (1,) and layers.expanding == (1,)  # odd layers full; soft-capping: no fused path
+    llm = Llama(str(tiny("cohere2")), kv_codec=F16_COLD, n_ctx=512, **KW)
+    assert support.attention_layers(llm._ctx.ctx, llm._kvgguf_shape) == support.AttentionLayers((3,), ())

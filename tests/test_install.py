@@ -88,16 +88,6 @@ def test_unsupported_settings_fall_back_to_stock_loudly(smollm2_path, installed,
     assert "not kvgguf's" in capfd.readouterr().err
 
 
-def test_unsupported_architecture_falls_back_to_stock_loudly(smollm2_path, installed, monkeypatch):
-    monkeypatch.setattr(install_module, "SUPPORTED_ARCHS", ("gemma3",))
-    with pytest.warns(RuntimeWarning, match="architecture 'llama' is not supported"):
-        llm = llama_cpp.Llama(str(smollm2_path), n_ctx=256, verbose=False)
-    try:
-        assert llm.kv_config is None
-    finally:
-        llm.close()
-
-
 def test_unknown_codec_is_refused_by_install():
     with pytest.raises(ValueError, match="unknown"):
         kvgguf.install(kv_codec="rotq9")

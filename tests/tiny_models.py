@@ -104,6 +104,41 @@ def _add(w, key: str, value) -> None:
         w.add_array(key, list(value))
 
 
+def _add_tokenizer(w, tokenizer_from: Path) -> int:
+    """Copies tokenizer_from's tokenizer.* keys into w; returns the vocabulary's size."""
+    import gguf
+
+    n_vocab = 0
+    for name, value, types in _tokenizer_fields(str(tokenizer_from)):
+        if types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_array(name, value)
+            if name == "tokenizer.ggml.tokens":
+                n_vocab = len(value)
+        else:
+            w.add_key_value(name, value, types[0])
+    return n_vocab
+
+
+def _tensor_writers(w, rng):
+    """t(name, *shape): random weights (f16 unless 1-D or f32=True); ones(name, n): norm weights near 1."""
+
+    def t(name: str, *shape: int, scale: float = 0.08, f32: bool = False) -> None:
+        x = rng.standard_normal(shape).astype(np.float32) * scale
+        w.add_tensor(name, x.astype(np.float16) if len(shape) > 1 and not f32 else x)
+
+    def ones(name: str, n: int) -> None:
+        w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
+
+    return t, ones
+
+
+def _finish(w) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def write(path: Path, spec: TinySpec, tokenizer_from: Path, seed: int = 0) -> Path:
     """Writes a GGUF of spec's shape with random f16 weights; returns its path."""
     import gguf
@@ -136,21 +171,8 @@ def write(path: Path, spec: TinySpec, tokenizer_from: Path, seed: int = 0) -> Pa
     keys.update(spec.extra)
     for key, value in keys.items():
         _add(w, f"{a}.{key}", value)
-    n_vocab = 0
-    for name, value, types in _tokenizer_fields(str(tokenizer_from)):
-        if types[0] == gguf.GGUFValueType.ARRAY:
-            w.add_array(name, value)
-            if name == "tokenizer.ggml.tokens":
-                n_vocab = len(value)
-        else:
-            w.add_key_value(name, value, types[0])
-
-    def t(name: str, *shape: int, scale: float = 0.08) -> None:
-        x = rng.standard_normal(shape).astype(np.float32) * scale
-        w.add_tensor(name, x.astype(np.float16) if len(shape) > 1 else x)
-
-    def ones(name: str, n: int) -> None:
-        w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
+    n_vocab = _add_tokenizer(w, tokenizer_from)
+    t, ones = _tensor_writers(w, rng)
 
     def norm(name: str) -> None:
         ones(name + ".weight", spec.n_embd)
@@ -204,8 +226,100 @@ def write(path: Path, spec: TinySpec, tokenizer_from: Path, seed: int = 0) -> Pa
             t(p + "ffn_down.bias", spec.n_embd)
         if "post_norms" in has:
             norm(p + "post_ffw_norm")
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _finish(w)
+    return path
+
+
+# Architectures kvgguf must refuse (write_refused writes them; tests check the refusal):
+#   deepseek2  MLA: llama.cpp caches one K-only latent row per token (kv_lora_rank + rope dims,
+#              key_length) for all heads, and no V: nothing kvgguf's K/V rows describe
+#   mamba      recurrent: a per-sequence state instead of a KV cache (head_count 0, as its converter writes)
+REFUSED = ("deepseek2", "mamba")
+
+# deepseek2's MLA widths: each head's query is qk_nope + qk_rope wide (key_length_mla); the cached
+# latent is kv_lora_rank + qk_rope wide (key_length), its first kv_lora_rank values serving as V
+MLA_KV_LORA_RANK, MLA_QK_ROPE, MLA_QK_NOPE, MLA_V_HEAD = 32, 16, 16, 16
+# mamba: llama.cpp supports only d_inner = 2 * n_embd
+SSM_CONV_KERNEL, SSM_STATE, SSM_DT_RANK = 4, 16, 4
+
+
+def write_refused(path: Path, arch: str, tokenizer_from: Path, seed: int = 0) -> Path:
+    """Writes a tiny random-weight GGUF of one of REFUSED's architectures (2 layers, n_embd 64),
+    which stock llama.cpp loads and runs; returns its path."""
+    import gguf
+
+    if arch not in REFUSED:
+        raise ValueError(f"{arch} is not one of {REFUSED}")
+    n_layer, n_embd, n_ff = 2, 64, 128
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name("tiny")
+    keys = {"context_length": 4096, "embedding_length": n_embd, "block_count": n_layer,
+            "attention.layer_norm_rms_epsilon": 1e-6}
+    if arch == "deepseek2":
+        n_head = 4
+        keys.update({
+            "feed_forward_length": n_ff,
+            "attention.head_count": n_head,
+            "attention.head_count_kv": 1,  # MLA runs as MQA over the shared latent
+            # llama.cpp takes a model as "lite" (no q LoRA) only by its layer count (26, 27, 48) and
+            # otherwise requires this key: 0 loads a plain attn_q, as DeepSeek-V2-Lite has
+            "attention.q_lora_rank": 0,
+            "attention.kv_lora_rank": MLA_KV_LORA_RANK,
+            "attention.key_length": MLA_KV_LORA_RANK + MLA_QK_ROPE,
+            "attention.value_length": MLA_KV_LORA_RANK,
+            "attention.key_length_mla": MLA_QK_NOPE + MLA_QK_ROPE,  # these two make llama.cpp use MLA
+            "attention.value_length_mla": MLA_V_HEAD,
+            "rope.dimension_count": MLA_QK_ROPE,
+            "rope.freq_base": 10000.0,
+            "leading_dense_block_count": n_layer,  # every layer a dense FFN: no expert tensors
+            # required even without experts (the converter writes intermediate_size and 0 for dense models)
+            "expert_feed_forward_length": n_ff,
+            "expert_shared_count": 0,
+        })
+    else:
+        d_inner = 2 * n_embd
+        keys.update({
+            "feed_forward_length": 0,  # its converter writes these zeros
+            "attention.head_count": 0,
+            "ssm.conv_kernel": SSM_CONV_KERNEL,
+            "ssm.inner_size": d_inner,
+            "ssm.state_size": SSM_STATE,
+            "ssm.time_step_rank": SSM_DT_RANK,
+            "ssm.dt_b_c_rms": False,
+        })
+    for key, value in keys.items():
+        _add(w, f"{arch}.{key}", value)
+    n_vocab = _add_tokenizer(w, tokenizer_from)
+    t, ones = _tensor_writers(w, rng)
+
+    t("token_embd.weight", n_vocab, n_embd, scale=0.5)
+    ones("output_norm.weight", n_embd)
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        ones(p + "attn_norm.weight", n_embd)
+        if arch == "deepseek2":
+            t(p + "attn_q.weight", n_head * (MLA_QK_NOPE + MLA_QK_ROPE), n_embd)
+            t(p + "attn_kv_a_mqa.weight", MLA_KV_LORA_RANK + MLA_QK_ROPE, n_embd)
+            ones(p + "attn_kv_a_norm.weight", MLA_KV_LORA_RANK)
+            # kv_b split per head as the converter does: k_b (transposed) absorbs into q, v_b decompresses V
+            t(p + "attn_k_b.weight", n_head, MLA_KV_LORA_RANK, MLA_QK_NOPE)
+            t(p + "attn_v_b.weight", n_head, MLA_V_HEAD, MLA_KV_LORA_RANK)
+            t(p + "attn_output.weight", n_embd, n_head * MLA_V_HEAD)
+            ones(p + "ffn_norm.weight", n_embd)
+            t(p + "ffn_gate.weight", n_ff, n_embd)
+            t(p + "ffn_up.weight", n_ff, n_embd)
+            t(p + "ffn_down.weight", n_embd, n_ff)
+        else:
+            t(p + "ssm_in.weight", 2 * d_inner, n_embd)  # x and the gate z
+            t(p + "ssm_conv1d.weight", d_inner, SSM_CONV_KERNEL, scale=0.3, f32=True)  # f32, as converted
+            t(p + "ssm_conv1d.bias", d_inner)
+            t(p + "ssm_x.weight", SSM_DT_RANK + 2 * SSM_STATE, d_inner)  # dt, B, C
+            t(p + "ssm_dt.weight", d_inner, SSM_DT_RANK, scale=0.3)
+            t(p + "ssm_dt.bias", d_inner)
+            # A = -exp(A_log) with Mamba's initial A_log = log(1..d_state): negative, so the state decays
+            w.add_tensor(p + "ssm_a", -np.tile(np.arange(1, SSM_STATE + 1, dtype=np.float32), (d_inner, 1)))
+            ones(p + "ssm_d", d_inner)
+            t(p + "ssm_out.weight", n_embd, d_inner)
+    _finish(w)
     return path

@@ -67,3 +67,8 @@ set_mass = _bind("llama_kvgguf_set_mass", [C.llama_context_p_ctypes, ctypes.c_vo
 # The context the application holds (0: llama.cpp's own), for what depends on the context size:
 # LongRoPE's long or short rope factors.
 set_n_ctx = _bind("llama_kvgguf_set_n_ctx", [C.llama_context_p_ctypes, ctypes.c_uint32], ctypes.c_int32)
+# How each layer's attention was built, recorded by every graph llama.cpp builds (the context
+# reserves its graphs when it is created): 0 when not through the hooked KV-cache build_attn,
+# else PATH_KV and any of the others; -1 for a bad layer.
+attention_path = _bind("llama_kvgguf_attention_path", [C.llama_context_p_ctypes, ctypes.c_int32], ctypes.c_int32)
+PATH_KV, PATH_SWA, PATH_EXPAND, PATH_SHARED = 1, 2, 4, 8

@@ -86,7 +86,9 @@ class KVShape:
             return int(value)
 
         n_layer = get("block_count")
-        n_head = get("attention.head_count")
+        n_head = get("attention.head_count") if f"{arch}.attention.head_count" in meta else 0
+        if n_head <= 0:  # a recurrent model (mamba, rwkv): llama.cpp gives it a state, not a KV cache
+            raise GGUFError(f"{source} ({arch}) has no attention heads: it keeps a recurrent state, not a KV cache")
         head_dim_k = get("attention.key_length", get("embedding_length") // n_head)
         n_swa, pattern, full = _sliding_window(arch, meta, n_layer, source)
         return cls(

@@ -1,0 +1,79 @@
+"""Which models kvgguf's cache can hold, decided from what llama.cpp built, not from names.
+
+Patch 0007 records, for every layer, how llama.cpp built its attention while the context reserved
+its graphs (before any token). kvgguf holds a model when every layer that has a KV cache attends
+through the KV-cache `build_attn` that patch 0002 hooks, with K and V of its own, in a
+`llama_kv_cache` (or its sliding-window pair). That is the whole llama class (llama, qwen2/3,
+phi3, gemma 1-3, mistral, olmo, granite, starcoder2, smollm3, cohere2, exaone, glm4, ...).
+It refuses MLA's latent caches (deepseek2, kimi), sparse attention, recurrent and hybrid
+memories, KV shared between layers, encoder-decoder models and multi-axis positions (M-RoPE).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Optional
+
+import llama_cpp.llama_cpp as C
+
+from ..model.shape import KVShape
+from . import hooks
+
+# Tested: tiny random-weight models of each reproduce stock logits with an exact cold store and
+# run the preset (tests/test_archs.py). Any other architecture is held when its layers qualify.
+TESTED_ARCHS = ("llama", "gemma3", "qwen2", "qwen3", "phi3", "mistral3", "granite", "smollm3", "olmo2",
+                "starcoder2", "cohere2", "gemma2")
+_MULTI_AXIS_ROPE = {8: "M-RoPE", 40: "interleaved M-RoPE", 24: "vision RoPE"}  # llama_rope_type
+
+
+@dataclass(frozen=True)
+class AttentionLayers:
+    """What llama.cpp built, per layer: the layers kvgguf gives cold rows, and those of them the
+    fused path cannot take (soft-capping, sinks, a KQ bias, ALiBi: they expand cold rows to f16)."""
+
+    full: tuple[int, ...]
+    expanding: tuple[int, ...]
+
+
+def why_not(model, ctx, shape: KVShape) -> Optional[str]:
+    """Why kvgguf cannot hold this context's cache, or None when it can."""
+    if C.llama_model_has_encoder(model):
+        return "it is an encoder-decoder model"
+    if C.llama_model_is_recurrent(model):
+        return "it is a recurrent model: its memory is a state, not a KV cache"
+    if C.llama_model_is_hybrid(model):
+        return "it is a hybrid recurrent model: its attention layers share a memory kvgguf does not hold"
+    rope = _MULTI_AXIS_ROPE.get(C.llama_model_rope_type(model))
+    if rope:
+        return f"its positions have several axes ({rope}), which kvgguf's store does not track"
+    full = []
+    for il in range(shape.n_layer):
+        n_k, n_v = ctypes.c_int32(), ctypes.c_int32()
+        kind = hooks.layer_info(ctx, il, ctypes.byref(n_k), ctypes.byref(n_v))
+        if kind < 0:
+            continue  # no KV cache on this layer
+        path = hooks.attention_path(ctx, il)
+        if not path & hooks.PATH_KV:
+            return (f"layer {il}'s attention does not read llama.cpp's KV cache through the path kvgguf extends "
+                    "(an MLA latent cache, sparse attention or another memory)")
+        if path & hooks.PATH_SHARED:
+            return f"layer {il} reads another layer's KV cache (KV sharing)"
+        if kind == 1:
+            if (n_k.value, n_v.value) != (shape.n_embd_k_gqa, shape.n_embd_v_gqa):
+                return (f"layer {il} holds {n_k.value}/{n_v.value} K/V values per token in llama.cpp, where its GGUF "
+                        f"reads as {shape.n_embd_k_gqa}/{shape.n_embd_v_gqa} (per-layer head dims)")
+            full.append(il)
+    if not full:
+        return "no layer attends to the whole context: llama.cpp's own cache already holds only the window"
+    if tuple(full) != tuple(shape.full_layers):
+        return (f"llama.cpp gives full attention to layers {full}, where kvgguf read {shape.full_layers} "
+                "from its GGUF")
+    return None
+
+
+def attention_layers(ctx, shape: KVShape) -> AttentionLayers:
+    """The full-attention layers and which of them take the expanding path (after why_not passed)."""
+    full = [il for il in range(shape.n_layer) if hooks.layer_info(ctx, il, None, None) == 1]
+    expanding = [il for il in full if hooks.attention_path(ctx, il) & hooks.PATH_EXPAND]
+    return AttentionLayers(tuple(full), tuple(expanding))
