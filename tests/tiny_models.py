@@ -40,6 +40,7 @@ ARCHS: dict[str, frozenset] = {a: frozenset(f.split()) for a, f in {
     "starcoder2": "layer_norm norm_bias qkv_bias out_bias no_gate ffn_bias",
     "cohere2": "layer_norm parallel",
     "gemma2": "post_norms",
+    "gemma3": "post_norms qk_norm",
 }.items()}
 
 # Metadata the loaders require, or that makes the tiny model exercise the architecture's extras
@@ -72,6 +73,10 @@ class TinySpec:
     # takes the long factors when n_ctx_seq > this (llama_model::get_rope_factors)
     longrope: Optional[int] = None
     extra: dict = field(default_factory=dict)  # more metadata, keys without the "{arch}." prefix
+    # the vocabulary's size: None keeps the copied tokenizer's; larger pads it with unused tokens, so
+    # that a model of a real shape has its real output matmul (benchmarks/shapes.py)
+    n_vocab: Optional[int] = None
+    weights: str = "f16"  # or "q4_0": matrices as llama.cpp's Q4_0, as laptops run them
 
     @property
     def hd(self) -> int:
@@ -104,13 +109,20 @@ def _add(w, key: str, value) -> None:
         w.add_array(key, list(value))
 
 
-def _add_tokenizer(w, tokenizer_from: Path) -> int:
-    """Copies tokenizer_from's tokenizer.* keys into w; returns the vocabulary's size."""
+def _add_tokenizer(w, tokenizer_from: Path, n_vocab: Optional[int] = None) -> int:
+    """Copies tokenizer_from's tokenizer.* keys into w, the token list padded to n_vocab with
+    unused tokens; returns the vocabulary's size."""
     import gguf
 
+    fields = _tokenizer_fields(str(tokenizer_from))
+    pad = max(0, (n_vocab or 0) - len(next(v for n, v, _ in fields if n == "tokenizer.ggml.tokens")))
+    padding = {"tokenizer.ggml.tokens": [f"<|unused_{i}|>" for i in range(pad)],
+               "tokenizer.ggml.token_type": [int(gguf.TokenType.UNUSED)] * pad,
+               "tokenizer.ggml.scores": [0.0] * pad}
     n_vocab = 0
-    for name, value, types in _tokenizer_fields(str(tokenizer_from)):
+    for name, value, types in fields:
         if types[0] == gguf.GGUFValueType.ARRAY:
+            value = list(value) + padding.get(name, []) if pad else value
             w.add_array(name, value)
             if name == "tokenizer.ggml.tokens":
                 n_vocab = len(value)
@@ -119,12 +131,20 @@ def _add_tokenizer(w, tokenizer_from: Path) -> int:
     return n_vocab
 
 
-def _tensor_writers(w, rng):
-    """t(name, *shape): random weights (f16 unless 1-D or f32=True); ones(name, n): norm weights near 1."""
+def _tensor_writers(w, rng, weights: str = "f16"):
+    """t(name, *shape): random weights (f16 or Q4_0 unless 1-D or f32=True); ones(name, n): norm
+    weights near 1."""
+    import gguf
 
     def t(name: str, *shape: int, scale: float = 0.08, f32: bool = False) -> None:
         x = rng.standard_normal(shape).astype(np.float32) * scale
-        w.add_tensor(name, x.astype(np.float16) if len(shape) > 1 and not f32 else x)
+        if len(shape) == 1 or f32:
+            w.add_tensor(name, x)
+        elif weights == "q4_0" and shape[-1] % 32 == 0:
+            q4 = gguf.GGMLQuantizationType.Q4_0
+            w.add_tensor(name, gguf.quants.quantize(x, q4), raw_dtype=q4)
+        else:
+            w.add_tensor(name, x.astype(np.float16))
 
     def ones(name: str, n: int) -> None:
         w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
@@ -171,8 +191,8 @@ def write(path: Path, spec: TinySpec, tokenizer_from: Path, seed: int = 0) -> Pa
     keys.update(spec.extra)
     for key, value in keys.items():
         _add(w, f"{a}.{key}", value)
-    n_vocab = _add_tokenizer(w, tokenizer_from)
-    t, ones = _tensor_writers(w, rng)
+    n_vocab = _add_tokenizer(w, tokenizer_from, spec.n_vocab)
+    t, ones = _tensor_writers(w, rng, spec.weights)
 
     def norm(name: str) -> None:
         ones(name + ".weight", spec.n_embd)
