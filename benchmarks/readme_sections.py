@@ -1,9 +1,15 @@
-"""Writes README.md's generated sections from the committed benchmark results, so that every
-figure there is what a committed command wrote (the command heads each block).
+"""Writes the generated sections of README.md and docs/*.md from the committed benchmark results,
+so that every figure there is what a committed command wrote (the command heads each block).
 
     .venv/bin/python benchmarks/readme_sections.py
 
+Each section sits between `<!-- NAME:begin -->` and `<!-- NAME:end -->` in the file that SECTIONS
+(below) names for it; markers missing, or doubled, there stop the script with an error naming the
+file. What each section is made from:
+
 - usage:   benchmarks/results/usage_example.txt   (benchmarks/usage_example.py)
+- headline: rows of benchmarks/results/preset/smollm2-135m_ctx8192x1.md (kvgguf eval),
+           preset/live_cache_4k_8k.md and live_cache_4k_8k_all.md (benchmarks/live_cache.py)
 - live:    benchmarks/results/live_cache_*.md      (benchmarks/live_cache.py)
 - quality: benchmarks/results/eval/*.md            (kvgguf eval ... --out benchmarks/results/eval)
 - recall:  benchmarks/results/retrieval_*.md       (benchmarks/retrieval.py)
@@ -14,8 +20,11 @@ figure there is what a committed command wrote (the command heads each block).
 - keep:    benchmarks/results/keep/*.md            (kvgguf eval and benchmarks/live_cache.py with tiered:keep=...)
 - sessions_auto: benchmarks/results/sessions_auto.md (benchmarks/sessions.py --codecs ...auto:BITS...)
 - seed_claims: benchmarks/results/seed_claims/*.md (benchmarks/seed_claims.py)
+
+docs/sessions.md's `sessions` section is written by `benchmarks/sessions.py --readme docs/sessions.md`.
 """
 
+import os
 import re
 from pathlib import Path
 
@@ -23,85 +32,157 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def usage() -> str:
+def usage(here: Path) -> str:
     out = (RESULTS / "usage_example.txt").read_text().rstrip()
     return ("Output of `.venv/bin/python benchmarks/usage_example.py` (the code above, run as written, on a "
             "model without a calibration: the fixed preset):\n\n```text\n" + out + "\n```")
 
 
+def table_rows(md: Path, key) -> tuple[str, dict]:
+    """The command heading a result file (its first line, in backquotes) and its table's rows, as
+    {key(row): {column: cell}}."""
+    lines = md.read_text().splitlines()
+    command = lines[0].split("`")[1]
+    table = [line for line in lines if line.startswith("|")]
+    header = [cell.strip() for cell in table[0].strip("|").split("|")]
+    rows = {}
+    for line in table[2:]:
+        row = dict(zip(header, (cell.strip() for cell in line.strip("|").split("|"))))
+        rows[key(row)] = row
+    return command, rows
+
+
+def pick(rows: dict, key, md: Path) -> dict:
+    if key not in rows:
+        raise SystemExit(f"{md.relative_to(ROOT)} has no row {key!r}; the headline table needs it")
+    return rows[key]
+
+
+HEADLINE_CACHES = ("f16", "q4_0", "tiered:fixed", "tiered (calibrated)")
+
+
+def headline(here: Path) -> str:
+    """The README's one table: memory and quality of the preset beside llama.cpp's cache types at 8K
+    (one kvgguf eval run), with the decode and prefill speed of the same caches (benchmarks/live_cache.py)."""
+    quality_md = RESULTS / "preset" / "smollm2-135m_ctx8192x1.md"
+    speed_md = RESULTS / "preset" / "live_cache_4k_8k.md"
+    older_speed_md = RESULTS / "live_cache_4k_8k_all.md"  # q4_0, which the preset's speed run did not hold
+    quality_cmd, quality = table_rows(quality_md, lambda r: r["cache"])
+    speed_cmd, speed = table_rows(speed_md, lambda r: (r["context"], r["cache"]))
+    older_cmd, older = table_rows(older_speed_md, lambda r: (r["context"], r["cache"]))
+    lines = [f"SmolLM2-135M, 8,192 tokens of WikiText-2, 2 threads, flash attention on. Memory and quality: "
+             f"`{quality_cmd}`; speed: `{speed_cmd}`, and for q4_0, which that run did not hold, "
+             f"`{older_cmd}` (an earlier day; speeds are against the f16 row of their own run).",
+             "",
+             "| cache | from | KV held | bits/value held | KL mean | top-1 | prefill vs f16 | decode vs f16 |",
+             "|---|---|---|---|---|---|---|---|"]
+    for cache in HEADLINE_CACHES:
+        q = pick(quality, cache, quality_md)
+        s = speed.get(("8K", cache)) or pick(older, ("8K", cache), older_speed_md)
+        lines.append(f"| {cache} | {q['from']} | {q['KV held (peak)']} | {q['bits/value held']} | {q['KL mean']} | "
+                     f"{q['top-1']} | {s['prefill vs f16']} | {s['decode vs f16']} |")
+    return "\n".join(lines)
+
+
 LIVE_FIRST = ("live_cache_4k_8k_ubatch",)  # the current preset's run first, older days after
 
 
-def live() -> str:
+def live(here: Path) -> str:
     mds = sorted(RESULTS.glob("live_cache_*.md"), key=lambda md: (md.stem not in LIVE_FIRST, md.stem))
     return "\n\n".join(md.read_text().strip() for md in mds)
 
 
-def with_plots(mds) -> str:
-    """Each result table, followed by its KL-vs-bits plot where kvgguf eval drew one."""
+def with_plots(mds, here: Path) -> str:
+    """Each result table, followed by its KL-vs-bits plot where kvgguf eval drew one (linked from
+    the folder `here` of the file the section goes into)."""
     parts = []
     for md in mds:
         part = md.read_text().strip()
         png = md.with_suffix(".png")
         if png.exists():
-            part += f"\n\n![KL against bits per value]({png.relative_to(ROOT)})"
+            part += f"\n\n![KL against bits per value]({Path(os.path.relpath(png, here)).as_posix()})"
         parts.append(part)
     return "\n\n".join(parts)
 
 
-def quality() -> str:
-    return with_plots(sorted((RESULTS / "eval").glob("*.md")))
+def quality(here: Path) -> str:
+    return with_plots(sorted((RESULTS / "eval").glob("*.md")), here)
 
 
-def recall() -> str:
+def recall(here: Path) -> str:
     return "\n\n".join(md.read_text().strip() for md in sorted(RESULTS.glob("retrieval_*.md"))
                        if not md.stem.startswith("retrieval_preset"))
 
 
-def preset() -> str:
+def preset(here: Path) -> str:
     """Today's preset, fixed and calibrated: KL beside llama.cpp's types, then recall."""
     evals = sorted((RESULTS / "preset").glob("*.md"), key=lambda md: ("smollm2" not in md.stem, md.stem))
     recalls = sorted(RESULTS.glob("retrieval_preset_*.md"), key=lambda md: ("gemma" in md.stem, int(
         re.search(r"_(\d+)k", md.stem).group(1))))
-    return with_plots(evals + recalls)
+    return with_plots(evals + recalls, here)
 
 
-def window() -> str:
+def window(here: Path) -> str:
     return "\n\n".join(md.read_text().strip() for md in sorted((RESULTS / "ubatch").glob("*.md")))
 
 
-def calibration() -> str:
+def calibration(here: Path) -> str:
     return "\n\n".join(md.read_text().strip() for md in sorted((RESULTS / "calibration").glob("*.md")))
 
 
-def keep() -> str:
+def keep(here: Path) -> str:
     return "\n\n".join(md.read_text().strip() for md in sorted((RESULTS / "keep").glob("*.md")))
 
 
-def sessions_auto() -> str:
+def sessions_auto(here: Path) -> str:
     return (RESULTS / "sessions_auto.md").read_text().strip()
 
 
-def seed_claims() -> str:
+def seed_claims(here: Path) -> str:
     return "\n\n".join(md.read_text().strip() for md in sorted((RESULTS / "seed_claims").glob("*.md")))
 
 
-def replace(text: str, name: str, body: str) -> str:
+# marker name -> (the file, relative to the repository, that holds its markers; what writes its body)
+SECTIONS = {
+    "usage": ("README.md", usage),
+    "headline": ("README.md", headline),
+    "live": ("docs/benchmarks.md", live),
+    "window": ("docs/benchmarks.md", window),
+    "quality": ("docs/quality.md", quality),
+    "recall": ("docs/recall.md", recall),
+    "preset": ("docs/recall.md", preset),
+    "keep": ("docs/recall.md", keep),
+    "calibration": ("docs/calibration.md", calibration),
+    "sessions_auto": ("docs/sessions.md", sessions_auto),
+    "seed_claims": ("docs/codecs.md", seed_claims),
+}
+
+
+def replace(text: str, name: str, body: str, where: str) -> str:
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    if begin not in text or end not in text:
-        raise SystemExit(f"README.md has no {begin} ... {end} markers")
+    counts = text.count(begin), text.count(end)
+    if counts != (1, 1):
+        raise SystemExit(f"{where} must hold {begin} ... {end} once each (found {counts[0]} and {counts[1]}): "
+                         f"benchmarks/readme_sections.py's SECTIONS says section {name!r} is written there")
     block = begin + "\n" + body + "\n" + end
     return re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
 
 
 def main() -> None:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    for name, make in (("usage", usage), ("live", live), ("quality", quality), ("recall", recall), ("preset", preset),
-                       ("window", window), ("calibration", calibration), ("keep", keep),
-                       ("sessions_auto", sessions_auto), ("seed_claims", seed_claims)):
-        text = replace(text, name, make())
-    readme.write_text(text)
+    files: dict[str, list[str]] = {}
+    for name, (where, _) in SECTIONS.items():
+        files.setdefault(where, []).append(name)
+    for where, names in files.items():
+        path = ROOT / where
+        if not path.exists():
+            raise SystemExit(f"{where} does not exist: benchmarks/readme_sections.py's SECTIONS writes "
+                             f"{', '.join(names)} there")
+        text = path.read_text()
+        new = text
+        for name in names:
+            new = replace(new, name, SECTIONS[name][1](path.parent), where)
+        if new != text:
+            path.write_text(new)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ in bits) to the codec's own bits per value.
 
     .venv/bin/python benchmarks/seed_claims.py --model smollm2-135m --out benchmarks/results/seed_claims/seed_claims_smollm2
 
-writes OUT.json and OUT.md (the table the README shows).
+writes OUT.json and OUT.md (the table docs/codecs.md shows).
 """
 
 from __future__ import annotations
