@@ -23,7 +23,7 @@ from .model.shape import MAX_LAYERS, KVShape
 from .evaluation import calibration
 from .native import codecs
 from .policy import codec_spec
-from .policy.tiered import TieredConfig
+from .policy.tiered import TieredConfig, sized_for_model
 from .session import session
 from .session.container import write_atomic
 from .session.prompt_cache import CompressedCache
@@ -206,6 +206,8 @@ class Llama(llama_cpp.Llama):
         if n_ctx <= 0:
             raise ValueError("kv_codec needs n_ctx > 0: the logical context to hold")
         config, shape = _config_for_model(config, preset, model_path)
+        if preset:  # the presets' hot window and batch follow the model's size (policy.tiered.WIDE_SHARE)
+            config = sized_for_model(config, 2 * shape.values_per_token, os.path.getsize(model_path))
         tiered_preset = preset and kv_codec.split(":")[0] == "tiered"  # "tiered", "tiered:fixed", "tiered:keep=..."
         config, request = _fit_codecs(config, shape, model_path, tiered_preset=tiered_preset, request=request,
                                       verbose=kwargs.get("verbose", True))

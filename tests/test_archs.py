@@ -16,6 +16,7 @@ import kvgguf
 from kvgguf import Llama, TieredConfig
 from kvgguf.cli import inspect
 from kvgguf.errors import UnsupportedModelError
+from kvgguf.evaluation.harness import kl_top1
 from kvgguf.llamacpp import support
 from kvgguf.evaluation.text import wikitext2_test
 from kvgguf.model.shape import KVShape
@@ -38,6 +39,7 @@ SPECS = {
     "starcoder2": TinySpec("starcoder2"),
     "cohere2": TinySpec("cohere2", n_layer=4),  # sliding window 32, every 4th layer full
     "gemma2": TinySpec("gemma2"),  # soft-capping, sliding window 32 on even layers
+    "granite_swa": TinySpec("granite_swa", n_layer=4),  # attention sinks; layer 0 full, 1-3 slide over 32
     "llama-hd96": TinySpec("llama", head_dim=96),  # OpenLLaMA's and some Phi files' head dim
     "llama-hd80": TinySpec("llama", head_dim=80),
     "llama-kv-array": TinySpec("llama", n_head_kv=(2, 2)),  # head_count_kv written per layer
@@ -76,6 +78,26 @@ def test_an_exact_cold_store_gives_stock_logits(tiny, text_tokens, name, flash_a
     got.eval(toks)
     assert got._kv.n_cold >= 300 - 64 - 32
     assert np.array_equal(got.scores[:300], ref.scores[:300])
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_fused_attention_agrees_with_the_expanding_path(tiny, text_tokens, name):
+    """Decode steps over 300 tokens, 236 of them cold: the bound and its reason are
+    tests/test_fused_attention.py's (f32 against llama.cpp's f16 rounding). Soft-capping (gemma2)
+    and sinks (granite_swa) are on the fused path since patches/0008 (tests/test_attend.py checks
+    the capped scores themselves)."""
+    path, toks = str(tiny(name)), text_tokens[:308]
+    out = {}
+    for attention in ("expand", "fused"):
+        llm = Llama(path, kv_codec=F16_COLD, n_ctx=1024, n_batch=32, logits_all=True, kv_attention=attention, **KW)
+        llm.eval(toks[:300])
+        for t in toks[300:]:
+            llm.eval([t])
+        out[attention] = np.array(llm.scores[300:308])
+        if attention == "fused":
+            assert llm.kv_attention_mass().sum() > 0  # the fused path ran and saw the cold rows
+    kl, top1 = kl_top1(out["expand"], out["fused"])
+    assert kl < 0.02 and top1 >= 0.75, (kl, top1)
 
 
 @pytest.mark.parametrize("name", list(SPECS))
@@ -158,6 +180,6 @@ def test_what_kvgguf_cannot_hold_is_refused_by_what_llama_cpp_built(tmp_path, sm
 def test_every_supported_layer_is_on_the_hooked_path_and_soft_capping_expands(tiny):
     llm = Llama(str(tiny("gemma2")), kv_codec=F16_COLD, n_ctx=512, **KW)
     layers = support.attention_layers(llm._ctx.ctx, llm._kvgguf_shape)
-    assert layers.full == (1,) and layers.expanding == (1,)  # odd layers full; soft-capping: no fused path
+    assert layers == support.AttentionLayers((1,), ())  # odd layers full; soft-capping is fused (patches/0008)
     llm = Llama(str(tiny("cohere2")), kv_codec=F16_COLD, n_ctx=512, **KW)
     assert support.attention_layers(llm._ctx.ctx, llm._kvgguf_shape) == support.AttentionLayers((3,), ())

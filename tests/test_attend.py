@@ -71,14 +71,17 @@ def build(k_codec, v_codec, head_dim, n_head_kv, group_size=32, il=1):
     return store
 
 
-def reference(store, il, r0, r1, q, scale):
-    """(m, l, out) of softmax attention in float64 over the rows as kvg_store_decode gives them."""
+def reference(store, il, r0, r1, q, scale, softcap=0.0):
+    """(m, l, out) of softmax attention in float64 over the rows as kvg_store_decode gives them
+    (scores capped to softcap * tanh(s / softcap) where softcap > 0)."""
     n_head_kv = store.n_head_kv
     dk, dv = store.head_dim
     k = store.decode(il, KIND_K, r0, r1).reshape(r1 - r0, n_head_kv, dk).astype(np.float64)
     v = store.decode(il, KIND_V, r0, r1).reshape(r1 - r0, n_head_kv, dv).astype(np.float64)
     kv_head = np.arange(q.shape[1]) // (q.shape[1] // n_head_kv)
     s = scale * np.einsum("thd,rhd->thr", q.astype(np.float64), k[:, kv_head])
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
     m = s.max(-1)
     p = np.exp(s - m[..., None])
     out = np.einsum("thr,rhd->thd", p, v[:, kv_head]) / p.sum(-1)[..., None]
@@ -241,6 +244,28 @@ def test_bad_arguments_return_an_error_and_leave_the_state_unchanged(case):
     assert ffi.string(lib.kvg_last_error()).decode()  # says why
     for x, y in zip((m, l, acc), before):
         assert np.array_equal(x, y)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("k_codec,v_codec", [("f16", "f16"), ("rotq4", "kivi2"), ("kivi4", "crotq3")])
+def test_soft_capped_scores_match_the_capped_softmax(k_codec, v_codec, level):
+    """Gemma 2's logit soft-capping (kvg_store_hook_attend_capped): scores of a few tens capped at
+    5 change the weights completely, so a missing or misplaced cap fails by far."""
+    rng = np.random.default_rng(11)
+    store = build(k_codec, v_codec, 64, 3)
+    q = queries(rng, 2, 9, 64)
+    for softcap in (5.0, 50.0):
+        m_ref, l_ref, out_ref, vmax = reference(store, 1, 3, 197, q, 0.125, softcap)
+        with codecs.force_simd(level):
+            m, l, acc = store.attend(1, 3, 197, q, 0.125, softcap=softcap)
+        assert float(np.abs(m).max()) <= softcap
+        np.testing.assert_allclose(m, m_ref, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(l, l_ref, rtol=1e-4)
+        assert float(np.abs(acc / l[..., None] - out_ref).max()) <= TOL * vmax
+    uncapped = reference(store, 1, 3, 197, q, 0.125)[2]
+    assert float(np.abs(uncapped - out_ref).max()) > 100 * TOL * vmax  # the cap matters here
+    with pytest.raises(ValueError, match="softcap"):
+        store.attend(1, 3, 197, q, 0.125, softcap=-1.0)
 
 
 def test_bad_arguments_raise_in_python():

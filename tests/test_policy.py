@@ -134,3 +134,16 @@ def test_block_counts_at_ten_billion_tokens():
     assert sum(rows * n for (rows, _), n in counts.items()) == n_cold
     assert 10**10 - 32 - TieredConfig().hot <= n_cold <= 10**10
     assert counts[64, TIER_ARCHIVE] > 10**8
+
+
+def test_the_presets_widen_the_hot_window_and_batch_only_where_weights_dominate():
+    from kvgguf.policy.tiered import WIDE_HOT, WIDE_UBATCH, sized_for_model
+
+    preset = TieredConfig()
+    # SmolLM2-135M: 23,040 bytes of f16 K/V per token, a 94 MiB file: 512 cells are 12% of it
+    assert sized_for_model(preset, 23040, 98_360_000) == preset
+    # the Llama-3.2-1B shape: 32 KiB per token, a 667 MiB file: 2.4%
+    wide = sized_for_model(preset, 32768, 699_359_456)
+    assert (wide.hot, wide.ubatch) == (WIDE_HOT, WIDE_UBATCH) and wide.warm == preset.warm
+    # a hot window already wider (Gemma 3's sliding window) stays as wide
+    assert sized_for_model(TieredConfig(hot=576), 32768, 699_359_456).hot == 576

@@ -28,6 +28,10 @@ import numpy as np
 #   no_pre_norms neither attn_norm nor ffn_norm (olmo2 norms after the blocks only)
 #   parallel     attention and FFN read the same attn_norm output: no ffn_norm (cohere2)
 #   output       an untied output.weight (olmo2's loader requires one)
+#   sinks        attn_sinks: one f32 logit per head that joins each row's softmax (no value), drawn
+#                in 0..2 so that it takes a visible share of the attention
+#   swa_layers   attention.sliding_window_pattern as a per-layer bool array (granite_swa's loader
+#                requires one): layer il slides unless il % 4 == 0, its converter's default
 ARCHS: dict[str, frozenset] = {a: frozenset(f.split()) for a, f in {
     "llama": "",
     "mistral3": "",
@@ -41,13 +45,18 @@ ARCHS: dict[str, frozenset] = {a: frozenset(f.split()) for a, f in {
     "cohere2": "layer_norm parallel",
     "gemma2": "post_norms",
     "gemma3": "post_norms qk_norm",
+    # granite_swa (llama.cpp's name, with "_"): granite with per-layer sliding windows and sinks
+    "granite_swa": "sinks swa_layers",
 }.items()}
 
 # Metadata the loaders require, or that makes the tiny model exercise the architecture's extras
 # (keys without "{arch}."; TinySpec's fields and extra override them). Windows are small so that a few hundred
 # tokens slide out of them; softcaps are small so that they bite on random weights.
+_GRANITE = {"attention.scale": 0.0625, "embedding_scale": 12.0, "residual_scale": 0.22, "logit_scale": 8.0}
 KEYS: dict[str, dict] = {
-    "granite": {"attention.scale": 0.0625, "embedding_scale": 12.0, "residual_scale": 0.22, "logit_scale": 8.0},
+    "granite": _GRANITE,
+    # granite_swa: logit_scale and sliding_window are required (its pattern comes from "swa_layers")
+    "granite_swa": {**_GRANITE, "attention.sliding_window": 32},
     # cohere2: of every 4 layers, 3 slide (with rope) and the 4th attends to all (without rope)
     "cohere2": {"attention.sliding_window": 32, "logit_scale": 0.125},
     # gemma2: even layers slide, odd ones are full (llama.cpp's default pattern 2)
@@ -183,6 +192,9 @@ def write(path: Path, spec: TinySpec, tokenizer_from: Path, seed: int = 0) -> Pa
         keys.update({"attention.key_length": spec.head_dim, "attention.value_length": spec.head_dim})
     if spec.sliding_window is not None:
         keys["attention.sliding_window"] = spec.sliding_window
+    if "swa_layers" in has:
+        # bools, as its converter writes them; llama.cpp reads them into hparams.is_swa_impl
+        keys["attention.sliding_window_pattern"] = [il % 4 != 0 for il in range(spec.n_layer)]
     if spec.longrope:
         # attn_factor as Phi-3's converter computes it for a 4x longer context
         scale = 4.0
@@ -233,6 +245,9 @@ def write(path: Path, spec: TinySpec, tokenizer_from: Path, seed: int = 0) -> Pa
         t(p + "attn_output.weight", spec.n_embd, q)
         if "out_bias" in has:
             t(p + "attn_output.bias", spec.n_embd)
+        if "sinks" in has:
+            # f32, as ggml_soft_max_add_sinks requires; positive so that the sink soaks up attention
+            w.add_tensor(p + "attn_sinks.weight", rng.uniform(0.0, 2.0, spec.n_head).astype(np.float32))
         if "post_norms" in has:
             norm(p + "post_attention_norm")
         if not has & {"no_pre_norms", "parallel"}:

@@ -59,7 +59,7 @@ def run(args) -> int:
     command = "kvgguf calibrate " + " ".join(sys.argv[2:] if args.argv is None else args.argv[1:])
     text = "its own text, seed %d" % args.seed if not args.text else Path(args.text).name
     print(f"`{command}` ({Path(path).name}, {cal.text['tokens']} tokens of {text}; predicted KL: the sum over "
-          f"(layer, K/V) lists of each one's measured cost, see README)\n")
+          f"(layer, K/V) lists of each one's measured cost, see docs/calibration.md)\n")
     print("\n".join(plan_table(cal, sorted(set(BUDGETS + ((args.budget,) if args.budget else ()))))))
     print(f"calibration: {out} (kv_codec='auto' or 'auto:BITS' reads it)", file=sys.stderr)
     return 0

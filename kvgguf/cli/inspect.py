@@ -18,6 +18,7 @@ tests/test_inspect.py holds the predictions against live contexts of both models
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from dataclasses import asdict
 from pathlib import Path
@@ -27,7 +28,7 @@ from ..model.shape import KVShape
 from ..native import codecs
 from ..native.store import KIND_K, KIND_V
 from ..policy import plan
-from ..policy.tiered import TieredConfig
+from ..policy.tiered import TieredConfig, sized_for_model
 
 LLAMA_PAD = 256  # llama-context.cpp pads n_ctx (and the sliding-window cache) to a multiple of 256
 # Bytes per block of 32 values of llama.cpp's cache types (ggml's block layouts).
@@ -52,8 +53,11 @@ def llama_cache_bytes(shape: KVShape, n_ctx: int, cache: str = "f16", *, swa_ful
     return (full * cells + (shape.n_layer - full) * swa_cells) * per_cell
 
 
-def fitted_config(shape: KVShape, config: TieredConfig) -> TieredConfig:
-    """The preset as kvgguf.Llama fits it: the hot window covers a sliding window plus a block."""
+def fitted_config(shape: KVShape, config: TieredConfig, model_bytes: Optional[int] = None) -> TieredConfig:
+    """The preset as kvgguf.Llama fits it: its hot window and batch follow the model's size (given
+    its file's bytes), and the hot window covers a sliding window plus a block."""
+    if model_bytes:
+        config = sized_for_model(config, 2 * shape.values_per_token, model_bytes)
     return config.fit_window(shape.n_swa, strict=False)
 
 
@@ -95,9 +99,11 @@ def llama_label(shape: KVShape, cache: str, swa_full: bool) -> str:
 
 
 def kv_table(shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[int] = None,
-             n_ubatch: int = N_UBATCH, tiered: Optional[TieredConfig] = None) -> list[dict]:
+             n_ubatch: int = N_UBATCH, tiered: Optional[TieredConfig] = None,
+             model_bytes: Optional[int] = None) -> list[dict]:
     """One row per cache: bytes held with n tokens in context, for each n of contexts.
-    tiered: the model's calibrated preset (None: the fixed one).
+    tiered: the model's calibrated preset (None: the fixed one). model_bytes: the model file's
+    size, which sizes the presets' hot window and batch as kvgguf.Llama does (None: the defaults).
     llama.cpp's types as llama-cpp-python builds them with n_ctx=n, n_ubatch; both swa_full
     settings where the model has sliding-window layers. kvgguf's codecs as kvgguf.Llama builds
     them with kv_codec=<name>, n_ctx=n, n_batch (default: the config's ubatch), swa_full on."""
@@ -112,6 +118,8 @@ def kv_table(shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[int] = None
                                    for n in contexts}})
     for name in ["tiered"] + codecs.names():
         config = (tiered or TieredConfig()) if name == "tiered" else TieredConfig.parse(name)
+        if model_bytes:
+            config = sized_for_model(config, 2 * shape.values_per_token, model_bytes)
         label = "tiered (calibrated)" if name == "tiered" and tiered else name
         try:
             sizes = {n: kvgguf_bytes(shape, n, config, n_batch=n_batch, n_ubatch=n_ubatch) for n in contexts}
@@ -132,7 +140,8 @@ def tokens(n: int) -> str:
 
 
 def format_card(path, shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[int] = None,
-                n_ubatch: int = N_UBATCH, tiered: Optional[TieredConfig] = None) -> str:
+                n_ubatch: int = N_UBATCH, tiered: Optional[TieredConfig] = None,
+                model_bytes: Optional[int] = None) -> str:
     full = shape.full_layers
     if not shape.n_swa:
         swa = "no sliding window"
@@ -142,7 +151,7 @@ def format_card(path, shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[in
     else:
         swa = (f"sliding window {shape.n_swa} tokens, layers {', '.join(map(str, full))} full "
                f"({len(full)} of {shape.n_layer})")
-    preset = fitted_config(shape, TieredConfig())
+    preset = fitted_config(shape, TieredConfig(), model_bytes)
     hot = preset.hot
     batch = f"n_batch={n_batch}" if n_batch else f"n_batch=ubatch ({preset.ubatch})"
     notes = [
@@ -176,7 +185,7 @@ def format_card(path, shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[in
     head = (["cache", "from"] + [f"KV @ {tokens(n)}" for n in contexts]
             + [f"bits @ {tokens(n)}" for n in contexts])
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in kv_table(shape, contexts, n_batch=n_batch, n_ubatch=n_ubatch, tiered=tiered):
+    for r in kv_table(shape, contexts, n_batch=n_batch, n_ubatch=n_ubatch, tiered=tiered, model_bytes=model_bytes):
         if "unavailable" in r:
             cells = [r["cache"], r["from"]] + ["n/a"] * (2 * len(contexts))
         else:
@@ -214,6 +223,7 @@ def run(args) -> int:
     path = model_path(args.model)
     shape = KVShape.from_gguf(path)
     contexts = tuple(args.ctx) if args.ctx else CONTEXTS
+    size = os.path.getsize(path)
     lines, cal = calibration_lines(path)
     tiered = None
     if cal is not None:  # kv_codec="tiered" follows it (a file that cannot be used: the fixed preset)
@@ -222,9 +232,10 @@ def run(args) -> int:
         tiered = calibration.for_model(str(path), calibration.parse("tiered")[1])
     if args.json:
         print(json.dumps({"path": str(path), **asdict(shape), "n_ubatch": N_UBATCH,
-                          "kv_table": kv_table(shape, contexts, tiered=tiered), "calibration": cal}, indent=2))
+                          "kv_table": kv_table(shape, contexts, tiered=tiered, model_bytes=size),
+                          "calibration": cal}, indent=2))
     else:
-        print(format_card(Path(path), shape, contexts, tiered=tiered))
+        print(format_card(Path(path), shape, contexts, tiered=tiered, model_bytes=size))
         print()
         print("\n".join(lines))
     return 0

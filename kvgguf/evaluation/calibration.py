@@ -51,8 +51,8 @@ FORMAT = "kvgguf-calibration"
 VERSION = 2  # 2: codec costs measured through the model (1 scaled by reconstruction error)
 PROBE = "rotq2"
 CANDIDATES = ("kivi2", "kivi3", "kivi4", "rotq2", "rotq3", "rotq4", "crotq2", "crotq3", "crotq4", "kivi8", "f16")
-DEFAULT_BUDGET = 3.0  # bits per value over the compressed rows (README: what the budgets measured)
-PRESET_BUDGET = 4.0  # "tiered" on a calibrated model: recall like f16's at 5K where 3.5 lost it (README)
+DEFAULT_BUDGET = 3.0  # bits per value over the compressed rows (docs/calibration.md: what the budgets measured)
+PRESET_BUDGET = 4.0  # "tiered" on a calibrated model: recall like f16's at 5K where 3.5 lost it (docs/recall.md)
 PROMPTS = (
     "The history of the town begins",
     "Here is a short explanation of how it works.",

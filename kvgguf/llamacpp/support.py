@@ -23,14 +23,14 @@ from . import hooks
 # Tested: tiny random-weight models of each reproduce stock logits with an exact cold store and
 # run the preset (tests/test_archs.py). Any other architecture is held when its layers qualify.
 TESTED_ARCHS = ("llama", "gemma3", "qwen2", "qwen3", "phi3", "mistral3", "granite", "smollm3", "olmo2",
-                "starcoder2", "cohere2", "gemma2")
+                "starcoder2", "cohere2", "gemma2", "granite_swa")
 _MULTI_AXIS_ROPE = {8: "M-RoPE", 40: "interleaved M-RoPE", 24: "vision RoPE"}  # llama_rope_type
 
 
 @dataclass(frozen=True)
 class AttentionLayers:
     """What llama.cpp built, per layer: the layers kvgguf gives cold rows, and those of them the
-    fused path cannot take (soft-capping, sinks, a KQ bias, ALiBi: they expand cold rows to f16)."""
+    fused path cannot take (a KQ bias, ALiBi, Grok's capping: they expand cold rows to f16)."""
 
     full: tuple[int, ...]
     expanding: tuple[int, ...]

@@ -20,15 +20,18 @@ SLIDING_WINDOW: dict[str, Optional[tuple[int, int]]] = {
     "gemma3": (0, 6),
     "cohere2": (0, 4),
     "olmo2": (0, 4),  # OLMo 3: a window only where the GGUF states one
+    "granite_swa": (0, 0),  # window and per-layer pattern both stated (its loader requires them)
+    "gpt-oss": (0, 2),
 }
-# The architectures whose loader reads attention.sliding_window at all (grep of src/models/*.cpp):
+# The architectures whose loader reads attention.sliding_window at all (grep of src/models/*.cpp,
+# by the names llama-arch.cpp gives them):
 # any other ignores a stated window, and one of these missing from SLIDING_WINDOW is refused when
 # its GGUF states a window, since its layout would be a guess.
 READS_SLIDING_WINDOW = frozenset((
     "afmoe", "cohere2", "cohere2moe", "deepseek4", "dflash", "dots3note", "exaone-moe", "exaone4",
-    "gemma-embedding", "gemma2", "gemma3", "gemma3n", "gemma4-assistant", "gemma4", "granite-swa", "laguna",
-    "lfm2", "llama4", "maple", "mellum", "mimo2", "modern-bert", "muse-glimmer", "olmo2", "openai-moe", "phi3",
-    "plamo3", "smallthinker", "spark2-5", "step35",
+    "gemma-embedding", "gemma2", "gemma3", "gemma3n", "gemma4-assistant", "gemma4", "granite_swa", "laguna",
+    "lfm2", "llama4", "maple", "mellum", "mimo2", "modern-bert", "muse-glimmer", "olmo2", "gpt-oss", "phi3",
+    "plamo3", "smallthinker", "spark2_5", "step35",
 ))
 MAX_LAYERS = 4096  # a per-layer array longer than this is no per-layer setting
 

@@ -159,13 +159,14 @@ class KVStore:
         return dst
 
     def attend(self, il: int, r0: int, r1: int, q: np.ndarray, scale: float,
-               state: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+               state: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None, softcap: float = 0.0
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Attention of queries ``q`` [n_tokens, n_head, head_dim_k] over rows [r0, r1) of layer
         ``il``, scored and summed from the encoded rows (kvg_store_hook_attend), in online-softmax
         form: returns ``(m, l, acc)``, m and l [n_tokens, n_head], acc [n_tokens, n_head, head_dim_v],
         so that the attention output is ``acc / l[..., None]``. ``state`` is a previous
         ``(m, l, acc)`` to continue from (it is not modified); without it the rows are the only ones.
+        ``softcap`` > 0 caps every score s to softcap * tanh(s / softcap) (Gemma 2's logit soft-capping).
         Raises KvgValueError (a ValueError) for bad arguments, as the other calls do."""
         q = np.ascontiguousarray(q, dtype=np.float32)
         if q.ndim != 3 or q.shape[2] != self.head_dim[KIND_K]:
@@ -182,9 +183,9 @@ class KVStore:
                                  f"{n_tokens} tokens of {n_head} heads")
         ffi = get_ffi()
         check(
-            get_lib().kvg_store_hook_attend(self._ptr, il, r0, r1, ffi.from_buffer("float[]", q), n_tokens, n_head,
-                                            float(scale), ffi.from_buffer("float[]", m), ffi.from_buffer("float[]", l),
-                                            ffi.from_buffer("float[]", acc)),
+            get_lib().kvg_store_hook_attend_capped(self._ptr, il, r0, r1, ffi.from_buffer("float[]", q), n_tokens,
+                                                   n_head, float(scale), float(softcap), ffi.from_buffer("float[]", m),
+                                                   ffi.from_buffer("float[]", l), ffi.from_buffer("float[]", acc)),
             f"attend over rows [{r0}, {r1}) of layer {il}",
         )
         return m, l, acc
@@ -254,7 +255,7 @@ class KVStore:
 
     def attend_function(self) -> int:
         """Address of the C entry point of llama.cpp's fused attention (llama_kvgguf_attend_fn)."""
-        return int(get_ffi().cast("uintptr_t", get_lib().kvg_store_hook_attend))
+        return int(get_ffi().cast("uintptr_t", get_lib().kvg_store_hook_attend_capped))
 
     # --- attention mass: the softmax weight cold rows receive, per granule of MASS_ROWS rows ---
 

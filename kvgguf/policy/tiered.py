@@ -45,7 +45,7 @@ class TieredConfig:
     codebooks: where pq2/vq8/vq8f's codebooks come from: "sequence" (trained on the first block
         each sequence encodes with that codec) or "calibration" (the model's, trained by
         ``kvgguf calibrate``; a model without them falls back to "sequence" with a warning).
-        Measured on SmolLM2 and WikiText-2, the sequence's own codebooks lose less (README).
+        Measured on SmolLM2 and WikiText-2, the sequence's own codebooks lose less (docs/codecs.md).
     """
 
     hot: int = 224
@@ -53,7 +53,7 @@ class TieredConfig:
     sinks: int = 4
     warm: CodecSpec = "rotq4"
     warm_tokens: int = 2048
-    archive: Optional[CodecSpec] = ("rotq4", "rotq2")  # K, V: recall needs the keys (README, long-range recall)
+    archive: Optional[CodecSpec] = ("rotq4", "rotq2")  # K, V: recall needs the keys (docs/recall.md)
     block: int = 64
     group_size: int = 32
     keep: Optional[str] = None
@@ -149,3 +149,20 @@ class TieredConfig:
                 f">= {need} (window + block), got {self.hot}"
             )
         return replace(self, hot=need)
+
+
+# The presets' hot window and batch where a model's weights dominate its KV cache: llama_decode
+# runs the weight matmuls of 256 tokens far better than of 32 (the Llama-3.2-1B shape at 4K,
+# benchmarks/results/shapes/llama-3.2-1b_4k_preset.md: prefill 1.07x of stock f16's best with
+# 256/256 against 0.70x with 224/32, decode 1.20x against 1.15x). Taken where llama.cpp's f16
+# buffer of hot + ubatch cells then adds at most WIDE_SHARE to the bytes of the model's file:
+# 2.4% on 1B shapes; SmolLM2-135M (12%) and Gemma-3-270M (3.7%), whose caches dwarf or rival
+# their weights, keep 224/32 and the bytes it saves.
+WIDE_HOT, WIDE_UBATCH, WIDE_SHARE = 256, 256, 0.03
+
+
+def sized_for_model(config: TieredConfig, f16_bytes_per_token: int, model_bytes: int) -> TieredConfig:
+    """A preset's config with the wide hot window and batch where the model's weights dominate."""
+    if (WIDE_HOT + WIDE_UBATCH) * f16_bytes_per_token > WIDE_SHARE * model_bytes:
+        return config
+    return replace(config, hot=max(config.hot, WIDE_HOT), ubatch=max(config.ubatch, WIDE_UBATCH))

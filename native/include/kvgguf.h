@@ -131,7 +131,7 @@ enum kvg_kind {
 // Bumped whenever a declaration in this region changes; kvg_abi_version() returns the value the
 // library was built with, and the Python binding refuses a library and header that disagree.
 enum kvg_abi {
-    KVG_ABI_VERSION = 9
+    KVG_ABI_VERSION = 10
 };
 
 enum kvg_simd {
@@ -315,6 +315,14 @@ int32_t kvg_store_hook_decode(void * user, int32_t il, int32_t kind, int64_t r0,
 int32_t kvg_store_hook_attend(void * user, int32_t il, int64_t r0, int64_t r1,
                               const float * q, int32_t n_tokens, int32_t n_head, float scale,
                               float * m, float * l, float * acc);
+
+// The same with logit soft-capping (Gemma 2): every score s = scale * q.k becomes
+// softcap * tanh(s / softcap) before the softmax, as llama.cpp's flash attention caps them.
+// softcap == 0: none (hook_attend); negative or not finite: bad argument. llama.cpp's fused path
+// calls this one (llama_kvgguf_attend_fn).
+int32_t kvg_store_hook_attend_capped(void * user, int32_t il, int64_t r0, int64_t r1,
+                                     const float * q, int32_t n_tokens, int32_t n_head, float scale,
+                                     float softcap, float * m, float * l, float * acc);
 
 // Failed reads on llama.cpp's paths since the store was made: KVG_READ_DECODE counts hook_decode
 // calls that failed (rows llama.cpp expanded are then zeros: kvgguf drops that ubatch), and

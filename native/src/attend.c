@@ -80,21 +80,35 @@ void kvg_attn_softmax_ref(const kvg_attn * a, float * m, float * l, float * s, i
 }
 
 static int32_t attend(kvg_store * s, int32_t il, int64_t r0, int64_t r1, const float * q, int32_t n_tokens,
-                      int32_t n_head, float scale, float * m, float * l, float * acc);
+                      int32_t n_head, float scale, float softcap, float * m, float * l, float * acc);
 
-int32_t kvg_store_hook_attend(void * user, int32_t il, int64_t r0, int64_t r1, const float * q, int32_t n_tokens,
-                              int32_t n_head, float scale, float * m, float * l, float * acc) {
+int32_t kvg_store_hook_attend_capped(void * user, int32_t il, int64_t r0, int64_t r1, const float * q,
+                                     int32_t n_tokens, int32_t n_head, float scale, float softcap, float * m,
+                                     float * l, float * acc) {
     kvg_clear_error();
     kvg_store *   s  = (kvg_store *) user;  // read only, but for the mass notes of this call's own slot
-    const int32_t rc = attend(s, il, r0, r1, q, n_tokens, n_head, scale, m, l, acc);
+    const int32_t rc = attend(s, il, r0, r1, q, n_tokens, n_head, scale, softcap, m, l, acc);
     if (rc != KVG_OK && s) {  // some rows (or all) were left out: Python reads the count after decode
         atomic_fetch_add_explicit(&s->read_failures[KVG_READ_ATTEND], 1, memory_order_relaxed);
     }
     return rc;
 }
 
+int32_t kvg_store_hook_attend(void * user, int32_t il, int64_t r0, int64_t r1, const float * q, int32_t n_tokens,
+                              int32_t n_head, float scale, float * m, float * l, float * acc) {
+    return kvg_store_hook_attend_capped(user, il, r0, r1, q, n_tokens, n_head, scale, 0.0f, m, l, acc);
+}
+
+// Soft-capping as llama.cpp's flash attention does it: the kernels score with scale / softcap,
+// then each score becomes softcap * tanh(score).
+static void cap_scores(float * sc, int64_t n, float softcap) {
+    for (int64_t i = 0; i < n; i++) {
+        sc[i] = softcap * tanhf(sc[i]);
+    }
+}
+
 static int32_t attend(kvg_store * s, int32_t il, int64_t r0, int64_t r1, const float * q, int32_t n_tokens,
-                      int32_t n_head, float scale, float * m, float * l, float * acc) {
+                      int32_t n_head, float scale, float softcap, float * m, float * l, float * acc) {
     if (!s || !q || !m || !l || !acc) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "attend: store, q, m, l and acc must not be NULL");
     }
@@ -108,6 +122,12 @@ static int32_t attend(kvg_store * s, int32_t il, int64_t r0, int64_t r1, const f
     }
     if (!isfinite(scale)) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "attend: scale %g is not finite", (double) scale);
+    }
+    if (!isfinite(softcap) || softcap < 0.0f) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "attend: softcap %g is not a finite value >= 0", (double) softcap);
+    }
+    if (softcap > 0.0f) {
+        scale /= softcap;
     }
     const kvg_rows * kr = &s->rows[il * 2 + KVG_KIND_K];
     const kvg_rows * vr = &s->rows[il * 2 + KVG_KIND_V];
@@ -212,6 +232,9 @@ static int32_t attend(kvg_store * s, int32_t il, int64_t r0, int64_t r1, const f
             st = run_score(tk, simd, &jk, kb->data, c0 - kb->row0, n, &a, sc);
             if (st != KVG_OK) {
                 break;  // these rows are left out; the state has not seen them
+            }
+            if (softcap > 0.0f) {
+                cap_scores(sc, n_q * n, softcap);
             }
             if (simd) {
                 KVG_SIMD(kvg_attn_softmax)(&a, wm, wl, sc, n, dv, acc_rotated);
