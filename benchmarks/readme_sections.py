@@ -84,6 +84,18 @@ def headline(here: Path) -> str:
     return "\n".join(lines)
 
 
+SHAPES_HEADLINE = ("llama-3.2-1b",)  # the README's real-shape table: the preset's final runs
+
+
+def shapes(here: Path) -> str:
+    """Speed and memory on real shapes (benchmarks/shapes.py), every cache in the same run."""
+    return "\n\n".join((RESULTS / "shapes" / f"{name}.md").read_text().strip() for name in SHAPES_HEADLINE)
+
+
+def shapes_all(here: Path) -> str:
+    return "\n\n".join(md.read_text().strip() for md in sorted((RESULTS / "shapes").glob("*.md")))
+
+
 LIVE_FIRST = ("live_cache_4k_8k_ubatch",)  # the current preset's run first, older days after
 
 
@@ -146,6 +158,8 @@ def seed_claims(here: Path) -> str:
 SECTIONS = {
     "usage": ("README.md", usage),
     "headline": ("README.md", headline),
+    "shapes": ("README.md", shapes),
+    "shapes_all": ("docs/benchmarks.md", shapes_all),
     "live": ("docs/benchmarks.md", live),
     "window": ("docs/benchmarks.md", window),
     "quality": ("docs/quality.md", quality),

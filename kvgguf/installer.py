@@ -32,7 +32,7 @@ import llama_cpp
 
 from .llama import Llama
 from .model.gguf_file import read_metadata
-from .evaluation import calibration
+from .policy.kv_codec import parse as parse_kv_codec
 from .policy.tiered import TieredConfig
 
 ENV_VAR = "KVGGUF_KV_CODEC"
@@ -80,7 +80,7 @@ class InstalledLlama(Llama):
             else:
                 # a batch larger than the hot window would be refused: kvgguf then takes its own
                 # ubatch, which follows the model's size (policy.tiered.sized_for_model)
-                hot = calibration.parse(kwargs["kv_codec"])[0].hot
+                hot = parse_kv_codec(kwargs["kv_codec"])[0].hot
                 if kwargs.get("n_batch") is not None and kwargs["n_batch"] > hot:
                     kwargs["n_batch"] = None
         try:
@@ -112,7 +112,7 @@ def install(kv_codec: Union[str, TieredConfig] = "tiered", **defaults) -> None:
     keyword ``defaults`` (e.g. ``kv_attention``) unless the caller passes them. Calling it again
     replaces the defaults."""
     global _defaults
-    calibration.parse(kv_codec)  # an unknown codec name fails here, not in some library later
+    parse_kv_codec(kv_codec)  # an unknown codec name fails here, not in some library later
     _defaults = {"kv_codec": kv_codec, **defaults}
     _STOCK.__new__ = _new
 

@@ -20,9 +20,12 @@ from .runtime.live_cache import FUSED_MAX_TOKENS, LiveCache
 from .runtime.memory import KVMemory, TierMemory
 from .model.gguf_file import read_metadata
 from .model.shape import MAX_LAYERS, KVShape
+# The one import of a higher layer (tests/test_layers.py): "tiered" and "auto" read the model's
+# calibration, and "auto" measures the model on first use.
 from .evaluation import calibration
 from .native import codecs
 from .policy import codec_spec
+from .policy.kv_codec import parse as parse_kv_codec, parse_auto
 from .policy.tiered import TieredConfig, sized_for_model
 from .session import session
 from .session.container import write_atomic
@@ -197,7 +200,7 @@ class Llama(llama_cpp.Llama):
         if not os.path.isfile(model_path):  # the exception stock raises, before kvgguf reads the file
             raise ValueError(f"Model path does not exist or is not a file: {model_path}")
         preset = isinstance(kv_codec, str)
-        config, request = calibration.parse(kv_codec)  # request: "auto[:BITS]" or "tiered", calibration decides
+        config, request = parse_kv_codec(kv_codec)  # request: "auto[:BITS]" or "tiered", calibration decides
         if kv_attention not in ("fused", "expand"):
             raise ValueError(f"kv_attention must be 'fused' or 'expand', got {kv_attention!r}")
         for name, t in (("type_k", type_k), ("type_v", type_v)):
@@ -411,7 +414,7 @@ class Llama(llama_cpp.Llama):
         returned by load_session (the chat keeps its messages there).
         """
         self._check_open("save_session")
-        budget = calibration.parse_auto(codec)
+        budget = parse_auto(codec)
         if budget is not None:
             codec = calibration.for_model(self.model_path, budget,
                                           progress=_calibration_progress(self.model_path, self.verbose)).warm

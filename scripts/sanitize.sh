@@ -26,5 +26,5 @@ KVGGUF_LIB="$lib" LD_PRELOAD="$asan $ubsan" \
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     .venv/bin/pytest -q -p no:cacheprovider tests/test_codecs.py tests/test_store.py tests/test_attend.py \
     tests/test_seed_delta.py tests/test_seed_outl.py tests/test_seed_lowrank.py tests/test_seed_qjl.py tests/test_seed_pq.py \
-    tests/test_fused_attention.py tests/test_attention_mass.py "$@"
+    tests/test_attention_mass.py "$@"
 echo "sanitize: clean in $(( $(date +%s) - start )) s"

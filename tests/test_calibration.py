@@ -11,7 +11,7 @@ import pytest
 import kvgguf
 from kvgguf.native.store import KIND_K, KIND_V, TIER_WARM
 from kvgguf.evaluation import calibration
-from kvgguf.policy import allocation
+from kvgguf.policy import allocation, kv_codec
 
 from conftest import CALIBRATION_TOKENS as N_TOKENS  # the measurement's text
 
@@ -127,8 +127,8 @@ def test_auto_reads_the_models_calibration_for_its_budget(tmp_path, monkeypatch,
     monkeypatch.setenv("KVGGUF_CACHE_DIR", str(tmp_path))
     cal.save(calibration.default_path(str(smollm2_path)))
     prompt = text + text[1:]  # longer than the preset's hot window
-    for kv_codec, budget in (("auto", calibration.DEFAULT_BUDGET), ("auto:2.5", 2.5)):
-        llm = kvgguf.Llama(str(smollm2_path), kv_codec=kv_codec, n_ctx=len(prompt) + 16, n_threads=2, verbose=False)
+    for spec, budget in (("auto", kv_codec.DEFAULT_BUDGET), ("auto:2.5", 2.5)):
+        llm = kvgguf.Llama(str(smollm2_path), kv_codec=spec, n_ctx=len(prompt) + 16, n_threads=2, verbose=False)
         try:
             assert llm.kv_config == cal.config(budget, llm.kv_config)
             out = llm.create_completion(prompt, max_tokens=4, temperature=0.0)
@@ -182,10 +182,10 @@ def test_tiered_follows_the_models_calibration_once_it_has_one(tmp_path, monkeyp
     try:
         config = llm.kv_config
         assert llm.kv_calibration == calibration.default_path(str(smollm2_path))
-        assert config == cal.config(calibration.PRESET_BUDGET, kvgguf.TieredConfig())
+        assert config == cal.config(kv_codec.PRESET_BUDGET, kvgguf.TieredConfig())
         assert config.archive is None and config.sinks == kvgguf.TieredConfig().sinks
         held = llm._kv.codecs[TIER_WARM]
-        plan = cal.plan(calibration.PRESET_BUDGET)
+        plan = cal.plan(kv_codec.PRESET_BUDGET)
         assert all(held[key] == c.codec for key, c in plan.items())
         assert len(set(held.values())) > 1  # a plan, not one codec
         llm.eval(prompt)

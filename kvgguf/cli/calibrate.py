@@ -12,12 +12,10 @@ def plan_table(cal, budgets=BUDGETS) -> list[str]:
     """A Markdown table: per budget and for the calibrated "tiered" preset, the average bits,
     the summed predicted KL and the codecs K and V get (how many lists each)."""
     from ..native.store import KIND_K, KIND_V
-    from ..policy import allocation
-
-    from ..evaluation import calibration
+    from ..policy import allocation, kv_codec
 
     lines = ["| kv_codec | bits/value (compressed rows) | predicted KL | K | V |", "|---|---|---|---|---|"]
-    rows = [(f"auto:{b:g}", b) for b in budgets] + [("tiered", calibration.PRESET_BUDGET)]
+    rows = [(f"auto:{b:g}", b) for b in budgets] + [("tiered", kv_codec.PRESET_BUDGET)]
     for name, budget in rows:
         try:
             choice = cal.plan(budget)

@@ -228,8 +228,9 @@ def run(args) -> int:
     tiered = None
     if cal is not None:  # kv_codec="tiered" follows it (a file that cannot be used: the fixed preset)
         from ..evaluation import calibration
+        from ..policy import kv_codec
 
-        tiered = calibration.for_model(str(path), calibration.parse("tiered")[1])
+        tiered = calibration.for_model(str(path), kv_codec.parse("tiered")[1])
     if args.json:
         print(json.dumps({"path": str(path), **asdict(shape), "n_ubatch": N_UBATCH,
                           "kv_table": kv_table(shape, contexts, tiered=tiered, model_bytes=size),

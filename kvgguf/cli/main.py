@@ -23,11 +23,10 @@ def _cache_type(value: str) -> str:
 
 def _kv_codec(value: str) -> str:
     from ..native import codecs
-
-    from ..evaluation import calibration
+    from ..policy import kv_codec
 
     names = ["tiered", "tiered:fixed", "tiered:keep=SIGNAL[:FRACTION]", "auto", "auto:BITS"] + codecs.names()
-    if not calibration.is_kv_codec(value):
+    if not kv_codec.is_kv_codec(value):
         raise argparse.ArgumentTypeError(f"'{value}' is not a kv codec; choose one of: {', '.join(names)}")
     return value
 

@@ -44,6 +44,7 @@ from ..native import codecs
 from ..native.binding import KvgValueError
 from ..native.store import KIND_K, KIND_V, TIER_WARM
 from ..policy import allocation
+from ..policy.kv_codec import DEFAULT_BUDGET, PRESET_BUDGET, Request, is_kv_codec, parse, parse_auto  # noqa: F401
 from ..policy.tiered import TieredConfig
 from ..session.container import write_atomic
 
@@ -51,8 +52,6 @@ FORMAT = "kvgguf-calibration"
 VERSION = 2  # 2: codec costs measured through the model (1 scaled by reconstruction error)
 PROBE = "rotq2"
 CANDIDATES = ("kivi2", "kivi3", "kivi4", "rotq2", "rotq3", "rotq4", "crotq2", "crotq3", "crotq4", "kivi8", "f16")
-DEFAULT_BUDGET = 3.0  # bits per value over the compressed rows (docs/calibration.md: what the budgets measured)
-PRESET_BUDGET = 4.0  # "tiered" on a calibrated model: recall like f16's at 5K where 3.5 lost it (docs/recall.md)
 PROMPTS = (
     "The history of the town begins",
     "Here is a short explanation of how it works.",
@@ -180,53 +179,6 @@ def default_path(model_path: str) -> Path:
 
     meta, _ = metadata_digests(model_path)
     return cache_dir() / "calibration" / f"{meta[:24]}.json"
-
-
-def parse_auto(kv_codec) -> Optional[float]:
-    """The budget of "auto" / "auto:BITS", or None for any other kv_codec."""
-    if not isinstance(kv_codec, str) or kv_codec.split(":", 1)[0] != "auto":
-        return None
-    if kv_codec == "auto":
-        return DEFAULT_BUDGET
-    rest = kv_codec[len("auto:"):]
-    try:
-        budget = float(rest)
-    except ValueError:
-        budget = float("nan")
-    if not 1.0 <= budget <= 16.0:
-        raise ValueError(f"kv_codec {kv_codec!r}: write 'auto' or 'auto:BITS' with BITS in [1, 16], e.g. 'auto:3.0'")
-    return budget
-
-
-@dataclass(frozen=True)
-class Request:
-    """A kv_codec that a model's calibration decides: the plan for budget; required: measure the
-    model when it has no calibration ("auto"), else keep the fixed preset ("tiered")."""
-
-    budget: float
-    required: bool = True
-
-
-def parse(kv_codec) -> tuple[TieredConfig, Optional[Request]]:
-    """(config, request) of any kv_codec a user may pass: "auto[:BITS]" and "tiered" give the
-    fixed preset's config (whose codecs a calibration replaces once the model is known) and a
-    Request; anything else TieredConfig.parse's config and None ("tiered:fixed": the fixed
-    preset whatever the cache folder holds)."""
-    budget = parse_auto(kv_codec)
-    if budget is not None:
-        return TieredConfig(), Request(budget)
-    if kv_codec == "tiered":
-        return TieredConfig(), Request(PRESET_BUDGET, required=False)
-    return TieredConfig.parse(kv_codec), None
-
-
-def is_kv_codec(spec) -> bool:
-    """Whether kvgguf.Llama takes spec as a kv_codec (what parse accepts)."""
-    try:
-        parse(spec)
-    except (TypeError, ValueError):
-        return False
-    return True
 
 
 # --- measurement ---------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from ..native import codecs
 from ..llama import CACHE_TYPES, Llama
 from ..model.shape import KVShape
 from . import calibration
+from ..policy import kv_codec
 from ..policy.tiered import TieredConfig
 
 DEFAULT_CONFIGS = "f16,q8_0,q5_1,q4_0,iq4_nl,kivi4,kivi2,rotq4,rotq3,rotq2,tiered"
@@ -56,7 +57,7 @@ def parse_configs(text: str) -> list[CacheConfig]:
         spec = name[len(KVGGUF_PREFIX):] if name.startswith(KVGGUF_PREFIX) else name
         if not name.startswith(KVGGUF_PREFIX) and spec in CACHE_TYPES:
             out.append(CacheConfig(name, "llama.cpp", spec))
-        elif calibration.is_kv_codec(spec):
+        elif kv_codec.is_kv_codec(spec):
             out.append(CacheConfig(name, "kvgguf", spec))
         else:
             raise ValueError(
@@ -175,7 +176,7 @@ def make_llama(model_path: str, cfg: Optional[CacheConfig], ctx: int, batch: int
             kw["swa_full"] = cfg.swa_full
         return Llama(model_path, type_k=t, type_v=t, **kw)
     # kvgguf splits the batches of B into its config's ubatch (what a user's application gets).
-    spec, request = calibration.parse(cfg.spec)
+    spec, request = kv_codec.parse(cfg.spec)
     kw["n_batch"] = kw["n_ubatch"] = min(batch, ubatch or spec.ubatch)
     if hot is None:  # the preset string: the facade fits it to the model (e.g. Gemma's window)
         if codebooks != "sequence":

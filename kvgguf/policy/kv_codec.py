@@ -1,0 +1,62 @@
+"""The `kv_codec` grammar: what a string (or a TieredConfig) passed as kv_codec asks for.
+
+"auto[:BITS]" and "tiered" are decided by the model's calibration once the model is known
+(evaluation/calibration.py measures and reads it); every other form is a TieredConfig here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .tiered import TieredConfig
+
+DEFAULT_BUDGET = 3.0  # bits per value over the compressed rows (docs/calibration.md: what the budgets measured)
+PRESET_BUDGET = 4.0  # "tiered" on a calibrated model: recall like f16's at 5K where 3.5 lost it (docs/recall.md)
+
+
+def parse_auto(kv_codec) -> Optional[float]:
+    """The budget of "auto" / "auto:BITS", or None for any other kv_codec."""
+    if not isinstance(kv_codec, str) or kv_codec.split(":", 1)[0] != "auto":
+        return None
+    if kv_codec == "auto":
+        return DEFAULT_BUDGET
+    rest = kv_codec[len("auto:"):]
+    try:
+        budget = float(rest)
+    except ValueError:
+        budget = float("nan")
+    if not 1.0 <= budget <= 16.0:
+        raise ValueError(f"kv_codec {kv_codec!r}: write 'auto' or 'auto:BITS' with BITS in [1, 16], e.g. 'auto:3.0'")
+    return budget
+
+
+@dataclass(frozen=True)
+class Request:
+    """A kv_codec that a model's calibration decides: the plan for budget; required: measure the
+    model when it has no calibration ("auto"), else keep the fixed preset ("tiered")."""
+
+    budget: float
+    required: bool = True
+
+
+def parse(kv_codec) -> tuple[TieredConfig, Optional[Request]]:
+    """(config, request) of any kv_codec a user may pass: "auto[:BITS]" and "tiered" give the
+    fixed preset's config (whose codecs a calibration replaces once the model is known) and a
+    Request; anything else TieredConfig.parse's config and None ("tiered:fixed": the fixed
+    preset whatever the cache folder holds)."""
+    budget = parse_auto(kv_codec)
+    if budget is not None:
+        return TieredConfig(), Request(budget)
+    if kv_codec == "tiered":
+        return TieredConfig(), Request(PRESET_BUDGET, required=False)
+    return TieredConfig.parse(kv_codec), None
+
+
+def is_kv_codec(spec) -> bool:
+    """Whether kvgguf.Llama takes spec as a kv_codec (what parse accepts)."""
+    try:
+        parse(spec)
+    except (TypeError, ValueError):
+        return False
+    return True
