@@ -81,8 +81,12 @@ def run_one(model: str, n_ctx: int, cache: str, n_decode: int, threads: int, bat
         if sizes:
             hot, ubatch = (int(x) for x in sizes.split("/"))
             config = dataclasses.replace(config, hot=hot, ubatch=ubatch)
-        kw["n_batch"] = kw["n_ubatch"] = min(batch, config.ubatch)
+        if sizes:
+            kw["n_batch"] = kw["n_ubatch"] = min(batch, config.ubatch)
+        else:  # kvgguf's own batch: a preset's ubatch follows the model's size (policy.tiered.sized_for_model)
+            del kw["n_batch"]
         llm = kvgguf.Llama(path, kv_codec=config if sizes else codec, kv_attention=attention, **kw)
+        kw["n_batch"] = llm.n_batch
     t0 = time.perf_counter()
     llm.eval(tokens[:n_prefill])
     t1 = time.perf_counter()
@@ -95,6 +99,8 @@ def run_one(model: str, n_ctx: int, cache: str, n_decode: int, threads: int, bat
         "n_ctx": n_ctx,
         "cache": harness.row_name(cache, cache, llm) + ("" if flash_attn else " (flash attention off)"),
         "flash_attn": flash_attn,
+        "n_batch": kw["n_batch"],
+        "hot": llm.kv_config.hot if llm.kv_config else None,
         "n_prefill": n_prefill,
         "n_decode": n_decode,
         "prefill_tok_s": n_prefill / (t1 - t0),

@@ -96,7 +96,7 @@ def shapes_all(here: Path) -> str:
     return "\n\n".join(md.read_text().strip() for md in sorted((RESULTS / "shapes").glob("*.md")))
 
 
-LIVE_FIRST = ("live_cache_4k_8k_ubatch",)  # the current preset's run first, older days after
+LIVE_FIRST = ("live_cache_4k_8k_stock_best", "live_cache_4k_8k_ubatch")  # the current preset's run first, older days after
 
 
 def live(here: Path) -> str:
