@@ -81,7 +81,6 @@ def run_one(model: str, n_ctx: int, cache: str, n_decode: int, threads: int, bat
         if sizes:
             hot, ubatch = (int(x) for x in sizes.split("/"))
             config = dataclasses.replace(config, hot=hot, ubatch=ubatch)
-        if sizes:
             kw["n_batch"] = kw["n_ubatch"] = min(batch, config.ubatch)
         else:  # kvgguf's own batch: a preset's ubatch follows the model's size (policy.tiered.sized_for_model)
             del kw["n_batch"]

@@ -92,8 +92,13 @@ def shapes(here: Path) -> str:
     return "\n\n".join((RESULTS / "shapes" / f"{name}.md").read_text().strip() for name in SHAPES_HEADLINE)
 
 
+def folder_tables(folder: str) -> str:
+    """Every result table of benchmarks/results/<folder>, in name order."""
+    return "\n\n".join(md.read_text().strip() for md in sorted((RESULTS / folder).glob("*.md")))
+
+
 def shapes_all(here: Path) -> str:
-    return "\n\n".join(md.read_text().strip() for md in sorted((RESULTS / "shapes").glob("*.md")))
+    return folder_tables("shapes")
 
 
 LIVE_FIRST = ("live_cache_4k_8k_stock_best", "live_cache_4k_8k_ubatch")  # the current preset's run first, older days after
@@ -135,15 +140,15 @@ def preset(here: Path) -> str:
 
 
 def window(here: Path) -> str:
-    return "\n\n".join(md.read_text().strip() for md in sorted((RESULTS / "ubatch").glob("*.md")))
+    return folder_tables("ubatch")
 
 
 def calibration(here: Path) -> str:
-    return "\n\n".join(md.read_text().strip() for md in sorted((RESULTS / "calibration").glob("*.md")))
+    return folder_tables("calibration")
 
 
 def keep(here: Path) -> str:
-    return "\n\n".join(md.read_text().strip() for md in sorted((RESULTS / "keep").glob("*.md")))
+    return folder_tables("keep")
 
 
 def sessions_auto(here: Path) -> str:
@@ -151,7 +156,7 @@ def sessions_auto(here: Path) -> str:
 
 
 def seed_claims(here: Path) -> str:
-    return "\n\n".join(md.read_text().strip() for md in sorted((RESULTS / "seed_claims").glob("*.md")))
+    return folder_tables("seed_claims")
 
 
 # marker name -> (the file, relative to the repository, that holds its markers; what writes its body)
