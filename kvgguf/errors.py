@@ -25,5 +25,5 @@ class CalibrationError(ValueError):
 
 
 class UnsupportedModelError(ValueError):
-    """A model whose KV cache kvgguf cannot hold (kvgguf.model.support says why); llama.cpp's own
+    """A model whose KV cache kvgguf cannot hold (kvgguf.llamacpp.support says why); llama.cpp's own
     cache (kv_codec=None) runs it."""

@@ -96,7 +96,10 @@ class InstalledLlama(Llama):
 
 
 def _say_stock(model_path: str, why: str) -> None:
-    msg = f"kvgguf: {model_path}: {why}; this Llama uses llama.cpp's own KV cache, not kvgguf's"
+    why = why.rstrip(". ")
+    if model_path not in why:
+        why = f"{model_path}: {why}"
+    msg = f"kvgguf: {why}; this Llama uses llama.cpp's own KV cache, not kvgguf's"
     print(msg, file=sys.stderr)
     warnings.warn(msg, RuntimeWarning, stacklevel=4)
 

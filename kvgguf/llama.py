@@ -80,7 +80,7 @@ def _unfit(shape: KVShape, *specs) -> dict[str, str]:
     out = {}
     for spec in specs:
         if spec is not None:
-            out.update(codec_spec.unfit(spec, shape.n_layer, shape.full_layers, shape.head_dim_k, shape.head_dim_v))
+            out.update(codec_spec.unfit(spec, shape.n_layer, shape.full_layers, shape.head_dim))
     return out
 
 

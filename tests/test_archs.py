@@ -45,7 +45,27 @@ SPECS = {
     "llama-kv-array": TinySpec("llama", n_head_kv=(2, 2)),  # head_count_kv written per layer
     "llama-longrope": TinySpec("llama", longrope=256),  # n_ctx 1024 > 256: llama.cpp takes the long factors
     "phi3-longrope": TinySpec("phi3", longrope=256),
+    "exaone": TinySpec("exaone"),
+    "exaone4": TinySpec("exaone4"),  # norms after the blocks only, per-head q/k norms
+    "glm4": TinySpec("glm4", extra={"rope.dimension_count": 8}),  # half of each head rotates, as GLM-4's
+    "internlm2": TinySpec("internlm2"),
+    "stablelm": TinySpec("stablelm", extra={"rope.dimension_count": 4}),  # LayerNorm with biases, 25% rotary
+    "command-r": TinySpec("command-r"),  # parallel blocks, logit scale
+    "gemma": TinySpec("gemma", head_dim=32),  # Gemma 7B's head dim is no n_embd / n_head either
+    "qwen3moe": TinySpec("qwen3moe", head_dim=32),  # 4 experts, 2 used
+    "olmo": TinySpec("olmo"),  # LayerNorms without weights
+    "gpt-oss": TinySpec("gpt-oss", head_dim=32),  # layer 0 slides over 32, layer 1 full; sinks; MoE
+    # Gemma 4 31B's layout, tiny: sliding layers 16-wide heads x 2 KV heads, full ones 32 x 1 with V
+    # taken from K's projection (no attn_v); no per-layer embeddings, no shared KV layers
+    "gemma4": TinySpec("gemma4", n_layer=4, head_dim=32, head_dim_swa=16, n_head_kv=(2, 1, 2, 1),
+                       sliding=(True, False, True, False)),
 }
+
+
+def test_every_architecture_the_readme_lists_as_tested_has_a_tiny_model():
+    """support.TESTED_ARCHS (the README's table) is what these tests run: gemma3 and llama on
+    their real models and tiny ones, the rest on tiny ones."""
+    assert set(support.TESTED_ARCHS) == {spec.arch for spec in SPECS.values()} | {"gemma3"}
 
 
 @pytest.fixture(scope="module")
@@ -153,9 +173,44 @@ def test_a_phi3_window_is_ignored_as_llama_cpp_ignores_it_and_uniform_arrays_are
     assert (shape.n_swa, shape.full_layers, shape.n_head_kv) == (0, [0, 1], 2)
     qwen2 = {k.replace("phi3", "qwen2"): v for k, v in meta.items()} | {"general.architecture": "qwen2"}
     assert KVShape.from_metadata(qwen2).n_swa == 0  # llama.cpp's qwen2 never reads a window
-    varying = dict(meta, **{"phi3.attention.head_count_kv": [2, 4]})
-    with pytest.raises(ValueError, match="differs from layer to layer"):
-        KVShape.from_metadata(varying)
+    varying = KVShape.from_metadata(dict(meta, **{"phi3.attention.head_count_kv": [2, 4]}))
+    assert (varying.kv_heads(0), varying.kv_heads(1), varying.values_per_token) == (2, 4, 2 * 16 * 2 + 4 * 16 * 2)
+    assert "differ in KV heads" in varying.uneven_full_layers
+    exaone4 = {k.replace("phi3", "exaone4"): v for k, v in meta.items()} | {"general.architecture": "exaone4"}
+    assert KVShape.from_metadata(exaone4).n_swa == 0  # llama.cpp slides EXAONE 4 only at 64 layers
+    exaone4_32b = KVShape.from_metadata(exaone4 | {"exaone4.block_count": 64, "exaone4.attention.head_count_kv": 2})
+    assert (exaone4_32b.n_swa, exaone4_32b.full_layers[:2]) == (2047, [3, 7])
+
+
+def test_gemma4_full_layers_hold_their_own_head_dims_and_kv_heads(tiny):
+    """Gemma 4: sliding layers 16-wide x 2 KV heads, full ones 32-wide x 1 (key_length_swa and a
+    per-layer head_count_kv): the store holds the full layers' shape, inspect predicts it."""
+    shape = KVShape.from_gguf(tiny("gemma4"))
+    assert (shape.full_layers, shape.n_head_kv, shape.head_dim_k, shape.uneven_full_layers) == ([1, 3], 1, 32, None)
+    assert [shape.width(il, 0) for il in range(4)] == [32, 32, 32, 32] and shape.head_dim(0, 1) == 16
+
+
+def test_full_layers_of_different_shapes_are_refused_and_run_stock(tmp_path, smollm2_path, recwarn):
+    """deci (Nemotron) layers each have their own KV head count: kvgguf's store holds one shape,
+    so kv_codec refuses before any token, while a stock context keeps every kvgguf service
+    (kv_memory, sessions, inspect) and install() falls back to it."""
+    path = str(tiny_models.write(tmp_path / "deci.gguf", TinySpec("deci", n_head_kv=(2, 1)), smollm2_path))
+    with pytest.raises(UnsupportedModelError, match="full-attention layers differ in KV heads.*kv_codec=None"):
+        Llama(path, kv_codec="tiered", n_ctx=512, **KW)
+    stock = Llama(path, n_ctx=512, **KW)
+    toks = stock.tokenize(b"one two three four five six")
+    stock.eval(toks)
+    assert stock.kv_memory().values_per_token == 2 * 16 * 2 + 1 * 16 * 2
+    stock.save_session(tmp_path / "deci.kvz")
+    again = Llama(path, n_ctx=512, **KW)
+    assert again.load_session(tmp_path / "deci.kvz").n_tokens == len(toks)
+    assert inspect.kv_table(KVShape.from_gguf(path))[-1]["unavailable"].startswith("its full-attention layers")
+    kvgguf.install(kv_codec="tiered")
+    try:
+        assert llama_cpp.Llama(path, n_ctx=512, **KW).kv_config is None
+    finally:
+        kvgguf.uninstall()
+    assert any("differ in KV heads" in str(w.message) for w in recwarn)
 
 
 @pytest.mark.parametrize("arch, why", [

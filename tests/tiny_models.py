@@ -30,8 +30,19 @@ import numpy as np
 #   output       an untied output.weight (olmo2's loader requires one)
 #   sinks        attn_sinks: one f32 logit per head that joins each row's softmax (no value), drawn
 #                in 0..2 so that it takes a visible share of the attention
-#   swa_layers   attention.sliding_window_pattern as a per-layer bool array (granite_swa's loader
-#                requires one): layer il slides unless il % 4 == 0, its converter's default
+#   swa_layers   attention.sliding_window_pattern as a per-layer bool array (granite_swa's and gemma4's
+#                loaders require one): TinySpec.sliding, else layer il slides unless il % 4 == 0
+#                (granite_swa's converter's default)
+#   no_norms     LayerNorms without weights: no norm tensors at all, output_norm included (olmo)
+#   ffn_norm_post_attn  the FFN's pre-norm is stored as post_attention_norm, with no ffn_norm (gpt-oss)
+#   moe          a routed MoE FFN instead of the dense one: ffn_gate_inp and ffn_{gate,up,down}_exps
+#                (KEYS' expert_count, expert_used_count, expert_feed_forward_length)
+#   moe_bias     biases on the router and the experts (gpt-oss)
+#   k_eq_v       full-attention layers have no attn_v: llama.cpp takes V from K's projection, before
+#                K's norm and rope (Gemma 4's attention_k_eq_v, as in its 31B and 26B-A4B)
+#   rope_freqs   one rope_freqs tensor for the full-attention layers: a quarter of each head rotates,
+#                the rest is held still by factors of 1e30 (Gemma 4's "proportional" rope)
+#   out_scale    layer_output_scale: one scalar multiplying each layer's output (Gemma 4)
 ARCHS: dict[str, frozenset] = {a: frozenset(f.split()) for a, f in {
     "llama": "",
     "mistral3": "",
@@ -47,12 +58,30 @@ ARCHS: dict[str, frozenset] = {a: frozenset(f.split()) for a, f in {
     "gemma3": "post_norms qk_norm",
     # granite_swa (llama.cpp's name, with "_"): granite with per-layer sliding windows and sinks
     "granite_swa": "sinks swa_layers",
+    "exaone": "",
+    "exaone4": "qk_norm post_norms no_pre_norms",  # sliding windows only at 64 layers (32B)
+    "glm4": "post_norms fused_up",
+    "internlm2": "output",
+    "stablelm": "layer_norm norm_bias output",
+    "command-r": "layer_norm parallel",  # q/k norms only at >= 64 layers
+    "gemma": "",
+    "qwen3moe": "qk_norm moe",
+    "olmo": "layer_norm no_norms",
+    # gpt-oss (llama.cpp's openai-moe): even layers slide (its loader's default pattern 2), sinks,
+    # MoE with biases
+    "gpt-oss": "qkv_bias out_bias sinks ffn_norm_post_attn moe moe_bias output",
+    # gemma4 without per-layer embeddings or shared KV layers (its 31B's layout)
+    "gemma4": "post_norms qk_norm swa_layers k_eq_v rope_freqs out_scale",
+    # deci (Nemotron 51B/49B): llama's layers, each with its own KV head count (kvgguf refuses
+    # full-attention layers of different shapes; stock llama.cpp runs them)
+    "deci": "",
 }.items()}
 
 # Metadata the loaders require, or that makes the tiny model exercise the architecture's extras
 # (keys without "{arch}."; TinySpec's fields and extra override them). Windows are small so that a few hundred
 # tokens slide out of them; softcaps are small so that they bite on random weights.
 _GRANITE = {"attention.scale": 0.0625, "embedding_scale": 12.0, "residual_scale": 0.22, "logit_scale": 8.0}
+_MOE = {"expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 32}  # tiny experts
 KEYS: dict[str, dict] = {
     "granite": _GRANITE,
     # granite_swa: logit_scale and sliding_window are required (its pattern comes from "swa_layers")
@@ -61,6 +90,14 @@ KEYS: dict[str, dict] = {
     "cohere2": {"attention.sliding_window": 32, "logit_scale": 0.125},
     # gemma2: even layers slide, odd ones are full (llama.cpp's default pattern 2)
     "gemma2": {"attention.sliding_window": 32, "attn_logit_softcapping": 5.0, "final_logit_softcapping": 10.0},
+    "command-r": {"logit_scale": 0.125},
+    "qwen3moe": _MOE,
+    "gpt-oss": {**_MOE, "attention.sliding_window": 32},  # both required
+    # gemma4: embedding_length_per_layer_input is required (0: none); head dims of the sliding layers
+    # come from TinySpec.head_dim_swa; rope bases as Gemma 4's (10K sliding, 1M full)
+    "gemma4": {"attention.sliding_window": 32, "embedding_length_per_layer_input": 0,
+               "attention.shared_kv_layers": 0, "rope.freq_base": 1e6, "rope.freq_base_swa": 1e4,
+               "final_logit_softcapping": 10.0},
 }
 
 
@@ -74,6 +111,11 @@ class TinySpec:
     # layer's K/V tensors by layer 0, so only equal counts load there)
     n_head_kv: Union[int, tuple[int, ...]] = 2
     head_dim: Optional[int] = None  # None: n_embd / n_head (key_length and value_length unwritten)
+    # the sliding layers' head dim (attention.key_length_swa, value_length_swa, rope.dimension_count_swa),
+    # where it differs from the full layers' (gemma4)
+    head_dim_swa: Optional[int] = None
+    # which layers slide, written as attention.sliding_window_pattern (for "swa_layers" archs)
+    sliding: Optional[tuple[bool, ...]] = None
     n_ff: int = 128
     n_ctx_train: int = 4096
     # attention.sliding_window; phi3's converter writes one into every file and llama.cpp ignores it
@@ -93,6 +135,18 @@ class TinySpec:
 
     def kv_heads(self, il: int) -> int:
         return self.n_head_kv[il] if isinstance(self.n_head_kv, tuple) else self.n_head_kv
+
+    @property
+    def swa_pattern(self) -> Optional[tuple[bool, ...]]:
+        """Which layers slide, where the GGUF lists them ("swa_layers" archs), else None."""
+        if "swa_layers" not in ARCHS[self.arch]:
+            return None
+        return self.sliding or tuple(il % 4 != 0 for il in range(self.n_layer))
+
+    def layer_hd(self, il: int) -> int:
+        """Layer il's head dim: head_dim_swa on sliding layers where the GGUF lists them."""
+        pattern = self.swa_pattern
+        return self.head_dim_swa if self.head_dim_swa and pattern and pattern[il] else self.hd
 
 
 @functools.lru_cache(maxsize=None)
@@ -190,11 +244,14 @@ def write(path: Path, spec: TinySpec, tokenizer_from: Path, seed: int = 0) -> Pa
     }
     if spec.head_dim:
         keys.update({"attention.key_length": spec.head_dim, "attention.value_length": spec.head_dim})
+    if spec.head_dim_swa:
+        keys.update({"attention.key_length_swa": spec.head_dim_swa, "attention.value_length_swa": spec.head_dim_swa,
+                     "rope.dimension_count_swa": spec.head_dim_swa})  # else llama.cpp rotates the full layers' width
     if spec.sliding_window is not None:
         keys["attention.sliding_window"] = spec.sliding_window
-    if "swa_layers" in has:
-        # bools, as its converter writes them; llama.cpp reads them into hparams.is_swa_impl
-        keys["attention.sliding_window_pattern"] = [il % 4 != 0 for il in range(spec.n_layer)]
+    if spec.swa_pattern:
+        # bools, as the converters write them; llama.cpp reads them into hparams.is_swa_impl
+        keys["attention.sliding_window_pattern"] = list(spec.swa_pattern)
     if spec.longrope:
         # attn_factor as Phi-3's converter computes it for a 4x longer context
         scale = 4.0
@@ -212,7 +269,8 @@ def write(path: Path, spec: TinySpec, tokenizer_from: Path, seed: int = 0) -> Pa
             t(name + ".bias", spec.n_embd)
 
     t("token_embd.weight", n_vocab, spec.n_embd, scale=0.5)
-    norm("output_norm")
+    if "no_norms" not in has:
+        norm("output_norm")
     if "output" in has:
         t("output.weight", n_vocab, spec.n_embd)
     if spec.longrope:
@@ -221,24 +279,30 @@ def write(path: Path, spec: TinySpec, tokenizer_from: Path, seed: int = 0) -> Pa
         half = spec.hd // 2
         w.add_tensor("rope_factors_long.weight", np.linspace(1.0, 8.0, half, dtype=np.float32))
         w.add_tensor("rope_factors_short.weight", np.linspace(1.0, 1.5, half, dtype=np.float32))
+    if "rope_freqs" in has:
+        half, rotated = spec.hd // 2, spec.hd // 8
+        w.add_tensor("rope_freqs.weight", np.array([1.0] * rotated + [1e30] * (half - rotated), dtype=np.float32))
+    sliding = spec.swa_pattern or (False,) * spec.n_layer
     for il in range(spec.n_layer):
         p = f"blk.{il}."
-        q, kv = spec.n_head * spec.hd, spec.kv_heads(il) * spec.hd
-        if "no_pre_norms" not in has:
+        hd = spec.layer_hd(il)
+        q, kv = spec.n_head * hd, spec.kv_heads(il) * hd
+        if not has & {"no_pre_norms", "no_norms"}:
             norm(p + "attn_norm")
         if "fused_qkv" in has:
             t(p + "attn_qkv.weight", q + 2 * kv, spec.n_embd)
         else:
             t(p + "attn_q.weight", q, spec.n_embd)
             t(p + "attn_k.weight", kv, spec.n_embd)
-            t(p + "attn_v.weight", kv, spec.n_embd)
+            if not ("k_eq_v" in has and not sliding[il]):
+                t(p + "attn_v.weight", kv, spec.n_embd)
         if "qkv_bias" in has:
             t(p + "attn_q.bias", q)
             t(p + "attn_k.bias", kv)
             t(p + "attn_v.bias", kv)
         if "qk_norm" in has:
-            ones(p + "attn_q_norm.weight", spec.hd)
-            ones(p + "attn_k_norm.weight", spec.hd)
+            ones(p + "attn_q_norm.weight", hd)
+            ones(p + "attn_k_norm.weight", hd)
         if "qk_norm_rows" in has:
             ones(p + "attn_q_norm.weight", q)
             ones(p + "attn_k_norm.weight", kv)
@@ -248,19 +312,33 @@ def write(path: Path, spec: TinySpec, tokenizer_from: Path, seed: int = 0) -> Pa
         if "sinks" in has:
             # f32, as ggml_soft_max_add_sinks requires; positive so that the sink soaks up attention
             w.add_tensor(p + "attn_sinks.weight", rng.uniform(0.0, 2.0, spec.n_head).astype(np.float32))
-        if "post_norms" in has:
+        if has & {"post_norms", "ffn_norm_post_attn"}:
             norm(p + "post_attention_norm")
-        if not has & {"no_pre_norms", "parallel"}:
+        if not has & {"no_pre_norms", "no_norms", "parallel", "ffn_norm_post_attn"}:
             norm(p + "ffn_norm")
-        if not has & {"no_gate", "fused_up"}:
-            t(p + "ffn_gate.weight", spec.n_ff, spec.n_embd)
-        t(p + "ffn_up.weight", spec.n_ff * (2 if "fused_up" in has else 1), spec.n_embd)
-        t(p + "ffn_down.weight", spec.n_embd, spec.n_ff)
+        if "moe" in has:
+            n_exp, n_ff_exp = keys["expert_count"], keys["expert_feed_forward_length"]
+            t(p + "ffn_gate_inp.weight", n_exp, spec.n_embd)
+            t(p + "ffn_gate_exps.weight", n_exp, n_ff_exp, spec.n_embd)
+            t(p + "ffn_up_exps.weight", n_exp, n_ff_exp, spec.n_embd)
+            t(p + "ffn_down_exps.weight", n_exp, spec.n_embd, n_ff_exp)
+            if "moe_bias" in has:
+                t(p + "ffn_gate_inp.bias", n_exp)
+                t(p + "ffn_gate_exps.bias", n_exp, n_ff_exp, f32=True)
+                t(p + "ffn_up_exps.bias", n_exp, n_ff_exp, f32=True)
+                t(p + "ffn_down_exps.bias", n_exp, spec.n_embd, f32=True)
+        else:
+            if not has & {"no_gate", "fused_up"}:
+                t(p + "ffn_gate.weight", spec.n_ff, spec.n_embd)
+            t(p + "ffn_up.weight", spec.n_ff * (2 if "fused_up" in has else 1), spec.n_embd)
+            t(p + "ffn_down.weight", spec.n_embd, spec.n_ff)
         if "ffn_bias" in has:
             t(p + "ffn_up.bias", spec.n_ff)
             t(p + "ffn_down.bias", spec.n_embd)
         if "post_norms" in has:
             norm(p + "post_ffw_norm")
+        if "out_scale" in has:
+            w.add_tensor(p + "layer_output_scale.weight", np.array([0.5 + 0.5 * rng.random()], dtype=np.float32))
     _finish(w)
     return path
 

@@ -48,9 +48,9 @@ def llama_cache_bytes(shape: KVShape, n_ctx: int, cache: str = "f16", *, swa_ful
     plus one ubatch."""
     cells = pad(n_ctx)
     swa_cells = cells if swa_full else pad(min(cells, shape.n_swa + n_ubatch))
-    full = len(shape.full_layers)
-    per_cell = (shape.n_embd_k_gqa + shape.n_embd_v_gqa) // 32 * LLAMA_BLOCK_BYTES[cache]
-    return (full * cells + (shape.n_layer - full) * swa_cells) * per_cell
+    full = set(shape.full_layers)
+    return sum((cells if il in full else swa_cells) * (shape.width(il, 0) + shape.width(il, 1)) // 32
+               * LLAMA_BLOCK_BYTES[cache] for il in range(shape.n_layer))
 
 
 def fitted_config(shape: KVShape, config: TieredConfig, model_bytes: Optional[int] = None) -> TieredConfig:
@@ -121,6 +121,9 @@ def kv_table(shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[int] = None
         if model_bytes:
             config = sized_for_model(config, 2 * shape.values_per_token, model_bytes)
         label = "tiered (calibrated)" if name == "tiered" and tiered else name
+        if shape.uneven_full_layers:  # Llama(kv_codec=...) refuses it (kvgguf.llamacpp.support)
+            rows.append({"cache": label, "from": "kvgguf", "unavailable": shape.uneven_full_layers})
+            continue
         try:
             sizes = {n: kvgguf_bytes(shape, n, config, n_batch=n_batch, n_ubatch=n_ubatch) for n in contexts}
         except ValueError as e:  # a head dim the codec cannot take
@@ -137,6 +140,19 @@ def kv_table(shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[int] = None
 
 def tokens(n: int) -> str:
     return f"{n // 1024}K" if n % 1024 == 0 else str(n)
+
+
+def _per_layer(values: tuple) -> str:
+    """'2, 2, 1' for values that differ from layer to layer, '' where one number holds."""
+    return ", ".join(map(str, values)) + " by layer" if len(set(values)) > 1 else ""
+
+
+def _sliding_dims(shape: KVShape) -> str:
+    """The head dims of sliding-window layers where they differ (Gemma 4's key_length_swa)."""
+    swa = {shape.layer_head_dims[il] for il in range(shape.n_layer) if il not in shape.full_attention_layers} \
+        if shape.layer_head_dims else set()
+    other = swa - {(shape.head_dim_k, shape.head_dim_v)}
+    return "".join(f" (sliding layers K {k}, V {v})" for k, v in sorted(other))
 
 
 def format_card(path, shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[int] = None,
@@ -170,12 +186,15 @@ def format_card(path, shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[in
         "layers, encoded.",
         "bits = bytes x 8 / (n_ctx x layers x K+V values per token).",
     ]
+    if shape.uneven_full_layers:
+        notes.append(f"kvgguf rows n/a: kv_codec refuses this model, {shape.uneven_full_layers}; kv_codec=None "
+                     "runs it on llama.cpp's own cache.")
     lines = [
         f"model:        {path}",
         f"architecture: {shape.arch}",
         f"layers:       {shape.n_layer}",
-        f"heads:        {shape.n_head} (KV heads {shape.n_head_kv})",
-        f"head dims:    K {shape.head_dim_k}, V {shape.head_dim_v}",
+        f"heads:        {shape.n_head} (KV heads {_per_layer(shape.layer_kv_heads) or shape.n_head_kv})",
+        f"head dims:    K {shape.head_dim_k}, V {shape.head_dim_v}" + _sliding_dims(shape),
         f"attention:    {swa}",
         f"context:      {shape.n_ctx_train} tokens (trained)",
         "",

@@ -22,7 +22,12 @@ SLIDING_WINDOW: dict[str, Optional[tuple[int, int]]] = {
     "olmo2": (0, 4),  # OLMo 3: a window only where the GGUF states one
     "granite_swa": (0, 0),  # window and per-layer pattern both stated (its loader requires them)
     "gpt-oss": (0, 2),
+    "gemma4": (0, 0),  # window and per-layer pattern both stated (its loader requires them)
+    "exaone4": (4096, 4),  # only at 64 layers (EXAONE 4.0 32B): WINDOW_ONLY_AT_LAYERS
 }
+# Architectures that llama.cpp gives a sliding window only at one layer count, ignoring a stated
+# window otherwise (its converter writes one into every EXAONE 4.0 file, 1.2B included)
+WINDOW_ONLY_AT_LAYERS = {"exaone4": 64}
 # The architectures whose loader reads attention.sliding_window at all (grep of src/models/*.cpp,
 # by the names llama-arch.cpp gives them):
 # any other ignores a stated window, and one of these missing from SLIDING_WINDOW is refused when
@@ -41,6 +46,8 @@ class KVShape:
     arch: str
     n_layer: int
     n_head: int
+    # KV heads and head dims of the full-attention layers: the rows kvgguf's store holds (where
+    # every layer has the same shape, every layer's)
     n_head_kv: int
     head_dim_k: int
     head_dim_v: int
@@ -49,9 +56,27 @@ class KVShape:
     # the GGUF lists the layers one by one
     full_attention_layers: tuple[int, ...]  # layers that attend to the whole context
     n_ctx_train: int = 0
+    # per layer (llama.cpp's n_head_kv(il), n_embd_head_k(il), n_embd_head_v(il)): GGUFs may state
+    # head_count_kv per layer, and sliding-window layers may have head dims of their own
+    # (attention.key_length_swa, as Gemma 4's do); empty: n_head_kv/head_dim_k/head_dim_v on every layer
+    layer_kv_heads: tuple[int, ...] = ()
+    layer_head_dims: tuple[tuple[int, int], ...] = ()  # (K, V)
+
+    def kv_heads(self, il: int) -> int:
+        return self.layer_kv_heads[il] if self.layer_kv_heads else self.n_head_kv
+
+    def head_dim(self, il: int, kind: int) -> int:
+        """Layer il's head dim of K (kind 0) or V (kind 1)."""
+        dims = self.layer_head_dims[il] if self.layer_head_dims else (self.head_dim_k, self.head_dim_v)
+        return dims[kind]
+
+    def width(self, il: int, kind: int) -> int:
+        """Values per token of layer il's K (kind 0) or V (kind 1) rows."""
+        return self.kv_heads(il) * self.head_dim(il, kind)
 
     @property
     def n_embd_k_gqa(self) -> int:
+        """K values per token of a full-attention layer."""
         return self.n_head_kv * self.head_dim_k
 
     @property
@@ -61,50 +86,71 @@ class KVShape:
     @property
     def values_per_token(self) -> int:
         """K and V values one token adds to the cache, all layers."""
-        return self.n_layer * (self.n_embd_k_gqa + self.n_embd_v_gqa)
+        return sum(self.width(il, 0) + self.width(il, 1) for il in range(self.n_layer))
 
     @property
     def full_layers(self) -> list[int]:
         """Layers that attend to the whole context (all of them without a sliding window)."""
         return list(self.full_attention_layers)
 
+    @property
+    def uneven_full_layers(self) -> Optional[str]:
+        """Why the full-attention layers do not share one shape (kvgguf's store holds one), or None."""
+        shapes = {(self.kv_heads(il), self.head_dim(il, 0), self.head_dim(il, 1)) for il in self.full_layers}
+        if len(shapes) <= 1:
+            return None
+        return ("its full-attention layers differ in KV heads or head dims ("
+                + ", ".join(f"{h} x {k}/{v}" for h, k, v in sorted(shapes)) + "); kvgguf's store holds one shape")
+
     @classmethod
     def from_metadata(cls, meta: dict, source: str = "the model") -> "KVShape":
-        """The shape as llama.cpp derives it: head dims from key_length/value_length, else
-        embedding_length / head_count; the sliding window and which layers have it from the GGUF,
-        else llama.cpp's default for the architecture (SLIDING_WINDOW)."""
+        """The shape as llama.cpp derives it: head dims from key_length/value_length (their _swa
+        forms on sliding layers), else embedding_length / head_count of layer 0; KV heads per layer
+        from head_count_kv (one number or one per layer); the sliding window and which layers have
+        it from the GGUF, else llama.cpp's default for the architecture (SLIDING_WINDOW)."""
         arch = meta.get("general.architecture")
         if not arch:
             raise GGUFError(f"{source} has no general.architecture")
 
-        def get(key, default=None):
+        def get(key, default=None, *, per_layer: bool = False):
             value = meta.get(f"{arch}.{key}", default)
-            if isinstance(value, list) and value and all(v == value[0] for v in value):
-                value = value[0]  # a per-layer array (llama.cpp takes both) that is the same on every layer
-            elif isinstance(value, list):
-                raise GGUFError(f"{source} ({arch}): {arch}.{key} differs from layer to layer ({value[:8]}...); "
-                                "kvgguf holds one shape for every layer")
+            if isinstance(value, list):
+                if not value or any(isinstance(v, (str, list)) for v in value):
+                    raise GGUFError(f"{source} ({arch}) has no number in {arch}.{key}")
+                if per_layer:
+                    if len(value) != n_layer:
+                        raise GGUFError(f"{source} ({arch}): {arch}.{key} lists {len(value)} layers of {n_layer}")
+                    return tuple(int(v) for v in value)
+                value = value[0]  # llama.cpp reads layer 0's where it takes one number
             if value is None or isinstance(value, str):
                 raise GGUFError(f"{source} ({arch}) has no scalar {arch}.{key}")
-            return int(value)
+            return (int(value),) * n_layer if per_layer else int(value)
 
         n_layer = get("block_count")
         n_head = get("attention.head_count") if f"{arch}.attention.head_count" in meta else 0
         if n_head <= 0:  # a recurrent model (mamba, rwkv): llama.cpp gives it a state, not a KV cache
             raise GGUFError(f"{source} ({arch}) has no attention heads: it keeps a recurrent state, not a KV cache")
         head_dim_k = get("attention.key_length", get("embedding_length") // n_head)
+        head_dim_v = get("attention.value_length", head_dim_k)
+        swa_dims = (get("attention.key_length_swa", head_dim_k), get("attention.value_length_swa", head_dim_v))
+        kv_heads = get("attention.head_count_kv", n_head, per_layer=True)
         n_swa, pattern, full = _sliding_window(arch, meta, n_layer, source)
+        dims = tuple((head_dim_k, head_dim_v) if il in full or not n_swa else swa_dims for il in range(n_layer))
+        first_full = full[0] if full else 0
+        uniform = len(set(kv_heads)) == 1 and len(set(dims)) == 1
         return cls(
             arch=arch,
             n_layer=n_layer,
             n_head=n_head,
-            n_head_kv=get("attention.head_count_kv", n_head),
+            n_head_kv=kv_heads[first_full],
             head_dim_k=head_dim_k,
-            head_dim_v=get("attention.value_length", head_dim_k),
+            head_dim_v=head_dim_v,
             n_swa=n_swa,
             swa_pattern=pattern,
             full_attention_layers=full,
             n_ctx_train=get("context_length", 0),
+            layer_kv_heads=() if uniform else kv_heads,
+            layer_head_dims=() if uniform else dims,
         )
 
     @classmethod
@@ -125,6 +171,8 @@ def _sliding_window(arch: str, meta: dict, n_layer: int, source: str) -> tuple[i
     """(window, every n-th layer full or 0, full-attention layers), as llama.cpp's load_swa_pattern
     reads them: the pattern is an array of per-layer flags (true: sliding) or a scalar n."""
     stated = meta.get(f"{arch}.attention.sliding_window")
+    if WINDOW_ONLY_AT_LAYERS.get(arch, n_layer) != n_layer:
+        return 0, 0, tuple(range(n_layer))
     if (arch in SLIDING_WINDOW and SLIDING_WINDOW[arch] is None) or (
             arch not in SLIDING_WINDOW and (not stated or arch not in READS_SLIDING_WINDOW)):
         return 0, 0, tuple(range(n_layer))

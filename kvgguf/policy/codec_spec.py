@@ -7,7 +7,7 @@ cache's tiers and the session codec take the same specs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Tuple, Union
 
 from ..native import codecs
@@ -76,16 +76,15 @@ def parse_kv(text: str) -> tuple[str, str]:
     return _pair((parts["k"].strip(), parts["v"].strip()))
 
 
-def unfit(spec: CodecSpec, n_layer: int, layers, head_dim_k: int, head_dim_v: int) -> dict[str, str]:
+def unfit(spec: CodecSpec, n_layer: int, layers, head_dim: Callable[[int, int], int]) -> dict[str, str]:
     """{codec: why} for the codecs spec gives any of `layers` that cannot take that layer's head
-    dim (rotations need a power of two), so a config is refused or changed before the first
-    token rather than failing at the first eviction."""
+    dim (head_dim(il, kind); rotations need a power of two), so a config is refused or changed
+    before the first token rather than failing at the first eviction."""
     out = {}
     for (il, kind), name in choice(spec, n_layer).items():
         if il in layers and name not in out:
             try:
-                codecs.get(name).encoded_size((1, 1, head_dim_k if kind == KIND_K else head_dim_v),
-                                              "k" if kind == KIND_K else "v")
+                codecs.get(name).encoded_size((1, 1, head_dim(il, kind)), "k" if kind == KIND_K else "v")
             except ValueError as e:
                 out[name] = str(e)
     return out

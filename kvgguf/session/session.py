@@ -86,8 +86,7 @@ def dump(live: LiveContext, *, codec: Optional[CodecSpec] = None, exact: bool = 
         codec = "f16"
     elif codec is None:
         codec = kv.config.warm if kv is not None else DEFAULT_STOCK_CODEC
-        if kv is None and codec_spec.unfit(codec, shape.n_layer, range(shape.n_layer), shape.head_dim_k,
-                                           shape.head_dim_v):
+        if kv is None and codec_spec.unfit(codec, shape.n_layer, range(shape.n_layer), shape.head_dim):
             codec = ANY_HEAD_DIM_STOCK_CODEC
     n_tokens = len(live.tokens)
     layers_of_cache = state_format.cache_layers(ctx, shape.n_layer, hooks.layer_info)
@@ -178,10 +177,6 @@ def _check_positions(caches, n_cold: int, n_tokens: int) -> None:
         )
 
 
-def _head_dim(shape: KVShape, kind: int) -> int:
-    return shape.head_dim_k if kind == KIND_K else shape.head_dim_v
-
-
 def _sink_rows(cells: bytes) -> int:
     """Leading rows (cell order) that hold the attention sinks (positions < SINKS), kept exact
     in the file; only where llama.cpp holds the rows in position order (it does after
@@ -203,7 +198,7 @@ def _encode_hot(layer: Optional[state_format.LayerRows], kind: int, shape: KVSha
     segments = []
     if ggml_type in (state_format.GGML_F16, state_format.GGML_F32):
         dtype = np.float16 if ggml_type == state_format.GGML_F16 else np.float32
-        x = rows.view(dtype).astype(np.float32).reshape(n, shape.n_head_kv, _head_dim(shape, kind))
+        x = rows.view(dtype).astype(np.float32).reshape(n, shape.kv_heads(layer.il), shape.head_dim(layer.il, kind))
         f16 = codecs.get("f16")
         for c, part in ((f16, x[:n_sink]), (codec, x[n_sink:])):
             if len(part):
@@ -411,7 +406,7 @@ def _read_hot(take, il: int, kind: int, cache, shape: KVShape, params: dict) -> 
     ggml_type, n, row_bytes, n_segments = _HOT.unpack(take(_HOT.size))
     if n != cache.n_cells or n_segments > n:
         raise SessionCorruptError(f"layer {il} holds {n} exact rows in {n_segments} parts, the cache {cache.n_cells}")
-    width = shape.n_head_kv * _head_dim(shape, kind)
+    width = shape.width(il, kind)
     el = {state_format.GGML_F16: 2, state_format.GGML_F32: 4}.get(ggml_type)
     names = codecs.names()
     parts = []
@@ -430,7 +425,7 @@ def _read_hot(take, il: int, kind: int, cache, shape: KVShape, params: dict) -> 
         if el is None or row_bytes != width * el:
             raise SessionCorruptError(f"layer {il}: exact rows of an impossible type or width")
         x = codecs.get(names[codec_id], **params).decode(
-            data, (n_rows, shape.n_head_kv, _head_dim(shape, kind)), kind)
+            data, (n_rows, shape.kv_heads(il), shape.head_dim(il, kind)), kind)
         parts.append(x.reshape(n_rows, width).astype(np.float16 if el == 2 else np.float32).view(np.uint8))
     rows = np.concatenate(parts) if parts else np.empty((0, row_bytes), np.uint8)
     if rows.shape != (n, row_bytes):
