@@ -72,7 +72,7 @@ typedef int (*kvg_score_fn)(const kvg_job * job, const uint8_t * src, int64_t t0
 typedef int (*kvg_accumulate_fn)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n,
                                  const float * p, const kvg_attn * a);
 
-// The online-softmax step of one chunk (attend.c; SIMD in attend_avx2.c, attend_neon.c): folds the chunk's
+// The online-softmax step of one chunk (attend.c; SIMD in attend_simd.h): folds the chunk's
 // scores s[j * n + t] into m, l and the accumulators (rescaled when m grows; accr too when
 // `rotated`), and turns the scores into the weights exp(s - m) the values are summed with.
 void kvg_attn_softmax_ref(const kvg_attn * a, float * m, float * l, float * s, int64_t n, int64_t dv, int rotated);

@@ -1,6 +1,6 @@
 // simd_avx2.c: AVX2 codec kernels for kivi and rotq (the *avx2* files alone are compiled with
 // -mavx2 -mfma -mf16c; cpu.c decides at run time whether they run). The attention kernels are in
-// attend_avx2.c.
+// attend_simd.h (its AVX2 primitives in attend_avx2.c).
 //
 // Each kernel performs the same float operations, on the same operands and in the same order,
 // as the scalar oracle it replaces (kivi.c, rotq.c); with -ffp-contract=off (no fused

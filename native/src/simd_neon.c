@@ -1,6 +1,6 @@
 // simd_neon.c: NEON codec kernels for kivi and rotq, the AArch64 counterparts of simd_avx2.c
 // (Advanced SIMD is part of the base ISA there, so no flags and no CPU check). The attention
-// kernels are in attend_neon.c.
+// kernels are in attend_simd.h (its NEON primitives in attend_neon.c).
 //
 // As in simd_avx2.c, each kernel performs the same float operations, on the same operands and
 // in the same order, as the scalar oracle (kivi.c, rotq.c): separate multiplies and adds, never
