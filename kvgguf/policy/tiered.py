@@ -152,13 +152,14 @@ class TieredConfig:
 
 
 # The presets' hot window and batch where a model's weights dominate its KV cache: llama_decode
-# runs the weight matmuls of 256 tokens far better than of 32 (the Llama-3.2-1B shape at 4K,
-# benchmarks/results/shapes/llama-3.2-1b_4k_preset.md: prefill 1.07x of stock f16's best with
-# 256/256 against 0.70x with 224/32, decode 1.20x against 1.15x). Taken where llama.cpp's f16
-# buffer of hot + ubatch cells then adds at most WIDE_SHARE to the bytes of the model's file:
-# 2.4% on 1B shapes; SmolLM2-135M (12%) and Gemma-3-270M (3.7%), whose caches dwarf or rival
-# their weights, keep 224/32 and the bytes it saves.
-WIDE_HOT, WIDE_UBATCH, WIDE_SHARE = 256, 256, 0.03
+# runs the weight matmuls of 256 tokens far better than of 32 (benchmarks/results/shapes/: the
+# Llama-3.2-1B shape at 4K prefilled at 1.07x of stock f16's best with 256/256 against 0.70x
+# with 224/32, decode 1.20x against 1.15x; the Llama-3.2-3B shape at 0.92x against 0.72x).
+# Taken where llama.cpp's f16 buffer of hot + ubatch cells then adds at most WIDE_SHARE to the
+# bytes of the model's file: 2.4% on the 1B shapes, 3.2% on the 3B one; SmolLM2-135M (12%) and
+# Gemma-3-270M (3.7%), whose caches dwarf or rival their weights, keep 224/32 and the bytes it
+# saves.
+WIDE_HOT, WIDE_UBATCH, WIDE_SHARE = 256, 256, 0.035
 
 
 def sized_for_model(config: TieredConfig, f16_bytes_per_token: int, model_bytes: int) -> TieredConfig:
