@@ -85,3 +85,21 @@ def run_python(code: str, env_update=None, env_remove=()):
     # Run outside the source tree, or `import kvgguf` would find the uninstalled sources.
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           timeout=300, cwd=Path(__file__).parent)
+
+
+# Markers (pyproject.toml names them): `model` for every test that loads a real model (SmolLM2,
+# Gemma-3 or a tiny one written from SmolLM2's tokenizer), set here from the fixtures a test
+# uses; `slow` (over ~20 s each) set on the tests themselves. `pytest -m "not model"` is the
+# inner loop's fast tier; the README's command runs everything.
+MODEL_FIXTURES = {"smollm2_path", "gemma3_path", "calibrated", "calibrated_cache_dir", "smollm2_calibration"}
+# A test that needs SmolLM2's calibration is slow: the fixture measures it (over 2 minutes)
+SLOW_FIXTURES = {"calibrated", "calibrated_cache_dir", "smollm2_calibration"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if MODEL_FIXTURES & fixtures:
+            item.add_marker(pytest.mark.model)
+        if SLOW_FIXTURES & fixtures:
+            item.add_marker(pytest.mark.slow)

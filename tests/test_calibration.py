@@ -56,6 +56,7 @@ def test_every_list_gets_a_curve_over_every_candidate(cal):
     assert sum(s > 0 for s in sens) > len(sens) // 2  # the probe's KL stands clear of zero on most lists
 
 
+@pytest.mark.slow
 def test_a_list_measured_again_gives_the_same_curve(smollm2_path, text, cal):
     assert cal.text == {"source": "self", "tokens": N_TOKENS, "seed": 0}
     again = calibration.measure(str(smollm2_path), text, threads=2, only=[(7, KIND_V)])

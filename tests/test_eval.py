@@ -24,6 +24,7 @@ def test_scoring_math_on_a_hand_computed_example():
     assert math.isnan(nll_ref[1]) and math.isnan(nll_test[1])  # next token unknown: no perplexity term
 
 
+@pytest.mark.slow
 def test_harness_gives_zero_for_the_reference_and_for_exact_cold_rows(smollm2_path):
     text = wikitext2_test()[:8000]
     tokens = llama_cpp.Llama(str(smollm2_path), vocab_only=True, verbose=False).tokenize(text.encode())

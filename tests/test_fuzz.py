@@ -45,6 +45,7 @@ def fuzz(targets: str, tmp: Path) -> list[dict]:
     return [json.loads(line) for line in lines.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_native_decoders_and_store_survive_fuzzing(tmp_path):
     if _clang_with_libfuzzer(tmp_path) is None:
         pytest.skip("no clang with libFuzzer: apt-get install clang-14 libclang-rt-14-dev (scripts/fuzz.sh does it as root)")

@@ -69,6 +69,7 @@ def test_the_preset_splits_long_evaluations_into_its_ubatch(smollm2_path, wiki_t
     ref.close()
 
 
+@pytest.mark.slow
 def test_at_equal_bits_held_rotq3_beats_llama_q4_0(smollm2_path, wiki_tokens):
     """Quality at equal memory, every byte counted on both sides.
 

@@ -86,6 +86,7 @@ def test_kvgguf_f16_cold_store_answers_exactly_as_llama_cpp(smollm2_path, f16_tr
 # -march=native) the presets find 7 of 10 against f16's 9 (fixed and calibrated alike, the same with
 # the code before issue 24). CI did not show it: .ci/run's && chain let a failed pytest end the run
 # with status 0 (fixed). Recall per bit is issue 28's work; the bar stays.
+@pytest.mark.slow
 @pytest.mark.xfail(reason="measured 7/10 vs f16 9/10 for both presets on this CPU: the bar is missed by one",
                    strict=False)
 def test_the_presets_recall_as_often_as_llama_cpp_f16_within_one_in_ten(smollm2_path, vocab, smollm2_calibration,

@@ -79,6 +79,7 @@ def test_unrope_undoes_rope(style):
     assert not np.allclose(sc.unrope(y, pos, 1e4, n_rot, "neox" if style == "norm" else "norm"), x)
 
 
+@pytest.mark.slow
 def test_small_run_gives_a_verdict_per_claim(tmp_path):
     out = tmp_path / "claims"
     assert sc.main(["--ctx", "128", "--chunks", "1", "--hot", "32", "--surprisal-tokens", "128",
