@@ -457,6 +457,13 @@ class Llama(llama_cpp.Llama):
         return session.LiveContext(self._ctx.ctx, self._kv, KVShape.of(self), ModelFingerprint.of(self),
                                    self.input_ids[:n].copy(), self.n_ctx(), self.n_vocab())
 
+    def set_cache(self, cache) -> None:
+        """llama-cpp-python's prompt cache; a shared one (CompressedRedisCache) is keyed by this
+        model's fingerprint and codec from here on."""
+        super().set_cache(cache)
+        if isinstance(cache, CompressedCache) and hasattr(cache, "attach"):
+            cache.attach(self)
+
     @_serialized
     def save_state(self):
         """llama-cpp-python's state; with a kv_codec or a compressed prompt cache, a

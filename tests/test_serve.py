@@ -7,67 +7,25 @@ per-layer codecs, which every cached prompt is saved with."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import socket
 import subprocess
-import sys
 import threading
-import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 openai = pytest.importorskip("openai")
 
-KVGGUF = shutil.which("kvgguf", path=str(Path(sys.executable).parent)) or "kvgguf"
-START_TIMEOUT_S = 180
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=30) as r:
-        return json.loads(r.read())
+from servers import KVGGUF, get_json, kvgguf_serve
 
 
 @pytest.fixture(scope="module")
 def server(smollm2_path, tmp_path_factory, calibrated_cache_dir):
-    port = free_port()
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [KVGGUF, "serve", str(smollm2_path), "--model_alias", "smollm2-135m", "--host", "127.0.0.1", "--port",
-             str(port), "--n_ctx", "2048", "--n_threads", "2", "--n_threads_batch", "2", "--prompt-cache", "ram",
-             "--prompt-cache-bytes", str(256 << 20)],
-            stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, KVGGUF_CACHE_DIR=str(calibrated_cache_dir)))
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"kvgguf serve exited with {proc.returncode}:\n{log.read_text()}")
-            try:
-                get_json(base + "/v1/models")
-                break
-            except OSError:
-                if time.time() > deadline:
-                    pytest.fail(f"kvgguf serve did not answer within {START_TIMEOUT_S} s:\n{log.read_text()}")
-                time.sleep(0.5)
+    args = [str(smollm2_path), "--model_alias", "smollm2-135m", "--n_ctx", "2048", "--n_threads", "2",
+            "--n_threads_batch", "2", "--prompt-cache", "ram", "--prompt-cache-bytes", str(256 << 20)]
+    with kvgguf_serve(args, log, {"KVGGUF_CACHE_DIR": str(calibrated_cache_dir)}) as base:
         yield base, log
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture(scope="module")

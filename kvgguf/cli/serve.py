@@ -3,8 +3,9 @@ settings) with kvgguf's compressed KV cache and compressed, byte-bounded prompt 
 
 The server builds `llama_cpp.Llama` itself; `kvgguf.install()` makes that a kvgguf.Llama. Its
 prompt-cache classes (`--cache true --cache_type ram|disk --cache_size N`, or
-`--prompt-cache ram|disk:DIR --prompt-cache-bytes N`) become kvgguf's compressed ones, whose
-capacity counts the compressed bytes really held. Concurrent requests queue and are answered
+`--prompt-cache ram|disk:DIR|redis://HOST:PORT/DB --prompt-cache-bytes N`) become kvgguf's
+compressed ones, whose capacity counts the compressed bytes really held; on Redis, several
+servers share one cache. Concurrent requests queue and are answered
 one after another (`--interrupt_requests true` restores llama_cpp.server's default, where a new
 request ends the running stream). Every other flag (and `--config_file`) means what it means in
 `python -m llama_cpp.server`. Adds `GET /kvgguf/memory`.
@@ -42,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kvgguf cache: 'tiered' or a codec name (default: tiered)")
     p.add_argument("--kv-attention", choices=("fused", "expand"), default="fused",
                    help="how attention reads the compressed rows (default: fused)")
-    p.add_argument("--prompt-cache", default=None, metavar="ram|disk:DIR",
-                   help="a compressed prompt cache in memory or in a folder")
+    p.add_argument("--prompt-cache", default=None, metavar="ram|disk:DIR|redis://HOST:PORT/DB",
+                   help="a compressed prompt cache in memory, in a folder or on Redis (shared by servers)")
     p.add_argument("--prompt-cache-bytes", type=int, default=None,
                    help="compressed bytes the prompt cache may hold (default: 2 GiB)")
     p.add_argument("--config_file", default=None, help="llama_cpp.server's JSON or YAML config file")
@@ -51,17 +52,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def use_compressed_prompt_caches(disk_dir: Optional[str]) -> None:
+def use_compressed_prompt_caches(disk_dir: Optional[str], redis_url: Optional[str] = None) -> None:
     """llama_cpp.server makes llama_cpp.LlamaRAMCache / LlamaDiskCache(capacity_bytes=...): in
-    this process, kvgguf's compressed caches answer to those names."""
+    this process, kvgguf's compressed caches answer to those names (the disk one on Redis when
+    redis_url is given)."""
     import llama_cpp
 
     from ..session.prompt_cache import CompressedDiskCache, CompressedRAMCache
+    from ..session.redis_cache import CompressedRedisCache
 
     def ram(capacity_bytes: int = 2 << 30):
         return CompressedRAMCache(capacity_bytes=capacity_bytes)
 
     def disk(cache_dir: Optional[str] = None, capacity_bytes: int = 2 << 30):
+        if redis_url:
+            return CompressedRedisCache(redis_url, capacity_bytes=capacity_bytes)
         return CompressedDiskCache(disk_dir or cache_dir or ".cache/kvgguf_prompts", capacity_bytes=capacity_bytes)
 
     llama_cpp.LlamaRAMCache = ram
@@ -87,6 +92,7 @@ def memory_report(llm) -> dict:
             "kind": type(cache).__name__,
             "bytes": cache.cache_size,
             "capacity_bytes": cache.capacity_bytes,
+            **(cache.stats() if hasattr(cache, "stats") else {}),
         },
     }
 
@@ -158,8 +164,8 @@ def run(args) -> int:
 
     p = build_parser()
     a = p.parse_args(args.args)
-    if a.prompt_cache is not None and not (a.prompt_cache == "ram" or a.prompt_cache.startswith("disk:")):
-        p.error(f"--prompt-cache takes 'ram' or 'disk:DIR', got {a.prompt_cache!r}")
+    if a.prompt_cache is not None and not (a.prompt_cache == "ram" or a.prompt_cache.startswith(("disk:", "redis://"))):
+        p.error(f"--prompt-cache takes 'ram', 'disk:DIR' or 'redis://HOST:PORT/DB', got {a.prompt_cache!r}")
     if a.model_name is not None or (a.model is None and not a.config_file):
         name = a.model_name or a.model or "smollm2-135m"
     else:
@@ -184,7 +190,9 @@ def run(args) -> int:
         a.interrupt_requests = False
 
     kvgguf.install(kv_codec=a.kv_codec, kv_attention=a.kv_attention)
-    use_compressed_prompt_caches(a.prompt_cache[len("disk:"):] if (a.prompt_cache or "").startswith("disk:") else None)
+    where = a.prompt_cache or ""
+    use_compressed_prompt_caches(where[len("disk:"):] if where.startswith("disk:") else None,
+                                 where if where.startswith("redis://") else None)
     try:
         if a.config_file:
             with open(a.config_file, "rb") as f:

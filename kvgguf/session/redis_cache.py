@@ -1,0 +1,215 @@
+"""A compressed prompt cache on Redis (or Valkey), shared by every server that points at it.
+
+Each cached prompt is one .kvz session (as CompressedDiskCache keeps them), stored once under
+its entry key. Its tokens are also indexed by chunks of CHUNK_TOKENS: the key of chunk k chains
+the hash of chunk k-1's key with the chunk's tokens, as LMCache keys its chunks, and holds the
+newest entry that starts with those k chunks. A request then finds, in one MGET, the longest
+prefix any server cached, at chunk granularity, without listing entries.
+
+Every key starts with a namespace of the model's fingerprint, the codec and the .kvz format
+version, so servers with another model, codec or kvgguf never read each other's entries.
+
+Bounded twice: kvgguf evicts the least recently used entries past capacity_bytes (the .kvz
+bytes it wrote), and Redis's own maxmemory with an LRU policy is the outer bound. Redis being
+down, slow (timeout_s), full or holding a damaged entry is a miss: the request prefills as if
+there were no cache, the fault is counted (`faults`) and warned about once per kind, and a
+damaged entry is deleted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import warnings
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..errors import SessionError
+from . import container
+from .prompt_cache import CompressedCache, Key
+from .state import SessionState
+
+CHUNK_TOKENS = 256  # LMCache's chunk; a prefix shorter than one chunk is not looked up
+
+
+class CompressedRedisCache(CompressedCache):
+    """Compressed sessions in Redis.
+
+    url: redis://HOST:PORT/DB. capacity_bytes: the most .kvz bytes this namespace holds (the
+    least recently used go first). timeout_s: how long one Redis call may take before it counts
+    as a fault (the request goes on without the cache). codec, entropy: as CompressedDiskCache.
+    The namespace comes from the model: kvgguf.Llama.set_cache calls attach(llm).
+    """
+
+    def __init__(self, url: str = "redis://127.0.0.1:6379/0", capacity_bytes: int = 2 << 30,
+                 codec: Optional[str] = None, entropy: bool = True, *, timeout_s: float = 0.5,
+                 chunk_tokens: int = CHUNK_TOKENS, client=None):
+        super().__init__(capacity_bytes, codec, entropy)
+        if chunk_tokens <= 0:
+            raise ValueError(f"chunk_tokens must be > 0, got {chunk_tokens}")
+        if client is None:
+            try:
+                import redis
+            except ImportError as e:
+                raise ImportError("a Redis prompt cache needs the redis package: pip install 'kvgguf[redis]'") from e
+            client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self.url, self.client, self.chunk_tokens = url, client, chunk_tokens
+        self.namespace: Optional[str] = None
+        self.faults: dict[str, int] = {}
+        self.hits = self.misses = self.tokens_served = 0
+
+    # --- namespace ------------------------------------------------------------------------
+
+    def attach(self, llm) -> None:
+        """Keys this cache by llm's model fingerprint and the codec its states are saved with."""
+        from .fingerprint import ModelFingerprint
+
+        codec = self.codec or (llm.kv_config.warm if llm.kv_config is not None else "default")
+        ident = json.dumps({"model": ModelFingerprint.of(llm).to_json(), "codec": str(codec),
+                            "format": container.FORMAT_VERSION}, sort_keys=True)
+        self.namespace = hashlib.sha256(ident.encode()).hexdigest()[:24]
+
+    def _key(self, *parts: str) -> str:
+        return ":".join(("kvgguf", self.namespace or "-") + parts)
+
+    def _chunk_keys(self, tokens: Key) -> list[str]:
+        """Chained keys of tokens' whole chunks: key k covers chunks 0..k."""
+        keys, h = [], hashlib.sha256(self._key("chunks").encode()).digest()
+        for c0 in range(0, len(tokens) - self.chunk_tokens + 1, self.chunk_tokens):
+            h = hashlib.sha256(h + np.asarray(tokens[c0 : c0 + self.chunk_tokens], dtype="<i4").tobytes()).digest()
+            keys.append(self._key("p", h.hex()[:32]))
+        return keys
+
+    @staticmethod
+    def _entry_id(tokens: Key) -> str:
+        return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).hexdigest()[:32]
+
+    # --- faults ---------------------------------------------------------------------------
+
+    def _fault(self, kind: str, detail: object) -> None:
+        self.faults[kind] = self.faults.get(kind, 0) + 1
+        if self.faults[kind] == 1:
+            warnings.warn(f"kvgguf: the Redis prompt cache at {self.url}: {kind} ({detail}); requests go on "
+                          "without it where it fails (counted in faults)", RuntimeWarning, stacklevel=3)
+
+    def _call(self, what: str, fn, *args):
+        """fn(*args), or None after counting a fault (Redis down, slow, full, refusing)."""
+        import redis
+
+        try:
+            return fn(*args)
+        except redis.exceptions.TimeoutError as e:
+            self._fault("timeout", e)
+        except redis.exceptions.ConnectionError as e:
+            self._fault("unreachable", e)
+        except redis.exceptions.ResponseError as e:  # OutOfMemoryError: past Redis's maxmemory
+            full = isinstance(e, getattr(redis.exceptions, "OutOfMemoryError", ())) or "maxmemory" in str(e)
+            self._fault("full" if full else "refused", e)
+        except redis.exceptions.RedisError as e:
+            self._fault(f"error in {what}", e)
+        return None
+
+    # --- BaseLlamaCache -------------------------------------------------------------------
+
+    @property
+    def cache_size(self) -> int:
+        sizes = self._call("size", self.client.hvals, self._key("sizes")) if self.namespace else None
+        return sum(int(s) for s in sizes) if sizes else 0
+
+    def _find_longest_prefix_key(self, key: Key) -> Optional[Key]:
+        found = self._lookup(key)
+        return None if found is None else found[0]
+
+    def _lookup(self, tokens: Key) -> Optional[tuple[Key, bytes, str]]:
+        """(the entry's tokens, its .kvz bytes, its id) of the longest cached prefix of tokens."""
+        if self.namespace is None:
+            return None
+        keys = self._chunk_keys(tokens)
+        if not keys:
+            return None
+        ids = self._call("lookup", self.client.mget, keys)
+        if not ids:
+            return None
+        for k in range(len(keys) - 1, -1, -1):
+            if ids[k] is None:
+                continue
+            entry_id = ids[k].decode()
+            data = self._call("read", self.client.get, self._key("e", entry_id))
+            if data is None:  # evicted by Redis (maxmemory) or by another server: the index lags
+                self._call("drop", self.client.delete, keys[k])
+                self._delete(entry_id)
+                continue
+            try:
+                sections = dict(container.unpack(data))
+                entry = tuple(np.frombuffer(sections[b"TOKS"], dtype="<i4").tolist())
+            except (SessionError, KeyError) as e:
+                self._fault("damaged entry", e)
+                self._delete(entry_id)
+                continue
+            if tuple(entry[: (k + 1) * self.chunk_tokens]) != tuple(tokens[: (k + 1) * self.chunk_tokens]):
+                self._fault("index pointing at another prompt", entry_id)
+                self._call("drop", self.client.delete, keys[k])
+                continue
+            return entry, data, entry_id
+        return None
+
+    def __contains__(self, key: Sequence[int]) -> bool:
+        return self._lookup(tuple(key)) is not None
+
+    def __getitem__(self, key: Sequence[int]) -> SessionState:
+        found = self._lookup(tuple(key))
+        if found is None:
+            self.misses += 1
+            raise KeyError("no cached prefix")
+        entry, data, entry_id = found
+        self.hits += 1
+        self.tokens_served += min(len(entry), len(key))
+        self._call("touch", self.client.zadd, self._key("lru"), {entry_id: time.time()})
+        return SessionState(np.asarray(entry, dtype=np.intc), data, None)
+
+    def __setitem__(self, key: Sequence[int], value: SessionState) -> None:
+        value = self._check_state(value)
+        if self.namespace is None:
+            self._fault("not attached to a model", "use kvgguf.Llama.set_cache")
+            return
+        key = tuple(key)
+        entry_id, data = self._entry_id(key), value.llama_state
+        pipe = self.client.pipeline(transaction=True)
+        pipe.set(self._key("e", entry_id), data)
+        pipe.hset(self._key("sizes"), entry_id, len(data))
+        pipe.zadd(self._key("lru"), {entry_id: time.time()})
+        for chunk_key in self._chunk_keys(key):
+            pipe.set(chunk_key, entry_id)
+        if self._call("write", pipe.execute) is None:
+            return
+        self._evict()
+
+    # --- bounds ---------------------------------------------------------------------------
+
+    def _evict(self) -> None:
+        sizes = self._call("size", self.client.hgetall, self._key("sizes")) or {}
+        total = sum(int(v) for v in sizes.values())
+        if total <= self.capacity_bytes:
+            return
+        oldest = self._call("lru", self.client.zrange, self._key("lru"), 0, -1) or []
+        for raw in oldest:
+            if total <= self.capacity_bytes:
+                break
+            entry_id = raw.decode()
+            total -= int(sizes.get(raw, 0))
+            self._delete(entry_id)
+
+    def _delete(self, entry_id: str) -> None:
+        """Drops an entry; its chunk keys lapse on their next lookup (they point at nothing)."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.delete(self._key("e", entry_id))
+        pipe.hdel(self._key("sizes"), entry_id)
+        pipe.zrem(self._key("lru"), entry_id)
+        self._call("delete", pipe.execute)
+
+    def stats(self) -> dict:
+        """What /kvgguf/memory shows of it."""
+        return {"url": self.url, "hits": self.hits, "misses": self.misses, "tokens_served": self.tokens_served,
+                "faults": dict(self.faults), "chunk_tokens": self.chunk_tokens}

@@ -1,0 +1,205 @@
+"""The compressed prompt cache on Redis (kvgguf/session/redis_cache.py) against a real
+redis-server: two Llamas standing for two servers share entries, another model never reads
+them, and Redis stopped, full or holding damaged entries costs a prefill, never an answer.
+
+redis-server comes from Debian's package (apt-get installs it when missing and run as root,
+unless KVGGUF_NO_INSTALL=1, as scripts/fuzz.sh installs clang); each test module starts its own
+on a free loopback port, without persistence, in a temporary folder."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+
+from kvgguf import Llama
+from kvgguf.evaluation.text import wikitext2_test
+from kvgguf.session.redis_cache import CompressedRedisCache
+
+from servers import get_json, kvgguf_serve
+
+redis = pytest.importorskip("redis")
+
+KW = dict(n_ctx=2048, n_threads=1, n_threads_batch=1, verbose=False)
+CHUNK = 64  # small chunks keep the documents (and the test) short
+
+
+def _redis_server_binary() -> str:
+    found = shutil.which("redis-server")
+    if found is None and os.environ.get("KVGGUF_NO_INSTALL") != "1" and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "redis-server"],
+                       env=env, capture_output=True, timeout=600)
+        found = shutil.which("redis-server")
+    if found is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    return found
+
+
+class RedisServer:
+    def __init__(self, folder, maxmemory: str = "0"):
+        self.binary, self.folder, self.maxmemory = _redis_server_binary(), folder, maxmemory
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = None
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self.folder), "--maxmemory", self.maxmemory, "--maxmemory-policy", "noeviction"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port)
+        for _ in range(100):
+            try:
+                client.ping()
+                return
+            except redis.exceptions.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def flushed(server):
+    redis.Redis(port=server.port).flushall()
+    return server
+
+
+@pytest.fixture(scope="module")
+def vocab(smollm2_path):
+    return Llama(str(smollm2_path), vocab_only=True, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def document(vocab):
+    return vocab.tokenize(wikitext2_test()[:2500].encode("utf-8"))[:300]
+
+
+def _serve(path, url, kv_codec="tiered", **kw):
+    llm = Llama(str(path), kv_codec=kv_codec, **KW)
+    cache = CompressedRedisCache(url, chunk_tokens=CHUNK, **kw)
+    llm.set_cache(cache)
+    return llm, cache
+
+
+def _answer(llm, prompt) -> tuple[str, int]:
+    """Greedy completion of prompt, and how many tokens llama_decode evaluated for it."""
+    before = llm.tokens_evaluated
+    out = llm.create_completion(prompt, max_tokens=6, temperature=0.0)
+    return out["choices"][0]["text"], llm.tokens_evaluated - before
+
+
+@pytest.mark.parametrize("kv_codec", [None, "tiered"])
+def test_a_second_server_continues_from_the_first_servers_prompt(smollm2_path, flushed, vocab, document, kv_codec):
+    """Entries written exactly (codec f16): the second Llama evaluates only what follows the
+    cached chunks; on llama.cpp's own cache it answers as a Llama without a cache does (the
+    tiered cache holds other rows cold after a restore than after one prefill, so its greedy
+    tokens may part: that is its codec's loss, measured elsewhere)."""
+    question = document + vocab.tokenize(b" The question: who", add_bos=False)
+    first, _ = _serve(smollm2_path, flushed.url, kv_codec, codec="f16")
+    _answer(first, document + vocab.tokenize(b" Summary:", add_bos=False))  # writes the document's entry
+    second, cache = _serve(smollm2_path, flushed.url, kv_codec, codec="f16")
+    got, evaluated = _answer(second, question)
+    assert cache.hits == 1 and cache.tokens_served >= 256
+    assert evaluated <= len(question) - 256  # the cached chunks were not evaluated again
+    if kv_codec is None:
+        assert got == _answer(Llama(str(smollm2_path), **KW), question)[0]
+    assert cache.cache_size > 0 and cache.faults == {}
+
+
+def test_another_model_or_codec_never_reads_the_entries(smollm2_path, gemma3_path, flushed, document):
+    first, _ = _serve(smollm2_path, flushed.url)
+    _answer(first, document)
+    _, other_codec = _serve(smollm2_path, flushed.url, codec="kivi4")
+    assert document not in other_codec
+    _, gemma = _serve(gemma3_path, flushed.url)
+    assert document not in gemma and gemma.namespace != other_codec.namespace
+
+
+def test_damaged_entries_are_misses_and_are_deleted(smollm2_path, flushed, document):
+    first, cache = _serve(smollm2_path, flushed.url)
+    _answer(first, document)
+    client = redis.Redis(port=flushed.port)
+    (entry,) = client.keys(f"kvgguf:{cache.namespace}:e:*")
+    data = bytearray(client.get(entry))
+    data[len(data) // 2] ^= 0x40  # one flipped bit
+    client.set(entry, bytes(data))
+    second, cache2 = _serve(smollm2_path, flushed.url)
+    _, evaluated = _answer(second, document)
+    assert evaluated >= len(document) and cache2.faults.get("damaged entry") == 1  # prefilled again
+    assert client.get(entry) != bytes(data)  # deleted, then written whole by the second Llama
+    client.set(entry, bytes(data[:100]))  # truncated: never read either
+    assert document not in cache2 and not client.exists(entry)
+
+
+def test_redis_stopped_or_full_costs_a_prefill_not_an_answer(smollm2_path, tmp_path, document):
+    server = RedisServer(tmp_path)
+    try:
+        llm, cache = _serve(smollm2_path, server.url, timeout_s=0.5)
+        plain, _ = _answer(Llama(str(smollm2_path), kv_codec="tiered", **KW), document)
+        assert _answer(llm, document)[0] == plain
+        server.stop()
+        llm.reset()
+        got, evaluated = _answer(llm, document)
+        assert got == plain and evaluated >= len(document) and cache.faults.get("unreachable", 0) >= 1
+        server.start()  # an empty Redis again: a miss, then a write another Llama reads
+        llm.reset()
+        assert _answer(llm, document)[0] == plain
+        other, cache2 = _serve(smollm2_path, server.url)
+        assert _answer(other, document)[0] == plain and cache2.hits == 1
+        redis.Redis(port=server.port).config_set("maxmemory", "100kb")  # now every write fails with OOM
+        llm.reset()
+        assert _answer(llm, document[:200] + document)[0]
+        assert cache.faults.get("full", 0) >= 1
+    finally:
+        server.stop()
+
+
+def test_two_servers_share_one_redis(smollm2_path, flushed, tmp_path):
+    """`kvgguf serve --prompt-cache redis://...` twice: the second server answers a question on
+    the first one's document evaluating only what follows the cached chunks (its memory
+    endpoint shows it, and the Redis hit)."""
+    openai = pytest.importorskip("openai")
+    doc = wikitext2_test()[:4000]  # about 900 tokens: three chunks of 256
+    args = [str(smollm2_path), "--model_alias", "smollm2-135m", "--n_ctx", "2048", "--n_threads", "1",
+            "--n_threads_batch", "1", "--prompt-cache", flushed.url]
+    with kvgguf_serve(args, tmp_path / "a.log", {}) as a, kvgguf_serve(args, tmp_path / "b.log", {}) as b:
+        ask = lambda base, prompt: openai.OpenAI(base_url=base + "/v1", api_key="-", max_retries=0).completions.create(
+            model="smollm2-135m", prompt=prompt, max_tokens=4, temperature=0.0)
+        ask(a, doc + "\nSummary:")
+        before = get_json(b + "/kvgguf/memory")
+        ask(b, doc + "\nTitle:")
+        after = get_json(b + "/kvgguf/memory")
+    evaluated = after["tokens_evaluated"] - before["tokens_evaluated"]
+    assert after["prompt_cache"]["hits"] == 1 and after["prompt_cache"]["tokens_served"] >= 768
+    assert 0 < evaluated < 200, f"{evaluated} tokens evaluated: the shared prefix was not used"
+    assert after["prompt_cache"]["kind"] == "CompressedRedisCache" and not after["prompt_cache"]["faults"]
+
+
+def test_capacity_counts_the_bytes_held_and_drops_the_least_recently_used(smollm2_path, flushed, document):
+    llm, cache = _serve(smollm2_path, flushed.url)
+    _answer(llm, document)
+    one = cache.cache_size
+    cache.capacity_bytes = int(1.5 * one)  # room for one entry, not two
+    llm.reset()
+    _answer(llm, document[::-1])  # another prompt: the first entry goes
+    assert 0 < cache.cache_size <= cache.capacity_bytes
+    assert document not in cache and document[::-1] in cache
