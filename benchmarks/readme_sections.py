@@ -159,6 +159,10 @@ def seed_claims(here: Path) -> str:
     return folder_tables("seed_claims")
 
 
+def shared_cache(here: Path) -> str:
+    return (RESULTS / "shared_cache.md").read_text().strip()
+
+
 # marker name -> (the file, relative to the repository, that holds its markers; what writes its body)
 SECTIONS = {
     "usage": ("README.md", usage),
@@ -174,6 +178,7 @@ SECTIONS = {
     "calibration": ("docs/calibration.md", calibration),
     "sessions_auto": ("docs/sessions.md", sessions_auto),
     "seed_claims": ("docs/codecs.md", seed_claims),
+    "shared_cache": ("docs/server.md", shared_cache),
 }
 
 

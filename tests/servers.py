@@ -1,5 +1,6 @@
-"""`kvgguf serve` processes for the tests: started on a free loopback port, waited for, and
-stopped at the end (tests/test_serve.py, tests/test_redis_cache.py)."""
+"""Servers for the tests and benchmarks: `kvgguf serve` and redis-server processes started on a
+free loopback port, waited for, and stopped at the end (tests/test_serve.py,
+tests/test_redis_cache.py, benchmarks/shared_cache.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-
-import pytest
 
 KVGGUF = shutil.which("kvgguf", path=str(Path(sys.executable).parent)) or "kvgguf"
 START_TIMEOUT_S = 180
@@ -44,13 +43,13 @@ def kvgguf_serve(args: list, log: Path, env: dict):
         deadline = time.time() + START_TIMEOUT_S
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"kvgguf serve exited with {proc.returncode}:\n{log.read_text()}")
+                raise RuntimeError(f"kvgguf serve exited with {proc.returncode}:\n{log.read_text()}")
             try:
                 get_json(base + "/v1/models")
                 break
             except OSError:
                 if time.time() > deadline:
-                    pytest.fail(f"kvgguf serve did not answer within {START_TIMEOUT_S} s:\n{log.read_text()}")
+                    raise RuntimeError(f"kvgguf serve did not answer within {START_TIMEOUT_S} s:\n{log.read_text()}")
                 time.sleep(0.5)
         yield base
     finally:
@@ -60,3 +59,48 @@ def kvgguf_serve(args: list, log: Path, env: dict):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def redis_server_binary(install: bool = True) -> str | None:
+    """redis-server's path; where missing, apt-get installs Debian's package when run as root
+    (unless KVGGUF_NO_INSTALL=1), as scripts/fuzz.sh installs clang. None if still missing."""
+    found = shutil.which("redis-server")
+    if found is None and install and os.environ.get("KVGGUF_NO_INSTALL") != "1" and os.geteuid() == 0 \
+            and shutil.which("apt-get"):
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "redis-server"],
+                       env=env, capture_output=True, timeout=600)
+        found = shutil.which("redis-server")
+    return found
+
+
+class RedisServer:
+    """redis-server on a free loopback port: no persistence, its files in folder."""
+
+    def __init__(self, binary: str, folder, maxmemory: str = "0", policy: str = "noeviction"):
+        self.binary, self.folder, self.maxmemory, self.policy = binary, folder, maxmemory, policy
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = None
+        self.start()
+
+    def start(self) -> None:
+        import redis
+
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self.folder), "--maxmemory", self.maxmemory, "--maxmemory-policy", self.policy],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port)
+        for _ in range(200):
+            try:
+                client.ping()
+                return
+            except redis.exceptions.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)

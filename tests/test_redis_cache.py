@@ -8,19 +8,13 @@ on a free loopback port, without persistence, in a temporary folder."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
-import time
-
 import pytest
 
 from kvgguf import Llama
 from kvgguf.evaluation.text import wikitext2_test
 from kvgguf.session.redis_cache import CompressedRedisCache
 
-from servers import get_json, kvgguf_serve
+from servers import RedisServer, get_json, kvgguf_serve, redis_server_binary
 
 redis = pytest.importorskip("redis")
 
@@ -28,51 +22,16 @@ KW = dict(n_ctx=2048, n_threads=1, n_threads_batch=1, verbose=False)
 CHUNK = 64  # small chunks keep the documents (and the test) short
 
 
-def _redis_server_binary() -> str:
-    found = shutil.which("redis-server")
-    if found is None and os.environ.get("KVGGUF_NO_INSTALL") != "1" and os.geteuid() == 0 and shutil.which("apt-get"):
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "redis-server"],
-                       env=env, capture_output=True, timeout=600)
-        found = shutil.which("redis-server")
+def _binary() -> str:
+    found = redis_server_binary()
     if found is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server)")
     return found
 
 
-class RedisServer:
-    def __init__(self, folder, maxmemory: str = "0"):
-        self.binary, self.folder, self.maxmemory = _redis_server_binary(), folder, maxmemory
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc = None
-        self.start()
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.folder), "--maxmemory", self.maxmemory, "--maxmemory-policy", "noeviction"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port)
-        for _ in range(100):
-            try:
-                client.ping()
-                return
-            except redis.exceptions.ConnectionError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = RedisServer(tmp_path_factory.mktemp("redis"))
+    s = RedisServer(_binary(), tmp_path_factory.mktemp("redis"))
     yield s
     s.stop()
 
@@ -151,7 +110,7 @@ def test_damaged_entries_are_misses_and_are_deleted(smollm2_path, flushed, docum
 
 
 def test_redis_stopped_or_full_costs_a_prefill_not_an_answer(smollm2_path, tmp_path, document):
-    server = RedisServer(tmp_path)
+    server = RedisServer(_binary(), tmp_path)
     try:
         llm, cache = _serve(smollm2_path, server.url, timeout_s=0.5)
         plain, _ = _answer(Llama(str(smollm2_path), kv_codec="tiered", **KW), document)
