@@ -86,6 +86,7 @@ def test_markdown_says_na_where_nothing_was_compressed():
     assert row.split("|")[4].strip() == "n/a"
 
 
+@pytest.mark.model  # loads the model by name
 def test_eval_writes_where_it_is_told_and_never_into_the_current_folder(tmp_path):
     before = sorted(p.name for p in HERE.iterdir())
     out = run_cli("eval", "--codecs", "f16,rotq4", "--ctx", "256", "--chunks", "1", "--batch", "32",

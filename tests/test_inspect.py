@@ -102,6 +102,7 @@ def assert_tiered(mem, want, llm):
     assert 0 < mem.index_bytes < 0.01 * mem.total_bytes
 
 
+@pytest.mark.model  # loads the model by name
 @pytest.mark.parametrize("name, swa_full", [("smollm2-135m", True), ("gemma3-270m", True), ("gemma3-270m", False)])
 def test_tiered_cache_bytes_are_predicted(name, swa_full):
     path = kvgguf.models.path(name)
@@ -116,6 +117,7 @@ def test_tiered_cache_bytes_are_predicted(name, swa_full):
     llm.close()
 
 
+@pytest.mark.model  # loads the model by name
 @pytest.mark.parametrize("name", MODELS)
 def test_tiered_preset_row_is_what_a_full_context_holds(name):
     """inspect's 'tiered' row at 2048: kvgguf.Llama(kv_codec="tiered", n_ctx=2048) with 2048 tokens in."""
@@ -147,7 +149,7 @@ def test_sliding_window_layout_as_llama_cpp_reads_it():
     gemma2 = as_arch("gemma2", {k: v for k, v in base.items() if "sliding" not in k})
     assert (KVShape.from_metadata(gemma2).n_swa, KVShape.from_metadata(gemma2).full_layers) == (4096, [1, 3, 5, 7])
     assert KVShape.from_metadata(as_arch("llama", base)).n_swa == 0  # llama.cpp gives llama no window
-    # exaone4's loader reads a window (with a layout of its own): without the layout, refused
+    # smallthinker's loader reads a window (with a layout of its own): without the layout, refused
     with pytest.raises(GGUFError, match="does not know which layers"):
-        KVShape.from_metadata(as_arch("exaone4", base))
+        KVShape.from_metadata(as_arch("smallthinker", base))
     assert KVShape.from_metadata(as_arch("qwen3", base)).n_swa == 0  # its loader never reads one

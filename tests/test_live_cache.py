@@ -262,6 +262,7 @@ def test_stock_behaviour_without_a_codec(smollm2_path, wiki_tokens):
     assert np.array_equal(llm.scores[:300], ref.scores[:300])
 
 
+@pytest.mark.model  # loads the model by name
 def test_gemma3_cold_rows_only_on_full_attention_layers():
     path = kvgguf.models.path("gemma3-270m")
     llm = Llama(str(path), kv_codec="tiered", n_ctx=4096, verbose=False, n_threads=N_THREADS)
