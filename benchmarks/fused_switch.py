@@ -30,7 +30,7 @@ def measure(path: str, tokens: list[int], n_ctx: int, sizes: list[int], attentio
     if attention == "fused":  # let every measured size take the fused path
         from kvgguf.llamacpp import hooks
 
-        hooks.set_attend(llm._ctx.ctx, llm._kv.store.attend_function(), max(sizes))
+        hooks.set_attend(llm._ctx.ctx, llm.kv_cache.store.attend_function(), max(sizes))
     base = n_ctx - max(sizes) - 1
     llm.eval(tokens[:base])
     out = {}

@@ -263,6 +263,23 @@ class Llama(llama_cpp.Llama):
     def kv_config(self) -> Optional[TieredConfig]:
         return self._kv.config if self._kv else None
 
+    @property
+    def kv_cache(self) -> Optional[LiveCache]:
+        """The live tiered cache (its store, blocks and codecs), None on llama.cpp's own cache:
+        for inspection (calibration, the harness, the demo, tests); changing it behind this
+        Llama's back is not supported."""
+        return self._kv
+
+    @property
+    def kv_shape(self) -> KVShape:
+        """The model's KV-cache shape, as kvgguf reads it from the GGUF."""
+        return KVShape.of(self)
+
+    @property
+    def kv_fingerprint(self) -> ModelFingerprint:
+        """What identifies the model for sessions and shared prompt caches."""
+        return ModelFingerprint.of(self)
+
     def n_ctx(self) -> int:
         return self._n_ctx if self._kv else super().n_ctx()
 

@@ -96,7 +96,7 @@ def test_an_exact_cold_store_gives_stock_logits(tiny, text_tokens, name, flash_a
     got = Llama(path, kv_codec=F16_COLD, n_ctx=1024, n_batch=32, logits_all=True, flash_attn=flash_attn,
                 kv_attention="expand", **KW)
     got.eval(toks)
-    assert got._kv.n_cold >= 300 - 64 - 32
+    assert got.kv_cache.n_cold >= 300 - 64 - 32
     assert np.array_equal(got.scores[:300], ref.scores[:300])
 
 

@@ -160,7 +160,7 @@ def test_live_mass_finds_the_token_the_model_looks_back_at(smollm2_path, attenti
             llm.eval([llm.sample(temp=0)])
             steps += 1
         mass = llm.kv_attention_mass(reset=True)
-        n_cold = llm._kv.n_cold
+        n_cold = llm.kv_cache.n_cold
         assert mass.shape == (30, -(-n_cold // MASS_ROWS))
         if attention == "expand":  # only the fused path sees the scores
             assert not mass.any()

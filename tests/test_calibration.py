@@ -82,7 +82,7 @@ def test_the_plan_is_what_the_store_holds(smollm2_path, cal, text):
     try:
         llm.eval(text)
         for (il, kind), cand in choice.items():
-            blocks = [b for b in llm._kv.store.blocks(il, kind) if b.tier == TIER_WARM]
+            blocks = [b for b in llm.kv_cache.store.blocks(il, kind) if b.tier == TIER_WARM]
             assert blocks and {b.codec for b in blocks} == {cand.codec}, (il, kind)
     finally:
         llm.close()
@@ -134,7 +134,7 @@ def test_auto_reads_the_models_calibration_for_its_budget(tmp_path, monkeypatch,
             assert llm.kv_config == cal.config(budget, llm.kv_config)
             out = llm.create_completion(prompt, max_tokens=4, temperature=0.0)
             assert out["usage"]["completion_tokens"] >= 1
-            assert llm._kv.n_cold > 0
+            assert llm.kv_cache.n_cold > 0
         finally:
             llm.close()
 
@@ -185,12 +185,12 @@ def test_tiered_follows_the_models_calibration_once_it_has_one(tmp_path, monkeyp
         assert llm.kv_calibration == calibration.default_path(str(smollm2_path))
         assert config == cal.config(kv_codec.PRESET_BUDGET, kvgguf.TieredConfig())
         assert config.archive is None and config.sinks == kvgguf.TieredConfig().sinks
-        held = llm._kv.codecs[TIER_WARM]
+        held = llm.kv_cache.codecs[TIER_WARM]
         plan = cal.plan(kv_codec.PRESET_BUDGET)
         assert all(held[key] == c.codec for key, c in plan.items())
         assert len(set(held.values())) > 1  # a plan, not one codec
         llm.eval(prompt)
-        assert llm._kv.n_cold > 0
+        assert llm.kv_cache.n_cold > 0
     finally:
         llm.close()
     still_fixed = kvgguf.Llama(str(smollm2_path), kv_codec="tiered:fixed", n_ctx=512, verbose=False)
@@ -264,7 +264,7 @@ def test_pq2_starts_from_the_models_codebooks_keeps_them_across_sequences_and_co
     calibrated = kvgguf.TieredConfig(sinks=0, warm="pq2", warm_tokens=0, archive=None, codebooks="calibration")
 
     def held(llm):
-        return {(il, kind, name): bk for il, kind, name, bk in llm._kv.store.books()}
+        return {(il, kind, name): bk for il, kind, name, bk in llm.kv_cache.store.books()}
 
     with pytest.raises(ValueError, match="codebooks"):
         kvgguf.TieredConfig(codebooks="model")
@@ -288,13 +288,13 @@ def test_pq2_starts_from_the_models_codebooks_keeps_them_across_sequences_and_co
     llm = kvgguf.Llama(str(smollm2_path), kv_codec=calibrated, **kw)
     try:
         start = held(llm)
-        lists = {(il, kind, "pq2") for il in llm._kv.layers for kind in (KIND_K, KIND_V)}
+        lists = {(il, kind, "pq2") for il in llm.kv_cache.layers for kind in (KIND_K, KIND_V)}
         assert set(start) == lists  # pq2's only: vq8's are not held
         for key in lists:
             assert np.array_equal(start[key], books[key])
         assert llm.kv_memory().by_tier["books"].bytes == sum(bk.nbytes for bk in start.values())
         llm.eval(prompt)
-        assert llm._kv.n_cold > 0
+        assert llm.kv_cache.n_cold > 0
         after = held(llm)
         assert all(np.array_equal(after[key], books[key]) for key in lists)  # coded with them, not retrained
         assert not np.array_equal(after[0, KIND_K, "pq2"], trained[0, KIND_K, "pq2"])

@@ -42,7 +42,7 @@ def decode_logits(path, config, attention, toks, *, flash_attn=True, n_ctx=1024)
     llm = Llama(str(path), kv_codec=config, kv_attention=attention, n_ctx=n_ctx, n_batch=128, logits_all=True,
                 flash_attn=flash_attn, verbose=False, n_threads=N_THREADS)
     llm.eval(toks[:N_PREFILL])
-    assert llm._kv.n_cold > 0
+    assert llm.kv_cache.n_cold > 0
     for t in toks[N_PREFILL:N_PREFILL + N_DECODE]:
         llm.eval([t])  # one token: the fused path
     out = np.array(llm.scores[N_PREFILL:N_PREFILL + N_DECODE])
@@ -112,7 +112,7 @@ def test_attend_failure_warns_after_decode_and_cache_stays_usable(smollm2_path, 
     hooks.set_attend(llm._ctx.ctx, ctypes.cast(failing, ctypes.c_void_p).value, FUSED_MAX_TOKENS)
     with pytest.warns(RuntimeWarning, match="left them out of the softmax"):
         llm.eval([tokens[N_PREFILL]])
-    hooks.set_attend(llm._ctx.ctx, llm._kv.store.attend_function(), FUSED_MAX_TOKENS)
+    hooks.set_attend(llm._ctx.ctx, llm.kv_cache.store.attend_function(), FUSED_MAX_TOKENS)
     llm.n_tokens = N_PREFILL  # drop the failed step; the next eval removes its rows
     for t in tokens[N_PREFILL:N_PREFILL + 4]:
         llm.eval([t])

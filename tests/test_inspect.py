@@ -62,7 +62,7 @@ def test_full_attention_layers_match_llama_cpp():
     """The sliding-window rule read from metadata agrees with the layers llama.cpp reports."""
     path = kvgguf.models.path("gemma3-270m")
     llm = Llama(str(path), kv_codec="tiered", n_ctx=1024, **KW)
-    assert KVShape.from_gguf(path).full_layers == llm._kv.layers == [5, 11, 17]
+    assert KVShape.from_gguf(path).full_layers == llm.kv_cache.layers == [5, 11, 17]
     llm.close()
 
 
@@ -95,7 +95,7 @@ def assert_tiered(mem, want, llm):
     """The hot buffer and the store's blocks exactly (the policy's plans replayed over the same
     batches); the total up to the store's index, which inspect leaves out: the block table, grown
     by doubling from 16 entries per layer and kind, a few tens of KB beside MBs of K/V."""
-    assert want["n_cold"] == llm._kv.n_cold > 0
+    assert want["n_cold"] == llm.kv_cache.n_cold > 0
     assert mem.by_tier["hot"].bytes == want["hot"]
     assert mem.cold_bytes == want["store"]
     assert mem.total_bytes - want["hot"] - want["store"] == mem.index_bytes

@@ -33,7 +33,7 @@ def test_plain_llama_evicts_into_the_store_after_install(smollm2_path, installed
         toks = llm.tokenize(wikitext2_test()[:4000].encode())[:600]
         llm.eval(toks)
         mem = llm.kv_memory()
-        assert llm._kv.n_cold > 0 and mem.cold_values > 0 and mem.cold_bytes > 0
+        assert llm.kv_cache.n_cold > 0 and mem.cold_values > 0 and mem.cold_bytes > 0
         out = llm.create_completion("The capital of France is", max_tokens=4, temperature=0.0)
         assert out["usage"]["completion_tokens"] > 0
     finally:

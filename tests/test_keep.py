@@ -92,7 +92,7 @@ def _blocks_after(path, config, tokens):
     llm = kvgguf.Llama(path, kv_codec=config, n_ctx=2048, verbose=False)
     try:
         llm.eval(tokens)
-        blocks = [(b.r0, b.r1, b.tier, b.kept) for b in llm._kv.blocks]
+        blocks = [(b.r0, b.r1, b.tier, b.kept) for b in llm.kv_cache.blocks]
         memory = llm.kv_memory()
     finally:
         llm.close()
@@ -155,7 +155,7 @@ def test_a_restored_session_keeps_the_kept_blocks_warm(smollm2_path, tmp_path):
         llms[0].eval(tokens)
         llms[0].save_session(tmp_path / "s.kvz")
         llms[1].load_session(tmp_path / "s.kvz")
-        saved, restored = ([(b.r0, b.r1, b.tier, b.kept) for b in llm._kv.blocks] for llm in llms)
+        saved, restored = ([(b.r0, b.r1, b.tier, b.kept) for b in llm.kv_cache.blocks] for llm in llms)
         assert restored == saved and any(b[3] for b in restored)
     finally:
         for llm in llms:

@@ -44,7 +44,7 @@ def test_f16_cold_rows_reproduce_stock_logits(smollm2_path, wiki_tokens, flash_a
                 flash_attn=flash_attn, verbose=False, n_threads=N_THREADS, kv_attention="expand")
     llm.eval(toks)
     # The hot window is 64 tokens: before the last batch (tokens 576..599) at most 64 were hot.
-    assert llm._kv.n_cold >= 576 - 64
+    assert llm.kv_cache.n_cold >= 576 - 64
     assert np.array_equal(llm.scores[:600], ref.scores[:600])
 
 
@@ -59,9 +59,9 @@ def test_the_preset_splits_long_evaluations_into_its_ubatch(smollm2_path, wiki_t
     assert (exact.hot, exact.ubatch) == (preset.hot, preset.ubatch) and preset.hot + preset.ubatch == 256
     llm = Llama(str(smollm2_path), kv_codec=exact, n_ctx=1024, logits_all=True, flash_attn=True, verbose=False,
                 n_threads=N_THREADS, kv_attention="expand")
-    assert llm.n_batch == preset.ubatch and llm._kv.capacity == 256
+    assert llm.n_batch == preset.ubatch and llm.kv_cache.capacity == 256
     llm.eval(toks)
-    assert llm._kv.n_cold >= 700 - preset.hot - preset.ubatch
+    assert llm.kv_cache.n_cold >= 700 - preset.hot - preset.ubatch
     ref = stock(smollm2_path, 1024, preset.ubatch, flash_attn=True)
     ref.eval(toks)
     assert np.array_equal(llm.scores[:700], ref.scores[:700])
@@ -113,10 +113,10 @@ def test_generation_far_past_the_physical_cache(smollm2_path, wiki_tokens):
     assert out["usage"]["completion_tokens"] == 48 or out["choices"][0]["finish_reason"] == "stop"
     assert llm.n_tokens >= 8 * physical  # logical context at least 8x llama.cpp's cache
     mem = llm.kv_memory()
-    shape = llm._kv.shape
+    shape = llm.kv_cache.shape
     # Bytes held are the store's encoded blocks, counted by the codecs' own sizes...
     expected = 0
-    for b in llm._kv.blocks:
+    for b in llm.kv_cache.blocks:
         codec = {TIER_SINK: "f16", TIER_WARM: "rotq4", TIER_ARCHIVE: "rotq2"}[b.tier]
         n = b.r1 - b.r0
         per_layer = (codecs.encoded_size(codec, (n, shape.n_head_kv, shape.head_dim_k), "k")
@@ -146,7 +146,7 @@ def test_one_token_decode_after_evictions_against_stock(smollm2_path, wiki_token
         llm.eval(wiki_tokens[:n_pre])
         for t in wiki_tokens[n_pre:n_pre + steps]:
             llm.eval([t])
-    assert got_llm._kv.n_cold > 0 and len(got_llm._kv.blocks) > 2  # rows left the hot window while decoding
+    assert got_llm.kv_cache.n_cold > 0 and len(got_llm.kv_cache.blocks) > 2  # rows left the hot window while decoding
     got, ref = got_llm.scores[n_pre:n_pre + steps], ref_llm.scores[n_pre:n_pre + steps]
     if flash_attn:
         kl, top1 = kl_top1(ref, got)
@@ -163,7 +163,7 @@ def test_sinks_stay_exact_and_warm_rows_age_into_archive(smollm2_path, wiki_toke
     llm = Llama(str(smollm2_path), kv_codec=config, n_ctx=1024, n_batch=32, verbose=False,
                 n_threads=N_THREADS)
     llm.eval(toks)
-    kv = llm._kv
+    kv = llm.kv_cache
     ref = stock(smollm2_path, 1024, 32, flash_attn=False)
     ref.eval(toks[:64])
     for il in (0, 29):
@@ -188,9 +188,9 @@ def test_reset_and_a_new_prompt_leave_no_stale_rows(smollm2_path, wiki_tokens):
     kw = dict(kv_codec=config, n_ctx=1024, n_batch=32, logits_all=True, verbose=False, n_threads=N_THREADS)
     llm = Llama(str(smollm2_path), **kw)
     llm.eval(wiki_tokens[:500])
-    assert llm._kv.n_cold > 0
+    assert llm.kv_cache.n_cold > 0
     llm.reset()
-    assert llm._kv.n_cold == 0 and llm.kv_memory().by_tier["warm"].bytes == 0
+    assert llm.kv_cache.n_cold == 0 and llm.kv_memory().by_tier["warm"].bytes == 0
     other = wiki_tokens[1000:1400]
     llm.eval(other)
     fresh = Llama(str(smollm2_path), **kw)
@@ -208,7 +208,7 @@ def test_prefix_reuse_truncates_inside_the_compressed_rows(smollm2_path, wiki_to
     a = wiki_tokens[:640]
     b = wiki_tokens[:352] + wiki_tokens[2000:2256]  # shares 352 tokens: 5.5 blocks, all cold
     llm.create_completion(a, max_tokens=1, temperature=0.0)
-    assert llm._kv.n_cold > 352
+    assert llm.kv_cache.n_cold > 352
     llm.create_completion(b, max_tokens=1, temperature=0.0)
     assert llm.n_tokens == len(b)  # only the new part was evaluated on top of the kept prefix
     fresh = Llama(str(smollm2_path), **kw)
@@ -258,7 +258,7 @@ def test_stock_behaviour_without_a_codec(smollm2_path, wiki_tokens):
     llm = Llama(str(smollm2_path), n_ctx=512, n_batch=64, n_ubatch=64, logits_all=True, verbose=False,
                 n_threads=N_THREADS)
     llm.eval(toks)
-    assert llm._kv is None
+    assert llm.kv_cache is None
     assert np.array_equal(llm.scores[:300], ref.scores[:300])
 
 
@@ -266,7 +266,7 @@ def test_stock_behaviour_without_a_codec(smollm2_path, wiki_tokens):
 def test_gemma3_cold_rows_only_on_full_attention_layers():
     path = kvgguf.models.path("gemma3-270m")
     llm = Llama(str(path), kv_codec="tiered", n_ctx=4096, verbose=False, n_threads=N_THREADS)
-    kv = llm._kv
+    kv = llm.kv_cache
     assert kv.config.hot >= 512 + kv.config.block  # raised to cover the sliding window
     assert 0 < len(kv.layers) < kv.shape.n_layer  # sliding-window layers keep llama.cpp's window
     out = llm.create_completion("Once upon a time " * 450, max_tokens=8, temperature=0.0)
@@ -283,13 +283,13 @@ def test_everyday_api_works_with_a_codec(smollm2_path, wiki_tokens):
     text = llm.detokenize(wiki_tokens[:700]).decode("utf-8", "ignore")
     assert llm.detokenize(llm.tokenize(b"hello world", add_bos=False)).strip() == b"hello world"
     chunks = list(llm(text + "\n\nIn summary,", max_tokens=12, temperature=0.0, stream=True))
-    assert len(chunks) >= 2 and llm._kv.n_cold > 0
+    assert len(chunks) >= 2 and llm.kv_cache.n_cold > 0
     chat = llm.create_chat_completion(
         messages=[{"role": "system", "content": text[:2500]}, {"role": "user", "content": "What is this about?"}],
         max_tokens=8, temperature=0.0,
     )
     assert chat["choices"][0]["message"]["content"] is not None
-    assert llm._kv.n_cold > 0
+    assert llm.kv_cache.n_cold > 0
     tokens = list(zip(range(5), llm.generate(llm.tokenize(b"Once upon a time"), temp=0.0)))
     assert len(tokens) == 5
 
@@ -301,14 +301,14 @@ def test_embed_after_eviction_matches_stock(smollm2_path, wiki_tokens):
     config = TieredConfig(hot=64, sinks=4, warm="rotq4", warm_tokens=128, archive="rotq2", block=32)
     llm = Llama(str(smollm2_path), kv_codec=config, n_batch=64, **kw)
     llm.eval(wiki_tokens[:400])
-    assert llm._kv.n_cold >= 400 - 64 - 64  # rows were evicted before the embedding
+    assert llm.kv_cache.n_cold >= 400 - 64 - 64  # rows were evicted before the embedding
     mine = llm.embed("The quick brown fox")
-    assert llm._kv.n_cold == 0
+    assert llm.kv_cache.n_cold == 0
     ref = Llama(str(smollm2_path), n_batch=64, **kw).embed("The quick brown fox")
     assert np.isfinite(np.asarray(mine)).all()
     assert np.allclose(np.asarray(mine), np.asarray(ref), atol=1e-4)
     llm.eval(wiki_tokens[:300])  # and it evicts again from an empty store
-    assert llm._kv.n_cold > 0
+    assert llm.kv_cache.n_cold > 0
 
 
 def test_a_per_layer_per_kind_plan_stores_the_codecs_it_names(smollm2_path, wiki_tokens):
@@ -321,7 +321,7 @@ def test_a_per_layer_per_kind_plan_stores_the_codecs_it_names(smollm2_path, wiki
     llm.eval(wiki_tokens[:400])
     for _ in range(3):  # one token at a time: the fused path
         llm.eval([llm.sample(temp=0.0)])
-    kv, shape = llm._kv, llm._kv.shape
+    kv, shape = llm.kv_cache, llm.kv_cache.shape
     tables = {tier: config.table(tier, shape.n_layer) for tier in (TIER_SINK, TIER_WARM, TIER_ARCHIVE)}
     seen = set()
     for il in kv.layers:
@@ -341,7 +341,7 @@ def test_a_per_layer_per_kind_plan_stores_the_codecs_it_names(smollm2_path, wiki
 def test_k_and_v_apart_from_a_string(smollm2_path, wiki_tokens):
     llm = Llama(str(smollm2_path), kv_codec="k:kivi4,v:rotq3", n_ctx=1024, verbose=False, n_threads=N_THREADS)
     llm.eval(wiki_tokens[:400])
-    kv = llm._kv
+    kv = llm.kv_cache
     assert {b.codec for b in kv.store.blocks(0, KIND_K)} == {"kivi4"}
     assert {b.codec for b in kv.store.blocks(0, KIND_V)} == {"rotq3"}
     assert [t.codec for t in llm.kv_memory().tiers if t.name == "warm"] == ["K kivi4 / V rotq3"]

@@ -40,7 +40,7 @@ def context(llm):
     """What the context holds: tokens, llama.cpp's rows and every stored block (save_state's
     .kvz bytes, exact) plus the live cache's block list."""
     state = llm.save_state()
-    return bytes(state.llama_state), [(b.r0, b.r1, b.tier) for b in llm._kv.blocks], llm.n_tokens
+    return bytes(state.llama_state), [(b.r0, b.r1, b.tier) for b in llm.kv_cache.blocks], llm.n_tokens
 
 
 def test_a_failure_anywhere_in_eviction_or_aging_loses_nothing(smollm2_path, tokens):
@@ -75,10 +75,10 @@ def test_a_failure_anywhere_in_eviction_or_aging_loses_nothing(smollm2_path, tok
             else:
                 # Aging failed: the eviction stands, the block stays warm in every list, and it says so.
                 assert any("stay warm" in str(w.message) for w in caught), (k, [str(w.message) for w in caught])
-                for il in llm._kv.layers:
+                for il in llm.kv_cache.layers:
                     for kind in (KIND_K, KIND_V):
-                        tiers = [b.tier for b in llm._kv.store.blocks(il, kind)]
-                        assert tiers == [b.tier for b in llm._kv.blocks], (k, il, kind)
+                        tiers = [b.tier for b in llm.kv_cache.store.blocks(il, kind)]
+                        assert tiers == [b.tier for b in llm.kv_cache.blocks], (k, il, kind)
                 assert got.shape == reference.shape
                 outcomes["aging kept warm"] += 1
             finally:
@@ -99,12 +99,12 @@ def test_unreadable_cold_rows_are_left_out_of_the_fused_attention(smollm2_path, 
     llm = Llama(str(smollm2_path), kv_codec=f16_cold(), n_ctx=1024, n_batch=128, verbose=False, n_threads=N_THREADS)
     try:
         llm.eval(tokens[:n])
-        poisoned = [b for b in llm._kv.blocks[1:] if b.r1 <= 320]  # after the sinks, most of the cold rows
+        poisoned = [b for b in llm.kv_cache.blocks[1:] if b.r1 <= 320]  # after the sinks, most of the cold rows
         r0, r1 = poisoned[0].r0, poisoned[-1].r1
-        for il in llm._kv.layers:
+        for il in llm.kv_cache.layers:
             for kind in (KIND_K, KIND_V):
                 for b in poisoned:
-                    llm._kv.store.fail_reads(il, kind, b.r0)
+                    llm.kv_cache.store.fail_reads(il, kind, b.r0)
         with pytest.warns(RuntimeWarning, match="left them out of the softmax"):
             got = last_logits(llm, [tokens[n]])
     finally:
@@ -139,12 +139,12 @@ def test_unreadable_rows_on_the_expanding_path_refuse_the_batch(smollm2_path, to
         reference_state = llm.save_state()
         reference = last_logits(llm, tokens[600:664])
         llm.load_state(reference_state)
-        llm._kv.store.fail_reads(5, KIND_V, 100)
+        llm.kv_cache.store.fail_reads(5, KIND_V, 100)
         with pytest.raises(RuntimeError, match="the batch was not evaluated"):
             last_logits(llm, tokens[600:664])
         # The eviction before the batch stands (rows moved, none changed); the batch left nothing.
         assert llm.n_tokens == 600 and list(llm.input_ids[:600]) == tokens[:600]
-        llm._kv.store.fail_reads(5, KIND_V, 100, on=False)
+        llm.kv_cache.store.fail_reads(5, KIND_V, 100, on=False)
         np.testing.assert_array_equal(last_logits(llm, tokens[600:664]), reference)
     finally:
         llm.close()

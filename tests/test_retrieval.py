@@ -76,7 +76,7 @@ def test_kvgguf_f16_cold_store_answers_exactly_as_llama_cpp(smollm2_path, f16_tr
                        flash_attn=True, kv_attention="expand", n_threads=2, verbose=False)
     try:
         trials = retrieval.ask(llm, doc)
-        assert llm._kv.n_cold > doc.positions[1]  # the first facts were asked for from the store
+        assert llm.kv_cache.n_cold > doc.positions[1]  # the first facts were asked for from the store
     finally:
         llm.close()
     assert [t.answer for t in trials] == [t.answer for t in reference]
@@ -114,7 +114,7 @@ def test_the_presets_recall_as_often_as_llama_cpp_f16_within_one_in_ten(smollm2_
             trials = [t for i, doc in enumerate(docs) for t in retrieval.ask(llm, doc, index=i)]
             if name == "tiered:fixed":
                 first = docs[-1].positions[0]
-                assert [b.tier for b in llm._kv.blocks if b.r0 <= first < b.r1] == [TIER_ARCHIVE]
+                assert [b.tier for b in llm.kv_cache.blocks if b.r0 <= first < b.r1] == [TIER_ARCHIVE]
         finally:
             llm.close()
         found[name] = sum(t.found for t in trials)

@@ -43,9 +43,9 @@ def scores(llm, toks):
 def test_seed_codec_in_live_cache_and_session(smollm2_path, tokens, tmp_path, codec):
     src = Llama(str(smollm2_path), kv_codec=config(codec), **KW)
     src.eval(tokens[:300])
-    store, c = src._kv.store, codecs.get(codec)
-    blocks = [b for il in src._kv.layers for kind in (0, 1) for b in store.blocks(il, kind)]
-    held = [(kind, b) for il in src._kv.layers for kind in (0, 1) for b in store.blocks(il, kind) if b.codec == codec]
+    store, c = src.kv_cache.store, codecs.get(codec)
+    blocks = [b for il in src.kv_cache.layers for kind in (0, 1) for b in store.blocks(il, kind)]
+    held = [(kind, b) for il in src.kv_cache.layers for kind in (0, 1) for b in store.blocks(il, kind) if b.codec == codec]
     assert len(held) > 0
     for kind, b in held:  # the bytes held are the encoder's, all counted
         assert len(b.data) == c.encoded_size((b.n_rows, store.n_head_kv, store.head_dim[kind]), "kv"[kind])
@@ -53,7 +53,7 @@ def test_seed_codec_in_live_cache_and_session(smollm2_path, tokens, tmp_path, co
     src.save_session(tmp_path / "s.kvz", exact=True)
     dst = Llama(str(smollm2_path), kv_codec=config(codec), **KW)
     dst.load_session(tmp_path / "s.kvz")
-    got = [b for il in dst._kv.layers for kind in (0, 1) for b in dst._kv.store.blocks(il, kind)]
+    got = [b for il in dst.kv_cache.layers for kind in (0, 1) for b in dst.kv_cache.store.blocks(il, kind)]
     assert [bytes(b.data) for b in got] == [bytes(b.data) for b in blocks]  # verbatim
 
     nxt = tokens[300:364]
@@ -89,11 +89,11 @@ def test_pq_session_with_a_bad_codebook_is_refused_and_changes_nothing(smollm2_p
         assert codec == codecs.get("pq2").type and n == 1024
         off += 16 + 4 * n
         n_books += 1
-    assert n_books == 2 * len(src._kv.layers)
+    assert n_books == 2 * len(src.kv_cache.layers)
     dst = Llama(str(smollm2_path), kv_codec=config("pq2"), **KW)
     dst.eval(tokens[500:612])
     scores(dst, tokens[612:620])
-    held = [bytes(b.data) for il in dst._kv.layers for kind in (0, 1) for b in dst._kv.store.blocks(il, kind)]
+    held = [bytes(b.data) for il in dst.kv_cache.layers for kind in (0, 1) for b in dst.kv_cache.store.blocks(il, kind)]
     assert held
     bad = bytearray(book)
     bad[16:20] = np.float32(np.nan).tobytes()  # the first book's first value
@@ -105,6 +105,6 @@ def test_pq_session_with_a_bad_codebook_is_refused_and_changes_nothing(smollm2_p
             dst.load_session(tmp_path / "bad.kvz")
     # the context is still the one it had: its 120 tokens, its compressed rows as they were
     assert dst.n_tokens == 120
-    assert [bytes(b.data) for il in dst._kv.layers for kind in (0, 1) for b in dst._kv.store.blocks(il, kind)] == held
+    assert [bytes(b.data) for il in dst.kv_cache.layers for kind in (0, 1) for b in dst.kv_cache.store.blocks(il, kind)] == held
     for llm in (src, dst):
         llm.close()

@@ -58,9 +58,9 @@ def scores(llm, tokens):
 def snapshot(llm):
     """Everything a failed load must leave alone: llama.cpp's rows, the store, the tokens."""
     blocks = None
-    if llm._kv is not None:
-        s = llm._kv.store
-        blocks = [s.blocks(il, kind) for il in llm._kv.layers for kind in (0, 1)]
+    if llm.kv_cache is not None:
+        s = llm.kv_cache.store
+        blocks = [s.blocks(il, kind) for il in llm.kv_cache.layers for kind in (0, 1)]
     return kvz._seq_state(llm._ctx.ctx), blocks, llm.n_tokens, llm.input_ids[: llm.n_tokens].tolist()
 
 
@@ -72,7 +72,7 @@ def test_exact_session_continues_with_the_same_greedy_tokens(smollm2_path, text_
     src = make(smollm2_path, kv_codec)
     src.eval(prompt)
     if kv_codec is not None:
-        assert src._kv.n_cold > 0  # the session carries compressed rows and the hot window
+        assert src.kv_cache.n_cold > 0  # the session carries compressed rows and the hot window
     info = src.save_session(tmp_path / "s.kvz", exact=True)
     assert info.n_tokens == 300 and info.file_bytes == os.path.getsize(tmp_path / "s.kvz")
     want = greedy(src, prompt)
@@ -304,7 +304,7 @@ def tiny_session(smollm2_path):
                                                           archive="rotq2", block=8),
                 n_ctx=512, n_batch=8, **KW)
     llm.eval(list(range(100, 380)))  # llama.cpp keeps 256 cells (its minimum): 24+ are compressed
-    assert llm._kv.n_cold > 0
+    assert llm.kv_cache.n_cold > 0
     data, _ = kvz.dump(llm._session_view(drop_dead_rows=True), codec="rotq1", entropy=False)
     return Tiny(data, llm)
 

@@ -59,9 +59,9 @@ def where_held(llm, pos: int) -> str:
 
     if llm.kv_config is None:
         return "f16 (llama.cpp)"
-    for b in llm._kv.blocks:
+    for b in llm.kv_cache.blocks:
         if b.r0 <= pos < b.r1:
-            return f"{TIER_NAMES[b.tier]} {llm._kv.codec_name(b.tier)}"
+            return f"{TIER_NAMES[b.tier]} {llm.kv_cache.codec_name(b.tier)}"
     return "hot f16"
 
 

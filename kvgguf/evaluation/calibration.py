@@ -251,7 +251,7 @@ class Probe:
         self.llm = Llama(model_path, kv_codec=config, n_ctx=len(tokens), n_threads=threads,
                          n_threads_batch=threads, flash_attn=True, kv_attention=attention, verbose=False)
         try:
-            self.kv = self.llm._kv
+            self.kv = self.llm.kv_cache
             self.first = self.hot + self.block  # logits from here on see cold rows
             self.reference = dict(self.kv.codecs[TIER_WARM])
             self.lists = [(il, kind) for il in self.kv.layers for kind in (KIND_K, KIND_V)]
@@ -272,7 +272,7 @@ class Probe:
         """Every row of the text on list (il, kind), exact: (tokens, KV heads, head dim). Valid
         after the reference run (cold rows in the store in f16, the rest in llama.cpp's cells)."""
         store, n_cold = self.kv.store, self.kv.n_cold
-        rows = np.concatenate([store.decode(il, kind, 0, n_cold), self.kv._read(il, kind, n_cold, len(self.tokens))])
+        rows = np.concatenate([store.decode(il, kind, 0, n_cold), self.kv.read_rows(il, kind, n_cold, len(self.tokens))])
         shape = self.kv.shape
         return rows.reshape(len(rows), shape.n_head_kv, shape.head_dim_k if kind == KIND_K else shape.head_dim_v)
 

@@ -182,7 +182,8 @@ class LiveCache:
         if self.signals.wants_mass and self.blocks and 0 < n_tokens <= self.fused_max_tokens:
             self.signals.note_mass(self.attention_mass(reset=True), n_tokens)
 
-    def _read(self, il: int, kind: int, p0: int, p1: int) -> np.ndarray:
+    def read_rows(self, il: int, kind: int, p0: int, p1: int) -> np.ndarray:
+        """Rows of positions [p0, p1) that llama.cpp holds exactly on list (il, kind), as float32."""
         n = p1 - p0
         rows = np.empty((n, self.store.width(kind)), dtype=np.float16)
         pos = np.empty(n, dtype=np.int32)
@@ -202,7 +203,7 @@ class LiveCache:
         try:
             for il in self.layers:
                 for kind in (KIND_K, KIND_V):
-                    rows = self._read(il, kind, p0, p1)
+                    rows = self.read_rows(il, kind, p0, p1)
                     for tier, a, b in parts:
                         self.store.append(il, kind, tier, self.codecs[tier][il, kind], rows[a:b])
             mem = C.llama_get_memory(self.ctx)
