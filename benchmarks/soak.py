@@ -203,7 +203,7 @@ def main(argv=None) -> int:
           f"Command: `{result['command']}`", "",
           f"- conversations of up to {args.ctx} tokens: {len(result['conversations'])}; {result['seconds']} s "
           f"({result['generated'] / max(result['seconds'], 1e-9):.1f} tokens/s, sampling included)",
-          f"- errors: none (the run ended)",
+          "- errors: none (the run ended)",
           f"- bytes held follow the rows held (at one context length, the same bytes in every conversation, "
           f"spread {v['held_spread']:.4f}, allowed {args.held_spread}): {'yes' if v['held_follows_rows'] else 'NO'}",
           f"- RSS peak, first conversation {v['rss_first_conversation_mib']} MiB, last {v['rss_last_conversation_mib']} "

@@ -30,8 +30,6 @@ def own_cache_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def smollm2_path():
-    import kvgguf
-
     return kvgguf.models.path("smollm2-135m")
 
 
@@ -71,8 +69,6 @@ def calibrated(calibrated_cache_dir, monkeypatch):
 
 @pytest.fixture(scope="session")
 def gemma3_path():
-    import kvgguf
-
     return kvgguf.models.path("gemma3-270m")
 
 

@@ -90,7 +90,8 @@ class RedisServer:
 
         self.proc = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.folder), "--maxmemory", self.maxmemory, "--maxmemory-policy", self.policy],
+             "--dir", str(self.folder), "--maxmemory", self.maxmemory, "--maxmemory-policy", self.policy,
+             "--enable-debug-command", "local"],  # DEBUG SLEEP: a Redis that answers late
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=self.port)
         for _ in range(200):

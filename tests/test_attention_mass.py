@@ -10,9 +10,9 @@ import pytest
 
 from kvgguf import codecs
 from kvgguf.native.binding import get_lib
-from kvgguf.native.store import KIND_K, KIND_V, MASS_ROWS, KVStore
+from kvgguf.native.store import KIND_K, KIND_V, MASS_ROWS
 
-from test_attend import build, merge, queries, reference, N_ROWS
+from test_attend import build, merge, queries, N_ROWS
 
 LEVELS = codecs.simd_levels()  # scalar, then AVX2 or NEON where this build and CPU have it
 

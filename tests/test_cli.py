@@ -11,7 +11,6 @@ from pathlib import Path
 import pexpect
 import pytest
 
-import kvgguf
 
 KVGGUF = shutil.which("kvgguf", path=str(Path(sys.executable).parent)) or "kvgguf"
 HERE = Path(__file__).parent

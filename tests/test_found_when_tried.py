@@ -10,7 +10,6 @@ import os
 import stat
 import subprocess
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -15,7 +15,7 @@ from kvgguf import Llama, TieredConfig
 from kvgguf.evaluation.harness import kl_top1
 from kvgguf.evaluation.text import wikitext2_test
 from kvgguf.native.binding import KvgError
-from kvgguf.native.store import KIND_K, KIND_V, TIER_ARCHIVE, KVStore
+from kvgguf.native.store import KIND_K, KIND_V, KVStore
 
 N_THREADS = 2
 # Small windows so that one 32-token batch evicts a block and ages another to archive.

@@ -7,7 +7,6 @@ import pickle
 import numpy as np
 import pytest
 
-import kvgguf
 from kvgguf import Llama, TieredConfig, codecs
 
 

@@ -8,6 +8,9 @@ on a free loopback port, without persistence, in a temporary folder."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from kvgguf import Llama
@@ -141,8 +144,10 @@ def test_two_servers_share_one_redis(smollm2_path, flushed, tmp_path):
     args = [str(smollm2_path), "--model_alias", "smollm2-135m", "--n_ctx", "2048", "--n_threads", "1",
             "--n_threads_batch", "1", "--prompt-cache", flushed.url]
     with kvgguf_serve(args, tmp_path / "a.log", {}) as a, kvgguf_serve(args, tmp_path / "b.log", {}) as b:
-        ask = lambda base, prompt: openai.OpenAI(base_url=base + "/v1", api_key="-", max_retries=0).completions.create(
-            model="smollm2-135m", prompt=prompt, max_tokens=4, temperature=0.0)
+        def ask(base, prompt):
+            return openai.OpenAI(base_url=base + "/v1", api_key="-", max_retries=0).completions.create(
+                model="smollm2-135m", prompt=prompt, max_tokens=4, temperature=0.0)
+
         ask(a, doc + "\nSummary:")
         before = get_json(b + "/kvgguf/memory")
         ask(b, doc + "\nTitle:")
@@ -162,3 +167,17 @@ def test_capacity_counts_the_bytes_held_and_drops_the_least_recently_used(smollm
     _answer(llm, document[::-1])  # another prompt: the first entry goes
     assert 0 < cache.cache_size <= cache.capacity_bytes
     assert document not in cache and document[::-1] in cache
+
+
+def test_a_slow_redis_is_a_timeout_and_a_prefill(smollm2_path, flushed, document):
+    """Redis busy for 3 s (DEBUG SLEEP) against a 0.2 s timeout: the lookup gives up, the
+    request prefills and is answered as without a cache."""
+    first, _ = _serve(smollm2_path, flushed.url)
+    plain, _ = _answer(first, document)  # cached, for the lookup that will time out
+    other, cache = _serve(smollm2_path, flushed.url, timeout_s=0.2)
+    busy = threading.Thread(target=lambda: redis.Redis(port=flushed.port).execute_command("DEBUG", "SLEEP", "3"))
+    busy.start()
+    time.sleep(0.3)
+    got, evaluated = _answer(other, document)
+    busy.join()
+    assert got == plain and evaluated >= len(document) and cache.faults.get("timeout", 0) >= 1

@@ -13,10 +13,9 @@ import urllib.error
 import urllib.request
 
 import pytest
+from servers import KVGGUF, get_json, kvgguf_serve
 
 openai = pytest.importorskip("openai")
-
-from servers import KVGGUF, get_json, kvgguf_serve
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,6 @@ from ..llama import CACHE_TYPES, Llama
 from ..model.shape import KVShape
 from . import calibration
 from ..policy import kv_codec
-from ..policy.tiered import TieredConfig
 
 DEFAULT_CONFIGS = "f16,q8_0,q5_1,q4_0,iq4_nl,kivi4,kivi2,rotq4,rotq3,rotq2,tiered"
 QUICK_CONFIGS = "f16,q8_0,q4_0,rotq4,tiered"
