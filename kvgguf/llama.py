@@ -478,7 +478,7 @@ class Llama(llama_cpp.Llama):
         """llama-cpp-python's prompt cache; a shared one (CompressedRedisCache) is keyed by this
         model's fingerprint and codec from here on."""
         super().set_cache(cache)
-        if isinstance(cache, CompressedCache) and hasattr(cache, "attach"):
+        if isinstance(cache, CompressedCache):
             cache.attach(self)
 
     @_serialized

@@ -75,15 +75,6 @@ class KVShape:
         return self.kv_heads(il) * self.head_dim(il, kind)
 
     @property
-    def n_embd_k_gqa(self) -> int:
-        """K values per token of a full-attention layer."""
-        return self.n_head_kv * self.head_dim_k
-
-    @property
-    def n_embd_v_gqa(self) -> int:
-        return self.n_head_kv * self.head_dim_v
-
-    @property
     def values_per_token(self) -> int:
         """K and V values one token adds to the cache, all layers."""
         return sum(self.width(il, 0) + self.width(il, 1) for il in range(self.n_layer))

@@ -23,6 +23,16 @@ from .state import SessionState
 Key = Tuple[int, ...]
 
 
+def token_digest(tokens: Sequence[int]) -> str:
+    """A cached prompt's name: the hash of its token ids."""
+    return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).hexdigest()[:32]
+
+
+def kvz_tokens(data: bytes) -> np.ndarray:
+    """The token ids a .kvz holds (its CRCs checked); SessionError or KeyError if damaged."""
+    return np.frombuffer(dict(container.unpack(data))[b"TOKS"], dtype="<i4")
+
+
 class CompressedCache(BaseLlamaCache):
     """What kvgguf.Llama.save_state looks for: the codec its states are encoded with."""
 
@@ -34,6 +44,10 @@ class CompressedCache(BaseLlamaCache):
         super().__init__(capacity_bytes)
         self.codec = codec  # None: the Llama's warm codec (rotq4 for the stock cache)
         self.entropy = entropy
+
+    def attach(self, llm) -> None:
+        """Called by kvgguf.Llama.set_cache: a cache shared between processes keys its entries by
+        llm's model here; one process's own cache needs nothing."""
 
     @staticmethod
     def _longest_prefix(keys, key: Key) -> Optional[Key]:
@@ -127,8 +141,7 @@ class CompressedDiskCache(CompressedCache):
         name = self._keys[k]
         try:
             data = self._file(name).read_bytes()
-            sections = dict(container.unpack(data))
-            tokens = np.frombuffer(sections[b"TOKS"], dtype="<i4").astype(np.intc)
+            tokens = kvz_tokens(data).astype(np.intc)
         except (OSError, SessionError, KeyError):
             self._remove(k)
             raise KeyError("the cached session no longer loads") from None
@@ -138,7 +151,7 @@ class CompressedDiskCache(CompressedCache):
     def __setitem__(self, key: Sequence[int], value: SessionState) -> None:
         value = self._check_state(value)
         key = tuple(key)
-        name = hashlib.sha256(np.asarray(key, dtype="<i4").tobytes()).hexdigest()[:32]
+        name = token_digest(key)
         try:
             container.write_atomic(self._file(name), value.llama_state)
             container.write_atomic(self.path / f"{name}.key", np.asarray(key, dtype="<i4").tobytes())

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import SessionError
 from . import container
-from .prompt_cache import CompressedCache, Key
+from .prompt_cache import CompressedCache, Key, kvz_tokens, token_digest
 from .state import SessionState
 
 CHUNK_TOKENS = 256  # LMCache's chunk; a prefix shorter than one chunk is not looked up
@@ -81,10 +81,6 @@ class CompressedRedisCache(CompressedCache):
             h = hashlib.sha256(h + np.asarray(tokens[c0 : c0 + self.chunk_tokens], dtype="<i4").tobytes()).digest()
             keys.append(self._key("p", h.hex()[:32]))
         return keys
-
-    @staticmethod
-    def _entry_id(tokens: Key) -> str:
-        return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).hexdigest()[:32]
 
     # --- faults ---------------------------------------------------------------------------
 
@@ -142,8 +138,7 @@ class CompressedRedisCache(CompressedCache):
                 self._delete(entry_id)
                 continue
             try:
-                sections = dict(container.unpack(data))
-                entry = tuple(np.frombuffer(sections[b"TOKS"], dtype="<i4").tolist())
+                entry = tuple(kvz_tokens(data).tolist())
             except (SessionError, KeyError) as e:
                 self._fault("damaged entry", e)
                 self._delete(entry_id)
@@ -175,7 +170,7 @@ class CompressedRedisCache(CompressedCache):
             self._fault("not attached to a model", "use kvgguf.Llama.set_cache")
             return
         key = tuple(key)
-        entry_id, data = self._entry_id(key), value.llama_state
+        entry_id, data = token_digest(key), value.llama_state
         pipe = self.client.pipeline(transaction=True)
         pipe.set(self._key("e", entry_id), data)
         pipe.hset(self._key("sizes"), entry_id, len(data))

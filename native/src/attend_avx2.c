@@ -67,13 +67,6 @@ KVG_INLINE vf8 vf8_exp_nonpos(vf8 x) {
     return _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), y);
 }
 
-// What 8 lanes of a row's head are made of.
-enum {
-    LANES_F16 = 0,  // stored halves
-    LANES_CB  = 1,  // rotq codebook values of the codes
-    LANES_INT = 2,  // the codes themselves, as floats (kivi: scale and min are folded elsewhere)
-};
-
 typedef struct lanes {
     __m256i sh;
     __m256i mask;
@@ -93,11 +86,11 @@ static lanes make_lanes(int bits, const float * cb) {
 // Lanes i..i+7 of the head that starts at `row` (bytes of halves, or of codes starting on a
 // byte boundary; i is a multiple of 8, so 8 codes take exactly `bits` bytes).
 KVG_INLINE vf8 load_lanes(int fam, int bits, const lanes * L, const uint8_t * row, int64_t i) {
-    if (fam == LANES_F16) {
+    if (fam == KVG_LANES_F16) {
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (row + 2 * i)));
     }
     const __m256i idx = unpack8(row + (i / 8) * bits, bits, L->sh, L->mask);
-    if (fam == LANES_INT) {
+    if (fam == KVG_LANES_INT) {
         return _mm256_cvtepi32_ps(idx);
     }
     __m256 v = _mm256_permutevar8x32_ps(L->cb_lo, idx);  // uses the low 3 bits of each index

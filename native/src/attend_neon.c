@@ -66,13 +66,6 @@ KVG_INLINE float32x4_t exp_nonpos4(float32x4_t x) {
 
 KVG_INLINE vf8 vf8_exp_nonpos(vf8 x) { return vf8_pair(exp_nonpos4(x.lo), exp_nonpos4(x.hi)); }
 
-// What 8 lanes of a row's head are made of.
-enum {
-    LANES_F16 = 0,  // stored halves
-    LANES_CB  = 1,  // rotq codebook values of the codes
-    LANES_INT = 2,  // the codes themselves, as floats (kivi: scale and min are folded elsewhere)
-};
-
 typedef struct lanes {
     codes8       c;
     uint8x16x4_t cb;  // rotq centroids 0..15 as a byte table
@@ -89,12 +82,12 @@ static lanes make_lanes(int bits, const float * cb) {
 // Lanes i..i+7 of the head that starts at `row` (bytes of halves, or of codes starting on a
 // byte boundary; i is a multiple of 8, so 8 codes take exactly `bits` bytes).
 KVG_INLINE vf8 load_lanes(int fam, int bits, const lanes * L, const uint8_t * row, int64_t i) {
-    if (fam == LANES_F16) {
+    if (fam == KVG_LANES_F16) {
         const float16x8_t h = vreinterpretq_f16_u8(vld1q_u8(row + 2 * i));  // bytes: rows need no alignment
         return vf8_pair(vcvt_f32_f16(vget_low_f16(h)), vcvt_high_f32_f16(h));
     }
     const u32x8 idx = unpack8(row + (i / 8) * bits, bits, &L->c);
-    if (fam == LANES_INT) {
+    if (fam == KVG_LANES_INT) {
         return vf8_pair(vcvtq_f32_u32(idx.lo), vcvtq_f32_u32(idx.hi));
     }
     return vf8_pair(book_lookup(&L->cb, idx.lo), book_lookup(&L->cb, idx.hi));

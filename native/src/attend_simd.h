@@ -23,8 +23,8 @@
 //   vf8_exp_nonpos(x)        exp of lanes <= 0, 0 below -87 (see attend_avx2.c)
 //   half_to_float(h)         one stored f16
 //   lanes, make_lanes(bits, codebook or NULL), load_lanes(fam, bits, &L, row, i)
-//                            lanes i..i+7 of the head at row: halves (LANES_F16), rotq
-//                            codebook values (LANES_CB) or the codes as floats (LANES_INT)
+//                            lanes i..i+7 of the head at row: halves (KVG_LANES_F16), rotq
+//                            codebook values (KVG_LANES_CB) or the codes as floats (KVG_LANES_INT)
 #ifndef KVG_SIMD_NAME
 #    error "define KVG_SIMD_NAME(name) before including attend_simd.h"
 #endif
@@ -126,7 +126,7 @@ int KVG_SIMD_NAME(kvg_f16_score)(const kvg_job * job, const uint8_t * src, int64
     float *     res = a->tmp;
     for (int64_t t = 0; t < n; t++) {
         for (int64_t hk = 0; hk < job->n_heads; hk++) {
-            dot_queries(LANES_F16, 16, &L, src + 2 * ((t0 + t) * C + hk * D), D, a->q + hk * P * D, P, res);
+            dot_queries(KVG_LANES_F16, 16, &L, src + 2 * ((t0 + t) * C + hk * D), D, a->q + hk * P * D, P, res);
             for (int64_t g = 0; g < P; g++) {
                 out[(hk * P + g) * n + t] = res[g];
             }
@@ -143,7 +143,7 @@ int KVG_SIMD_NAME(kvg_f16_accumulate)(const kvg_job * job, const uint8_t * src, 
     }
     const lanes L = make_lanes(1, NULL);
     for (int64_t hk = 0; hk < job->n_heads; hk++) {
-        axpy_queries(LANES_F16, 16, &L, src + 2 * (t0 * C + hk * D), 2 * C, n, p + hk * P * n, a->acc + hk * P * D, D, P);
+        axpy_queries(KVG_LANES_F16, 16, &L, src + 2 * (t0 * C + hk * D), 2 * C, n, p + hk * P * n, a->acc + hk * P * D, D, P);
     }
     return KVG_OK;
 }
@@ -161,7 +161,7 @@ KVG_INLINE void rotq_score_bits(int bits, const kvg_job * job, const uint8_t * s
         for (int64_t hk = 0; hk < H; hk++) {
             const int64_t v = (t0 + t) * H + hk;
             const float   f = half_to_float(kvg_get_u16(src + 2 * v)) * inv_d;
-            dot_queries(LANES_CB, bits, &L, codes + (size_t) (v * D / 8) * (size_t) bits, D, a->qr + hk * P * D, P, res);
+            dot_queries(KVG_LANES_CB, bits, &L, codes + (size_t) (v * D / 8) * (size_t) bits, D, a->qr + hk * P * D, P, res);
             for (int64_t g = 0; g < P; g++) {
                 out[(hk * P + g) * n + t] = f * res[g];
             }
@@ -199,7 +199,7 @@ KVG_INLINE void rotq_accumulate_bits(int bits, const kvg_job * job, const uint8_
             }
         }
         const uint8_t * row0 = codes + (size_t) ((t0 * H + hk) * D / 8) * (size_t) bits;
-        axpy_queries(LANES_CB, bits, &L, row0, H * D / 8 * bits, n, w, a->accr + hk * P * D, D, P);
+        axpy_queries(KVG_LANES_CB, bits, &L, row0, H * D / 8 * bits, n, w, a->accr + hk * P * D, D, P);
     }
 }
 
@@ -255,7 +255,7 @@ KVG_INLINE void kivi_score_bits(int bits, const kvg_job * job, const uint8_t * s
         for (int64_t u = t; u < e; u++) {
             for (int64_t hk = 0; hk < job->n_heads; hk++) {
                 const uint8_t * row = codes + (size_t) ((u * C + hk * D) / 8) * (size_t) bits;
-                dot_queries(LANES_INT, bits, &L, row, D, qf + hk * P * D, P, res);
+                dot_queries(KVG_LANES_INT, bits, &L, row, D, qf + hk * P * D, P, res);
                 for (int64_t g = 0; g < P; g++) {
                     out[(hk * P + g) * n + (u - t0)] = qm[hk * P + g] + res[g];
                 }
@@ -293,7 +293,7 @@ KVG_INLINE void kivi_axpy_block(int bits, int nq, const lanes * L, const uint8_t
         }
         const uint8_t * row = row0;
         for (int64_t t = 0; t < n; t++, row += stride) {
-            const vf8 c = load_lanes(LANES_INT, bits, L, row, i);
+            const vf8 c = load_lanes(KVG_LANES_INT, bits, L, row, i);
             const vf8 v = vf8_fma_s(vf8_set1(mn[t * ng + k]), c, sc[t * ng + k]);
             for (int g = 0; g < nq; g++) {
                 s[g] = vf8_fma_s(s[g], v, w[g * n + t]);

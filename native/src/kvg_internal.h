@@ -79,6 +79,14 @@ void kvg_attn_softmax_ref(const kvg_attn * a, float * m, float * l, float * s, i
 void kvg_attn_softmax_avx2(const kvg_attn * a, float * m, float * l, float * s, int64_t n, int64_t dv, int rotated);
 void kvg_attn_softmax_neon(const kvg_attn * a, float * m, float * l, float * s, int64_t n, int64_t dv, int rotated);
 
+// What the 8 lanes that attend_simd.h's kernels load at a time (load_lanes of attend_avx2.c and
+// attend_neon.c) are made of.
+enum {
+    KVG_LANES_F16 = 0,  // stored halves
+    KVG_LANES_CB  = 1,  // rotq codebook values of the codes
+    KVG_LANES_INT = 2,  // the codes themselves, as floats (kivi: scale and min are folded elsewhere)
+};
+
 typedef int (*kvg_size_fn)  (const kvg_job * job, size_t * out_bytes);
 typedef int (*kvg_encode_fn)(const kvg_job * job, const float * src, uint8_t * dst);
 typedef int (*kvg_decode_fn)(const kvg_job * job, const uint8_t * src, float * dst);
