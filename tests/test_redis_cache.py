@@ -181,3 +181,29 @@ def test_a_slow_redis_is_a_timeout_and_a_prefill(smollm2_path, flushed, document
     got, evaluated = _answer(other, document)
     busy.join()
     assert got == plain and evaluated >= len(document) and cache.faults.get("timeout", 0) >= 1
+
+
+def test_a_failed_read_is_a_miss_that_keeps_the_entry():
+    """A GET that times out says nothing about the entry: it is a miss, not a reason to delete
+    the entry or its index (a stub client: no Redis needed)."""
+
+    class Client:
+        deleted: list = []
+
+        def mget(self, keys):
+            return [b"entry"] * len(keys)
+
+        def get(self, key):
+            raise redis.exceptions.TimeoutError("slow")
+
+        def delete(self, *keys):
+            self.deleted.extend(keys)
+
+        def pipeline(self, transaction=True):
+            raise AssertionError("a failed read must not delete the entry")
+
+    cache = CompressedRedisCache("redis://stub", chunk_tokens=4, client=Client())
+    cache.namespace = "ns"
+    with pytest.warns(RuntimeWarning, match="timeout"):
+        assert [1, 2, 3, 4, 5] not in cache
+    assert cache.faults == {"timeout": 1} and Client.deleted == []

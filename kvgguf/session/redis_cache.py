@@ -32,6 +32,7 @@ from .prompt_cache import CompressedCache, Key, kvz_tokens, token_digest
 from .state import SessionState
 
 CHUNK_TOKENS = 256  # LMCache's chunk; a prefix shorter than one chunk is not looked up
+_FAULT = object()  # what _call returns after a fault where None is an answer (GET of a missing key)
 
 
 class CompressedRedisCache(CompressedCache):
@@ -90,8 +91,8 @@ class CompressedRedisCache(CompressedCache):
             warnings.warn(f"kvgguf: the Redis prompt cache at {self.url}: {kind} ({detail}); requests go on "
                           "without it where it fails (counted in faults)", RuntimeWarning, stacklevel=3)
 
-    def _call(self, what: str, fn, *args):
-        """fn(*args), or None after counting a fault (Redis down, slow, full, refusing)."""
+    def _call(self, what: str, fn, *args, fault=None):
+        """fn(*args), or `fault` after counting a fault (Redis down, slow, full, refusing)."""
         import redis
 
         try:
@@ -105,7 +106,7 @@ class CompressedRedisCache(CompressedCache):
             self._fault("full" if full else "refused", e)
         except redis.exceptions.RedisError as e:
             self._fault(f"error in {what}", e)
-        return None
+        return fault
 
     # --- BaseLlamaCache -------------------------------------------------------------------
 
@@ -132,7 +133,9 @@ class CompressedRedisCache(CompressedCache):
             if ids[k] is None:
                 continue
             entry_id = ids[k].decode()
-            data = self._call("read", self.client.get, self._key("e", entry_id))
+            data = self._call("read", self.client.get, self._key("e", entry_id), fault=_FAULT)
+            if data is _FAULT:  # Redis failed: a miss, and the entry, which may be whole, stays
+                return None
             if data is None:  # evicted by Redis (maxmemory) or by another server: the index lags
                 self._call("drop", self.client.delete, keys[k])
                 self._delete(entry_id)
