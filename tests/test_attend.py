@@ -24,6 +24,11 @@ ALL = ["f16"] + KIVI + ROTQ + CROTQ + SEEDS
 PAIRS = [(k, k) for k in ALL] + [(k, ALL[(i + 6) % len(ALL)]) for i, k in enumerate(ALL)]
 
 HEAD_DIMS = [64, 128, 256]
+# The seed codecs have no kernel of their own: the store decodes their rows (a reference decoder,
+# the same at every level) and the rows kernels attend over them. The rows kernels meet the wider
+# heads through delta4 alone; the others at 64 (qjl4 at 256 took 43 s under the sanitizers).
+CASES = [(k, v, d) for k, v in PAIRS for d in HEAD_DIMS
+         if d == HEAD_DIMS[0] or not {k, v} & set(SEEDS) or k == v == "delta4"]
 # (n_head_kv, n_head): no GQA and groups of 3
 HEADS = [(1, 1), (1, 3), (3, 3), (3, 9)]
 N_ROWS = 263
@@ -97,8 +102,7 @@ def attend_at(level, store, il, r0, r1, q, scale, state=None):
         return store.attend(il, r0, r1, q, scale, state)
 
 
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
-@pytest.mark.parametrize("k_codec,v_codec", PAIRS)
+@pytest.mark.parametrize("k_codec,v_codec,head_dim", CASES)
 def test_attend_matches_softmax_over_decoded_rows(k_codec, v_codec, head_dim):
     rng = np.random.default_rng(7)
     scale = 1.0 / np.sqrt(head_dim)

@@ -74,7 +74,8 @@ def test_at_equal_bits_held_rotq3_beats_llama_q4_0(smollm2_path, wiki_tokens):
     """Quality at equal memory, every byte counted on both sides.
 
     llama.cpp's q4_0 holds 4.5 bits per value. kvgguf's rotq3 cold rows (3.25 bits) beside a
-    64-token hot window, whose f16 buffer llama.cpp pads to 256 cells, hold fewer bits than
+    128-token hot window taking 128-token batches (an f16 buffer of 256 cells: one unit of
+    llama.cpp's padding, so a smaller window would hold the same bytes) hold fewer bits than
     that only once the context is long enough to amortise the buffer: 3,328 tokens here. At
     those bits, the KL against the f16 cache must be lower than q4_0's, on the second half.
     """
@@ -91,8 +92,8 @@ def test_at_equal_bits_held_rotq3_beats_llama_q4_0(smollm2_path, wiki_tokens):
     bits_q4 = q4.kv_memory().bits_per_value
     kl_q4, _ = kl_top1(ref_logits, q4.scores[n // 2 : n])
     q4.close()
-    config = TieredConfig(hot=64, sinks=0, warm="rotq3", warm_tokens=0, archive=None, block=32)
-    llm = Llama(str(smollm2_path), kv_codec=config, n_ctx=n, n_batch=64, logits_all=True, flash_attn=True,
+    config = TieredConfig(hot=128, ubatch=128, sinks=0, warm="rotq3", warm_tokens=0, archive=None, block=32)
+    llm = Llama(str(smollm2_path), kv_codec=config, n_ctx=n, n_batch=128, logits_all=True, flash_attn=True,
                 verbose=False, n_threads=N_THREADS)
     llm.eval(toks)
     bits = llm.kv_memory().bits_per_value
