@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-import kvgguf
+import kvgguf  # first: binds llama_cpp to kvgguf's patched llama.cpp
+import llama_cpp
 from kvgguf.evaluation import calibration
 from kvgguf.evaluation.text import wikitext2_test
 from kvgguf.native import codecs
@@ -164,11 +165,21 @@ def fit_coder(family: str, kind: int, rows: np.ndarray, bits: float, seed: int) 
     return fit_klt(rows, bits, min_bits=0 if family == "klt" else 1, mixed=family.startswith("kltr"), seed=seed)
 
 
+ROPE_NEOX = False  # llama.cpp's rope type of the model: pairs (i, i + d/2) instead of (2i, 2i + 1)
+
+
+def rope_pairs(d: int) -> np.ndarray:
+    """The coordinate order that puts each RoPE pair side by side."""
+    half = np.arange(d // 2)
+    return np.stack([half, half + d // 2], 1).reshape(-1) if ROPE_NEOX else np.arange(d)
+
+
 def fit_pairs(rows: np.ndarray, bits_per_value: float, seed: int) -> HeadCoder:
-    """Keys after RoPE: the energy of pair (2i, 2i+1) does not depend on the position, its
-    direction does, so bits go by pair energy (two at a time) and no basis is fitted."""
+    """Keys after RoPE: the energy of a pair does not depend on the position, its direction
+    does, so bits go by pair energy (two at a time) and no basis is fitted."""
     d = rows.shape[1]
-    energy = (rows**2).mean(0).reshape(-1, 2).sum(1)
+    order = rope_pairs(d)
+    energy = (rows[:, order] ** 2).mean(0).reshape(-1, 2).sum(1)
     # whole pairs: water-fill on pair energies in units of one bit per coordinate of the pair
     gain = np.array([gauss_mse(b) - gauss_mse(b + 1) for b in range(MAX_BITS)] + [-np.inf])
     pair_bits = np.ones(d // 2, dtype=np.int64)
@@ -176,7 +187,7 @@ def fit_pairs(rows: np.ndarray, bits_per_value: float, seed: int) -> HeadCoder:
         pair_bits[int(np.argmax(energy * gain[pair_bits]))] += 1
     bits = np.repeat(pair_bits, 2)
     sigma = np.sqrt(np.repeat(energy / 2, 2))
-    return HeadCoder(np.zeros(d), np.eye(d), np.maximum(sigma, 1e-6), bits, group_mix(bits, seed))
+    return HeadCoder(np.zeros(d), np.eye(d)[:, order], np.maximum(sigma, 1e-6), bits, group_mix(bits, seed))
 
 
 def am_gm_bits(rows: np.ndarray) -> float:
@@ -231,6 +242,8 @@ def main(argv=None) -> int:
     try:
         rows = {key: fit.rows(*key).astype(np.float64) for key in fit.lists}
         shape = fit.kv.shape
+        global ROPE_NEOX
+        ROPE_NEOX = llama_cpp.llama_model_rope_type(fit.llm.model) == llama_cpp.LLAMA_ROPE_TYPE_NEOX
     finally:
         fit.close()
     print(f"fitted on {args.fit_tokens} self-written tokens ({time.time() - t0:.0f} s)", file=sys.stderr)
@@ -269,6 +282,7 @@ def main(argv=None) -> int:
     finally:
         probe.close()
     meta = {"model": args.model, "tokens": len(probe_tokens), "fit_tokens": args.fit_tokens, "hot": probe.hot,
+            "rope_neox": ROPE_NEOX,
             "am_gm_bits": spread, "command": " ".join(["benchmarks/transform_coding.py", *(argv or sys.argv[1:])])}
     lines = [f"# Transform coding through {args.model} ({len(probe_tokens)} WikiText-2 tokens, hot {probe.hot})", "",
              f"High-rate saving of transform coding (mean over heads, 1/2 log2 AM/GM of principal variances): "

@@ -188,6 +188,8 @@ class Llama(llama_cpp.Llama):
         type_k, type_v = cache_type(type_k, "type_k"), cache_type(type_v, "type_v")
         model_path = os.fspath(model_path)  # a pathlib.Path too (stock wants a str)
         self._kv: Optional[LiveCache] = None
+        self._shape: Optional[KVShape] = None  # kv_shape and kv_fingerprint, read on first use
+        self._fingerprint: Optional[ModelFingerprint] = None
         self.kv_calibration = None
         self.tokens_evaluated = 0  # tokens run through llama_decode so far (a prompt cache hit saves them)
         if kv_codec is None:
@@ -238,7 +240,7 @@ class Llama(llama_cpp.Llama):
         physical = min(n_ctx, config.hot + n_batch)
         super().__init__(model_path, n_ctx=physical, n_batch=n_batch, n_ubatch=min(n_ubatch, n_batch),
                          type_k=type_k, type_v=type_v, **kwargs)
-        self._kvgguf_shape = shape  # what KVShape.of(self) returns from now on
+        self._shape = shape
         self.kv_calibration: Optional[Path] = calibrated  # the calibration file kv_config follows, if any
         try:
             why = support.why_not(self._model.model, self._ctx.ctx, shape)
@@ -272,13 +274,17 @@ class Llama(llama_cpp.Llama):
 
     @property
     def kv_shape(self) -> KVShape:
-        """The model's KV-cache shape, as kvgguf reads it from the GGUF."""
-        return KVShape.of(self)
+        """The model's KV-cache shape, as kvgguf reads it from the GGUF (once)."""
+        if self._shape is None:
+            self._shape = KVShape.from_gguf(self.model_path)
+        return self._shape
 
     @property
     def kv_fingerprint(self) -> ModelFingerprint:
-        """What identifies the model for sessions and shared prompt caches."""
-        return ModelFingerprint.of(self)
+        """What identifies the model for sessions and shared prompt caches (read once)."""
+        if self._fingerprint is None:
+            self._fingerprint = ModelFingerprint.read(self)
+        return self._fingerprint
 
     def n_ctx(self) -> int:
         return self._n_ctx if self._kv else super().n_ctx()
@@ -471,7 +477,7 @@ class Llama(llama_cpp.Llama):
             self._ctx.kv_cache_seq_rm(-1, n, -1)
             if self._kv is not None:
                 self._kv.truncate(n)
-        return session.LiveContext(self._ctx.ctx, self._kv, KVShape.of(self), ModelFingerprint.of(self),
+        return session.LiveContext(self._ctx.ctx, self._kv, self.kv_shape, self.kv_fingerprint,
                                    self.input_ids[:n].copy(), self.n_ctx(), self.n_vocab())
 
     def set_cache(self, cache) -> None:

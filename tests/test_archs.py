@@ -234,7 +234,7 @@ def test_what_kvgguf_cannot_hold_is_refused_by_what_llama_cpp_built(tmp_path, sm
 
 def test_every_supported_layer_is_on_the_hooked_path_and_soft_capping_expands(tiny):
     llm = Llama(str(tiny("gemma2")), kv_codec=F16_COLD, n_ctx=512, **KW)
-    layers = support.attention_layers(llm._ctx.ctx, llm._kvgguf_shape)
+    layers = support.attention_layers(llm._ctx.ctx, llm.kv_shape)
     assert layers == support.AttentionLayers((1,), ())  # odd layers full; soft-capping is fused (patches/0008)
     llm = Llama(str(tiny("cohere2")), kv_codec=F16_COLD, n_ctx=512, **KW)
-    assert support.attention_layers(llm._ctx.ctx, llm._kvgguf_shape) == support.AttentionLayers((3,), ())
+    assert support.attention_layers(llm._ctx.ctx, llm.kv_shape) == support.AttentionLayers((3,), ())

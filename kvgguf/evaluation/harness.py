@@ -44,7 +44,7 @@ def row_name(name: str, spec: str, llm) -> str:
     from the model's calibrated codebooks, else name."""
     if spec == "tiered" and getattr(llm, "kv_calibration", None):
         return name + " (calibrated)"
-    kv = getattr(llm, "_kv", None)
+    kv = getattr(llm, "kv_cache", None)
     return name + (" (calibrated codebooks)" if kv is not None and kv.books else "")
 
 

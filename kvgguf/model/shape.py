@@ -3,6 +3,7 @@ computed from (the live cache, sessions, inspect)."""
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
@@ -150,12 +151,18 @@ class KVShape:
 
     @classmethod
     def of(cls, llm) -> "KVShape":
-        """The shape of a llama_cpp.Llama's model (read once per Llama)."""
-        shape = getattr(llm, "_kvgguf_shape", None)
+        """The shape of a Llama's model: a kvgguf.Llama's own (``kv_shape``); for llama-cpp-python's
+        Llama read from its GGUF once and kept here, beside it (nothing is set on it)."""
+        own = getattr(llm, "kv_shape", None)
+        if isinstance(own, KVShape):
+            return own
+        shape = _SHAPES.get(llm)
         if shape is None:
-            shape = cls.from_gguf(llm.model_path)
-            llm._kvgguf_shape = shape
+            shape = _SHAPES[llm] = cls.from_gguf(llm.model_path)
         return shape
+
+
+_SHAPES: "weakref.WeakKeyDictionary[object, KVShape]" = weakref.WeakKeyDictionary()
 
 
 def _sliding_window(arch: str, meta: dict, n_layer: int, source: str) -> tuple[int, int, tuple[int, ...]]:

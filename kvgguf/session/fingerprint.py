@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import asdict, dataclass, fields
 
 from ..model.gguf_file import metadata_digests
@@ -23,14 +24,23 @@ class ModelFingerprint:
 
     @classmethod
     def of(cls, llm) -> "ModelFingerprint":
-        cached = getattr(llm, "_kvgguf_fingerprint", None)
-        if cached is None:
-            shape = KVShape.of(llm)
-            meta, tok = metadata_digests(llm.model_path)
-            cached = cls(shape.arch, shape.n_layer, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v,
-                         shape.n_swa, int(llm.n_vocab()), tok, meta)
-            llm._kvgguf_fingerprint = cached
-        return cached
+        """A Llama's: a kvgguf.Llama's own (``kv_fingerprint``); for llama-cpp-python's Llama read
+        once and kept here, beside it (nothing is set on it)."""
+        own = getattr(llm, "kv_fingerprint", None)
+        if isinstance(own, ModelFingerprint):
+            return own
+        found = _FINGERPRINTS.get(llm)
+        if found is None:
+            found = _FINGERPRINTS[llm] = cls.read(llm)
+        return found
+
+    @classmethod
+    def read(cls, llm) -> "ModelFingerprint":
+        """Read from the Llama's GGUF (every metadata entry hashed) and its vocabulary."""
+        shape = KVShape.of(llm)
+        meta, tok = metadata_digests(llm.model_path)
+        return cls(shape.arch, shape.n_layer, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v,
+                   shape.n_swa, int(llm.n_vocab()), tok, meta)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -65,3 +75,6 @@ class ModelFingerprint:
             f"the session is for another model of the same shape ({self.describe()}): its {what} "
             f"differs (another fine-tune or quantization); its K/V would not fit this model's weights"
         )
+
+
+_FINGERPRINTS: "weakref.WeakKeyDictionary[object, ModelFingerprint]" = weakref.WeakKeyDictionary()
