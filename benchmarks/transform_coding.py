@@ -154,12 +154,15 @@ FAMILIES = {
     "kltrv": "values as kltr, keys as rot",
     "pairk": "keys: bits water-filled on the energy of each RoPE pair (adjacent coordinates), which "
              "no position changes, then mixed as kltr; values as rot",
+    "pair": "keys as pairk; values: bits water-filled on each coordinate's energy (no basis), mixed as kltr",
 }
 
 
 def fit_coder(family: str, kind: int, rows: np.ndarray, bits: float, seed: int) -> HeadCoder:
-    if family == "pairk" and kind == KIND_K:
+    if family in ("pairk", "pair") and kind == KIND_K:
         return fit_pairs(rows, bits, seed)
+    if family == "pair":
+        return fit_channels(rows, bits, seed)
     if family in ("rot", "pairk") or (family.endswith("v") and kind == KIND_K):
         return fit_rot(rows, bits, seed)
     return fit_klt(rows, bits, min_bits=0 if family == "klt" else 1, mixed=family.startswith("kltr"), seed=seed)
@@ -188,6 +191,14 @@ def fit_pairs(rows: np.ndarray, bits_per_value: float, seed: int) -> HeadCoder:
     bits = np.repeat(pair_bits, 2)
     sigma = np.sqrt(np.repeat(energy / 2, 2))
     return HeadCoder(np.zeros(d), np.eye(d)[:, order], np.maximum(sigma, 1e-6), bits, group_mix(bits, seed))
+
+
+def fit_channels(rows: np.ndarray, bits_per_value: float, seed: int) -> HeadCoder:
+    """Values: bits water-filled on each coordinate's energy (at least 1), no basis fitted."""
+    d = rows.shape[1]
+    energy = (rows**2).mean(0)
+    bits = water_fill(energy, int(round(bits_per_value * d)) - SCALE_BITS, 1)
+    return HeadCoder(np.zeros(d), np.eye(d), np.sqrt(np.maximum(energy, 1e-12)), bits, group_mix(bits, seed))
 
 
 def am_gm_bits(rows: np.ndarray) -> float:
