@@ -158,9 +158,9 @@ FAMILIES = {
 }
 
 
-def fit_coder(family: str, kind: int, rows: np.ndarray, bits: float, seed: int) -> HeadCoder:
+def fit_coder(family: str, kind: int, rows: np.ndarray, bits: float, seed: int, neox: bool) -> HeadCoder:
     if family in ("pairk", "pair") and kind == KIND_K:
-        return fit_pairs(rows, bits, seed)
+        return fit_pairs(rows, bits, seed, neox)
     if family == "pair":
         return fit_channels(rows, bits, seed)
     if family in ("rot", "pairk") or (family.endswith("v") and kind == KIND_K):
@@ -168,27 +168,21 @@ def fit_coder(family: str, kind: int, rows: np.ndarray, bits: float, seed: int) 
     return fit_klt(rows, bits, min_bits=0 if family == "klt" else 1, mixed=family.startswith("kltr"), seed=seed)
 
 
-ROPE_NEOX = False  # llama.cpp's rope type of the model: pairs (i, i + d/2) instead of (2i, 2i + 1)
-
-
-def rope_pairs(d: int) -> np.ndarray:
-    """The coordinate order that puts each RoPE pair side by side."""
+def rope_pairs(d: int, neox: bool) -> np.ndarray:
+    """The coordinate order that puts each RoPE pair side by side: llama.cpp's NeoX rope type
+    pairs (i, i + d/2), the normal one (2i, 2i + 1)."""
     half = np.arange(d // 2)
-    return np.stack([half, half + d // 2], 1).reshape(-1) if ROPE_NEOX else np.arange(d)
+    return np.stack([half, half + d // 2], 1).reshape(-1) if neox else np.arange(d)
 
 
-def fit_pairs(rows: np.ndarray, bits_per_value: float, seed: int) -> HeadCoder:
+def fit_pairs(rows: np.ndarray, bits_per_value: float, seed: int, neox: bool) -> HeadCoder:
     """Keys after RoPE: the energy of a pair does not depend on the position, its direction
     does, so bits go by pair energy (two at a time) and no basis is fitted."""
     d = rows.shape[1]
-    order = rope_pairs(d)
+    order = rope_pairs(d, neox)
     energy = (rows[:, order] ** 2).mean(0).reshape(-1, 2).sum(1)
-    # whole pairs: water-fill on pair energies in units of one bit per coordinate of the pair
-    gain = np.array([gauss_mse(b) - gauss_mse(b + 1) for b in range(MAX_BITS)] + [-np.inf])
-    pair_bits = np.ones(d // 2, dtype=np.int64)
-    for _ in range((int(round(bits_per_value * d)) - SCALE_BITS) // 2 - d // 2):
-        pair_bits[int(np.argmax(energy * gain[pair_bits]))] += 1
-    bits = np.repeat(pair_bits, 2)
+    # whole pairs: one bit more for a pair is one more for each of its two coordinates
+    bits = np.repeat(water_fill(energy, (int(round(bits_per_value * d)) - SCALE_BITS) // 2, 1), 2)
     sigma = np.sqrt(np.repeat(energy / 2, 2))
     return HeadCoder(np.zeros(d), np.eye(d)[:, order], np.maximum(sigma, 1e-6), bits, group_mix(bits, seed))
 
@@ -253,8 +247,7 @@ def main(argv=None) -> int:
     try:
         rows = {key: fit.rows(*key).astype(np.float64) for key in fit.lists}
         shape = fit.kv.shape
-        global ROPE_NEOX
-        ROPE_NEOX = llama_cpp.llama_model_rope_type(fit.llm.model) == llama_cpp.LLAMA_ROPE_TYPE_NEOX
+        neox = llama_cpp.llama_model_rope_type(fit.llm.model) == llama_cpp.LLAMA_ROPE_TYPE_NEOX
     finally:
         fit.close()
     print(f"fitted on {args.fit_tokens} self-written tokens ({time.time() - t0:.0f} s)", file=sys.stderr)
@@ -282,7 +275,7 @@ def main(argv=None) -> int:
             print(f"{name:>12} (native) {bpv:.3f} bits  KL {kl:.5f}", file=sys.stderr)
         for bits in [float(b) for b in args.bits.split(",") if b]:
             for family in args.families.split(","):
-                Coded.active = {key: [fit_coder(family, key[1], r[:, h], bits, seed=h + 7 * key[0]) for h in range(r.shape[1])]
+                Coded.active = {key: [fit_coder(family, key[1], r[:, h], bits, h + 7 * key[0], neox) for h in range(r.shape[1])]
                                 for key, r in rows.items()}
                 kl = probe.kl({})
                 held = float(np.mean([np.mean([(c.bits.sum() + SCALE_BITS) / len(c.bits) for c in cs])
@@ -293,7 +286,7 @@ def main(argv=None) -> int:
     finally:
         probe.close()
     meta = {"model": args.model, "tokens": len(probe_tokens), "fit_tokens": args.fit_tokens, "hot": probe.hot,
-            "rope_neox": ROPE_NEOX,
+            "rope_neox": neox,
             "am_gm_bits": spread, "command": " ".join(["benchmarks/transform_coding.py", *(argv or sys.argv[1:])])}
     lines = [f"# Transform coding through {args.model} ({len(probe_tokens)} WikiText-2 tokens, hot {probe.hot})", "",
              f"High-rate saving of transform coding (mean over heads, 1/2 log2 AM/GM of principal variances): "
