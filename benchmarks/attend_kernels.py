@@ -20,8 +20,9 @@ import time
 import numpy as np
 
 from kvgguf import codecs
-from kvgguf.native.binding import get_ffi, get_lib
-from kvgguf.native.store import KIND_K, KIND_V, TIER_WARM, KVStore
+from kvgguf.bindings.binding import get_ffi, get_lib
+from kvgguf.enums import Kind, Tier
+from kvgguf.bindings.store import KVStore
 
 HEAD_DIM, N_HEAD_KV, N_HEAD, N_TOKENS = 64, 3, 9, 1
 CODECS = ("f16", "rotq4", "rotq2")
@@ -42,8 +43,8 @@ def measure(codec: str, n_rows: int, repeat: int, level: int) -> dict:
     rng = np.random.default_rng(0)
     store = KVStore(1, N_HEAD_KV, HEAD_DIM, HEAD_DIM)
     width = N_HEAD_KV * HEAD_DIM
-    for kind in (KIND_K, KIND_V):
-        store.append(0, kind, TIER_WARM, codec, rng.standard_normal((n_rows, width)).astype(np.float32))
+    for kind in Kind:
+        store.append(0, kind, Tier.WARM, codec, rng.standard_normal((n_rows, width)).astype(np.float32))
     encoded = store.held().bytes
 
     ffi, lib = get_ffi(), get_lib()
@@ -68,7 +69,7 @@ def measure(codec: str, n_rows: int, repeat: int, level: int) -> dict:
     pf16 = ffi.from_buffer("uint16_t[]", f16)
 
     def expand():
-        for kind in (KIND_K, KIND_V):
+        for kind in Kind:
             st = lib.kvg_store_decode_f16(store._ptr, 0, kind, 0, n_rows, pf16, f16.size)
             assert st == 0, st
 

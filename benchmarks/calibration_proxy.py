@@ -37,7 +37,7 @@ def spearman(a, b) -> float:
 
 def main(argv=None) -> int:
     import kvgguf
-    from kvgguf.native.store import KIND_K
+    from kvgguf.enums import Kind
     from kvgguf.evaluation import calibration
     from kvgguf.policy import allocation
 
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
         for key in sample:
             pred = {c.codec: c.error for c in cal.curves[key]}
             for codec in args.codecs.split(","):
-                pairs.append({"layer": key[0], "kind": "k" if key[1] == KIND_K else "v", "codec": codec,
+                pairs.append({"layer": key[0], "kind": "k" if key[1] == Kind.K else "v", "codec": codec,
                               "predicted": pred[codec], "measured": probe.kl({key: codec})})
                 print(f"  layer {key[0]:2d} {pairs[-1]['kind']} {codec:7s} predicted {pred[codec]:.5f} "
                       f"measured {pairs[-1]['measured']:.5f}", file=sys.stderr)

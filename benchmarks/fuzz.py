@@ -4,7 +4,7 @@
 
 Runs every target (native/fuzz: fuzz_decode and fuzz_store, libFuzzer with ASan+UBSan over
 libkvgguf's sources; fuzz_session, atheris over the .kvz parser) for --inputs inputs each, one
-process at a time, from a fresh corpus seeded with real encoded blocks and sessions. Writes
+process at a time, from a fresh corpus started with real encoded blocks and sessions. Writes
 DIR/fuzz.json (per target: inputs tried, crashes, seconds, inputs per second, corpus files and
 bytes at the end, edges and features covered) and DIR/fuzz.md. Exits non-zero when any target
 crashed (scripts/fuzz.sh has then printed the report and kept the input in build/fuzz/crashes).

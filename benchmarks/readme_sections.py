@@ -19,7 +19,7 @@ file. What each section is made from:
 - calibration: benchmarks/results/calibration/*.md (benchmarks/calibration_proxy.py; kvgguf eval --codecs auto:...)
 - keep:    benchmarks/results/keep/*.md            (kvgguf eval and benchmarks/live_cache.py with tiered:keep=...)
 - sessions_auto: benchmarks/results/sessions_auto.md (benchmarks/sessions.py --codecs ...auto:BITS...)
-- seed_claims: benchmarks/results/seed_claims/*.md (benchmarks/seed_claims.py)
+- literature_claims: benchmarks/results/literature_claims/*.md (benchmarks/literature_claims.py)
 
 docs/sessions.md's `sessions` section is written by `benchmarks/sessions.py --readme docs/sessions.md`.
 """
@@ -155,8 +155,8 @@ def sessions_auto(here: Path) -> str:
     return (RESULTS / "sessions_auto.md").read_text().strip()
 
 
-def seed_claims(here: Path) -> str:
-    return folder_tables("seed_claims")
+def literature_claims(here: Path) -> str:
+    return folder_tables("literature_claims")
 
 
 def shared_cache(here: Path) -> str:
@@ -177,7 +177,7 @@ SECTIONS = {
     "keep": ("docs/recall.md", keep),
     "calibration": ("docs/calibration.md", calibration),
     "sessions_auto": ("docs/sessions.md", sessions_auto),
-    "seed_claims": ("docs/codecs.md", seed_claims),
+    "literature_claims": ("docs/codecs.md", literature_claims),
     "shared_cache": ("docs/server.md", shared_cache),
 }
 

@@ -154,7 +154,7 @@ def plot(result: dict, out: Path, title: str) -> bool:
         ax.plot(xs, [s["malloc_in_use"] / 2**20 for s in result["samples"]], label="malloc'd, in use (mallinfo2)")
         ax.plot(xs, [s["malloc_free_held"] / 2**20 for s in result["samples"]], label="free, kept by glibc")
     ax.plot(xs, [s["kv_held"] / 2**20 for s in result["samples"]], label="KV held (kv_memory)")
-    ax.plot(xs, [s["store"] / 2**20 for s in result["samples"]], label="of which compressed rows")
+    ax.plot(xs, [s["store"] / 2**20 for s in result["samples"]], label="of which cold rows rows")
     ax.set_xlabel("tokens generated (thousands)")
     ax.set_ylabel("MiB")
     ax.set_ylim(bottom=0)

@@ -34,8 +34,9 @@ import kvgguf  # first: binds llama_cpp to kvgguf's patched llama.cpp
 import llama_cpp
 from kvgguf.evaluation import calibration
 from kvgguf.evaluation.text import wikitext2_test
-from kvgguf.native import codecs
-from kvgguf.native.store import KIND_K, KIND_V, TIER_WARM, KVStore
+from kvgguf.bindings import codecs
+from kvgguf.enums import Kind, Tier
+from kvgguf.bindings.store import KVStore
 
 MAX_BITS = 8
 SCALE_BITS = 16  # an f16 norm or gain per row and head
@@ -159,11 +160,11 @@ FAMILIES = {
 
 
 def fit_coder(family: str, kind: int, rows: np.ndarray, bits: float, seed: int, neox: bool) -> HeadCoder:
-    if family in ("pairk", "pair") and kind == KIND_K:
+    if family in ("pairk", "pair") and kind == Kind.K:
         return fit_pairs(rows, bits, seed, neox)
     if family == "pair":
         return fit_channels(rows, bits, seed)
-    if family in ("rot", "pairk") or (family.endswith("v") and kind == KIND_K):
+    if family in ("rot", "pairk") or (family.endswith("v") and kind == Kind.K):
         return fit_rot(rows, bits, seed)
     return fit_klt(rows, bits, min_bits=0 if family == "klt" else 1, mixed=family.startswith("kltr"), seed=seed)
 
@@ -215,7 +216,7 @@ class Coded:
     def install(cls):
         def append(store, il, kind, tier, codec, rows):
             coders = cls.active.get((il, kind))
-            if tier == TIER_WARM and coders is not None:
+            if tier == Tier.WARM and coders is not None:
                 x = np.asarray(rows, dtype=np.float64).reshape(len(rows), len(coders), -1)
                 y = np.stack([coders[h](x[:, h]) for h in range(len(coders))], 1)
                 if cls.sink and store.n_rows(il, kind) == 0:
@@ -252,7 +253,7 @@ def main(argv=None) -> int:
         fit.close()
     print(f"fitted on {args.fit_tokens} self-written tokens ({time.time() - t0:.0f} s)", file=sys.stderr)
     spread = {name: float(np.mean([am_gm_bits(r[:, h]) for (il, kind), r in rows.items() if kind == k
-                                   for h in range(r.shape[1])])) for name, k in (("K", KIND_K), ("V", KIND_V))}
+                                   for h in range(r.shape[1])])) for name, k in (("K", Kind.K), ("V", Kind.V))}
 
     probe_tokens = None
     model_llm = kvgguf.Llama(model, kv_codec=None, vocab_only=True, verbose=False)

@@ -12,14 +12,14 @@ Layers, top to bottom (each imports only those below it; docs/data-path.md follo
 - ``kvgguf.policy``: which token lives in which tier (pure Python).
 - ``kvgguf.runtime``: carries plans out against llama.cpp; memory reports.
 - ``kvgguf.model``: model files, GGUF metadata, KV shape.
-- ``kvgguf.llamacpp``: the patched llama.cpp (ctypes); ``kvgguf.native``: libkvgguf (cffi).
+- ``kvgguf.llamacpp``: the patched llama.cpp (ctypes); ``kvgguf.bindings``: libkvgguf (cffi).
 """
 
 from .llamacpp.library import bind as _bind
 
 _bind()
 
-from .native import codecs  # noqa: E402
+from .bindings import codecs  # noqa: E402
 from .model import registry as models  # noqa: E402
 from .llama import Llama  # noqa: E402
 from .runtime.memory import KVMemory  # noqa: E402

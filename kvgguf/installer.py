@@ -30,7 +30,7 @@ from typing import Optional, Union
 
 import llama_cpp
 
-from .llama import Llama
+from .llama import Llama, unsupported_setting
 from .model.gguf_file import read_metadata
 from .policy.kv_codec import parse as parse_kv_codec
 from .policy.tiered import TieredConfig
@@ -48,16 +48,14 @@ def installed() -> Optional[dict]:
 
 def _why_stock(model_path: str, kwargs: dict) -> Optional[str]:
     """Why this construction must keep llama.cpp's own cache, or None."""
-    if kwargs.get("vocab_only"):
-        return "vocab_only loads no KV cache"
-    if kwargs.get("embedding"):
+    if kwargs.get("embedding"):  # not a refusal: install()'s choice, an embedding context is short-lived
         return "embedding models keep llama.cpp's own cache"
-    if kwargs.get("n_ctx", 512) == 0:
-        return "n_ctx=0 (the model's training context) needs an explicit logical context with a kv_codec"
-    for name in ("type_k", "type_v"):
-        t = kwargs.get(name)
-        if t not in (None, "f16", llama_cpp.GGML_TYPE_F16):
-            return f"{name}={t!r} asks for llama.cpp's quantized cache"
+    try:
+        why = unsupported_setting(**kwargs)  # the facade's own rule
+    except ValueError as e:  # an unknown type name: stock says what is wrong with it
+        why = str(e)
+    if why is not None:
+        return why
     try:
         read_metadata(model_path)
     except Exception as e:  # an unreadable file: let llama.cpp say what is wrong with it

@@ -11,7 +11,7 @@ import sys
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterator, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 import llama_cpp
 import numpy as np
@@ -23,7 +23,7 @@ from .model.shape import MAX_LAYERS, KVShape
 # The one import of a higher layer (tests/test_layers.py): "tiered" and "auto" read the model's
 # calibration, and "auto" measures the model on first use.
 from .evaluation import calibration
-from .native import codecs
+from .bindings import codecs
 from .policy import codec_spec
 from .policy.kv_codec import parse as parse_kv_codec, parse_auto
 from .policy.tiered import TieredConfig, sized_for_model
@@ -54,6 +54,20 @@ def cache_type(value: Union[str, int, None], name: str) -> Optional[int]:
     if isinstance(value, str) and value in CACHE_TYPES:
         return CACHE_TYPES[value]
     raise ValueError(f"{name} {value!r} is unknown; choose one of: {', '.join(CACHE_TYPES)}")
+
+
+def unsupported_setting(*, n_ctx: int = 512, type_k=None, type_v=None, vocab_only: bool = False,
+                        **_other) -> Optional[str]:
+    """Why llama_cpp.Llama settings cannot take a kv_codec, or None: the one rule that the facade
+    (which refuses them) and install() (which falls back to stock) share."""
+    if vocab_only:
+        return "vocab_only loads no KV cache to compress"
+    if n_ctx <= 0:
+        return f"n_ctx={n_ctx} holds no logical context (a kv_codec needs n_ctx > 0)"
+    for name, t in (("type_k", type_k), ("type_v", type_v)):
+        if cache_type(t, name) not in (None, llama_cpp.GGML_TYPE_F16):
+            return f"kv_codec keeps llama.cpp's hot window in f16; {name} must be f16 or None (got {t!r})"
+    return None
 
 
 def _config_for_model(config: TieredConfig, preset: bool, model_path: str) -> tuple[TieredConfig, KVShape]:
@@ -197,19 +211,15 @@ class Llama(llama_cpp.Llama):
                              n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, **kwargs)
             return
 
-        if kwargs.get("vocab_only"):
-            raise ValueError("vocab_only loads no KV cache to compress: pass kv_codec=None with vocab_only=True")
+        why = unsupported_setting(n_ctx=n_ctx, type_k=type_k, type_v=type_v, **kwargs)
+        if why is not None:
+            raise ValueError(f"{why}: pass kv_codec=None for llama.cpp's own cache")
         if not os.path.isfile(model_path):  # the exception stock raises, before kvgguf reads the file
             raise ValueError(f"Model path does not exist or is not a file: {model_path}")
         preset = isinstance(kv_codec, str)
         config, request = parse_kv_codec(kv_codec)  # request: "auto[:BITS]" or "tiered", calibration decides
         if kv_attention not in ("fused", "expand"):
             raise ValueError(f"kv_attention must be 'fused' or 'expand', got {kv_attention!r}")
-        for name, t in (("type_k", type_k), ("type_v", type_v)):
-            if t not in (None, llama_cpp.GGML_TYPE_F16):
-                raise ValueError(f"kv_codec keeps llama.cpp's hot window in f16; {name} must be f16 or None")
-        if n_ctx <= 0:
-            raise ValueError("kv_codec needs n_ctx > 0: the logical context to hold")
         config, shape = _config_for_model(config, preset, model_path)
         if preset:  # the presets' hot window and batch follow the model's size (policy.tiered.WIDE_SHARE)
             config = sized_for_model(config, 2 * shape.values_per_token, os.path.getsize(model_path))
@@ -335,14 +345,28 @@ class Llama(llama_cpp.Llama):
             self._begin_eval(len(tokens))
         for i in range(0, len(tokens), self.n_batch):
             batch = tokens[i : i + self.n_batch]
-            with self._kv_lock:
-                self._check_open("eval")
-                n_past = self.n_tokens
+            self._run_batch("eval", batch, lambda n_past: llama_cpp.Llama.eval(self, batch))
+
+    def _run_batch(self, what: str, batch: Sequence[int],
+                   decode: Callable[[int], Optional[np.ndarray]]) -> tuple[int, Optional[np.ndarray]]:
+        """One batch under the live cache's protocol, the same for eval and eval_logits: under the
+        lock (another thread may save or load between batches, never during one), the cache makes
+        room (before_batch), decode(n_past) runs llama_decode and advances n_tokens, a batch whose
+        cold rows could not be read is undone, the logits (if decode returns them) feed the
+        surprisal signal, and the rows that left the hot window are evicted (after_batch)."""
+        with self._kv_lock:
+            self._check_open(what)
+            n_past = self.n_tokens
+            if self._kv is not None:
                 self._kv.before_batch(n_past, len(batch))
                 before = self._kv.read_failures()
-                super().eval(batch)
+            logits = decode(n_past)
+            if self._kv is not None:
                 self._batch_done(before, n_past)
+                if logits is not None and self._kv.wants_logits:
+                    self._kv.note_logits(n_past, batch, logits)
                 self._kv.after_batch(len(batch))
+            return n_past, logits
 
     def _batch_done(self, before: tuple[int, int, int], n_past: int) -> None:
         """Undoes a batch whose cold rows could not be read (LiveCache.check_batch)."""
@@ -363,26 +387,18 @@ class Llama(llama_cpp.Llama):
             self._ctx.kv_cache_seq_rm(-1, self.n_tokens, -1)
         for i in range(0, len(tokens), self.n_batch):
             batch = tokens[i : i + self.n_batch]
-            with self._kv_lock:  # per batch: another thread may save or load between batches, never during one
-                self._check_open("eval_logits")
-                n_past = self.n_tokens
-                if self._kv is not None:
-                    self._kv.before_batch(n_past, len(batch))
-                    before = self._kv.read_failures()
-                self._batch.set_batch(batch=batch, n_past=n_past, logits_all=True)
-                self._ctx.decode(self._batch)
-                n = len(batch)
-                logits = np.ctypeslib.as_array(self._ctx.get_logits(), shape=(n * self._n_vocab,))
-                logits = logits.reshape(n, self._n_vocab)
-                if self._kv is not None:
-                    self._batch_done(before, n_past)
-                    if self._kv.wants_logits:
-                        self._kv.note_logits(n_past, batch, logits)
-                    self._kv.after_batch(n)
-                self.input_ids[n_past : n_past + n] = batch
-                self.n_tokens += n
-                self._requires_eval = False
-            yield n_past, logits
+            yield self._run_batch("eval_logits", batch, lambda n_past: self._decode_logits(batch, n_past))
+
+    def _decode_logits(self, batch: Sequence[int], n_past: int) -> np.ndarray:
+        """llama_decode with every position's logits kept; advances n_tokens as stock eval does."""
+        self._batch.set_batch(batch=batch, n_past=n_past, logits_all=True)
+        self._ctx.decode(self._batch)
+        n = len(batch)
+        logits = np.ctypeslib.as_array(self._ctx.get_logits(), shape=(n * self._n_vocab,)).reshape(n, self._n_vocab)
+        self.input_ids[n_past : n_past + n] = batch
+        self.n_tokens += n
+        self._requires_eval = False
+        return logits
 
     @_serialized
     def reset(self):

@@ -2,7 +2,7 @@
 # Coverage-guided fuzzing of what kvgguf reads from outside: every codec's decoder (kvg_decode),
 # the store's kvg_store_append_encoded and the reads over what it links (libFuzzer targets in
 # native/fuzz, linked with libkvgguf's sources built with the same ASan+UBSan+coverage flags), and
-# the .kvz session parser (an atheris target). Each target starts from seeds made here of real
+# the .kvz session parser (an atheris target). Each target starts from inputs made here of real
 # encoded blocks and sessions and runs a fixed number of inputs; a crash, a sanitizer report, a
 # broken promise of kvgguf.h or an exception other than SessionError fails the run, and the
 # input that did it is left in build/fuzz/crashes.
@@ -10,12 +10,12 @@
 #   bash scripts/fuzz.sh                                    # 4000 inputs per target (CI)
 #   bash scripts/fuzz.sh --runs 1000000 --fresh --json out.jsonl
 #   bash scripts/fuzz.sh --targets "decode store"           # the native targets only
-#   bash scripts/fuzz.sh --work DIR                         # seeds, corpus, logs and crashes in DIR
+#   bash scripts/fuzz.sh --work DIR                         # starting inputs, corpus, logs and crashes in DIR
 #
 # Needs clang with libFuzzer (apt-get installs clang-14 and libclang-rt-14-dev when missing and
 # run as root, unless KVG_FUZZ_NO_INSTALL=1) and, for the session target, atheris in the Python
 # that runs the tests (the [test] extra; $PYTHON overrides which Python). The targets are built
-# in build/fuzz; the corpus grows in build/fuzz/corpus between runs; --fresh starts from seeds.
+# in build/fuzz; the corpus grows in build/fuzz/corpus between runs; --fresh starts from the starting inputs.
 # One fuzzing process at a time: no -jobs/-workers, which would fork more.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,7 +40,7 @@ while [ $# -gt 0 ]; do
 done
 
 out=build/fuzz
-mkdir -p "$out/obj" "$out/logs" "$work/seeds" "$work/corpus" "$work/crashes" "$work/logs"
+mkdir -p "$out/obj" "$out/logs" "$work/start" "$work/corpus" "$work/crashes" "$work/logs"
 py=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 
 # ---- clang with libFuzzer ---------------------------------------------------------------------
@@ -101,25 +101,25 @@ build_native() {
         "$cc_fuzz" $flags -fsanitize=fuzzer,address,undefined "native/fuzz/fuzz_$t.c" "${objs[@]}" -lm -lpthread \
             -o "$out/fuzz_$t"
     done
-    "$cc_fuzz" $flags -fsanitize=address,undefined native/fuzz/fuzz_seeds.c "${objs[@]}" -lm -lpthread -o "$out/fuzz_seeds"
+    "$cc_fuzz" $flags -fsanitize=address,undefined native/fuzz/fuzz_corpus.c "${objs[@]}" -lm -lpthread -o "$out/fuzz_corpus"
 }
 
 if [ "$native" = 1 ]; then
     build_native
 fi
 
-# ---- seeds, made fresh from the codecs as they are -----------------------------------------
+# ---- starting inputs, made fresh from the codecs as they are-------------------------------------
 
-rm -rf "$work/seeds/decode" "$work/seeds/store" "$work/seeds/session"
+rm -rf "$work/start/decode" "$work/start/store" "$work/start/session"
 if [ "$native" = 1 ]; then
-    mkdir -p "$work/seeds/decode" "$work/seeds/store"
-    ASAN_OPTIONS=detect_leaks=1 "$out/fuzz_seeds" "$work/seeds/decode" "$work/seeds/store"
+    mkdir -p "$work/start/decode" "$work/start/store"
+    ASAN_OPTIONS=detect_leaks=1 "$out/fuzz_corpus" "$work/start/decode" "$work/start/store"
 fi
 if [[ " $targets " == *" session "* ]]; then
     "$py" -c "import atheris" 2> /dev/null \
         || { echo "fuzz: atheris is not installed in $py (pip install '.[test]', or atheris alone)"; exit 1; }
-    "$py" native/fuzz/fuzz_session.py --seeds "$work/seeds/session" 2> "$work/logs/session-seeds.log" \
-        || { cat "$work/logs/session-seeds.log"; exit 1; }
+    "$py" native/fuzz/fuzz_session.py --start "$work/start/session" 2> "$work/logs/session-start.log" \
+        || { cat "$work/logs/session-start.log"; exit 1; }
 fi
 
 # ---- run ----------------------------------------------------------------------------------
@@ -139,7 +139,7 @@ for t in $targets; do
     start=$(date +%s.%N)
     rc=0
     "${cmd[@]}" -runs="$runs" -seed="$seed" -max_len="$max_len" -rss_limit_mb=2048 -timeout=30 \
-        -print_final_stats=1 -artifact_prefix="$work/crashes/$t-" "$corpus" "$work/seeds/$t" > "$log" 2>&1 || rc=$?
+        -print_final_stats=1 -artifact_prefix="$work/crashes/$t-" "$corpus" "$work/start/$t" > "$log" 2>&1 || rc=$?
     secs=$(awk "BEGIN { print $(date +%s.%N) - $start }")
     inputs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
     crashes=$(find "$work/crashes" -name "$t-*" | wc -l)

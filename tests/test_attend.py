@@ -10,25 +10,26 @@ import numpy as np
 import pytest
 
 from kvgguf import codecs
-from kvgguf.native.binding import get_ffi, get_lib
-from kvgguf.native.store import KIND_K, KIND_V, TIER_ARCHIVE, TIER_SINK, TIER_WARM, EncodedBlock, KVStore
+from kvgguf.bindings.binding import get_ffi, get_lib
+from kvgguf.enums import Kind, Tier
+from kvgguf.bindings.store import EncodedBlock, KVStore
 
 KIVI = ["kivi2", "kivi3", "kivi4", "kivi8"]
 ROTQ = ["rotq1", "rotq2", "rotq3", "rotq4"]
 CROTQ = ["crotq2", "crotq3", "crotq4"]
 # through attend_rows.c (pq2, vq8 and vq8f with the codebooks the store trains on their first block)
-SEEDS = ["delta4", "pdelta4", "outl2", "outl3", "lowrank2", "lowrank3", "qjl3", "qjl4", "pq2", "vq8", "vq8f"]
-ALL = ["f16"] + KIVI + ROTQ + CROTQ + SEEDS
+SIDE_DATA = ["delta4", "pdelta4", "outl2", "outl3", "lowrank2", "lowrank3", "qjl3", "qjl4", "pq2", "vq8", "vq8f"]
+ALL = ["f16"] + KIVI + ROTQ + CROTQ + SIDE_DATA
 # Each K codec with the same V codec and with one from another family, so every kernel runs
 # on both sides and next to every other kind of kernel.
 PAIRS = [(k, k) for k in ALL] + [(k, ALL[(i + 6) % len(ALL)]) for i, k in enumerate(ALL)]
 
 HEAD_DIMS = [64, 128, 256]
-# The seed codecs have no kernel of their own: the store decodes their rows (a reference decoder,
+# The side-data codecs (delta, outliers, low-rank, QJL, PQ/VQ) have no kernel of their own: the store decodes their rows (a reference decoder,
 # the same at every level) and the rows kernels attend over them. The rows kernels meet the wider
 # heads through delta4 alone; the others at 64 (qjl4 at 256 took 43 s under the sanitizers).
 CASES = [(k, v, d) for k, v in PAIRS for d in HEAD_DIMS
-         if d == HEAD_DIMS[0] or not {k, v} & set(SEEDS) or k == v == "delta4"]
+         if d == HEAD_DIMS[0] or not {k, v} & set(SIDE_DATA) or k == v == "delta4"]
 # (n_head_kv, n_head): no GQA and groups of 3
 HEADS = [(1, 1), (1, 3), (3, 3), (3, 9)]
 N_ROWS = 263
@@ -66,12 +67,12 @@ def build(k_codec, v_codec, head_dim, n_head_kv, group_size=32, il=1):
     rng = np.random.default_rng(head_dim * 10 + n_head_kv)
     store = KVStore(il + 1, n_head_kv, head_dim, head_dim, group_size=group_size)
     width = n_head_kv * head_dim
-    for kind, cuts, main, last in ((KIND_K, K_CUTS, k_codec, v_codec), (KIND_V, V_CUTS, v_codec, k_codec)):
+    for kind, cuts, main, last in ((Kind.K, K_CUTS, k_codec, v_codec), (Kind.V, V_CUTS, v_codec, k_codec)):
         x = kv_like(rng, (N_ROWS, width))
         x[10] = 0.0  # a zero row: rotq stores norm 0 and no codes
         for b, (r0, r1) in enumerate(zip(cuts, cuts[1:])):
             codec = "f16" if b == 0 else last if b == len(cuts) - 2 else main
-            tier = TIER_SINK if b == 0 else TIER_ARCHIVE if b == len(cuts) - 2 else TIER_WARM
+            tier = Tier.SINK if b == 0 else Tier.ARCHIVE if b == len(cuts) - 2 else Tier.WARM
             store.append(il, kind, tier, codec, x[r0:r1])
     return store
 
@@ -81,8 +82,8 @@ def reference(store, il, r0, r1, q, scale, softcap=0.0):
     (scores capped to softcap * tanh(s / softcap) where softcap > 0)."""
     n_head_kv = store.n_head_kv
     dk, dv = store.head_dim
-    k = store.decode(il, KIND_K, r0, r1).reshape(r1 - r0, n_head_kv, dk).astype(np.float64)
-    v = store.decode(il, KIND_V, r0, r1).reshape(r1 - r0, n_head_kv, dv).astype(np.float64)
+    k = store.decode(il, Kind.K, r0, r1).reshape(r1 - r0, n_head_kv, dk).astype(np.float64)
+    v = store.decode(il, Kind.V, r0, r1).reshape(r1 - r0, n_head_kv, dv).astype(np.float64)
     kv_head = np.arange(q.shape[1]) // (q.shape[1] // n_head_kv)
     s = scale * np.einsum("thd,rhd->thr", q.astype(np.float64), k[:, kv_head])
     if softcap:
@@ -208,7 +209,7 @@ def raw_call(store, il, r0, r1, q, n_tokens, n_head, m, l, acc, *, user=None, nu
 def test_bad_arguments_return_an_error_and_leave_the_state_unchanged(case):
     ffi, lib = get_ffi(), get_lib()
     store = build("rotq4", "kivi2", 64, 3)
-    store.append(1, KIND_K, TIER_WARM, "rotq4", np.ones((5, 192), np.float32))  # K now has 5 more rows than V
+    store.append(1, Kind.K, Tier.WARM, "rotq4", np.ones((5, 192), np.float32))  # K now has 5 more rows than V
     store2 = KVStore(3, 3, 64, 64)
     store2.set_layer_enabled(2, False)
     rng = np.random.default_rng(0)
@@ -289,11 +290,11 @@ def test_bad_arguments_raise_in_python():
 
 def test_corrupt_blocks_are_refused_when_appended_not_when_attended():
     store = build("rotq2", "kivi4", 64, 3)
-    blocks = store.blocks(1, KIND_K)
+    blocks = store.blocks(1, Kind.K)
     bad = bytearray(blocks[1].data)
     bad[0:2] = b"\x00\xfc"  # first norm: f16 -Inf
     with pytest.raises(codecs.KvgCorruptError):
-        store.append_encoded(1, KIND_K, EncodedBlock(blocks[1].n_rows, blocks[1].codec, blocks[1].tier, bytes(bad)))
-    assert store.n_rows(1, KIND_K) == N_ROWS
+        store.append_encoded(1, Kind.K, EncodedBlock(blocks[1].n_rows, blocks[1].codec, blocks[1].tier, bytes(bad)))
+    assert store.n_rows(1, Kind.K) == N_ROWS
     m, l, acc = store.attend(1, 0, N_ROWS, np.ones((1, 9, 64), np.float32), 0.125)
     assert np.isfinite(acc).all() and (l > 0).all()

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from kvgguf import codecs
-from kvgguf.native.binding import get_lib
-from kvgguf.native.store import KIND_K, KIND_V, MASS_ROWS
+from kvgguf.bindings.binding import get_lib
+from kvgguf.enums import Kind
+from kvgguf.bindings.store import MASS_ROWS
 
 from test_attend import build, merge, queries, N_ROWS
 
@@ -26,7 +27,7 @@ def reference_mass(store, il, r0, r1, q, scale, extra_max=None, extra_sum=None):
     normalizer may include rows outside [r0, r1) (extra_max / extra_sum: their max and sum)."""
     n_head_kv = store.n_head_kv
     dk = store.head_dim[0]
-    k = store.decode(il, KIND_K, r0, r1).reshape(r1 - r0, n_head_kv, dk).astype(np.float64)
+    k = store.decode(il, Kind.K, r0, r1).reshape(r1 - r0, n_head_kv, dk).astype(np.float64)
     kv_head = np.arange(q.shape[1]) // (q.shape[1] // n_head_kv)
     s = scale * np.einsum("thd,rhd->thr", q.astype(np.float64), k[:, kv_head])
     m = s.max(-1)
@@ -96,8 +97,8 @@ def test_mass_adds_up_over_steps_and_follows_truncate_and_clear():
     store.truncate(100)  # granule 1 is cut: it keeps its count; granules 2-4 are gone
     after = store.mass(1)
     assert after.size == 2 and np.array_equal(after, got[:2])
-    store.append(1, KIND_K, 1, "kivi4", np.zeros((200, 64), np.float32))
-    store.append(1, KIND_V, 1, "kivi4", np.zeros((200, 64), np.float32))
+    store.append(1, Kind.K, 1, "kivi4", np.zeros((200, 64), np.float32))
+    store.append(1, Kind.V, 1, "kivi4", np.zeros((200, 64), np.float32))
     assert not store.mass(1)[2:].any()
     store.clear_mass()
     assert not store.mass(1).any()

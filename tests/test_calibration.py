@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import kvgguf
-from kvgguf.native.store import KIND_K, KIND_V, TIER_WARM
+from kvgguf.enums import Kind, Tier
 from kvgguf.evaluation import calibration
 from kvgguf.policy import allocation, kv_codec
 
@@ -45,7 +45,7 @@ def test_the_self_written_text_is_the_same_for_a_seed_and_differs_across_seeds(s
 
 
 def test_every_list_gets_a_curve_over_every_candidate(cal):
-    assert sorted(cal.curves) == [(il, kind) for il in range(30) for kind in (KIND_K, KIND_V)]
+    assert sorted(cal.curves) == [(il, kind) for il in range(30) for kind in Kind]
     for key, cands in cal.curves.items():
         by = {c.codec: c for c in cands}
         assert set(by) == set(calibration.CANDIDATES)
@@ -59,9 +59,9 @@ def test_every_list_gets_a_curve_over_every_candidate(cal):
 @pytest.mark.slow
 def test_a_list_measured_again_gives_the_same_curve(smollm2_path, text, cal):
     assert cal.text == {"source": "self", "tokens": N_TOKENS, "seed": 0}
-    again = calibration.measure(str(smollm2_path), text, threads=2, only=[(7, KIND_V)])
-    assert list(again.curves) == [(7, KIND_V)]
-    assert again.curves[7, KIND_V] == cal.curves[7, KIND_V]
+    again = calibration.measure(str(smollm2_path), text, threads=2, only=[(7, Kind.V)])
+    assert list(again.curves) == [(7, Kind.V)]
+    assert again.curves[7, Kind.V] == cal.curves[7, Kind.V]
 
 
 def test_plans_meet_their_budget_within_one_upgrade(cal):
@@ -82,7 +82,7 @@ def test_the_plan_is_what_the_store_holds(smollm2_path, cal, text):
     try:
         llm.eval(text)
         for (il, kind), cand in choice.items():
-            blocks = [b for b in llm.kv_cache.store.blocks(il, kind) if b.tier == TIER_WARM]
+            blocks = [b for b in llm.kv_cache.store.blocks(il, kind) if b.tier == Tier.WARM]
             assert blocks and {b.codec for b in blocks} == {cand.codec}, (il, kind)
     finally:
         llm.close()
@@ -185,7 +185,7 @@ def test_tiered_follows_the_models_calibration_once_it_has_one(tmp_path, monkeyp
         assert llm.kv_calibration == calibration.default_path(str(smollm2_path))
         assert config == cal.config(kv_codec.PRESET_BUDGET, kvgguf.TieredConfig())
         assert config.archive is None and config.sinks == kvgguf.TieredConfig().sinks
-        held = llm.kv_cache.codecs[TIER_WARM]
+        held = llm.kv_cache.codecs[Tier.WARM]
         plan = cal.plan(kv_codec.PRESET_BUDGET)
         assert all(held[key] == c.codec for key, c in plan.items())
         assert len(set(held.values())) > 1  # a plan, not one codec
@@ -221,7 +221,7 @@ def test_tiered_keeps_the_fixed_preset_with_a_warning_when_the_calibration_is_br
 
 
 def test_calibration_trains_a_pq2_and_a_vq8_codebook_per_list_and_the_file_keeps_them(tmp_path, cal):
-    from kvgguf.native import codecs
+    from kvgguf.bindings import codecs
 
     assert set(cal.books) == {(il, kind, name) for il, kind in cal.curves for name in codecs.BOOK_CODECS}
     for (il, kind, name), bk in cal.books.items():
@@ -288,7 +288,7 @@ def test_pq2_starts_from_the_models_codebooks_keeps_them_across_sequences_and_co
     llm = kvgguf.Llama(str(smollm2_path), kv_codec=calibrated, **kw)
     try:
         start = held(llm)
-        lists = {(il, kind, "pq2") for il in llm.kv_cache.layers for kind in (KIND_K, KIND_V)}
+        lists = {(il, kind, "pq2") for il in llm.kv_cache.layers for kind in Kind}
         assert set(start) == lists  # pq2's only: vq8's are not held
         for key in lists:
             assert np.array_equal(start[key], books[key])
@@ -297,7 +297,7 @@ def test_pq2_starts_from_the_models_codebooks_keeps_them_across_sequences_and_co
         assert llm.kv_cache.n_cold > 0
         after = held(llm)
         assert all(np.array_equal(after[key], books[key]) for key in lists)  # coded with them, not retrained
-        assert not np.array_equal(after[0, KIND_K, "pq2"], trained[0, KIND_K, "pq2"])
+        assert not np.array_equal(after[0, Kind.K, "pq2"], trained[0, Kind.K, "pq2"])
         llm.reset()  # a new sequence: the store is cleared, the model's codebooks come back
         assert all(np.array_equal(held(llm)[key], books[key]) for key in lists)
         out = llm.create_completion(prompt, max_tokens=4, temperature=0.0)

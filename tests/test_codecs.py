@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kvgguf import codecs
-from kvgguf.native.codecs import KvgCorruptError
+from kvgguf.bindings.codecs import KvgCorruptError
 
 KIVI = ["kivi2", "kivi3", "kivi4", "kivi8"]
 ROTQ = ["rotq1", "rotq2", "rotq3", "rotq4"]
@@ -19,9 +19,9 @@ DELTA = ["delta4", "pdelta4"]
 OUTL = ["outl2", "outl3"]
 LOWRANK = ["lowrank2", "lowrank3"]
 QJL = ["qjl3", "qjl4"]
-SEEDS = DELTA + OUTL + LOWRANK + QJL  # issue 13's codecs; their own tests are in tests/test_seed_*.py
-ALL = ["f16"] + KIVI + ROTQ + CROTQ + SEEDS
-BOOKED = ["pq2", "vq8", "vq8f"]  # need a trained codebook (tests/test_seed_pq.py), so not in ALL's generic tests
+SIDE_DATA = DELTA + OUTL + LOWRANK + QJL  # codecs with side data per block (issue 13); their own tests are tests/test_codec_*.py
+ALL = ["f16"] + KIVI + ROTQ + CROTQ + SIDE_DATA
+BOOKED = ["pq2", "vq8", "vq8f"]  # need a trained codebook (tests/test_codec_pq.py), so not in ALL's generic tests
 POW2_HEAD_DIM = ROTQ + CROTQ + OUTL + LOWRANK + QJL  # rotation-based: head_dim a power of two
 # Byte offset, in a (4, 2, 64) block, of an f16 field for which NaN, +-Inf and -1.0 are all
 # corrupt (a norm or a scale), for test_corrupt_header_is_detected_before_writing.
@@ -331,11 +331,11 @@ def test_bits_per_value_is_measured_size(name, kind):
 def test_nominal_bits_per_value(name):
     c = codecs.get(name)
     for d in [64, 128, 256]:
-        # whole groups: the nominal figure is exact (the seeds': a 64-row block of one head)
-        x = np.zeros((64, 1, d) if name in SEEDS else (128, 2, d), dtype=np.float32)
+        # whole groups: the nominal figure is exact (side-data codecs: a 64-row block of one head)
+        x = np.zeros((64, 1, d) if name in SIDE_DATA else (128, 2, d), dtype=np.float32)
         measured = len(c.encode(x)) * 8 / x.size
         assert c.nominal_bits_per_value(d) == pytest.approx(measured, rel=1e-12)
-    if name in SEEDS:
+    if name in SIDE_DATA:
         assert c.nominal_bits_per_value(128) > c.bits
         return
     expected = {"f16": 16.0, "kivi2": 3.0, "kivi3": 4.0, "kivi4": 5.0, "kivi8": 9.0,
@@ -508,7 +508,7 @@ def test_bad_shapes_raise(name):
 
 
 def test_native_rejects_bad_dims_directly():
-    from kvgguf.native.binding import get_ffi, get_lib
+    from kvgguf.bindings.binding import get_ffi, get_lib
 
     ffi, lib = get_ffi(), get_lib()
     out = ffi.new("size_t *")
@@ -620,7 +620,7 @@ def test_corrupt_header_is_detected_before_writing(name):
     for bad in [0x7E00, 0x7C00, 0xFC00, 0xBC00]:  # NaN, +Inf, -Inf, -1.0
         b = buf.copy()
         off = 0 if name == "f16" else (2 if name in KIVI else 6)  # a value / a kivi scale / a rotq norm
-        if name in SEEDS:
+        if name in SIDE_DATA:
             off = SEED_HEADER_OFFSET[name]
         if name in CROTQ:
             off += 2 * 64 * 2  # past the channel means (one group): a rotq norm

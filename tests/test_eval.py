@@ -36,7 +36,7 @@ def test_harness_gives_zero_for_the_reference_and_for_exact_cold_rows(smollm2_pa
     by = {r.name: r for r in results}
     assert meta["scored_positions"] == 512
     assert by["f16"].kl_mean == 0.0 and by["f16"].top1 == 1.0 and by["f16"].ppl == by["f16"].ppl_ref
-    assert by["kvgguf:f16"].kind == "kvgguf" and by["kvgguf:f16"].kl_mean < 1e-5
+    assert by["kvgguf:f16"].source == "kvgguf" and by["kvgguf:f16"].kl_mean < 1e-5
     assert 0 < by["rotq4"].kl_mean < 0.1 and by["rotq4"].bits_per_value < by["kvgguf:f16"].bits_per_value
     md = evaluate.markdown(meta, results)
     assert "| rotq4 | kvgguf |" in md

@@ -1,6 +1,6 @@
 """A bounded run of the fuzz targets (scripts/fuzz.sh): every codec's decoder, the store's
 append_encoded and the reads over it (libFuzzer, ASan+UBSan), and the .kvz session parser
-(atheris), a few thousand inputs each from seeds of real encoded blocks and sessions. This is
+(atheris), a few thousand inputs each from starting inputs made of real encoded blocks and sessions. This is
 CI's fuzzing run (the README's test command runs no other); the million-input run is
 benchmarks/fuzz.py."""
 

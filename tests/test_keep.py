@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import kvgguf
-from kvgguf.native.store import TIER_ARCHIVE, TIER_WARM
+from kvgguf.enums import Tier
 from kvgguf.policy import plan
 from kvgguf.policy.tiered import TieredConfig
 from kvgguf.runtime.signals import TokenSignals
@@ -26,7 +26,7 @@ def test_kept_leaves_unranked_blocks_to_age():
 
 def test_kept_blocks_never_age_again_and_survive_truncation():
     config = TieredConfig(warm_tokens=64)
-    blocks = [plan.Block(0, 64, TIER_WARM, kept=True), plan.Block(64, 128, TIER_WARM), plan.Block(128, 192, TIER_WARM)]
+    blocks = [plan.Block(0, 64, Tier.WARM, kept=True), plan.Block(64, 128, Tier.WARM), plan.Block(128, 192, Tier.WARM)]
     assert plan.blocks_to_archive(blocks, config) == [blocks[1]]
     assert plan.truncated(blocks, 100)[0].kept
 
@@ -114,11 +114,11 @@ def test_surprisal_keeps_the_block_of_random_digits_warm(smollm2_path):
     start = len(_tokens(smollm2_path, filler * 6))
     blocks, memory = _blocks_after(smollm2_path, TieredConfig(keep="surprisal", **KEEP), tokens)
     holding = [b for b in blocks if b[0] <= start + 30 < b[1]][0]  # the block with most of the digits
-    assert holding[2] == TIER_WARM and holding[3]
-    assert any(b[2] == TIER_ARCHIVE for b in blocks)  # others aged
+    assert holding[2] == Tier.WARM and holding[3]
+    assert any(b[2] == Tier.ARCHIVE for b in blocks)  # others aged
     # the control at the same fraction keeps about as many blocks, not chosen by content
     same, _ = _blocks_after(smollm2_path, TieredConfig(keep=None, **KEEP), tokens)
-    assert [b for b in same if b[0] == holding[0]][0][2] == TIER_ARCHIVE
+    assert [b for b in same if b[0] == holding[0]][0][2] == Tier.ARCHIVE
     assert any(t.name == "warm" and t.bytes for t in memory.tiers)
 
 
@@ -129,9 +129,9 @@ def test_mass_keeps_the_attention_sink_block_warm(smollm2_path):
 
     tokens = _tokens(smollm2_path, wikitext2_test()[5000:12000])[:900]
     blocks, _ = _blocks_after(smollm2_path, TieredConfig(keep="mass", sinks=0, **KEEP), tokens)
-    assert blocks[0][:2] == (0, 64) and blocks[0][2] == TIER_WARM and blocks[0][3]
+    assert blocks[0][:2] == (0, 64) and blocks[0][2] == Tier.WARM and blocks[0][3]
     kept = [b for b in blocks if b[3]]
-    aged = [b for b in blocks if b[2] == TIER_ARCHIVE]
+    aged = [b for b in blocks if b[2] == Tier.ARCHIVE]
     assert len(aged) > 3 * len(kept)
 
 

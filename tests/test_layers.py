@@ -1,4 +1,4 @@
-"""kvgguf's layers import downward only: native and errors, then model, policy, llamacpp,
+"""kvgguf's layers import downward only: bindings, enums and errors, then model, policy, llamacpp,
 runtime, session, the facade (llama.py, installer.py), evaluation, cli. Any import at any depth
 (a function's lazy import too) of a higher layer fails this test, but for the one named in
 UPWARD, which says why it stays."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import kvgguf
 
-RANK = {"native": 0, "errors": 0, "model": 1, "policy": 2, "llamacpp": 3, "runtime": 4, "session": 5,
+RANK = {"bindings": 0, "enums": 0, "errors": 0, "model": 1, "policy": 2, "llamacpp": 3, "runtime": 4, "session": 5,
         "llama": 6, "installer": 6, "evaluation": 7, "cli": 8}
 UPWARD = {
     # "tiered" and "auto" read the model's calibration; "auto" measures the model on first use

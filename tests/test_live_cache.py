@@ -11,7 +11,7 @@ import kvgguf
 from kvgguf import Llama, TieredConfig, codecs
 from kvgguf.llamacpp import hooks
 from kvgguf.evaluation.harness import kl_top1
-from kvgguf.native.store import KIND_K, KIND_V, TIER_ARCHIVE, TIER_SINK, TIER_WARM
+from kvgguf.enums import Kind, Tier
 from kvgguf.evaluation.text import wikitext2_test
 
 
@@ -118,7 +118,7 @@ def test_generation_far_past_the_physical_cache(smollm2_path, wiki_tokens):
     # Bytes held are the store's encoded blocks, counted by the codecs' own sizes...
     expected = 0
     for b in llm.kv_cache.blocks:
-        codec = {TIER_SINK: "f16", TIER_WARM: "rotq4", TIER_ARCHIVE: "rotq2"}[b.tier]
+        codec = {Tier.SINK: "f16", Tier.WARM: "rotq4", Tier.ARCHIVE: "rotq2"}[b.tier]
         n = b.r1 - b.r0
         per_layer = (codecs.encoded_size(codec, (n, shape.n_head_kv, shape.head_dim_k), "k")
                      + codecs.encoded_size(codec, (n, shape.n_head_kv, shape.head_dim_v), "v"))
@@ -168,18 +168,18 @@ def test_sinks_stay_exact_and_warm_rows_age_into_archive(smollm2_path, wiki_toke
     ref = stock(smollm2_path, 1024, 32, flash_attn=False)
     ref.eval(toks[:64])
     for il in (0, 29):
-        for kind in (KIND_K, KIND_V):
+        for kind in Kind:
             rows = np.empty((4, kv.store.width(kind)), np.float16)
             pos = np.empty(4, np.int32)
             got = hooks.read_rows(ref._ctx.ctx, 0, il, kind, 0, 4, rows.ctypes.data, rows.nbytes,
                                 pos.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)))
             assert got == 4
             assert np.array_equal(kv.store.decode_f16(il, kind, 0, 4).view(np.uint16), rows.view(np.uint16))
-    assert kv.blocks[0].tier == TIER_SINK and (kv.blocks[0].r0, kv.blocks[0].r1) == (0, 4)
+    assert kv.blocks[0].tier == Tier.SINK and (kv.blocks[0].r0, kv.blocks[0].r1) == (0, 4)
     limit = kv.n_cold - config.warm_tokens
     for b in kv.blocks[1:]:
-        assert b.tier == (TIER_ARCHIVE if b.r1 <= limit else TIER_WARM), (b, limit)
-    assert any(b.tier == TIER_ARCHIVE for b in kv.blocks)
+        assert b.tier == (Tier.ARCHIVE if b.r1 <= limit else Tier.WARM), (b, limit)
+    assert any(b.tier == Tier.ARCHIVE for b in kv.blocks)
     mem = llm.kv_memory()
     assert mem.by_tier["archive"].bytes > 0 and mem.by_tier["warm"].bytes > 0
 
@@ -323,17 +323,17 @@ def test_a_per_layer_per_kind_plan_stores_the_codecs_it_names(smollm2_path, wiki
     for _ in range(3):  # one token at a time: the fused path
         llm.eval([llm.sample(temp=0.0)])
     kv, shape = llm.kv_cache, llm.kv_cache.shape
-    tables = {tier: config.table(tier, shape.n_layer) for tier in (TIER_SINK, TIER_WARM, TIER_ARCHIVE)}
+    tables = {tier: config.table(tier, shape.n_layer) for tier in (Tier.SINK, Tier.WARM, Tier.ARCHIVE)}
     seen = set()
     for il in kv.layers:
-        for kind, dim, role in ((KIND_K, shape.head_dim_k, "k"), (KIND_V, shape.head_dim_v, "v")):
+        for kind, dim, role in ((Kind.K, shape.head_dim_k, "k"), (Kind.V, shape.head_dim_v, "v")):
             for b in kv.store.blocks(il, kind):
                 want = tables[b.tier][il, kind]
                 assert b.codec == want, (il, kind, b.tier)
                 assert len(b.data) == codecs.encoded_size(want, (b.n_rows, shape.n_head_kv, dim), role)
                 seen.add((b.tier, want))
-    assert {(TIER_WARM, "kivi4"), (TIER_WARM, "kivi2"), (TIER_WARM, "f16"), (TIER_WARM, "rotq3"),
-            (TIER_ARCHIVE, "crotq3"), (TIER_ARCHIVE, "kivi2"), (TIER_ARCHIVE, "rotq2")} <= seen
+    assert {(Tier.WARM, "kivi4"), (Tier.WARM, "kivi2"), (Tier.WARM, "f16"), (Tier.WARM, "rotq3"),
+            (Tier.ARCHIVE, "crotq3"), (Tier.ARCHIVE, "kivi2"), (Tier.ARCHIVE, "rotq2")} <= seen
     labels = {t.name: t.codec for t in llm.kv_memory().tiers}
     assert labels["warm"].startswith("per layer:") and labels["archive"].startswith("per layer:")
     llm.close()
@@ -343,8 +343,8 @@ def test_k_and_v_apart_from_a_string(smollm2_path, wiki_tokens):
     llm = Llama(str(smollm2_path), kv_codec="k:kivi4,v:rotq3", n_ctx=1024, verbose=False, n_threads=N_THREADS)
     llm.eval(wiki_tokens[:400])
     kv = llm.kv_cache
-    assert {b.codec for b in kv.store.blocks(0, KIND_K)} == {"kivi4"}
-    assert {b.codec for b in kv.store.blocks(0, KIND_V)} == {"rotq3"}
+    assert {b.codec for b in kv.store.blocks(0, Kind.K)} == {"kivi4"}
+    assert {b.codec for b in kv.store.blocks(0, Kind.V)} == {"rotq3"}
     assert [t.codec for t in llm.kv_memory().tiers if t.name == "warm"] == ["K kivi4 / V rotq3"]
     llm.close()
 

@@ -14,8 +14,9 @@ import pytest
 from kvgguf import Llama, TieredConfig
 from kvgguf.evaluation.harness import kl_top1
 from kvgguf.evaluation.text import wikitext2_test
-from kvgguf.native.binding import KvgError
-from kvgguf.native.store import KIND_K, KIND_V, KVStore
+from kvgguf.bindings.binding import KvgError
+from kvgguf.enums import Kind
+from kvgguf.bindings.store import KVStore
 
 N_THREADS = 2
 # Small windows so that one 32-token batch evicts a block and ages another to archive.
@@ -76,7 +77,7 @@ def test_a_failure_anywhere_in_eviction_or_aging_loses_nothing(smollm2_path, tok
                 # Aging failed: the eviction stands, the block stays warm in every list, and it says so.
                 assert any("stay warm" in str(w.message) for w in caught), (k, [str(w.message) for w in caught])
                 for il in llm.kv_cache.layers:
-                    for kind in (KIND_K, KIND_V):
+                    for kind in Kind:
                         tiers = [b.tier for b in llm.kv_cache.store.blocks(il, kind)]
                         assert tiers == [b.tier for b in llm.kv_cache.blocks], (k, il, kind)
                 assert got.shape == reference.shape
@@ -102,7 +103,7 @@ def test_unreadable_cold_rows_are_left_out_of_the_fused_attention(smollm2_path, 
         poisoned = [b for b in llm.kv_cache.blocks[1:] if b.r1 <= 320]  # after the sinks, most of the cold rows
         r0, r1 = poisoned[0].r0, poisoned[-1].r1
         for il in llm.kv_cache.layers:
-            for kind in (KIND_K, KIND_V):
+            for kind in Kind:
                 for b in poisoned:
                     llm.kv_cache.store.fail_reads(il, kind, b.r0)
         with pytest.warns(RuntimeWarning, match="left them out of the softmax"):
@@ -139,12 +140,12 @@ def test_unreadable_rows_on_the_expanding_path_refuse_the_batch(smollm2_path, to
         reference_state = llm.save_state()
         reference = last_logits(llm, tokens[600:664])
         llm.load_state(reference_state)
-        llm.kv_cache.store.fail_reads(5, KIND_V, 100)
+        llm.kv_cache.store.fail_reads(5, Kind.V, 100)
         with pytest.raises(RuntimeError, match="the batch was not evaluated"):
             last_logits(llm, tokens[600:664])
         # The eviction before the batch stands (rows moved, none changed); the batch left nothing.
         assert llm.n_tokens == 600 and list(llm.input_ids[:600]) == tokens[:600]
-        llm.kv_cache.store.fail_reads(5, KIND_V, 100, on=False)
+        llm.kv_cache.store.fail_reads(5, Kind.V, 100, on=False)
         np.testing.assert_array_equal(last_logits(llm, tokens[600:664]), reference)
     finally:
         llm.close()

@@ -11,7 +11,7 @@ import cffi
 import pytest
 
 from kvgguf import codecs
-from kvgguf.native import binding as _native
+from kvgguf.bindings import binding as _native
 
 from conftest import run_python
 
@@ -72,6 +72,21 @@ def test_codec_enum_matches_names():
     assert from_enum == codecs.names()
     lib = _native.get_lib()
     assert lib.kvg_codec_count() == len(enum)
+
+
+def test_kind_and_tier_enums_match_the_header():
+    """kvgguf.enums is Python's one definition of K/V and the tiers; C's must be the same numbers."""
+    from kvgguf.enums import Kind, Tier
+
+    ffi = _native.get_ffi()
+    kinds = ffi.typeof("enum kvg_kind").elements
+    tiers = {v: n for v, n in ffi.typeof("enum kvg_tier").elements.items() if n != "KVG_TIER_COUNT"}
+    assert {int(k): f"KVG_KIND_{k.name}" for k in Kind} == kinds
+    assert {int(t): f"KVG_TIER_{t.name}" for t in Tier} == tiers
+    assert Kind.of("value") is Kind.V and Kind.of(0) is Kind.K and Tier.ARCHIVE.label == "archive"
+    for bad in ("x", 2, True, 0.0, None):
+        with pytest.raises(ValueError, match="kind"):
+            Kind.of(bad)
 
 
 def test_status_enum_matches_python_errors():

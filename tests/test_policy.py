@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvgguf import TieredConfig
-from kvgguf.native.store import KIND_K, KIND_V, TIER_ARCHIVE, TIER_SINK, TIER_WARM
+from kvgguf.enums import Kind, Tier
 from kvgguf.policy import codec_spec, plan
 
 CFG = TieredConfig(hot=256, sinks=4, warm="rotq4", warm_tokens=128, archive="rotq2", block=64)
@@ -37,24 +37,24 @@ def test_decode_keeps_the_configured_window():
 
 
 def test_evicted_parts_keep_sinks_exact():
-    assert plan.evicted_parts(0, 64, CFG) == [(TIER_SINK, 0, 4), (TIER_WARM, 4, 64)]
-    assert plan.evicted_parts(2, 64, CFG) == [(TIER_SINK, 0, 2), (TIER_WARM, 2, 62)]
-    assert plan.evicted_parts(64, 128, CFG) == [(TIER_WARM, 0, 64)]
-    assert plan.evicted_parts(0, 3, CFG) == [(TIER_SINK, 0, 3)]
+    assert plan.evicted_parts(0, 64, CFG) == [(Tier.SINK, 0, 4), (Tier.WARM, 4, 64)]
+    assert plan.evicted_parts(2, 64, CFG) == [(Tier.SINK, 0, 2), (Tier.WARM, 2, 62)]
+    assert plan.evicted_parts(64, 128, CFG) == [(Tier.WARM, 0, 64)]
+    assert plan.evicted_parts(0, 3, CFG) == [(Tier.SINK, 0, 3)]
 
 
 def test_codec_specs_expand_per_layer_and_kind():
     cfg = TieredConfig(warm={"default": "rotq4", 1: ("kivi4", "rotq3")}, archive=("rotq3", "rotq2"))
-    warm = cfg.table(TIER_WARM, 3)
-    assert warm[1, KIND_K] == "kivi4" and warm[1, KIND_V] == "rotq3"
-    assert warm[0, KIND_K] == warm[2, KIND_V] == "rotq4"
-    archive = cfg.table(TIER_ARCHIVE, 3)
-    assert {archive[il, KIND_K] for il in range(3)} == {"rotq3"} and {archive[il, KIND_V] for il in range(3)} == {"rotq2"}
-    assert set(cfg.table(TIER_SINK, 3).values()) == {"f16"}
+    warm = cfg.table(Tier.WARM, 3)
+    assert warm[1, Kind.K] == "kivi4" and warm[1, Kind.V] == "rotq3"
+    assert warm[0, Kind.K] == warm[2, Kind.V] == "rotq4"
+    archive = cfg.table(Tier.ARCHIVE, 3)
+    assert {archive[il, Kind.K] for il in range(3)} == {"rotq3"} and {archive[il, Kind.V] for il in range(3)} == {"rotq2"}
+    assert set(cfg.table(Tier.SINK, 3).values()) == {"f16"}
     assert codec_spec.describe(archive) == "K rotq3 / V rotq2"
     assert codec_spec.describe(warm) == "per layer: kivi4 x1, rotq3 x1, rotq4 x4"
     with pytest.raises(ValueError, match=r"layers \[5\] outside \[0, 3\)"):
-        TieredConfig(warm={"default": "rotq4", 5: "kivi4"}).table(TIER_WARM, 3)
+        TieredConfig(warm={"default": "rotq4", 5: "kivi4"}).table(Tier.WARM, 3)
 
 
 def test_k_and_v_apart_as_a_string():
@@ -84,17 +84,17 @@ def test_bad_codec_specs_are_refused_when_made(warm, error):
 
 
 def test_blocks_age_into_archive_behind_the_newest_warm_tokens():
-    blocks = [plan.Block(0, 4, TIER_SINK), plan.Block(4, 64, TIER_WARM), plan.Block(64, 128, TIER_WARM),
-              plan.Block(128, 192, TIER_WARM), plan.Block(192, 256, TIER_WARM)]
+    blocks = [plan.Block(0, 4, Tier.SINK), plan.Block(4, 64, Tier.WARM), plan.Block(64, 128, Tier.WARM),
+              plan.Block(128, 192, Tier.WARM), plan.Block(192, 256, Tier.WARM)]
     old = plan.blocks_to_archive(blocks, CFG)  # newest 128 compressed rows stay warm: [128, 256)
     assert [(b.r0, b.r1) for b in old] == [(4, 64), (64, 128)]
     assert plan.blocks_to_archive(blocks, TieredConfig(archive=None)) == []
-    blocks[1].tier = TIER_ARCHIVE
+    blocks[1].tier = Tier.ARCHIVE
     assert [(b.r0, b.r1) for b in plan.blocks_to_archive(blocks, CFG)] == [(64, 128)]
 
 
 def test_truncated_cuts_the_block_that_straddles():
-    blocks = [plan.Block(0, 4, TIER_SINK), plan.Block(4, 64, TIER_WARM), plan.Block(64, 128, TIER_WARM)]
+    blocks = [plan.Block(0, 4, Tier.SINK), plan.Block(4, 64, Tier.WARM), plan.Block(64, 128, Tier.WARM)]
     assert [(b.r0, b.r1) for b in plan.truncated(blocks, 100)] == [(0, 4), (4, 64), (64, 100)]
     assert [(b.r0, b.r1) for b in plan.truncated(blocks, 64)] == [(0, 4), (4, 64)]
     assert plan.truncated(blocks, 0) == []
@@ -106,9 +106,9 @@ def test_blocks_after_lays_out_contiguous_tiers():
     assert blocks[0].r0 == 0 and all(a.r1 == b.r0 for a, b in zip(blocks, blocks[1:]))
     n_cold = blocks[-1].r1
     assert 3000 - 256 - CFG.hot < n_cold <= 3000 - 256  # the window before the last batch
-    assert blocks[0].tier == TIER_SINK and blocks[0].r1 == CFG.sinks
+    assert blocks[0].tier == Tier.SINK and blocks[0].r1 == CFG.sinks
     for b in blocks[1:]:
-        assert b.tier == (TIER_ARCHIVE if b.r1 <= n_cold - CFG.warm_tokens else TIER_WARM)
+        assert b.tier == (Tier.ARCHIVE if b.r1 <= n_cold - CFG.warm_tokens else Tier.WARM)
     assert plan.blocks_after(200, 256, CFG) == []  # nothing ever left the window
 
 
@@ -133,7 +133,7 @@ def test_block_counts_at_ten_billion_tokens():
     counts, n_cold = plan.block_counts(10**10, 32, TieredConfig())
     assert sum(rows * n for (rows, _), n in counts.items()) == n_cold
     assert 10**10 - 32 - TieredConfig().hot <= n_cold <= 10**10
-    assert counts[64, TIER_ARCHIVE] > 10**8
+    assert counts[64, Tier.ARCHIVE] > 10**8
 
 
 def test_the_presets_widen_the_hot_window_and_batch_only_where_weights_dominate():

@@ -155,7 +155,7 @@ def test_two_servers_share_one_redis(smollm2_path, flushed, tmp_path):
     evaluated = after["tokens_evaluated"] - before["tokens_evaluated"]
     assert after["prompt_cache"]["hits"] == 1 and after["prompt_cache"]["tokens_served"] >= 768
     assert 0 < evaluated < 200, f"{evaluated} tokens evaluated: the shared prefix was not used"
-    assert after["prompt_cache"]["kind"] == "CompressedRedisCache" and not after["prompt_cache"]["faults"]
+    assert after["prompt_cache"]["type"] == "CompressedRedisCache" and not after["prompt_cache"]["faults"]
 
 
 def test_capacity_counts_the_bytes_held_and_drops_the_least_recently_used(smollm2_path, flushed, document):

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from kvgguf import codecs
-from kvgguf.native.store import KIND_K, KIND_V, TIER_ARCHIVE, TIER_SINK, TIER_WARM, KVStore
+from kvgguf.enums import Kind, Tier
+from kvgguf.bindings.store import KVStore
 
 
 def make_store():
@@ -18,89 +19,89 @@ def rows(n, seed=0):
 def test_append_decode_and_byte_accounting():
     s = make_store()
     x = rows(70)
-    s.append(0, KIND_K, TIER_SINK, "f16", x[:4])
-    s.append(0, KIND_K, TIER_WARM, "rotq4", x[4:70])
-    assert s.n_rows(0, KIND_K) == 70 and s.n_rows(1, KIND_K) == 0
-    back = s.decode(0, KIND_K, 0, 70)
+    s.append(0, Kind.K, Tier.SINK, "f16", x[:4])
+    s.append(0, Kind.K, Tier.WARM, "rotq4", x[4:70])
+    assert s.n_rows(0, Kind.K) == 70 and s.n_rows(1, Kind.K) == 0
+    back = s.decode(0, Kind.K, 0, 70)
     assert np.array_equal(back[:4], x[:4].astype(np.float16).astype(np.float32))  # sinks exact
-    assert np.array_equal(s.decode(0, KIND_K, 2, 9), back[2:9])  # ranges across blocks
-    assert np.array_equal(s.decode_f16(0, KIND_K, 0, 70), back.astype(np.float16))
-    held = s.held(TIER_WARM)
+    assert np.array_equal(s.decode(0, Kind.K, 2, 9), back[2:9])  # ranges across blocks
+    assert np.array_equal(s.decode_f16(0, Kind.K, 0, 70), back.astype(np.float16))
+    held = s.held(Tier.WARM)
     assert held.bytes == codecs.encoded_size("rotq4", (66, 2, 64), "k")
     assert held.values == 66 * 128
-    assert s.held(TIER_SINK).bytes == 4 * 128 * 2
-    assert s.held().bytes == s.held(TIER_SINK).bytes + held.bytes
+    assert s.held(Tier.SINK).bytes == 4 * 128 * 2
+    assert s.held().bytes == s.held(Tier.SINK).bytes + held.bytes
 
 
 def test_retier_reencodes_whole_blocks_and_refuses_cut_blocks():
     s = make_store()
     for il in range(3):
-        for kind in (KIND_K, KIND_V):
-            s.append(il, kind, TIER_WARM, "rotq4", rows(32, il))
-            s.append(il, kind, TIER_WARM, "rotq4", rows(32, il + 10))
-    before = s.held(TIER_WARM).bytes
+        for kind in Kind:
+            s.append(il, kind, Tier.WARM, "rotq4", rows(32, il))
+            s.append(il, kind, Tier.WARM, "rotq4", rows(32, il + 10))
+    before = s.held(Tier.WARM).bytes
     with pytest.raises(ValueError, match="cut block"):
-        s.retier(0, 40, TIER_ARCHIVE, "rotq2")
-    assert s.held(TIER_WARM).bytes == before  # nothing changed
-    s.retier(0, 32, TIER_ARCHIVE, "rotq2")
-    assert s.held(TIER_ARCHIVE).bytes == 6 * codecs.encoded_size("rotq2", (32, 2, 64))
-    assert s.held(TIER_WARM).bytes == before // 2
-    err = np.abs(s.decode(0, KIND_K, 0, 32) - rows(32, 0)).mean()
+        s.retier(0, 40, Tier.ARCHIVE, "rotq2")
+    assert s.held(Tier.WARM).bytes == before  # nothing changed
+    s.retier(0, 32, Tier.ARCHIVE, "rotq2")
+    assert s.held(Tier.ARCHIVE).bytes == 6 * codecs.encoded_size("rotq2", (32, 2, 64))
+    assert s.held(Tier.WARM).bytes == before // 2
+    err = np.abs(s.decode(0, Kind.K, 0, 32) - rows(32, 0)).mean()
     assert err < 0.5  # 2-bit rows, still the same rows
 
 
 def test_retier_of_one_layer_and_kind_leaves_the_other_lists_alone():
     s = make_store()
     for il in range(3):
-        for kind in (KIND_K, KIND_V):
-            s.append(il, kind, TIER_WARM, "rotq4", rows(32, il))
-    s.retier(0, 32, TIER_ARCHIVE, "kivi2", il=1, kind=KIND_V)
-    assert s.held(TIER_ARCHIVE).bytes == codecs.encoded_size("kivi2", (32, 2, 64), "v")
-    assert [b.codec for b in s.blocks(1, KIND_V)] == ["kivi2"]
-    assert [b.codec for il in range(3) for kind in (KIND_K, KIND_V) if (il, kind) != (1, KIND_V)
+        for kind in Kind:
+            s.append(il, kind, Tier.WARM, "rotq4", rows(32, il))
+    s.retier(0, 32, Tier.ARCHIVE, "kivi2", il=1, kind=Kind.V)
+    assert s.held(Tier.ARCHIVE).bytes == codecs.encoded_size("kivi2", (32, 2, 64), "v")
+    assert [b.codec for b in s.blocks(1, Kind.V)] == ["kivi2"]
+    assert [b.codec for il in range(3) for kind in Kind if (il, kind) != (1, Kind.V)
             for b in s.blocks(il, kind)] == ["rotq4"] * 5
-    s.retier(0, 32, TIER_ARCHIVE, "rotq3", kind=KIND_K)  # every layer's K
-    assert [b.codec for il in range(3) for b in s.blocks(il, KIND_K)] == ["rotq3"] * 3
+    s.retier(0, 32, Tier.ARCHIVE, "rotq3", kind=Kind.K)  # every layer's K
+    assert [b.codec for il in range(3) for b in s.blocks(il, Kind.K)] == ["rotq3"] * 3
     with pytest.raises(ValueError, match="layer 3 is out of range"):
-        s.retier(0, 32, TIER_ARCHIVE, "rotq2", il=3)
+        s.retier(0, 32, Tier.ARCHIVE, "rotq2", il=3)
     with pytest.raises(ValueError, match="kind 2 is unknown"):
-        s.retier(0, 32, TIER_ARCHIVE, "rotq2", kind=2)
+        s.retier(0, 32, Tier.ARCHIVE, "rotq2", kind=2)
 
 
 def test_truncate_cuts_inside_a_block():
     s = make_store()
     x = rows(64)
-    for kind in (KIND_K, KIND_V):
-        s.append(1, kind, TIER_WARM, "f16", x[:32])
-        s.append(1, kind, TIER_WARM, "f16", x[32:])
+    for kind in Kind:
+        s.append(1, kind, Tier.WARM, "f16", x[:32])
+        s.append(1, kind, Tier.WARM, "f16", x[32:])
     s.truncate(40)
-    assert s.n_rows(1, KIND_K) == 40 and s.n_rows(1, KIND_V) == 40
-    assert np.array_equal(s.decode(1, KIND_V, 0, 40), x[:40].astype(np.float16).astype(np.float32))
+    assert s.n_rows(1, Kind.K) == 40 and s.n_rows(1, Kind.V) == 40
+    assert np.array_equal(s.decode(1, Kind.V, 0, 40), x[:40].astype(np.float16).astype(np.float32))
     assert s.held().bytes == 2 * 40 * 128 * 2
     s.clear()
-    assert s.held().bytes == 0 and s.n_rows(1, KIND_K) == 0
+    assert s.held().bytes == 0 and s.n_rows(1, Kind.K) == 0
 
 
 def test_bad_input_raises_and_leaves_the_store_intact():
     s = make_store()
-    s.append(0, KIND_K, TIER_WARM, "rotq4", rows(8))
+    s.append(0, Kind.K, Tier.WARM, "rotq4", rows(8))
     with pytest.raises(ValueError, match="layer 7"):
-        s.append(7, KIND_K, TIER_WARM, "rotq4", rows(8))
+        s.append(7, Kind.K, Tier.WARM, "rotq4", rows(8))
     with pytest.raises(ValueError):
-        s.append(0, KIND_K, TIER_WARM, "rotq4", np.full((2, 128), np.nan, np.float32))
+        s.append(0, Kind.K, Tier.WARM, "rotq4", np.full((2, 128), np.nan, np.float32))
     with pytest.raises(ValueError, match="outside"):
-        s.decode(0, KIND_K, 0, 9)
+        s.decode(0, Kind.K, 0, 9)
     with pytest.raises(ValueError, match="codec 'nope' is unknown"):
-        s.append(0, KIND_K, TIER_WARM, "nope", rows(8))
+        s.append(0, Kind.K, Tier.WARM, "nope", rows(8))
     s.set_layer_enabled(2, False)
     with pytest.raises(ValueError, match="disabled"):
-        s.append(2, KIND_K, TIER_WARM, "f16", rows(1))
-    assert s.n_rows(0, KIND_K) == 8
-    assert s.decode(0, KIND_K, 0, 8).shape == (8, 128)
+        s.append(2, Kind.K, Tier.WARM, "f16", rows(1))
+    assert s.n_rows(0, Kind.K) == 8
+    assert s.decode(0, Kind.K, 0, 8).shape == (8, 128)
 
 
 @pytest.mark.parametrize("codec", ["kivi2", "kivi3", "kivi4"])  # rotq refuses such norms when encoding
-@pytest.mark.parametrize("kind", [KIND_K, KIND_V])
+@pytest.mark.parametrize("kind", [Kind.K, Kind.V])
 def test_rows_at_the_edge_of_f16_never_reach_llama_cpp_as_inf(codec, kind):
     """A group spanning all of f16's range decodes a hair past 65504 (kivi's scale rounds up);
     the f16 read path, which feeds llama.cpp, saturates instead of writing Inf."""
@@ -108,7 +109,7 @@ def test_rows_at_the_edge_of_f16_never_reach_llama_cpp_as_inf(codec, kind):
     x = rows(32)
     x[::2, :] = 65504.0
     x[1::2, :] = -65504.0
-    s.append(1, kind, TIER_WARM, codec, x)
+    s.append(1, kind, Tier.WARM, codec, x)
     back = s.decode_f16(1, kind, 0, 32)
     assert np.isfinite(back).all()
     assert np.all(np.abs(back.astype(np.float32)) <= 65504.0)

@@ -5,15 +5,16 @@ same mutation then succeeds. No model: the native store alone (the live cache: t
 import numpy as np
 import pytest
 
-from kvgguf.native.binding import KvgError, get_lib
-from kvgguf.native.store import KIND_K, KIND_V, TIER_ARCHIVE, TIER_SINK, TIER_WARM, KVStore
+from kvgguf.bindings.binding import KvgError, get_lib
+from kvgguf.enums import Kind, Tier
+from kvgguf.bindings.store import KVStore
 
 N_LAYER, N_HEAD_KV, HEAD_DIM = 3, 2, 64
 
 
 def snapshot(store: KVStore):
     """Everything a reader can see: each list's blocks with their bytes, codecs and tiers."""
-    return [(il, kind, store.blocks(il, kind)) for il in range(N_LAYER) for kind in (KIND_K, KIND_V)]
+    return [(il, kind, store.blocks(il, kind)) for il in range(N_LAYER) for kind in Kind]
 
 
 def rows(rng, n):
@@ -23,10 +24,10 @@ def rows(rng, n):
 def filled_store(seed=0) -> KVStore:
     rng = np.random.default_rng(seed)
     store = KVStore(N_LAYER, N_HEAD_KV, HEAD_DIM, HEAD_DIM)
-    for tier, codec, n in ((TIER_SINK, "f16", 4), (TIER_WARM, "kivi4", 28), (TIER_WARM, "rotq3", 32),
-                           (TIER_WARM, "crotq3", 17)):
+    for tier, codec, n in ((Tier.SINK, "f16", 4), (Tier.WARM, "kivi4", 28), (Tier.WARM, "rotq3", 32),
+                           (Tier.WARM, "crotq3", 17)):
         for il in range(N_LAYER):
-            for kind in (KIND_K, KIND_V):
+            for kind in Kind:
                 store.append(il, kind, tier, codec, rows(rng, n))
     return store
 
@@ -36,21 +37,21 @@ def evict(store: KVStore, r0: int, n: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     try:
         for il in range(N_LAYER):
-            for kind in (KIND_K, KIND_V):
-                store.append(il, kind, TIER_WARM, "rotq4", rows(rng, n))
+            for kind in Kind:
+                store.append(il, kind, Tier.WARM, "rotq4", rows(rng, n))
     except BaseException:
         store.truncate(r0)
         raise
 
 
 MUTATIONS = {
-    "retier_lists": lambda s: s.retier_lists(32, 81, TIER_ARCHIVE, {(il, k): ("rotq2" if k else "kivi2")
+    "retier_lists": lambda s: s.retier_lists(32, 81, Tier.ARCHIVE, {(il, k): ("rotq2" if k else "kivi2")
                                                                      for il in range(N_LAYER) for k in (0, 1)}),
-    "retier_one_codec": lambda s: s.retier(4, 64, TIER_ARCHIVE, "rotq3"),
+    "retier_one_codec": lambda s: s.retier(4, 64, Tier.ARCHIVE, "rotq3"),
     "truncate_cutting_blocks": lambda s: s.truncate(50),
     "truncate_to_zero": lambda s: s.truncate(0),
     "evict_with_rollback": lambda s: evict(s, 81, 40, seed=7),
-    "append_encoded": lambda s: s.append_encoded(1, KIND_V, s.blocks(1, KIND_V)[2]),
+    "append_encoded": lambda s: s.append_encoded(1, Kind.V, s.blocks(1, Kind.V)[2]),
 }
 
 
@@ -90,28 +91,28 @@ def test_a_failed_mutation_can_be_retried():
     with pytest.raises(KvgError, match="injected failure"):
         MUTATIONS["retier_lists"](store)
     MUTATIONS["retier_lists"](store)
-    assert {b.tier for b in store.blocks(2, KIND_K)[2:]} == {TIER_ARCHIVE}
+    assert {b.tier for b in store.blocks(2, Kind.K)[2:]} == {Tier.ARCHIVE}
 
 
 def test_unreadable_blocks_fail_reads_and_their_retier_but_not_the_others():
     store = filled_store()
-    store.fail_reads(1, KIND_K, 40)
+    store.fail_reads(1, Kind.K, 40)
     with pytest.raises(KvgError, match="injected read failure"):
-        store.decode(1, KIND_K, 0, 81)
-    store.decode(1, KIND_V, 0, 81)  # V of the same layer, and other layers, read fine
-    store.decode(0, KIND_K, 0, 81)
+        store.decode(1, Kind.K, 0, 81)
+    store.decode(1, Kind.V, 0, 81)  # V of the same layer, and other layers, read fine
+    store.decode(0, Kind.K, 0, 81)
     before = snapshot(store)
     with pytest.raises(KvgError, match="injected read failure"):
-        store.retier(32, 64, TIER_ARCHIVE, "rotq2")  # must re-read the block: fails as a whole
+        store.retier(32, 64, Tier.ARCHIVE, "rotq2")  # must re-read the block: fails as a whole
     assert snapshot(store) == before
-    store.fail_reads(1, KIND_K, 40, on=False)
-    store.retier(32, 64, TIER_ARCHIVE, "rotq2")
+    store.fail_reads(1, Kind.K, 40, on=False)
+    store.retier(32, 64, Tier.ARCHIVE, "rotq2")
 
 
 def test_the_cold_row_count_is_what_both_k_and_v_hold():
     store = KVStore(1, N_HEAD_KV, HEAD_DIM, HEAD_DIM)
     rng = np.random.default_rng(1)
-    store.append(0, KIND_K, TIER_WARM, "rotq4", rows(rng, 8))
+    store.append(0, Kind.K, Tier.WARM, "rotq4", rows(rng, 8))
     assert get_lib().kvg_store_hook_n_cold(store._ptr, 0) == 0  # V not appended yet: no row is whole
-    store.append(0, KIND_V, TIER_WARM, "rotq4", rows(rng, 8))
+    store.append(0, Kind.V, Tier.WARM, "rotq4", rows(rng, 8))
     assert get_lib().kvg_store_hook_n_cold(store._ptr, 0) == 8

@@ -11,7 +11,7 @@ BUDGETS = (2.5, 3.0, 3.5, 4.0)
 def plan_table(cal, budgets=BUDGETS) -> list[str]:
     """A Markdown table: per budget and for the calibrated "tiered" preset, the average bits,
     the summed predicted KL and the codecs K and V get (how many lists each)."""
-    from ..native.store import KIND_K, KIND_V
+    from ..enums import Kind
     from ..policy import allocation, kv_codec
 
     lines = ["| kv_codec | bits/value (compressed rows) | predicted KL | K | V |", "|---|---|---|---|---|"]
@@ -23,7 +23,7 @@ def plan_table(cal, budgets=BUDGETS) -> list[str]:
             lines.append(f"| {name} | {e} | | | |")
             continue
         cells = []
-        for kind in (KIND_K, KIND_V):
+        for kind in Kind:
             names = [c.codec for (il, k), c in sorted(choice.items()) if k == kind]
             cells.append(", ".join(f"{n} x{names.count(n)}" for n in sorted(set(names), key=names.index)))
         lines.append(f"| {name} | {allocation.average_bits(choice, cal.weights):.2f} | "

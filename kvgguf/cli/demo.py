@@ -55,13 +55,13 @@ def progress(total: int, desc: str):
 
 def where_held(llm, pos: int) -> str:
     """The tier and codec that hold position pos's K/V rows."""
-    from ..native.store import TIER_NAMES
+    from ..enums import Tier
 
     if llm.kv_config is None:
         return "f16 (llama.cpp)"
     for b in llm.kv_cache.blocks:
         if b.r0 <= pos < b.r1:
-            return f"{TIER_NAMES[b.tier]} {llm.kv_cache.codec_name(b.tier)}"
+            return f"{Tier(b.tier).label} {llm.kv_cache.codec_name(b.tier)}"
     return "hot f16"
 
 

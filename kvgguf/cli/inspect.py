@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..model.shape import KVShape
-from ..native import codecs
-from ..native.store import KIND_K, KIND_V
+from ..bindings import codecs
+from ..enums import Kind
 from ..policy import plan
 from ..policy.tiered import TieredConfig, sized_for_model
 
@@ -69,7 +69,7 @@ def store_bytes(shape: KVShape, counts: dict[tuple[int, int], int], config: Tier
     total, books = 0, set()
     for (rows, tier), n_blocks in counts.items():
         for il in shape.full_layers:
-            for kind, dim, role in ((KIND_K, shape.head_dim_k, "k"), (KIND_V, shape.head_dim_v, "v")):
+            for kind, dim, role in ((Kind.K, shape.head_dim_k, "k"), (Kind.V, shape.head_dim_v, "v")):
                 c = codecs.get(tables[tier][il, kind], group_size=config.group_size)
                 total += n_blocks * c.encoded_size((rows, shape.n_head_kv, dim), role)
                 if c.name in codecs.BOOK_CODECS and (il, kind, c.name) not in books:

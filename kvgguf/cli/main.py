@@ -22,7 +22,7 @@ def _cache_type(value: str) -> str:
 
 
 def _kv_codec(value: str) -> str:
-    from ..native import codecs
+    from ..bindings import codecs
     from ..policy import kv_codec
 
     names = ["tiered", "tiered:fixed", "tiered:keep=SIGNAL[:FRACTION]", "auto", "auto:BITS"] + codecs.names()

@@ -89,7 +89,7 @@ def memory_report(llm) -> dict:
         "index_bytes": mem.index_bytes,
         "compute_scratch_bytes": mem.compute_bytes,
         "prompt_cache": None if cache is None else {
-            "kind": type(cache).__name__,
+            "type": type(cache).__name__,
             "bytes": cache.cache_size,
             "capacity_bytes": cache.capacity_bytes,
             **(cache.stats() if hasattr(cache, "stats") else {}),

@@ -40,9 +40,9 @@ from typing import Callable, Optional, Sequence, Union
 import numpy as np
 
 from ..errors import CalibrationError
-from ..native import codecs
-from ..native.binding import KvgValueError
-from ..native.store import KIND_K, KIND_V, TIER_WARM
+from ..bindings import codecs
+from ..bindings.binding import KvgValueError
+from ..enums import Kind, Tier
 from ..policy import allocation
 from ..policy.kv_codec import DEFAULT_BUDGET, PRESET_BUDGET, Request, is_kv_codec, parse, parse_auto  # noqa: F401
 from ..policy.tiered import TieredConfig
@@ -59,7 +59,6 @@ PROMPTS = (
     "The following recipe serves four people.",
     "In the first chapter of the book,",
 )
-KIND_NAMES = {KIND_K: "k", KIND_V: "v"}
 SAME_BOOK = {"vq8f": "vq8"}  # vq8f trains vq8's codebook: the file keeps it once
 
 
@@ -84,7 +83,7 @@ class Calibration:
         they matter), the preset's hot window."""
         choice = self.plan(budget)
         layers = sorted({il for il, _ in choice})
-        warm = {il: (choice[il, KIND_K].codec, choice[il, KIND_V].codec) for il in layers}
+        warm = {il: (choice[il, Kind.K].codec, choice[il, Kind.V].codec) for il in layers}
         most = max(set(warm.values()), key=list(warm.values()).count)
         spec = {"default": most, **{il: kv for il, kv in warm.items() if kv != most}}
         return replace(base or TieredConfig(), warm=spec, warm_tokens=0, archive=None)
@@ -108,13 +107,13 @@ class Calibration:
             "format": FORMAT, "version": VERSION, "model": dict(self.model), "text": dict(self.text),
             "hot": self.hot, "block": self.block, "probe": PROBE,
             "lists": [
-                {"layer": il, "kind": KIND_NAMES[kind], "values_per_row": self.weights[il, kind],
+                {"layer": il, "kind": Kind(kind).letter, "values_per_row": self.weights[il, kind],
                  "candidates": [[c.codec, c.bits, c.error] for c in cands]}
                 for (il, kind), cands in sorted(self.curves.items())
             ],
             # f16 on disk (half the bytes; the centroids are unit-scale coordinates)
             "books": [
-                {"layer": il, "kind": KIND_NAMES[kind], "codec": name, "centroids": int(bk.shape[0]),
+                {"layer": il, "kind": Kind(kind).letter, "codec": name, "centroids": int(bk.shape[0]),
                  "f16": base64.b64encode(bk.astype("<f2").tobytes()).decode("ascii")}
                 for (il, kind, name), bk in sorted(self.books.items()) if name not in SAME_BOOK
             ],
@@ -128,7 +127,7 @@ class Calibration:
             if d["version"] != VERSION:
                 raise CalibrationError(
                     f"calibration file version {d['version']}; this kvgguf reads version {VERSION}: run `kvgguf calibrate` again")
-            kinds = {v: k for k, v in KIND_NAMES.items()}
+            kinds = {k.letter: k for k in Kind}
             curves, weights = {}, {}
             for e in d["lists"]:
                 key = (int(e["layer"]), kinds[e["kind"]])
@@ -253,8 +252,8 @@ class Probe:
         try:
             self.kv = self.llm.kv_cache
             self.first = self.hot + self.block  # logits from here on see cold rows
-            self.reference = dict(self.kv.codecs[TIER_WARM])
-            self.lists = [(il, kind) for il in self.kv.layers for kind in (KIND_K, KIND_V)]
+            self.reference = dict(self.kv.codecs[Tier.WARM])
+            self.lists = [(il, kind) for il in self.kv.layers for kind in Kind]
             self.ref_logp = log_softmax(self._run().astype(np.float64))
         except BaseException:
             self.llm.close()
@@ -274,15 +273,15 @@ class Probe:
         store, n_cold = self.kv.store, self.kv.n_cold
         rows = np.concatenate([store.decode(il, kind, 0, n_cold), self.kv.read_rows(il, kind, n_cold, len(self.tokens))])
         shape = self.kv.shape
-        return rows.reshape(len(rows), shape.n_head_kv, shape.head_dim_k if kind == KIND_K else shape.head_dim_v)
+        return rows.reshape(len(rows), shape.n_head_kv, shape.head_dim_k if kind == Kind.K else shape.head_dim_v)
 
     def kl(self, overrides: dict[tuple[int, int], str]) -> float:
         """Mean KL against the reference with these lists at these codecs, the rest f16."""
-        self.kv.set_codecs(TIER_WARM, {**self.reference, **overrides})
+        self.kv.set_codecs(Tier.WARM, {**self.reference, **overrides})
         try:
             return _kl(self.ref_logp, self._run())
         finally:
-            self.kv.set_codecs(TIER_WARM, self.reference)
+            self.kv.set_codecs(Tier.WARM, self.reference)
 
     def close(self) -> None:
         self.llm.close()
@@ -297,7 +296,7 @@ def train_books(probe: Probe) -> dict:
         for name in codecs.BOOK_CODECS:
             try:
                 books[il, kind, name] = (books[il, kind, SAME_BOOK[name]] if name in SAME_BOOK else
-                                         codecs.train_book(name, rows, KIND_NAMES[kind]))
+                                         codecs.train_book(name, rows, Kind(kind).letter))
             except KvgValueError:
                 pass  # e.g. a head dim that is not a power of two: pq2/vq8 refuse such lists anyway
             except KeyError:
@@ -322,10 +321,10 @@ def measure(model_path: str, tokens: Sequence[int], *, threads: Optional[int] = 
                 raise ValueError(f"no cold rows on lists {sorted(unknown)}: (layer, kind) of full-attention layers")
             lists = [key for key in lists if key in set(only)]
         shape = probe.kv.shape
-        width = {KIND_K: shape.n_head_kv * shape.head_dim_k, KIND_V: shape.n_head_kv * shape.head_dim_v}
+        width = {Kind.K: shape.n_head_kv * shape.head_dim_k, Kind.V: shape.n_head_kv * shape.head_dim_v}
         runs = len(lists) + 2 * (len(CANDIDATES) - 1)
-        cost = {KIND_K: {"f16": 0.0}, KIND_V: {"f16": 0.0}}  # f16 is the reference itself
-        for kind in (KIND_K, KIND_V):
+        cost = {Kind.K: {"f16": 0.0}, Kind.V: {"f16": 0.0}}  # f16 is the reference itself
+        for kind in Kind:
             every = [key for key in probe.lists if key[1] == kind]
             for c in CANDIDATES:
                 if c != "f16":
@@ -338,9 +337,9 @@ def measure(model_path: str, tokens: Sequence[int], *, threads: Optional[int] = 
                 progress(runs - len(lists) + i, runs)
             sens = probe.kl({key: PROBE})
             per = cost[key[1]]
-            head = (probe.block, shape.n_head_kv, shape.head_dim_k if key[1] == KIND_K else shape.head_dim_v)
+            head = (probe.block, shape.n_head_kv, shape.head_dim_k if key[1] == Kind.K else shape.head_dim_v)
             curves[key] = [
-                allocation.Candidate(c, codecs.bits_per_value(c, head, KIND_NAMES[key[1]]),
+                allocation.Candidate(c, codecs.bits_per_value(c, head, Kind(key[1]).letter),
                                      sens * per[c] / per[PROBE] if per[PROBE] else 0.0)
                 for c in CANDIDATES
             ]

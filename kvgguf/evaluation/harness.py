@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..native import codecs
+from ..bindings import codecs
 from ..llama import CACHE_TYPES, Llama
 from ..model.shape import KVShape
 from . import calibration
@@ -33,16 +33,19 @@ SLICE = 64  # rows scored at a time: bounds float64 temporaries for 262K-token v
 @dataclass(frozen=True)
 class CacheConfig:
     name: str  # as the user wrote it (plus the sliding-window setting, where it was split)
-    kind: str  # "llama.cpp" or "kvgguf"
+    source: str  # "llama.cpp" or "kvgguf": whose cache it is
     spec: str  # llama.cpp type name, or kv_codec spec
     swa_full: Optional[bool] = None  # llama.cpp types: None is llama-cpp-python's default (on)
 
 
-def row_name(name: str, spec: str, llm) -> str:
+def row_name(name: str, spec: str, llm, calibrated: Optional[bool] = None) -> str:
     """A result row's name (the benchmarks' too): "tiered (calibrated)" where the kv_codec
-    "tiered" followed the model's calibration, "pq2 (calibrated codebooks)" where pq2/vq8 started
-    from the model's calibrated codebooks, else name."""
-    if spec == "tiered" and getattr(llm, "kv_calibration", None):
+    "tiered" followed the model's calibration (``calibrated``, or else the Llama's own
+    ``kv_calibration``), "pq2 (calibrated codebooks)" where pq2/vq8 started from the model's
+    calibrated codebooks, else name."""
+    if calibrated is None:
+        calibrated = bool(getattr(llm, "kv_calibration", None))
+    if spec == "tiered" and calibrated:
         return name + " (calibrated)"
     kv = getattr(llm, "kv_cache", None)
     return name + (" (calibrated codebooks)" if kv is not None and kv.books else "")
@@ -77,7 +80,7 @@ def split_sliding_window(configs: Sequence[CacheConfig], n_swa: int) -> list[Cac
         return list(configs)
     out = []
     for cfg in configs:
-        if cfg.kind == "llama.cpp":
+        if cfg.source == "llama.cpp":
             out.append(replace(cfg, name=f"{cfg.name} (swa full)", swa_full=True))
             out.append(replace(cfg, name=f"{cfg.name} (swa window)", swa_full=False))
         else:
@@ -141,9 +144,9 @@ def kl_top1(ref_logits: np.ndarray, test_logits: np.ndarray) -> tuple[float, flo
 @dataclass
 class Result:
     name: str
-    kind: str
+    source: str  # "llama.cpp" or "kvgguf"
     bits_per_value: float = 0.0  # bytes held for K and V (all tiers) x 8 / values, at the end of a chunk
-    cold_bits_per_value: Optional[float] = None  # kvgguf: the store's tiers alone (bytes x 8 / their values); None: nothing compressed
+    cold_bits_per_value: Optional[float] = None  # kvgguf: the store's tiers alone (bytes x 8 / their values); None: no cold rows
     book_bits_per_value: float = 0.0  # of cold_bits_per_value, what pq2/vq8's codebooks take (one per layer and K/V)
     peak_kv_bytes: int = 0
     peak_compute_bytes: int = 0  # llama.cpp's compute buffers (transient scratch, cold rows expanded included)
@@ -162,33 +165,32 @@ def _progress(msg: str) -> None:
 
 def make_llama(model_path: str, cfg: Optional[CacheConfig], ctx: int, batch: int, threads: int,
                hot: Optional[int], kv_attention: str = "fused", ubatch: Optional[int] = None,
-               codebooks: str = "sequence") -> Llama:
-    """kv_attention for kvgguf's caches: batches of up to FUSED_MAX_TOKENS take the fused path,
+               codebooks: str = "sequence") -> tuple[Llama, bool]:
+    """The Llama a row runs, and whether its config came from the model's calibration.
+    kv_attention for kvgguf's caches: batches of up to FUSED_MAX_TOKENS take the fused path,
     whose f32 sums differ from llama.cpp's f16 ones by KL ~0.004 on SmolLM2 even with f16 rows;
     "expand" measures the codec alone (llama.cpp's kernels over the decoded rows). codebooks:
     TieredConfig.codebooks (with hot given)."""
     kw = dict(n_ctx=ctx, n_batch=batch, n_ubatch=batch, flash_attn=True, verbose=False,
               n_threads=threads, n_threads_batch=threads)
-    if cfg is None or cfg.kind == "llama.cpp":
+    if cfg is None or cfg.source == "llama.cpp":
         t = "f16" if cfg is None else cfg.spec
         if cfg is not None and cfg.swa_full is not None:
             kw["swa_full"] = cfg.swa_full
-        return Llama(model_path, type_k=t, type_v=t, **kw)
+        return Llama(model_path, type_k=t, type_v=t, **kw), False
     # kvgguf splits the batches of B into its config's ubatch (what a user's application gets).
     spec, request = kv_codec.parse(cfg.spec)
     kw["n_batch"] = kw["n_ubatch"] = min(batch, ubatch or spec.ubatch)
     if hot is None:  # the preset string: the facade fits it to the model (e.g. Gemma's window)
         if codebooks != "sequence":
             raise ValueError("codebooks other than 'sequence' need an explicit hot window")
-        return Llama(model_path, kv_codec=cfg.spec, kv_attention=kv_attention, **kw)
+        llm = Llama(model_path, kv_codec=cfg.spec, kv_attention=kv_attention, **kw)
+        return llm, llm.kv_calibration is not None
     spec = replace(spec, hot=hot, block=min(spec.block, hot // 2), codebooks=codebooks)
     fixed = spec
     if request is not None:
         spec = calibration.for_model(model_path, request, base=spec)
-    llm = Llama(model_path, kv_codec=spec, kv_attention=kv_attention, **kw)
-    if spec is not fixed:
-        llm.kv_calibration = calibration.default_path(model_path)
-    return llm
+    return Llama(model_path, kv_codec=spec, kv_attention=kv_attention, **kw), spec is not fixed
 
 
 def run_eval(model_path: str, configs: Sequence[CacheConfig], tokens: Sequence[int], *, ctx: int, chunks: int,
@@ -201,8 +203,8 @@ def run_eval(model_path: str, configs: Sequence[CacheConfig], tokens: Sequence[i
         raise ValueError(f"{chunks} chunks of {ctx} tokens need {chunks * ctx} tokens; the text has {len(tokens)}")
     configs = split_sliding_window(configs, sliding_window(model_path))
     for cfg in configs:  # before the reference runs: a configuration that compresses nothing is refused
-        if cfg.kind == "kvgguf":
-            llm = make_llama(model_path, cfg, ctx, batch, threads, hot, kv_attention, ubatch, codebooks)
+        if cfg.source == "kvgguf":
+            llm, _ = make_llama(model_path, cfg, ctx, batch, threads, hot, kv_attention, ubatch, codebooks)
             kv_hot, kv_batch = llm.kv_config.hot, llm.n_batch
             llm.close()
             check_compresses(kv_hot, ctx, kv_batch, cfg.name)
@@ -210,7 +212,7 @@ def run_eval(model_path: str, configs: Sequence[CacheConfig], tokens: Sequence[i
     parts = [np.asarray(tokens[c * ctx : (c + 1) * ctx], dtype=np.int64) for c in range(chunks)]
     nexts = [np.concatenate([p[half + 1 :], [-1]]) for p in parts]  # next token of each scored position
 
-    ref_llm = make_llama(model_path, None, ctx, batch, threads, None)
+    ref_llm, _ = make_llama(model_path, None, ctx, batch, threads, None)
     refs = []
     for c, part in enumerate(parts):
         _progress(f"reference f16, chunk {c + 1}/{chunks}")
@@ -225,8 +227,8 @@ def run_eval(model_path: str, configs: Sequence[CacheConfig], tokens: Sequence[i
 
     results = []
     for cfg in configs:
-        llm = make_llama(model_path, cfg, ctx, batch, threads, hot, kv_attention, ubatch, codebooks)
-        res = Result(row_name(cfg.name, cfg.spec, llm), cfg.kind)
+        llm, calibrated = make_llama(model_path, cfg, ctx, batch, threads, hot, kv_attention, ubatch, codebooks)
+        res = Result(row_name(cfg.name, cfg.spec, llm, calibrated), cfg.source)
         nll_r, nll_t, agree = [], [], []
         t0 = time.perf_counter()
         for c, part in enumerate(parts):
@@ -246,7 +248,7 @@ def run_eval(model_path: str, configs: Sequence[CacheConfig], tokens: Sequence[i
             res.peak_kv_bytes = max(res.peak_kv_bytes, mem.total_bytes)
             res.peak_compute_bytes = max(res.peak_compute_bytes, mem.compute_bytes)
             res.bits_per_value = max(res.bits_per_value, mem.bits_per_value)
-            if cfg.kind == "llama.cpp":
+            if cfg.source == "llama.cpp":
                 res.cold_bits_per_value = res.bits_per_value  # every row is held in that type
             elif mem.cold_values:
                 res.cold_bits_per_value = mem.cold_bytes * 8 / mem.cold_values
@@ -269,12 +271,12 @@ def run_eval(model_path: str, configs: Sequence[CacheConfig], tokens: Sequence[i
 def markdown(meta: dict, results: Sequence[Result]) -> str:
     lines = [f"{Path(meta['model']).name}, ctx {meta['ctx']} x {meta['chunks']} chunks, batches of {meta['batch']}, "
              f"{meta['scored_positions']} scored positions, flash attention on; reference ppl {results[0].ppl_ref:.2f}", "",
-             "| cache | from | bits/value held | of which compressed | KV held (peak) | compute scratch (peak) "
+             "| cache | from | bits/value held | of which cold rows | KV held (peak) | compute scratch (peak) "
              "| KL mean | KL p99 | top-1 | ppl |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         cold = "n/a" if r.cold_bits_per_value is None else f"{r.cold_bits_per_value:.2f}"
-        lines.append(f"| {r.name} | {r.kind} | {r.bits_per_value:.2f} | {cold} | {r.peak_kv_bytes / 2**20:.1f} MiB | "
+        lines.append(f"| {r.name} | {r.source} | {r.bits_per_value:.2f} | {cold} | {r.peak_kv_bytes / 2**20:.1f} MiB | "
                      f"{r.peak_compute_bytes / 2**20:.1f} MiB | {r.kl_mean:.5f} | {r.kl_p99:.4f} | "
                      f"{r.top1:.3f} | {r.ppl:.2f} |")
     return "\n".join(lines) + "\n"
@@ -292,9 +294,9 @@ def plot(results: Sequence[Result], path: Path, title: str) -> bool:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for kind, marker in (("llama.cpp", "s"), ("kvgguf", "o")):
-        pts = [r for r in results if r.kind == kind]
-        ax.scatter([r.bits_per_value for r in pts], [max(r.kl_mean, 1e-7) for r in pts], marker=marker, label=kind)
+    for source, marker in (("llama.cpp", "s"), ("kvgguf", "o")):
+        pts = [r for r in results if r.source == source]
+        ax.scatter([r.bits_per_value for r in pts], [max(r.kl_mean, 1e-7) for r in pts], marker=marker, label=source)
         for r in pts:
             ax.annotate(r.name, (r.bits_per_value, max(r.kl_mean, 1e-7)), fontsize=8, xytext=(4, 3),
                         textcoords="offset points")

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Tuple, Union
 
-from ..native import codecs
-from ..native.store import KIND_K, KIND_V
+from ..bindings import codecs
+from ..enums import Kind
 
 CodecSpec = Union[str, Tuple[str, str], Mapping[Union[int, str], Union[str, Tuple[str, str]]]]
 
@@ -52,7 +52,7 @@ def choice(spec: CodecSpec, n_layer: int) -> dict[tuple[int, int], str]:
             raise ValueError(f"the codec spec names layers {extra} outside [0, {n_layer})")
     else:
         per = {il: _pair(spec) for il in range(n_layer)}
-    return {(il, kind): per[il][kind] for il in range(n_layer) for kind in (KIND_K, KIND_V)}
+    return {(il, kind): per[il][kind] for il in range(n_layer) for kind in Kind}
 
 
 def describe(table: dict[tuple[int, int], str]) -> str:
@@ -60,8 +60,8 @@ def describe(table: dict[tuple[int, int], str]) -> str:
     names = set(table.values())
     if len(names) == 1:
         return names.pop()
-    k = {c for (_, kind), c in table.items() if kind == KIND_K}
-    v = {c for (_, kind), c in table.items() if kind == KIND_V}
+    k = {c for (_, kind), c in table.items() if kind == Kind.K}
+    v = {c for (_, kind), c in table.items() if kind == Kind.V}
     if len(k) == 1 and len(v) == 1:
         return f"K {k.pop()} / V {v.pop()}"
     values = list(table.values())
@@ -84,7 +84,7 @@ def unfit(spec: CodecSpec, n_layer: int, layers, head_dim: Callable[[int, int], 
     for (il, kind), name in choice(spec, n_layer).items():
         if il in layers and name not in out:
             try:
-                codecs.get(name).encoded_size((1, 1, head_dim(il, kind)), "k" if kind == KIND_K else "v")
+                codecs.get(name).encoded_size((1, 1, head_dim(il, kind)), "k" if kind == Kind.K else "v")
             except ValueError as e:
                 out[name] = str(e)
     return out

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..native.store import TIER_ARCHIVE, TIER_SINK, TIER_WARM
+from ..enums import Tier
 from .tiered import TieredConfig
 
 
@@ -40,7 +40,7 @@ def evicted_parts(p0: int, p1: int, config: TieredConfig) -> list[tuple[int, int
     """Rows [p0, p1) leaving the hot window, split by tier: (tier, a, b) with a, b offsets
     into the range. Positions below ``config.sinks`` stay exact (attention sinks)."""
     sinks = min(max(config.sinks - p0, 0), p1 - p0)
-    parts = [(TIER_SINK, 0, sinks), (TIER_WARM, sinks, p1 - p0)]
+    parts = [(Tier.SINK, 0, sinks), (Tier.WARM, sinks, p1 - p0)]
     return [p for p in parts if p[2] > p[1]]
 
 
@@ -49,7 +49,7 @@ def blocks_to_archive(blocks: list[Block], config: TieredConfig) -> list[Block]:
     if config.archive is None or not blocks:
         return []
     limit = blocks[-1].r1 - config.warm_tokens
-    return [b for b in blocks if b.tier == TIER_WARM and not b.kept and b.r1 <= limit]
+    return [b for b in blocks if b.tier == Tier.WARM and not b.kept and b.r1 <= limit]
 
 
 def kept(scores: Sequence[float], reference: Sequence[float], fraction: float) -> list[bool]:
@@ -79,7 +79,7 @@ def blocks_after(n_tokens: int, n_batch: int, config: TieredConfig) -> list[Bloc
         if n_evict:
             blocks += [Block(n_cold + a, n_cold + b, tier) for tier, a, b in evicted_parts(n_cold, n_cold + n_evict, config)]
             for b in blocks_to_archive(blocks, config):
-                b.tier = TIER_ARCHIVE
+                b.tier = Tier.ARCHIVE
     return blocks
 
 
@@ -108,8 +108,8 @@ def block_counts(n_tokens: int, n_batch: int, config: TieredConfig) -> tuple[dic
         for e in sizes_:
             if e and times:
                 for tier, a, b in evicted_parts(p0, p0 + e, config):
-                    if tier == TIER_WARM and p0 + b <= limit:
-                        tier = TIER_ARCHIVE
+                    if tier == Tier.WARM and p0 + b <= limit:
+                        tier = Tier.ARCHIVE
                     counts[b - a, tier] = counts.get((b - a, tier), 0) + times
             p0 += e
         return p0

@@ -6,8 +6,8 @@ import numbers
 from dataclasses import dataclass, replace
 from typing import Optional, Union
 
-from ..native import codecs
-from ..native.store import TIER_ARCHIVE, TIER_SINK, TIER_WARM
+from ..bindings import codecs
+from ..enums import Tier
 from . import codec_spec
 from .codec_spec import CodecSpec
 
@@ -95,10 +95,10 @@ class TieredConfig:
 
     def table(self, tier: int, n_layer: int) -> dict[tuple[int, int], str]:
         """{(layer, kind): codec} of a tier on a model of n_layer layers (sinks: f16)."""
-        if tier == TIER_SINK:
+        if tier == Tier.SINK:
             return {(il, kind): "f16" for il in range(n_layer) for kind in (0, 1)}
-        spec = self.warm if tier == TIER_WARM else self.archive
-        if tier not in (TIER_WARM, TIER_ARCHIVE) or spec is None:
+        spec = self.warm if tier == Tier.WARM else self.archive
+        if tier not in (Tier.WARM, Tier.ARCHIVE) or spec is None:
             raise ValueError(f"tier {tier} holds no rows in this config")
         return codec_spec.choice(spec, n_layer)
 

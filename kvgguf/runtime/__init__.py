@@ -2,5 +2,5 @@
 
 Owns: the live tiered cache (``live_cache``: reads rows out of llama.cpp, encodes them into
 the store, removes and compacts cells, truncates, attaches the store to the patched
-attention) and the memory report (``memory``). Imports native, llamacpp, model and policy.
+attention) and the memory report (``memory``). Imports bindings, llamacpp, model and policy.
 """

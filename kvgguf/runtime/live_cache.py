@@ -19,9 +19,10 @@ from ..llamacpp import hooks
 from .memory import KVMemory, TierMemory
 from .signals import TokenSignals
 from ..model.shape import KVShape
-from ..native import codecs
-from ..native.binding import KvgError
-from ..native.store import KIND_K, KIND_V, MASS_ROWS, TIER_ARCHIVE, TIER_NAMES, TIER_SINK, TIER_WARM, KVStore
+from ..bindings import codecs
+from ..bindings.binding import KvgError
+from ..enums import Kind, Tier
+from ..bindings.store import MASS_ROWS, KVStore
 from ..policy import codec_spec, plan
 from ..policy.tiered import TieredConfig
 
@@ -45,16 +46,16 @@ class LiveCache:
                              group_size=config.group_size)
         self.layers = []  # layers that get cold rows (all but sliding-window ones)
         for il in range(shape.n_layer):
-            kind = hooks.layer_info(ctx, il, None, None)
-            if kind == 1:
+            attention = hooks.layer_info(ctx, il, None, None)  # 1: full attention, with a KV cache
+            if attention == 1:
                 self.layers.append(il)
             else:
                 self.store.set_layer_enabled(il, False)
         if not self.layers:
             raise ValueError("this model has no full-attention layer with a KV cache to compress")
         # {tier: {(layer, kind): codec}} for the tiers this config fills
-        self.codecs = {tier: config.table(tier, shape.n_layer) for tier in (TIER_SINK, TIER_WARM, TIER_ARCHIVE)
-                       if tier != TIER_ARCHIVE or config.archive is not None}
+        self.codecs = {tier: config.table(tier, shape.n_layer) for tier in (Tier.SINK, Tier.WARM, Tier.ARCHIVE)
+                       if tier != Tier.ARCHIVE or config.archive is not None}
         self.blocks: list[plan.Block] = []
         self.signals = TokenSignals(config.keep, config.sinks)
         self.books: dict[tuple[int, int, str], np.ndarray] = {}  # use_books: given codebooks, kept across clears
@@ -121,7 +122,7 @@ class LiveCache:
     def set_codecs(self, tier: int, table: dict[tuple[int, int], str]) -> None:
         """Another {(layer, kind): codec} table for a tier, for rows encoded from now on (rows
         already held keep theirs). Calibration swaps one list at a time between runs."""
-        if tier not in self.codecs or tier == TIER_SINK:
+        if tier not in self.codecs or tier == Tier.SINK:
             raise ValueError(f"tier {tier} holds no compressed rows in this config")
         if set(table) != set(self.codecs[tier]):
             raise ValueError("a codec table names every (layer, kind) of the model")
@@ -139,7 +140,7 @@ class LiveCache:
         config's, which its next rows will get."""
         held: dict[int, dict] = {}
         for il in self.layers:
-            for kind in (KIND_K, KIND_V):
+            for kind in Kind:
                 for tier, names in self.store.codecs_held(il, kind).items():
                     held.setdefault(tier, {})[il, kind] = "+".join(sorted(names))
         out = {tier: codec_spec.describe(table) for tier, table in held.items()}
@@ -202,7 +203,7 @@ class LiveCache:
         parts = plan.evicted_parts(p0, p1, self.config)
         try:
             for il in self.layers:
-                for kind in (KIND_K, KIND_V):
+                for kind in Kind:
                     rows = self.read_rows(il, kind, p0, p1)
                     for tier, a, b in parts:
                         self.store.append(il, kind, tier, self.codecs[tier][il, kind], rows[a:b])
@@ -223,25 +224,25 @@ class LiveCache:
     def _age(self) -> None:
         """Warm blocks that left the warm window go to the archive tier: each block in one
         store call over every layer and kind (all of them or none), its tier noted after."""
-        table = self.codecs.get(TIER_ARCHIVE, {})
+        table = self.codecs.get(Tier.ARCHIVE, {})
         aging = plan.blocks_to_archive(self.blocks, self.config)
         if aging and self.config.keep is not None:
             score = lambda b: self.signals.score(b.r0, b.r1)  # noqa: E731
-            reference = [score(b) for b in self.blocks if b.tier != TIER_SINK]
+            reference = [score(b) for b in self.blocks if b.tier != Tier.SINK]
             for b, keep in zip(aging, plan.kept([score(b) for b in aging], reference, self.config.keep_fraction)):
                 b.kept = keep
             aging = [b for b in aging if not b.kept]
-        lists = {(il, kind): table[il, kind] for il in self.layers for kind in (KIND_K, KIND_V)} if table else {}
+        lists = {(il, kind): table[il, kind] for il in self.layers for kind in Kind} if table else {}
         for b in aging:
             try:
-                self.store.retier_lists(b.r0, b.r1, TIER_ARCHIVE, lists)
+                self.store.retier_lists(b.r0, b.r1, Tier.ARCHIVE, lists)
             except KvgError as e:
                 # Not worth failing the batch over: warm rows are the better copy, and the next
                 # eviction tries again.
                 warnings.warn(f"kvgguf: rows [{b.r0}, {b.r1}) could not move to the archive tier ({e}); they stay "
                               "warm for now (more memory, no loss)", RuntimeWarning, stacklevel=4)
                 return
-            b.tier = TIER_ARCHIVE
+            b.tier = Tier.ARCHIVE
 
     def truncate(self, n_tokens: int) -> None:
         """Forgets compressed rows at positions >= n_tokens (a new prompt diverged there)."""
@@ -295,10 +296,10 @@ class LiveCache:
     def memory(self, n_tokens: int) -> KVMemory:
         tiers = [TierMemory("hot", "f16", int(hooks.kv_bytes(self.ctx)))]
         names = self.codec_names()
-        for tier in (TIER_SINK, TIER_WARM, TIER_ARCHIVE):
+        for tier in (Tier.SINK, Tier.WARM, Tier.ARCHIVE):
             held = self.store.held(tier)
-            if held.bytes or tier in self.codecs and tier != TIER_SINK:
-                tiers.append(TierMemory(TIER_NAMES[tier], names[tier], held.bytes))
+            if held.bytes or tier in self.codecs and tier != Tier.SINK:
+                tiers.append(TierMemory(Tier(tier).label, names[tier], held.bytes))
         if books := self.store.book_bytes():  # pq2/vq8: one codebook per layer and kind, part of their cost
             tiers.append(TierMemory("books", "codebooks", books))
         return KVMemory(tuple(tiers), self.store.index_bytes(), n_tokens, self.shape.values_per_token,

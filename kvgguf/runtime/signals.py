@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..native.store import MASS_ROWS
+from ..bindings.store import MASS_ROWS
 
 
 def _grown(a: np.ndarray, n: int, fill=0) -> np.ndarray:

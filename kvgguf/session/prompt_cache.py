@@ -15,7 +15,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_cache import BaseLlamaCache
 
-from ..native import codecs
+from ..bindings import codecs
 from . import container
 from ..errors import SessionError
 from .state import SessionState

@@ -12,7 +12,7 @@ version, so servers with another model, codec or kvgguf never read each other's 
 Bounded twice: kvgguf evicts the least recently used entries past capacity_bytes (the .kvz
 bytes it wrote), and Redis's own maxmemory with an LRU policy is the outer bound. Redis being
 down, slow (timeout_s), full or holding a damaged entry is a miss: the request prefills as if
-there were no cache, the fault is counted (`faults`) and warned about once per kind, and a
+there were no cache, the fault is counted (`faults`) and warned about once per fault, and a
 damaged entry is deleted.
 """
 
@@ -85,10 +85,10 @@ class CompressedRedisCache(CompressedCache):
 
     # --- faults ---------------------------------------------------------------------------
 
-    def _fault(self, kind: str, detail: object) -> None:
-        self.faults[kind] = self.faults.get(kind, 0) + 1
-        if self.faults[kind] == 1:
-            warnings.warn(f"kvgguf: the Redis prompt cache at {self.url}: {kind} ({detail}); requests go on "
+    def _fault(self, name: str, detail: object) -> None:
+        self.faults[name] = self.faults.get(name, 0) + 1
+        if self.faults[name] == 1:
+            warnings.warn(f"kvgguf: the Redis prompt cache at {self.url}: {name} ({detail}); requests go on "
                           "without it where it fails (counted in faults)", RuntimeWarning, stacklevel=3)
 
     def _call(self, what: str, fn, *args, fault=None):

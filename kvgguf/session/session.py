@@ -30,9 +30,10 @@ import numpy as np
 from ..errors import SessionCorruptError, SessionError, SessionMismatchError, SessionVersionError
 from ..llamacpp import hooks, state_format
 from ..model.shape import KVShape
-from ..native import codecs
-from ..native.binding import KvgError
-from ..native.store import KIND_K, KIND_V, EncodedBlock, KVStore
+from ..bindings import codecs
+from ..bindings.binding import KvgError
+from ..enums import Kind
+from ..bindings.store import EncodedBlock, KVStore
 from ..policy import codec_spec
 from ..policy.codec_spec import CodecSpec
 from ..runtime.live_cache import LiveCache
@@ -56,7 +57,7 @@ class SessionInfo:
     """What a save wrote or a load restored."""
 
     n_tokens: int
-    n_compressed: int  # tokens that were in the store (compressed tiers)
+    n_cold: int  # tokens that were in the store (cold rows: f16 sinks and compressed tiers)
     file_bytes: int
     codec: str  # the codec of the rows llama.cpp held exactly
     app: Optional[dict] = None  # what the application stored with it (the chat: its messages)
@@ -130,7 +131,7 @@ def dump(live: LiveContext, *, codec: Optional[CodecSpec] = None, exact: bool = 
                                            + bk.astype("<f4").tobytes() for il, kind, name, bk in books)))
     for il in sorted(set(hot_rows) | set(cold_layers)):
         parts = [struct.pack("<I", il)]
-        for kind in (KIND_K, KIND_V):
+        for kind in Kind:
             blocks = store.blocks(il, kind) if il in cold_layers else []
             parts.append(struct.pack("<I", len(blocks)))
             for b in blocks:
@@ -193,7 +194,7 @@ def _encode_hot(layer: Optional[state_format.LayerRows], kind: int, shape: KVSha
     attention sinks in f16, the rest with codec; raw bytes for quantized cache types)."""
     if layer is None:
         return b"\x00"
-    ggml_type, rows = (layer.k_type, layer.k) if kind == KIND_K else (layer.v_type, layer.v)
+    ggml_type, rows = (layer.k_type, layer.k) if kind == Kind.K else (layer.v_type, layer.v)
     n, row_bytes = rows.shape
     segments = []
     if ggml_type in (state_format.GGML_F16, state_format.GGML_F32):
@@ -357,7 +358,7 @@ def _read_books(payload: bytes, store: KVStore) -> None:
             raise SessionCorruptError("the codebook section ends early")
         il, kind, codec_id, n = _BOOK.unpack_from(payload, off)
         off += _BOOK.size
-        if codec_id >= len(names) or names[codec_id] not in codecs.BOOK_CODECS or kind > KIND_V or il >= store.n_layer:
+        if codec_id >= len(names) or names[codec_id] not in codecs.BOOK_CODECS or kind > Kind.V or il >= store.n_layer:
             raise SessionCorruptError(f"codebook record ({il}, {kind}, codec {codec_id}) names no codebook")
         if off + 4 * n > len(payload):
             raise SessionCorruptError("the codebook section ends early")
@@ -382,7 +383,7 @@ def _read_layer(payload: bytes, il: int, has_cold: bool, store, cache, shape, pa
     if struct.unpack("<I", take(4))[0] != il:
         raise SessionCorruptError(f"section of layer {il} names another layer")
     names = codecs.names()
-    for kind in (KIND_K, KIND_V):
+    for kind in Kind:
         (n_blocks,) = struct.unpack("<I", take(4))
         if n_blocks and not has_cold:
             raise SessionCorruptError(f"layer {il} holds compressed rows the metadata does not list")
@@ -434,7 +435,7 @@ def _read_hot(take, il: int, kind: int, cache, shape: KVShape, params: dict) -> 
     if layer is None:
         layer = state_format.LayerRows(il, 0, np.empty((0, 0), np.uint8), 0, np.empty((0, 0), np.uint8))
         cache.layers.append(layer)
-    if kind == KIND_K:
+    if kind == Kind.K:
         layer.k_type, layer.k = ggml_type, rows
     else:
         layer.v_type, layer.v = ggml_type, rows

@@ -1,5 +1,5 @@
-// fuzz_input.h: the byte formats the libFuzzer targets read, shared with the seed generator
-// (fuzz_seeds.c) so that seeds made from real encoded blocks say exactly what a target parses.
+// fuzz_input.h: the byte formats the libFuzzer targets read, shared with the corpus generator
+// (fuzz_corpus.c) so that starting inputs made from real encoded blocks say exactly what a target parses.
 //
 // Every target reads its input front to back through fz_reader; a read past the end gives 0s,
 // so any byte string is a valid input and the fuzzer never wastes runs on rejected framing.

@@ -1,6 +1,6 @@
 """Atheris (libFuzzer for Python) target for the .kvz session loader, kvgguf.session.session.parse.
 
-    python native/fuzz/fuzz_session.py --seeds DIR        # write the seed corpus, then check it parses
+    python native/fuzz/fuzz_session.py --start DIR        # write the starting corpus, then check it parses
     python native/fuzz/fuzz_session.py -runs=N CORPUS...  # fuzz, libFuzzer flags
 
 parse reads everything a session holds: the container (header, sections, CRCs, zstd frames),
@@ -8,7 +8,7 @@ the metadata JSON, tokens, llama.cpp's cell records, the store's encoded blocks 
 kvg_store_append_encoded, which checks them) and the exact rows (decoded with the codecs). It
 asks llama.cpp two things only: which layers each of its caches holds (hooks.layer_info) and
 how many cells its cache has (llama_n_ctx). No model is loaded here: those two answers come
-from a fake context of a made-up model (below), and so do the seeds, which are real sessions
+from a fake context of a made-up model (below), and so do the starting inputs, which are real sessions
 written by session.dump from fake llama.cpp states and a real store of encoded rows. So the
 whole of parse runs for real except llama.cpp's two queries and apply() (which hands the
 parsed state to llama.cpp, and is left out).
@@ -43,7 +43,7 @@ with atheris.instrument_imports(include=["kvgguf"]):
     from kvgguf.errors import SessionError
     from kvgguf.llamacpp import state_format
     from kvgguf.model.shape import KVShape
-    from kvgguf.native.store import KVStore
+    from kvgguf.bindings.store import KVStore
     from kvgguf.policy.tiered import TieredConfig
     from kvgguf.session import container
     from kvgguf.session import session as kvz
@@ -115,7 +115,7 @@ MODELS = [
 ]
 
 
-# --- seeds: real sessions written by session.dump --------------------------------------------
+# --- starting inputs: real sessions written by session.dump --------------------------------------------
 
 def _cache(rng, positions, layers, dims, v_trans=False, ggml_type=state_format.GGML_F16):
     """A llama.cpp cache record of the given cell positions, K/V rows in ggml_type."""
@@ -174,7 +174,7 @@ def _session(model: Model, *, n_tokens, n_cold=0, blocks=(), codecs_kv=(), codec
     return data
 
 
-def seeds() -> list[tuple[str, int, bytes]]:
+def starting_inputs() -> list[tuple[str, int, bytes]]:
     """(name, model index, .kvz bytes)."""
     stock, tiered, gemma = MODELS
     blocks = [(0, 4, 0), (4, 16, 1), (16, 24, 2)]
@@ -293,19 +293,19 @@ def mutate(data: bytes, max_size: int, seed: int) -> bytes:
     return out if len(out) <= max_size else atheris.Mutate(data, max_size)
 
 
-def write_seeds(folder: str) -> None:
+def write_start(folder: str) -> None:
     os.makedirs(folder, exist_ok=True)
-    made = seeds()
+    made = starting_inputs()
     for name, mi, blob in made:
         kvz.parse(MODELS[mi].live(), blob)  # the fake context must take the real sessions it wrote
         with open(os.path.join(folder, name), "wb") as f:
             f.write(bytes([mi]) + blob)
-    print(f"fuzz_session: {len(made)} seeds in {folder}")
+    print(f"fuzz_session: {len(made)} starting inputs in {folder}")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--seeds":
-        write_seeds(sys.argv[2])
+    if len(sys.argv) == 3 and sys.argv[1] == "--start":
+        write_start(sys.argv[2])
     else:
         atheris.Setup(sys.argv, test_one_input, custom_mutator=mutate)
         atheris.Fuzz()

@@ -97,7 +97,7 @@ enum kvg_codec_type {
     KVG_CODEC_CROTQ2 = 9,
     KVG_CODEC_CROTQ3 = 10,
     KVG_CODEC_CROTQ4 = 11,
-    // The seed documents' codecs (issue 13), each self-contained per block:
+    // Codecs from the literature with side data per block (issue 13), each self-contained:
     // keyframe every 64 rows in f16 + 4-bit residuals against it (TSC part I)
     KVG_CODEC_DELTA4 = 12,
     // the same, residual against the previous row's reconstruction (predictive, closed loop)

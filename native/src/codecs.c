@@ -68,7 +68,7 @@ const char * kvg_strerror(int status) {
                       kvg_crotq_check, 1, kvg_crotq_score_ref, kvg_crotq_accumulate_ref, \
                       KVG_SIMD(kvg_crotq_score), KVG_SIMD(kvg_crotq_accumulate)
 
-// Seed codecs: scalar encode/decode, attention through attend_rows.c's decode-and-dot.
+// Codecs with side data per block (delta, outliers, low-rank, QJL, PQ/VQ): scalar encode/decode, attention through attend_rows.c's decode-and-dot.
 #define KVG_ROWS_ROW(fam) kvg_##fam##_encode_ref, kvg_##fam##_decode_ref, NULL, NULL, kvg_##fam##_check, 0, \
                           kvg_rows_score_ref, kvg_rows_accumulate_ref, NULL, NULL
 

@@ -306,7 +306,7 @@ int kvg_crotq_decode_avx2(const kvg_job * job, const uint8_t * src, float * dst)
 int kvg_crotq_encode_neon(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_crotq_decode_neon(const kvg_job * job, const uint8_t * src, float * dst);
 
-// ---- the seed codecs (issue 13): delta.c, outliers.c, lowrank.c, qjl.c ----------------------
+// ---- codecs with side data per block (issue 13): delta.c, outliers.c, lowrank.c, qjl.c ----------------------
 //
 // Each is self-contained per block (keyframes, channel lists, factors and norms live in the
 // block and are counted in its bytes) and has scalar kernels only for now. Attention reads

@@ -1,4 +1,4 @@
-// lowrank.c: rotq plus a low-rank correction of the block's residual (the seed claim, after
+// lowrank.c: rotq plus a low-rank correction of the block's residual (a claim of the literature, after
 // TurboQuant++: "a rank-4 low-rank correction recovers 96% of 2-bit's perplexity loss"). The
 // block X (n_tokens x C, C = n_heads * head_dim) is encoded with rotq at the codec's bits;
 // the residual R = X - rotq_decode(rotq(X)) gets a rank-r factorization R ~ U V^T, r = 4

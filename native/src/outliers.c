@@ -1,5 +1,5 @@
 // outliers.c: the block's highest-energy channels of each head kept in f16, the rest through
-// rotq (the seed claim, after KVQuant (Hooper et al. 2024, sec. 3.3) and TurboQuant++: "outlier
+// rotq (a claim of the literature, after KVQuant (Hooper et al. 2024, sec. 3.3) and TurboQuant++: "outlier
 // channels at higher precision"). Keys carry a few channels of much larger magnitude (KIVI,
 // fig. 2); a rotation spreads them over every coordinate and the codebook pays for them in
 // every row. Taking them out first leaves rotq a block with far less energy.
@@ -26,7 +26,7 @@
 // holds 34% of a block's energy and the next only 9% more, so D / 64 does slightly better there
 // (key MSE at equal bits: 0.04 bits ahead of rotq with one channel, 0.09 behind with two); on
 // Gemma-3 (D = 256) the two tie on key MSE and D / 32 scores better (+0.65 bits against rotq
-// vs +0.54). benchmarks/seed_claims.py's committed figures are D / 32's; D / 64 is the next try.
+// vs +0.54). benchmarks/literature_claims.py's committed figures are D / 32's; D / 64 is the next try.
 static int64_t n_out_of(const kvg_job * job) {
     const int64_t n = job->head_dim / 32;
     return n >= 1 ? n : 1;

@@ -285,7 +285,7 @@ static const int64_t v_cuts[] = { 0, 4, 40, 170, N_ROWS };
 static const int64_t k_ranges[][2] = { { 0, N_ROWS }, { 3, 197 }, { 100, 101 }, { 61, 250 }, { 130, 139 } };
 
 // tests/test_attend.py: l to rtol 1e-4, the output to TOL_SIMD of the largest |v| between the
-// levels; m (the largest score) to rtol and atol 2e-5: the seed codecs added to the table shift
+// levels; m (the largest score) to rtol and atol 2e-5: the side-data codecs added to the table shift
 // this program's random data, and with it came a case at 1.15e-5 (kivi8 keys, D = 256, the
 // folded scale and min rounding apart from the scalar dot of decoded rows); a wrong row or
 // head moves m by orders of magnitude more.
@@ -431,7 +431,7 @@ static void check_attend(int simd, int kc, int vc, int64_t D, int32_t hkv, int32
 
 // ---- driver ------------------------------------------------------------------------------------
 
-// The seed codecs (delta4 .. qjl4) have no kernel of their own: the store decodes their rows with
+// The side-data codecs (delta4 .. qjl4) have no kernel of their own: the store decodes their rows with
 // the scalar reference at every level and attends over them with the rows kernels, so wider heads
 // would check the same SIMD code again at the price of minutes of reference decoding under qemu.
 static int decoded_to_rows(int codec) {

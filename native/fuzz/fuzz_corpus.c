@@ -1,8 +1,8 @@
-// fuzz_seeds.c: writes the seed corpora of fuzz_decode and fuzz_store from real encoded blocks.
+// fuzz_corpus.c: writes the starting corpora of fuzz_decode and fuzz_store from real encoded blocks.
 //
-//   fuzz_seeds DECODE_DIR STORE_DIR
+//   fuzz_corpus DECODE_DIR STORE_DIR
 //
-// Seeds are made at build time (scripts/fuzz.sh) rather than committed: they follow the codecs
+// They are made at build time (scripts/fuzz.sh) rather than committed: they follow the codecs
 // as they change. Each is a valid input that reaches the decoder proper (exact sizes, blocks
 // that pass the check), so the fuzzer starts from the deep paths and mutates outwards. The
 // rows are K/V-like: Gaussian values with a few large outlier channels, as keys have.
@@ -68,14 +68,14 @@ static void write_file(const char * dir, const char * name, const uint8_t * a, s
     snprintf(path, sizeof(path), "%s/%s", dir, name);
     FILE * f = fopen(path, "wb");
     if (!f || fwrite(a, 1, an, f) != an || (bn && fwrite(b, 1, bn, f) != bn) || fclose(f) != 0) {
-        fprintf(stderr, "fuzz_seeds: cannot write %s\n", path);
+        fprintf(stderr, "fuzz_corpus: cannot write %s\n", path);
         exit(1);
     }
 }
 
 // ---- fuzz_decode: one block per codec, kind and shape ------------------------------------
 
-static int decode_seeds(const char * dir) {
+static int decode_corpus(const char * dir) {
     // (n_tokens, n_heads, head_dim, G): a small real shape, one across crotq's 128-token groups
     // and kivi's last short group, and shapes rotq refuses.
     static const int64_t shapes[][4] = { { 17, 2, 64, 32 }, { 130, 1, 16, 32 }, { 40, 1, 128, 7 },
@@ -149,7 +149,7 @@ static int append(bytes * b, int il, int kind, int tier, int codec, int64_t rows
     return 1;
 }
 
-static int store_seeds(const char * dir) {
+static int store_corpus(const char * dir) {
     // (n_head_kv, head_dim_k, head_dim_v, G)
     static const int64_t configs[][4] = { { 2, 64, 64, 32 }, { 1, 128, 64, 16 }, { 3, 16, 5, 8 } };
     // (sink, warm, archive) codecs of K and of V, by name
@@ -225,11 +225,11 @@ static int store_seeds(const char * dir) {
 
 int main(int argc, char ** argv) {
     if (argc != 3) {
-        fprintf(stderr, "usage: fuzz_seeds DECODE_DIR STORE_DIR\n");
+        fprintf(stderr, "usage: fuzz_corpus DECODE_DIR STORE_DIR\n");
         return 2;
     }
-    const int nd = decode_seeds(argv[1]);
-    const int ns = store_seeds(argv[2]);
-    printf("fuzz_seeds: %d decode seeds, %d store seeds\n", nd, ns);
+    const int nd = decode_corpus(argv[1]);
+    const int ns = store_corpus(argv[2]);
+    printf("fuzz_corpus: %d decode inputs, %d store inputs\n", nd, ns);
     return nd > 0 && ns > 0 ? 0 : 1;
 }

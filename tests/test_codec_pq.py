@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from kvgguf import codecs
-from kvgguf.native.codecs import KvgCorruptError, KvgError
-from kvgguf.native.store import KIND_K, KIND_V, TIER_ARCHIVE, TIER_WARM, KVStore
+from kvgguf.bindings.codecs import KvgCorruptError, KvgError
+from kvgguf.enums import Kind, Tier
+from kvgguf.bindings.store import KVStore
 
 NAMES = ["pq2", "vq8", "vq8f"]
 # rotq2's bound on N(0, 1) rows (tests/test_codecs.py): 1.25x the Lloyd-Max MSE at 2 bits
@@ -188,21 +189,21 @@ def test_store_trains_on_the_first_block_and_keeps_the_book():
     rng = np.random.default_rng(5)
     st = KVStore(2, 2, 64, 64)
     first, second = rows(rng, 64), rows(rng, 64)
-    assert st.book(0, KIND_K, "pq2") is None and st.book_bytes() == 0
-    st.append(0, KIND_K, TIER_WARM, "pq2", first)
-    book = st.book(0, KIND_K, "pq2")
+    assert st.book(0, Kind.K, "pq2") is None and st.book_bytes() == 0
+    st.append(0, Kind.K, Tier.WARM, "pq2", first)
+    book = st.book(0, Kind.K, "pq2")
     assert np.array_equal(book, codecs.train_book("pq2", first.reshape(64, 2, 64)))
-    st.append(0, KIND_K, TIER_WARM, "pq2", second)
-    assert np.array_equal(st.book(0, KIND_K, "pq2"), book)  # not trained again
-    assert st.book(0, KIND_V, "pq2") is None and st.book(1, KIND_K, "pq2") is None  # per list
+    st.append(0, Kind.K, Tier.WARM, "pq2", second)
+    assert np.array_equal(st.book(0, Kind.K, "pq2"), book)  # not trained again
+    assert st.book(0, Kind.V, "pq2") is None and st.book(1, Kind.K, "pq2") is None  # per list
     assert st.book_bytes() == 256 * 4 * 4
     c = codecs.get("pq2", book=book)
     want = c.decode(c.encode(second.reshape(64, 2, 64)), (64, 2, 64)).reshape(64, -1)
-    assert np.array_equal(st.decode(0, KIND_K, 64, 128), want)
+    assert np.array_equal(st.decode(0, Kind.K, 64, 128), want)
     # retier into vq8 trains vq8's own book; clear forgets them all (a new sequence trains anew)
-    st.append(0, KIND_V, TIER_WARM, "f16", first)
-    st.retier(0, 64, TIER_ARCHIVE, "vq8", il=0, kind=KIND_V)
-    assert st.book(0, KIND_V, "vq8").shape == (256, 64)
+    st.append(0, Kind.V, Tier.WARM, "f16", first)
+    st.retier(0, 64, Tier.ARCHIVE, "vq8", il=0, kind=Kind.V)
+    assert st.book(0, Kind.V, "vq8").shape == (256, 64)
     assert st.book_bytes() == 256 * 4 * 4 + 256 * 64 * 4
     st.clear()
     assert st.book_bytes() == 0 and st.books() == []
@@ -211,43 +212,43 @@ def test_store_trains_on_the_first_block_and_keeps_the_book():
 def test_failed_training_or_encode_leaves_the_store_as_it_was():
     rng = np.random.default_rng(6)
     st = KVStore(1, 2, 64, 64)
-    st.append(0, KIND_K, TIER_WARM, "f16", rows(rng, 32))
+    st.append(0, Kind.K, Tier.WARM, "f16", rows(rng, 32))
     for step in range(4):  # each step that can fail in an append that trains a book
         KVStore.fail_after(step)
         try:
-            st.append(0, KIND_K, TIER_WARM, "pq2", rows(rng, 32))
+            st.append(0, Kind.K, Tier.WARM, "pq2", rows(rng, 32))
         except KvgError:
-            assert st.n_rows(0, KIND_K) == 32 and st.book(0, KIND_K, "pq2") is None and st.book_bytes() == 0
+            assert st.n_rows(0, Kind.K) == 32 and st.book(0, Kind.K, "pq2") is None and st.book_bytes() == 0
         else:
             break
         finally:
             KVStore.fail_after(-1)
     else:
         pytest.fail("the append never succeeded")
-    assert st.n_rows(0, KIND_K) == 64 and st.book(0, KIND_K, "pq2") is not None
+    assert st.n_rows(0, Kind.K) == 64 and st.book(0, Kind.K, "pq2") is not None
     with pytest.raises(KvgError, match="zero"):  # nothing to train on: refused, nothing kept
-        st.append(0, KIND_V, TIER_WARM, "vq8", np.zeros((8, 128), np.float32))
-    assert st.n_rows(0, KIND_V) == 0 and st.book(0, KIND_V, "vq8") is None
+        st.append(0, Kind.V, Tier.WARM, "vq8", np.zeros((8, 128), np.float32))
+    assert st.n_rows(0, Kind.V) == 0 and st.book(0, Kind.V, "vq8") is None
 
 
 def test_set_book_and_encoded_blocks_for_sessions():
     rng = np.random.default_rng(8)
     src = KVStore(1, 2, 64, 64)
-    src.append(0, KIND_K, TIER_WARM, "pq2", rows(rng, 64))
-    block, book = src.blocks(0, KIND_K)[0], src.book(0, KIND_K, "pq2")
+    src.append(0, Kind.K, Tier.WARM, "pq2", rows(rng, 64))
+    block, book = src.blocks(0, Kind.K)[0], src.book(0, Kind.K, "pq2")
     dst = KVStore(1, 2, 64, 64)
     with pytest.raises(KvgError, match="codebook"):  # a block before its book
-        dst.append_encoded(0, KIND_K, block)
-    assert dst.n_rows(0, KIND_K) == 0
+        dst.append_encoded(0, Kind.K, block)
+    assert dst.n_rows(0, Kind.K) == 0
     with pytest.raises(KvgError):
-        dst.set_book(0, KIND_K, "pq2", book[:100])
+        dst.set_book(0, Kind.K, "pq2", book[:100])
     with pytest.raises(KvgError, match="no codebook"):
-        dst.set_book(0, KIND_K, "rotq2", book)
+        dst.set_book(0, Kind.K, "rotq2", book)
     with pytest.raises(KvgError, match="not finite"):
-        dst.set_book(0, KIND_K, "pq2", np.full_like(book, np.inf))
-    dst.set_book(0, KIND_K, "pq2", book)
-    dst.append_encoded(0, KIND_K, block)
-    assert np.array_equal(dst.decode(0, KIND_K, 0, 64), src.decode(0, KIND_K, 0, 64))
+        dst.set_book(0, Kind.K, "pq2", np.full_like(book, np.inf))
+    dst.set_book(0, Kind.K, "pq2", book)
+    dst.append_encoded(0, Kind.K, block)
+    assert np.array_equal(dst.decode(0, Kind.K, 0, 64), src.decode(0, Kind.K, 0, 64))
     with pytest.raises(KvgError, match="clear it first"):  # blocks use it: it cannot change
-        dst.set_book(0, KIND_K, "pq2", book * 2)
-    assert np.array_equal(dst.book(0, KIND_K, "pq2"), book)
+        dst.set_book(0, Kind.K, "pq2", book * 2)
+    assert np.array_equal(dst.book(0, Kind.K, "pq2"), book)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from kvgguf import codecs
-from kvgguf.native.codecs import KvgCorruptError
+from kvgguf.bindings.codecs import KvgCorruptError
 
 NAMES = ["delta4", "pdelta4"]
 KEYFRAME = 64  # rows per keyframe (TSC part I)

@@ -6,13 +6,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..enums import Kind, Tier
 from . import codecs
 from .binding import check, get_ffi, get_lib
 
-KIND_K, KIND_V = 0, 1
-TIER_SINK, TIER_WARM, TIER_ARCHIVE = 0, 1, 2
-TIER_NAMES = ("sink", "warm", "archive")
-_ALL_TIERS = 3
+_ALL_TIERS = len(Tier)  # KVG_TIER_COUNT: kvg_store_bytes over every tier
 MASS_ROWS = 64  # KVG_MASS_ROWS: rows per attention-mass counter (tests check the header agrees)
 
 
@@ -131,7 +129,7 @@ class KVStore:
         """Every codebook held: (layer, kind, codec, book). None where the head dims are not
         powers of two: the codebook codecs cannot take them (and the store refuses the question)."""
         dims = self.head_dim
-        return [(il, kind, name, bk) for il in range(self.n_layer) for kind in (KIND_K, KIND_V)
+        return [(il, kind, name, bk) for il in range(self.n_layer) for kind in Kind
                 if dims[kind] & (dims[kind] - 1) == 0
                 for name in codecs.BOOK_CODECS if (bk := self.book(il, kind, name)) is not None]
 
@@ -141,7 +139,7 @@ class KVStore:
         check(get_lib().kvg_store_book_bytes(self._ptr, out))
         return int(out[0])
 
-    def n_rows(self, il: int = 0, kind: int = KIND_K) -> int:
+    def n_rows(self, il: int = 0, kind: int = Kind.K) -> int:
         out = get_ffi().new("int64_t *")
         check(get_lib().kvg_store_n_rows(self._ptr, il, kind, out))
         return int(out[0])
@@ -169,16 +167,16 @@ class KVStore:
         ``softcap`` > 0 caps every score s to softcap * tanh(s / softcap) (Gemma 2's logit soft-capping).
         Raises KvgValueError (a ValueError) for bad arguments, as the other calls do."""
         q = np.ascontiguousarray(q, dtype=np.float32)
-        if q.ndim != 3 or q.shape[2] != self.head_dim[KIND_K]:
-            raise ValueError(f"attend: q must be [n_tokens, n_head, {self.head_dim[KIND_K]}], got shape {q.shape}")
+        if q.ndim != 3 or q.shape[2] != self.head_dim[Kind.K]:
+            raise ValueError(f"attend: q must be [n_tokens, n_head, {self.head_dim[Kind.K]}], got shape {q.shape}")
         n_tokens, n_head = q.shape[:2]
         if state is None:
             m = np.full((n_tokens, n_head), -np.inf, dtype=np.float32)
             l = np.zeros((n_tokens, n_head), dtype=np.float32)
-            acc = np.zeros((n_tokens, n_head, self.head_dim[KIND_V]), dtype=np.float32)
+            acc = np.zeros((n_tokens, n_head, self.head_dim[Kind.V]), dtype=np.float32)
         else:
             m, l, acc = (np.array(x, dtype=np.float32, order="C", copy=True) for x in state)
-            if m.shape != (n_tokens, n_head) or l.shape != m.shape or acc.shape != (*m.shape, self.head_dim[KIND_V]):
+            if m.shape != (n_tokens, n_head) or l.shape != m.shape or acc.shape != (*m.shape, self.head_dim[Kind.V]):
                 raise ValueError(f"attend: state shapes {m.shape}, {l.shape}, {acc.shape} do not fit "
                                  f"{n_tokens} tokens of {n_head} heads")
         ffi = get_ffi()
@@ -194,7 +192,7 @@ class KVStore:
         """Re-encodes the blocks inside rows [r0, r1) into (tier, codec): of layer il and kind
         (-1: every layer, both kinds)."""
         what = f"retier rows [{r0}, {r1}) to {codec}" + (f" in layer {il}" if il >= 0 else "") + (
-            f" ({'KV'[kind]})" if kind in (KIND_K, KIND_V) else "")
+            f" ({'KV'[kind]})" if kind in tuple(Kind) else "")
         check(get_lib().kvg_store_retier_list(self._ptr, il, kind, r0, r1, tier, codecs.get(codec).type), what)
 
     def retier_lists(self, r0: int, r1: int, tier: int, table: dict[tuple[int, int], str]) -> None:
@@ -202,11 +200,11 @@ class KVStore:
         into its own codec (lists not in it stay as they are), all lists or none."""
         types = [-1] * (2 * self.n_layer)
         for (il, kind), codec in table.items():
-            if not (0 <= il < self.n_layer and kind in (KIND_K, KIND_V)):
+            if not (0 <= il < self.n_layer and kind in tuple(Kind)):
                 raise ValueError(f"retier: no list ({il}, {kind}) in a store of {self.n_layer} layers")
             types[2 * il + kind] = codecs.get(codec).type
         check(get_lib().kvg_store_retier_lists(self._ptr, r0, r1, tier, get_ffi().new("int32_t[]", types), len(types)),
-              f"retier rows [{r0}, {r1}) to tier {TIER_NAMES[tier] if 0 <= tier < 3 else tier}")
+              f"retier rows [{r0}, {r1}) to tier {Tier(tier).label if tier in tuple(Tier) else tier}")
 
     def truncate(self, n_rows: int) -> None:
         """Keeps rows [0, n_rows) of every list (all or nothing; a cut on a block boundary
@@ -284,7 +282,7 @@ class KVStore:
         """Attention mass of layer ``il``'s rows: entry g is the softmax weight rows
         [g * MASS_ROWS, (g + 1) * MASS_ROWS) received, summed over queries (float64, one entry per
         granule of the rows held now)."""
-        n = -(-self.n_rows(il, KIND_K) // MASS_ROWS)
+        n = -(-self.n_rows(il, Kind.K) // MASS_ROWS)
         out = np.zeros(n, dtype=np.float64)
         ffi = get_ffi()
         check(get_lib().kvg_store_mass(self._ptr, il, ffi.from_buffer("double[]", out), n), f"mass of layer {il}")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kvgguf import codecs
-from kvgguf.native.codecs import KvgCorruptError
+from kvgguf.bindings.codecs import KvgCorruptError
 
 NAMES = ["lowrank2", "lowrank3"]
 ROTQ_OF = {"lowrank2": "rotq2", "lowrank3": "rotq3"}

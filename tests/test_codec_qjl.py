@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from kvgguf import codecs
-from kvgguf.native.codecs import KvgCorruptError, KvgError
+from kvgguf.bindings.codecs import KvgCorruptError, KvgError
 
 NAMES = ["qjl3", "qjl4"]
 ROTQ_OF = {"qjl3": "rotq2", "qjl4": "rotq3"}

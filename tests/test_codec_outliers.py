@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kvgguf import codecs
-from kvgguf.native.codecs import KvgCorruptError, KvgError
+from kvgguf.bindings.codecs import KvgCorruptError, KvgError
 
 NAMES = ["outl2", "outl3"]
 ROTQ_OF = {"outl2": "rotq2", "outl3": "rotq3"}

@@ -1,4 +1,4 @@
-"""The seed codecs (issue 13) in the live cache and in sessions (pq2 and vq8 with the codebooks
+"""The codecs with side data per block (delta, outliers, low-rank, QJL, PQ/VQ; issue 13) in the live cache and in sessions (pq2 and vq8 with the codebooks
 the store trained, carried in the session's BOOK section): every codec as the warm and
 archive tiers of a small tiered cache on SmolLM2, its blocks held at the bits its encoder
 writes, and a session carrying those blocks verbatim into a fresh Llama that then continues
@@ -12,12 +12,12 @@ from kvgguf import Llama, TieredConfig, codecs
 from kvgguf.evaluation.harness import kl_top1
 from kvgguf.evaluation.text import wikitext2_test
 
-SEEDS = ["delta4", "pdelta4", "outl2", "outl3", "lowrank2", "lowrank3", "qjl3", "qjl4", "pq2", "vq8", "vq8f"]
+SIDE_DATA = ["delta4", "pdelta4", "outl2", "outl3", "lowrank2", "lowrank3", "qjl3", "qjl4", "pq2", "vq8", "vq8f"]
 # (KL, top-1) against the f16 cache over the 64 tokens after 300 (236 of them compressed):
 # bounds 3x the KL measured with the fused path and ~0.15 under its top-1 (rotq3 measured
 # 0.026, 0.89). qjl3 is that bad for real: its unbiased sketch adds noise along every
 # direction of the residual, and SmolLM2's queries are large in a few channels, so the scores'
-# noise dwarfs what rotq2's shrinkage costs (K alone through qjl3: KL 1.4; benchmarks/seed_claims.py).
+# noise dwarfs what rotq2's shrinkage costs (K alone through qjl3: KL 1.4; benchmarks/literature_claims.py).
 BOUNDS = {"delta4": (0.12, 0.75), "pdelta4": (0.05, 0.8), "outl2": (0.33, 0.7), "outl3": (0.11, 0.72),
           "lowrank2": (0.3, 0.55), "lowrank3": (0.07, 0.7), "qjl3": (6.0, 0.2), "qjl4": (0.35, 0.65),
           "pq2": (0.3, 0.7), "vq8": (0.6, 0.55),  # measured 0.106, 0.86 and 0.195, 0.75 (books trained on the first block)
@@ -39,8 +39,8 @@ def scores(llm, toks):
     return np.concatenate([lg.copy() for _, lg in llm.eval_logits(toks)])
 
 
-@pytest.mark.parametrize("codec", SEEDS)
-def test_seed_codec_in_live_cache_and_session(smollm2_path, tokens, tmp_path, codec):
+@pytest.mark.parametrize("codec", SIDE_DATA)
+def test_side_data_codec_in_live_cache_and_session(smollm2_path, tokens, tmp_path, codec):
     src = Llama(str(smollm2_path), kv_codec=config(codec), **KW)
     src.eval(tokens[:300])
     store, c = src.kv_cache.store, codecs.get(codec)

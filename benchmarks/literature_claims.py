@@ -1,4 +1,4 @@
-"""The seed documents' claims about KV compression, measured on the live cache.
+"""Claims of the literature (the project's starting documents) about KV compression, measured on the live cache.
 
 Each claim is run in the closest setting our models allow, through the live path (llama.cpp
 with kvgguf's cache: every token outside a small hot window is stored with the codec and read
@@ -9,7 +9,7 @@ norms and headers included), and where a seed counted against fp32 that ratio is
 Codecs at different bits are compared at equal bits: against rotq interpolated (log KL, linear
 in bits) to the codec's own bits per value.
 
-    .venv/bin/python benchmarks/seed_claims.py --model smollm2-135m --out benchmarks/results/seed_claims/seed_claims_smollm2
+    .venv/bin/python benchmarks/literature_claims.py --model smollm2-135m --out benchmarks/results/literature_claims/literature_claims_smollm2
 
 writes OUT.json and OUT.md (the table docs/codecs.md shows).
 """
@@ -63,7 +63,7 @@ class Row:
 @dataclass
 class Verdict:
     key: str
-    seed: str  # the seed document and method
+    source: str  # the document and method that claims it
     claim: str  # what it claims, in its own setting
     ours: str = ""  # our setting and numbers
     verdict: str = "not measured yet"
@@ -429,7 +429,7 @@ def markdown(meta: dict, verdicts: list[Verdict], rows: dict[str, Row]) -> str:
                 "bits like a sequence's own."), "",
              "| claim | the seed says | measured here | verdict |", "|---|---|---|---|"]
     for v in verdicts:
-        lines.append(f"| {v.seed} | {v.claim} | {v.ours or '-'} | **{v.verdict}** |")
+        lines.append(f"| {v.source} | {v.claim} | {v.ours or '-'} | **{v.verdict}** |")
     lines += ["", "| cache | bits/value held | x f16 | KL | top-1 | PPL (f16 ref) |", "|---|---|---|---|---|---|"]
     for r in sorted(rows.values(), key=lambda r: r.bits):
         lines.append(f"| {r.name} | {r.bits:.3f} | {r.x_f16:.1f} | {r.kl:.4f} | {r.top1:.3f} | {r.ppl:.3f} ({r.ppl_ref:.3f}) |")
@@ -445,7 +445,7 @@ def main(argv=None) -> int:
     ap.add_argument("--surprisal-tokens", type=int, default=2048)
     ap.add_argument("--codecs", default=",".join(BASELINES + SEED_CODECS), help="kvgguf codecs to run (comma-separated)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "seed_claims" / "seed_claims")
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "literature_claims" / "literature_claims")
     ap.add_argument("--codebooks", choices=("sequence", "calibration"), default="sequence",
                     help="pq2/vq8/vq8f's codebooks (TieredConfig.codebooks): trained on each sequence's first block, "
                          "or the model's calibrated ones (run `kvgguf calibrate MODEL` first)")
@@ -489,7 +489,7 @@ def measure(args, argv, path: str, old: Optional[dict]) -> int:
     verdicts = [claim(rows, stats) for claim in CLAIMS]
     meta = {"model": args.model, "ctx": args.ctx, "chunks": args.chunks, "hot": args.hot, "codebooks": args.codebooks,
             "seconds": round(time.perf_counter() - t0, 1),
-            "command": "benchmarks/seed_claims.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+            "command": "benchmarks/literature_claims.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     if reused:
         meta["reused"] = reuse_groups(old, str(args.reuse), set(reused))
         meta["surprisal_from"] = surprisal_origin(old)

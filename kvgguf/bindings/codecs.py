@@ -40,6 +40,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from ..enums import Kind
 from . import binding
 from .binding import KvgCorruptError, KvgError, KvgUnsupportedError, KvgValueError, check
 
@@ -64,14 +65,13 @@ __all__ = [
     "train_book",
 ]
 
-_KINDS = {"k": 0, "v": 1, "key": 0, "value": 1}  # the store's KIND_K / KIND_V numbers
-# Rows per block of the live cache (TieredConfig.block): where the seed codecs state their bits.
-SEED_BLOCK_ROWS = 64
+# Rows per block of the live cache (TieredConfig.block): where the codecs that keep side data per
+# block (delta, outliers, low-rank, QJL, PQ/VQ) state their bits.
+BLOCK_ROWS = 64
 
 # Codecs whose blocks need a codebook kept beside them (per layer and kind in the store).
 BOOK_CODECS = ("pq2", "vq8", "vq8f")
 
-_KIND_NAMES = ("K", "V")
 _SIMD_LEVELS = {"scalar": 0, "avx2": 1, "neon": 2}  # enum kvg_simd
 _MAX_DIM = 1 << 56  # the library's limit on values per block
 
@@ -83,12 +83,7 @@ def names() -> list[str]:
 
 
 def _kind(kind) -> int:
-    if isinstance(kind, numbers.Integral) and not isinstance(kind, bool) and int(kind) in (0, 1):
-        return int(kind)  # KIND_K / KIND_V
-    k = _KINDS.get(kind.lower()) if isinstance(kind, str) else None
-    if k is None:
-        raise ValueError(f"kind {kind!r} is unknown; choose 'k' (keys) or 'v' (values)")
-    return k
+    return int(Kind.of(kind))
 
 
 def _shape3(shape: Sequence[int]) -> tuple[int, int, int]:
@@ -143,7 +138,7 @@ class Codec:
 
     @property
     def family(self) -> str:
-        """``"f16"``, ``"kivi"``, ``"rotq"``, ``"crotq"`` or a seed codec's family (``"delta"``,
+        """``"f16"``, ``"kivi"``, ``"rotq"``, ``"crotq"`` or the family of a codec with side data per block (``"delta"``,
         ``"pdelta"``, ``"outl"``, ``"lowrank"``, ``"qjl"``)."""
         return self.name.rstrip("0123456789") if self.name != "f16" else "f16"
 
@@ -161,7 +156,7 @@ class Codec:
         return p
 
     def _context(self, kind: int, shape: tuple[int, int, int]) -> str:
-        return f"kind {_KIND_NAMES[kind]}, shape {shape}"
+        return f"kind {Kind(kind).name}, shape {shape}"
 
     def encoded_size(self, shape: Sequence[int], kind: str = "k") -> int:
         """Exact number of bytes :meth:`encode` writes for a block of this shape."""
@@ -178,7 +173,7 @@ class Codec:
 
     def nominal_bits_per_value(self, head_dim: int, kind: str = "k") -> float:
         """Bits per value for long sequences: kivi B + 32/G, rotq B + 16/head_dim, f16 16; the
-        seed codecs' at a 64-row block of one head."""
+        side-data codecs' at a 64-row block of one head."""
         self.encoded_size((1, 1, head_dim), kind)  # validates head_dim (rotq: power of two)
         if self.family == "kivi":
             return self.bits + 32 / self.group_size
@@ -190,9 +185,9 @@ class Codec:
             return 16.0
         if self.family in ("pq", "vq"):  # a byte per sub-vector + the norm; the codebook is the store's
             return 8 / (4 if self.family == "pq" else head_dim) + 16 / head_dim
-        # The seed codecs keep side data per block (keyframes, channel lists, factors): their
+        # The side-data codecs keep side data per block (keyframes, channel lists, factors): their
         # figure is the live cache's block, 64 rows of one head.
-        return self.bits_per_value((SEED_BLOCK_ROWS, 1, head_dim), kind)
+        return self.bits_per_value((BLOCK_ROWS, 1, head_dim), kind)
 
     def encode(self, x, kind: str = "k") -> np.ndarray:
         """Encodes a (n_tokens, n_heads, head_dim) or (n_tokens, head_dim) block; returns uint8 bytes."""
