@@ -92,9 +92,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=8192)
     ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--rounds", type=int, default=5,
-                    help="rounds over every configuration, keeping each one's best: this machine's speed drifts "
-                         "by tens of percent over minutes, and interleaving gives every configuration the fast phases")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="rounds over every configuration, keeping each one's best: this machine's speed drifts "
+        "by tens of percent over minutes, and interleaving gives every configuration the fast phases",
+    )
     ap.add_argument("--out", help="also write the figures to this JSON file")
     args = ap.parse_args()
 
@@ -103,18 +107,30 @@ def main() -> None:
     for _ in range(args.rounds):
         this = [measure(c, args.rows, args.repeat, lvl) for c in CODECS for lvl in levels]
         results = this if not results else [a if a["attend_us"] <= b["attend_us"] else b for a, b in zip(results, this)]
-    print(f"head_dim {HEAD_DIM}, {N_HEAD_KV} KV heads, {N_HEAD} query heads, {N_TOKENS} query token, "
-          f"{args.rows} rows of K and V, one thread ({platform.processor() or platform.machine()})")
-    print(f"{'codec':<7} {'simd':<7} {'K+V bytes':>10} {'attend us':>10} {'GB/s':>7} {'ns/row':>7} {'expand f16 us':>14}")
+    print(
+        f"head_dim {HEAD_DIM}, {N_HEAD_KV} KV heads, {N_HEAD} query heads, {N_TOKENS} query token, "
+        f"{args.rows} rows of K and V, one thread ({platform.processor() or platform.machine()})"
+    )
+    print(
+        f"{'codec':<7} {'simd':<7} {'K+V bytes':>10} {'attend us':>10} {'GB/s':>7} {'ns/row':>7} {'expand f16 us':>14}"
+    )
     for r in results:
-        print(f"{r['codec']:<7} {r['simd']:<7} {r['encoded_bytes']:>10} {r['attend_us']:>10.1f} "
-              f"{r['attend_gb_s']:>7.2f} {r['ns_per_row']:>7.1f} {r['expand_f16_us']:>14.1f}")
+        print(
+            f"{r['codec']:<7} {r['simd']:<7} {r['encoded_bytes']:>10} {r['attend_us']:>10.1f} "
+            f"{r['attend_gb_s']:>7.2f} {r['ns_per_row']:>7.1f} {r['expand_f16_us']:>14.1f}"
+        )
     if levels == [0]:
         print("(no SIMD kernels for this CPU or build: scalar only)")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"shape": {"head_dim": HEAD_DIM, "n_head_kv": N_HEAD_KV, "n_head": N_HEAD,
-                                 "n_tokens": N_TOKENS}, "results": results}, f, indent=2)
+            json.dump(
+                {
+                    "shape": {"head_dim": HEAD_DIM, "n_head_kv": N_HEAD_KV, "n_head": N_HEAD, "n_tokens": N_TOKENS},
+                    "results": results,
+                },
+                f,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

@@ -53,7 +53,9 @@ def main(argv=None) -> int:
     path = str(kvgguf.models.path(args.model))
     t0 = time.time()
     tokens = calibration.self_text(path, args.tokens or calibration.default_tokens(path), 0, args.threads)
-    cal = calibration.measure(path, tokens, threads=args.threads, text={"source": "self", "tokens": len(tokens), "seed": 0})
+    cal = calibration.measure(
+        path, tokens, threads=args.threads, text={"source": "self", "tokens": len(tokens), "seed": 0}
+    )
     probe = calibration.Probe(path, tokens, args.threads)
     try:
         keys = sorted(cal.curves)
@@ -63,41 +65,75 @@ def main(argv=None) -> int:
         for key in sample:
             pred = {c.codec: c.error for c in cal.curves[key]}
             for codec in args.codecs.split(","):
-                pairs.append({"layer": key[0], "kind": "k" if key[1] == Kind.K else "v", "codec": codec,
-                              "predicted": pred[codec], "measured": probe.kl({key: codec})})
-                print(f"  layer {key[0]:2d} {pairs[-1]['kind']} {codec:7s} predicted {pred[codec]:.5f} "
-                      f"measured {pairs[-1]['measured']:.5f}", file=sys.stderr)
+                pairs.append(
+                    {
+                        "layer": key[0],
+                        "kind": "k" if key[1] == Kind.K else "v",
+                        "codec": codec,
+                        "predicted": pred[codec],
+                        "measured": probe.kl({key: codec}),
+                    }
+                )
+                print(
+                    f"  layer {key[0]:2d} {pairs[-1]['kind']} {codec:7s} predicted {pred[codec]:.5f} "
+                    f"measured {pairs[-1]['measured']:.5f}",
+                    file=sys.stderr,
+                )
         plans = []
         for budget in [float(b) for b in args.budgets.split(",")]:
             choice = cal.plan(budget)
-            plans.append({"budget": budget, "bits": allocation.average_bits(choice, cal.weights),
-                          "predicted": sum(c.error for c in choice.values()),
-                          "measured": probe.kl({k: c.codec for k, c in choice.items()})})
+            plans.append(
+                {
+                    "budget": budget,
+                    "bits": allocation.average_bits(choice, cal.weights),
+                    "predicted": sum(c.error for c in choice.values()),
+                    "measured": probe.kl({k: c.codec for k, c in choice.items()}),
+                }
+            )
             print(f"  plan {budget}: {plans[-1]}", file=sys.stderr)
         uniform = []
         for codec in args.codecs.split(","):
             choice = {k: next(c for c in cal.curves[k] if c.codec == codec) for k in keys}
-            uniform.append({"codec": codec, "bits": allocation.average_bits(choice, cal.weights),
-                            "predicted": sum(c.error for c in choice.values()),
-                            "measured": probe.kl({k: codec for k in keys})})
+            uniform.append(
+                {
+                    "codec": codec,
+                    "bits": allocation.average_bits(choice, cal.weights),
+                    "predicted": sum(c.error for c in choice.values()),
+                    "measured": probe.kl({k: codec for k in keys}),
+                }
+            )
             print(f"  uniform {codec}: {uniform[-1]}", file=sys.stderr)
     finally:
         probe.close()
     pm = np.array([[r["predicted"], r["measured"]] for r in pairs])
-    res = {"model": Path(path).name, "tokens": len(tokens), "command": "benchmarks/calibration_proxy.py " + " ".join(argv or sys.argv[1:]),
-           "spearman": spearman(pm[:, 0], pm[:, 1]),
-           "median_ratio": float(np.median(pm[:, 0] / np.maximum(pm[:, 1], 1e-12))),
-           "pairs": pairs, "plans": plans, "uniform": uniform, "seconds": time.time() - t0}
+    res = {
+        "model": Path(path).name,
+        "tokens": len(tokens),
+        "command": "benchmarks/calibration_proxy.py " + " ".join(argv or sys.argv[1:]),
+        "spearman": spearman(pm[:, 0], pm[:, 1]),
+        "median_ratio": float(np.median(pm[:, 0] / np.maximum(pm[:, 1], 1e-12))),
+        "pairs": pairs,
+        "plans": plans,
+        "uniform": uniform,
+        "seconds": time.time() - t0,
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=1))
-    lines = [f"`{res['command']}` ({res['model']}, {res['tokens']} tokens of self-written text, the KL of the "
-             "final logits against f16 cold rows on the same text)", "",
-             f"One list at one codec, {len(pairs)} pairs: Spearman rank correlation of predicted and measured KL "
-             f"{res['spearman']:.2f}; median predicted/measured {res['median_ratio']:.2f}.", "",
-             "| plan | bits/value (compressed rows) | predicted KL (sum over lists) | measured KL |", "|---|---|---|---|"]
+    lines = [
+        f"`{res['command']}` ({res['model']}, {res['tokens']} tokens of self-written text, the KL of the "
+        "final logits against f16 cold rows on the same text)",
+        "",
+        f"One list at one codec, {len(pairs)} pairs: Spearman rank correlation of predicted and measured KL "
+        f"{res['spearman']:.2f}; median predicted/measured {res['median_ratio']:.2f}.",
+        "",
+        "| plan | bits/value (compressed rows) | predicted KL (sum over lists) | measured KL |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| auto:{r['budget']:g} | {r['bits']:.2f} | {r['predicted']:.4f} | {r['measured']:.4f} |" for r in plans]
-    lines += [f"| uniform {r['codec']} | {r['bits']:.2f} | {r['predicted']:.4f} | {r['measured']:.4f} |" for r in uniform]
+    lines += [
+        f"| uniform {r['codec']} | {r['bits']:.2f} | {r['predicted']:.4f} | {r['measured']:.4f} |" for r in uniform
+    ]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

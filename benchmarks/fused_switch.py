@@ -20,13 +20,24 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def measure(path: str, tokens: list[int], n_ctx: int, sizes: list[int], attention: str, reps: int,
-            threads: int, codec: str) -> dict[int, float]:
+def measure(
+    path: str, tokens: list[int], n_ctx: int, sizes: list[int], attention: str, reps: int, threads: int, codec: str
+) -> dict[int, float]:
     import kvgguf
 
     batch = max(sizes)  # one llama_decode per measured ubatch; the hot window must exceed it
-    llm = kvgguf.Llama(path, kv_codec=codec, kv_attention=attention, n_ctx=n_ctx, n_batch=batch,
-                       n_ubatch=batch, n_threads=threads, n_threads_batch=threads, flash_attn=True, verbose=False)
+    llm = kvgguf.Llama(
+        path,
+        kv_codec=codec,
+        kv_attention=attention,
+        n_ctx=n_ctx,
+        n_batch=batch,
+        n_ubatch=batch,
+        n_threads=threads,
+        n_threads_batch=threads,
+        flash_attn=True,
+        verbose=False,
+    )
     if attention == "fused":  # let every measured size take the fused path
         from kvgguf.llamacpp import hooks
 
@@ -39,7 +50,7 @@ def measure(path: str, tokens: list[int], n_ctx: int, sizes: list[int], attentio
         for _ in range(reps):
             llm.n_tokens = base  # the next eval removes what the previous one added
             t0 = time.perf_counter()
-            llm.eval(tokens[base:base + t])
+            llm.eval(tokens[base : base + t])
             times.append(time.perf_counter() - t0)
         out[t] = min(times)
     llm.close()
@@ -66,12 +77,17 @@ def main(argv=None) -> int:
     tokens = vocab.tokenize(wikitext2_test().encode("utf-8"))
     del vocab
     sizes = [int(t) for t in args.tokens.split(",")]
-    res = {a: measure(path, tokens, args.ctx, sizes, a, args.reps, args.threads, args.codec)
-           for a in ("fused", "expand")}
-    lines = [f"{args.model}, {args.codec}, {args.ctx} tokens of context, {args.threads} threads: "
-             "seconds per llama_decode of a ubatch of T tokens (fastest of "
-             f"{args.reps}).", "",
-             "| T | fused s | expand s | fused / expand |", "|---:|---:|---:|---:|"]
+    res = {
+        a: measure(path, tokens, args.ctx, sizes, a, args.reps, args.threads, args.codec) for a in ("fused", "expand")
+    }
+    lines = [
+        f"{args.model}, {args.codec}, {args.ctx} tokens of context, {args.threads} threads: "
+        "seconds per llama_decode of a ubatch of T tokens (fastest of "
+        f"{args.reps}).",
+        "",
+        "| T | fused s | expand s | fused / expand |",
+        "|---:|---:|---:|---:|",
+    ]
     for t in sizes:
         f, e = res["fused"][t], res["expand"][t]
         lines.append(f"| {t} | {f:.4f} | {e:.4f} | {f / e:.2f} |")
@@ -79,10 +95,20 @@ def main(argv=None) -> int:
     print(md)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(
-        {"command": "benchmarks/fused_switch.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-         "model": args.model, "codec": args.codec, "ctx": args.ctx, "threads": args.threads,
-         "seconds": {a: {str(t): s for t, s in r.items()} for a, r in res.items()}}, indent=1) + "\n")
+    out.with_suffix(".json").write_text(
+        json.dumps(
+            {
+                "command": "benchmarks/fused_switch.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                "model": args.model,
+                "codec": args.codec,
+                "ctx": args.ctx,
+                "threads": args.threads,
+                "seconds": {a: {str(t): s for t, s in r.items()} for a, r in res.items()},
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     out.with_suffix(".md").write_text(md + "\n")
     return 0
 

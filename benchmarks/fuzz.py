@@ -36,9 +36,23 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         lines = Path(tmp) / "fuzz.jsonl"
         start = time.time()
-        proc = subprocess.run(["bash", str(ROOT / "scripts" / "fuzz.sh"), "--runs", str(args.inputs), "--fresh",
-                               "--seed", str(args.seed), "--targets", args.targets, "--json", str(lines)],
-                              cwd=ROOT, env={**os.environ, "PYTHON": os.environ.get("PYTHON", sys.executable)})
+        proc = subprocess.run(
+            [
+                "bash",
+                str(ROOT / "scripts" / "fuzz.sh"),
+                "--runs",
+                str(args.inputs),
+                "--fresh",
+                "--seed",
+                str(args.seed),
+                "--targets",
+                args.targets,
+                "--json",
+                str(lines),
+            ],
+            cwd=ROOT,
+            env={**os.environ, "PYTHON": os.environ.get("PYTHON", sys.executable)},
+        )
         wall = time.time() - start
         rows = [json.loads(line) for line in lines.read_text().splitlines()] if lines.exists() else []
     for r in rows:
@@ -48,30 +62,43 @@ def main() -> int:
         "inputs_per_target": args.inputs,
         "seed": args.seed,
         "targets": rows,
-        "all_clean": proc.returncode == 0 and len(rows) == len(args.targets.split())
-                     and all(r["crashes"] == 0 and r["inputs"] >= args.inputs for r in rows),
+        "all_clean": proc.returncode == 0
+        and len(rows) == len(args.targets.split())
+        and all(r["crashes"] == 0 and r["inputs"] >= args.inputs for r in rows),
         "wall_seconds": round(wall, 1),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "python": platform.python_version()},
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+        },
         "how": "bash scripts/fuzz.sh --runs N --fresh: one process per target, one at a time, "
-               "-max_len=16384, -rss_limit_mb=2048, -timeout=30",
+        "-max_len=16384, -rss_limit_mb=2048, -timeout=30",
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fuzz.json").write_text(json.dumps(result, indent=2) + "\n")
-    md = [f"Command: `benchmarks/fuzz.py {' '.join(sys.argv[1:])}`", "",
-          "| target | what it reads | inputs | crashes | seconds | inputs/s | corpus (files, KiB) | edges / features |",
-          "|---|---|---:|---:|---:|---:|---:|---:|"]
-    what = {"decode": "kvg_decode, every codec (scalar and SIMD compared)",
-            "store": "kvg_store_append_encoded, then decode / decode_f16 / hooks / attend / truncate / retier",
-            "session": ".kvz parser (session.parse, llama.cpp's two queries faked)"}
+    md = [
+        f"Command: `benchmarks/fuzz.py {' '.join(sys.argv[1:])}`",
+        "",
+        "| target | what it reads | inputs | crashes | seconds | inputs/s | corpus (files, KiB) | edges / features |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    what = {
+        "decode": "kvg_decode, every codec (scalar and SIMD compared)",
+        "store": "kvg_store_append_encoded, then decode / decode_f16 / hooks / attend / truncate / retier",
+        "session": ".kvz parser (session.parse, llama.cpp's two queries faked)",
+    }
     for r in rows:
-        md.append(f"| {r['target']} | {what.get(r['target'], '')} | {r['inputs']:,} | {r['crashes']} | "
-                  f"{r['seconds']:.0f} | {r['inputs_per_second']:,} | {r['corpus_files']}, "
-                  f"{r['corpus_bytes'] / 1024:.0f} | {r['cov']} / {r['features']} |")
+        md.append(
+            f"| {r['target']} | {what.get(r['target'], '')} | {r['inputs']:,} | {r['crashes']} | "
+            f"{r['seconds']:.0f} | {r['inputs_per_second']:,} | {r['corpus_files']}, "
+            f"{r['corpus_bytes'] / 1024:.0f} | {r['cov']} / {r['features']} |"
+        )
     md.append("")
-    md.append(f"{args.inputs:,} inputs per target from a fresh corpus (libFuzzer seed {args.seed}); "
-              f"{os.cpu_count()} cores, one fuzzing process at a time. "
-              f"{'No crashes.' if result['all_clean'] else 'NOT CLEAN: see scripts/fuzz.sh output.'}")
+    md.append(
+        f"{args.inputs:,} inputs per target from a fresh corpus (libFuzzer seed {args.seed}); "
+        f"{os.cpu_count()} cores, one fuzzing process at a time. "
+        f"{'No crashes.' if result['all_clean'] else 'NOT CLEAN: see scripts/fuzz.sh output.'}"
+    )
     (args.out / "fuzz.md").write_text("\n".join(md) + "\n")
     print((args.out / "fuzz.md").read_text())
     return 0 if result["all_clean"] else 1

@@ -43,6 +43,7 @@ VERDICTS = ("reproduced", "partly", "refuted", "not measured yet")
 @dataclass
 class Row:
     """One cache configuration's figures from the live eval."""
+
     name: str
     bits: float  # the compressed rows' bits per value as held (the store's tiers)
     kl: float
@@ -91,44 +92,57 @@ def equal_bits(rows: dict[str, Row], name: str) -> tuple[str, Optional[float]]:
     if base is None:
         return f"{name}'s {r.bits:.2f} bits lie outside rotq's measured range", None
     better = r.kl < base
-    return (f"rotq at the same {r.bits:.2f} bits: KL {base:.4f} ({name} {'better' if better else 'worse'}, "
-            f"{r.kl / base:.2f}x)"), base
+    return (
+        f"rotq at the same {r.bits:.2f} bits: KL {base:.4f} ({name} {'better' if better else 'worse'}, "
+        f"{r.kl / base:.2f}x)"
+    ), base
 
 
 # ---- the claims ----------------------------------------------------------------------------
 
+
 def claim_delta(rows, stats) -> Verdict:
-    v = Verdict("tsc1_delta", "TSC part I: temporal keyframe + delta",
-                "one keyframe every 64 tokens plus 4-bit residuals: 63x at KL < 1e-4 on GPT-2 "
-                "(keyframes in fp32, ~95% of the bytes)")
+    v = Verdict(
+        "tsc1_delta",
+        "TSC part I: temporal keyframe + delta",
+        "one keyframe every 64 tokens plus 4-bit residuals: 63x at KL < 1e-4 on GPT-2 "
+        "(keyframes in fp32, ~95% of the bytes)",
+    )
     if "delta4" not in rows:
         return v
     r = rows["delta4"]
     x32 = 32.0 / r.bits
     text, base = equal_bits(rows, "delta4")
-    v.ours = (f"{fmt(r)}; against fp32 as the seed counted: {x32:.1f}x; {text}. "
-              f"A 4-bit residual alone caps the ratio at 8x fp32 (4x f16), so 63x cannot come from this layout.")
+    v.ours = (
+        f"{fmt(r)}; against fp32 as the seed counted: {x32:.1f}x; {text}. "
+        f"A 4-bit residual alone caps the ratio at 8x fp32 (4x f16), so 63x cannot come from this layout."
+    )
     ok_kl, ok_x = r.kl < 1e-4, x32 >= 63
     v.verdict = "reproduced" if ok_kl and ok_x else ("partly" if ok_kl or ok_x else "refuted")
     v.numbers = {"bits": r.bits, "x_f16": r.x_f16, "x_fp32": x32, "kl": r.kl, "rotq_same_bits_kl": base}
     rope = stats.get("rope", {}) if stats else {}
     if "key64_pre" in rope:
         med = {k: float(np.median(rope[k])) for k in ("key64_post", "key64_pre", "step_post", "step_pre")}
-        v.ours += (f" Keys before RoPE (llama.cpp caches them after; rotated back here, checked on layer 0, where a "
-                   f"recurring token's key came back within {rope['check_pre']:.1e} of itself, {rope['check_post']:.2f} "
-                   f"after RoPE): the residual against a keyframe every 64 rows keeps {med['key64_pre']:.0%} of the "
-                   f"keys' energy (median over layers) where after RoPE it keeps {med['key64_post']:.0%}; against the "
-                   f"previous row {med['step_pre']:.0%} vs {med['step_post']:.0%}. RoPE costs keyframe delta, as KVQuant "
-                   f"observed, yet without it the residual still holds {med['key64_pre']:.0%} of the energy a "
-                   f"keyframe-free codec codes; delta4 codes post-RoPE rows (coding pre-RoPE ones would need the "
-                   f"store to undo RoPE on eviction and redo it on every read).")
+        v.ours += (
+            f" Keys before RoPE (llama.cpp caches them after; rotated back here, checked on layer 0, where a "
+            f"recurring token's key came back within {rope['check_pre']:.1e} of itself, {rope['check_post']:.2f} "
+            f"after RoPE): the residual against a keyframe every 64 rows keeps {med['key64_pre']:.0%} of the "
+            f"keys' energy (median over layers) where after RoPE it keeps {med['key64_post']:.0%}; against the "
+            f"previous row {med['step_pre']:.0%} vs {med['step_post']:.0%}. RoPE costs keyframe delta, as KVQuant "
+            f"observed, yet without it the residual still holds {med['key64_pre']:.0%} of the energy a "
+            f"keyframe-free codec codes; delta4 codes post-RoPE rows (coding pre-RoPE ones would need the "
+            f"store to undo RoPE on eviction and redo it on every read)."
+        )
         v.numbers["rope"] = med
     return v
 
 
 def claim_pq_vq(rows, stats) -> Verdict:
-    v = Verdict("tsc2_pq_vq", "TSC part II: VQ / PQ of keyframes, per-head normalization, fp16 fallback bitmask",
-                "219x at KL 0.053 (PQ) and 1034x at KL 1.09 (VQ)")
+    v = Verdict(
+        "tsc2_pq_vq",
+        "TSC part II: VQ / PQ of keyframes, per-head normalization, fp16 fallback bitmask",
+        "219x at KL 0.053 (PQ) and 1034x at KL 1.09 (VQ)",
+    )
     claimed = {"pq2": (219, 0.053), "vq8": (1034, 1.09), "vq8f": (1034, 1.09)}
     names = [n + s for s in ("", CAL) for n in claimed if n + s in rows]
     if not names:
@@ -142,20 +156,26 @@ def claim_pq_vq(rows, stats) -> Verdict:
             part += f", {32.0 / (r.bits - r.book_bits):.1f}x fp32 without them"
         parts.append(part)
         met.append(x32 >= cx and r.kl <= ckl)  # a claim is its ratio at its KL (bytes held): both or nothing
-    v.ours = ("every row normalized per head and rotated, one byte per 4 coordinates (pq2) or per head vector (vq8), "
-              "codebooks per layer and kind trained on each sequence's first block, or by `kvgguf calibrate` on the "
-              "model's own text (calibrated codebooks); vq8f adds the fp16 fallback (per block, the 1/32 of head "
-              "vectors vq8 codes worst kept in f16, flagged in a bitmask); no keyframes: "
-              + "; ".join(parts) + ". A byte per head vector plus its f16 norm is already 0.375 bits of a 64-dim head "
-              "(85x fp32) before any codebook, so 1034x needs a codebook that no sequence pays for")
+    v.ours = (
+        "every row normalized per head and rotated, one byte per 4 coordinates (pq2) or per head vector (vq8), "
+        "codebooks per layer and kind trained on each sequence's first block, or by `kvgguf calibrate` on the "
+        "model's own text (calibrated codebooks); vq8f adds the fp16 fallback (per block, the 1/32 of head "
+        "vectors vq8 codes worst kept in f16, flagged in a bitmask); no keyframes: "
+        + "; ".join(parts)
+        + ". A byte per head vector plus its f16 norm is already 0.375 bits of a 64-dim head "
+        "(85x fp32) before any codebook, so 1034x needs a codebook that no sequence pays for"
+    )
     v.verdict = "reproduced" if all(met) else ("partly" if any(met) else "refuted")
     v.numbers = {n: {"bits": rows[n].bits, "x_fp32": 32.0 / rows[n].bits, "kl": rows[n].kl} for n in names}
     return v
 
 
 def claim_pq_sq(rows, stats) -> Verdict:
-    v = Verdict("tqpp_pq", "TurboQuant++: product quantization",
-                "PQ with M=16 sub-vectors and 8-bit codes (2 bits per dimension) matches 3-bit scalar quantization")
+    v = Verdict(
+        "tqpp_pq",
+        "TurboQuant++: product quantization",
+        "PQ with M=16 sub-vectors and 8-bit codes (2 bits per dimension) matches 3-bit scalar quantization",
+    )
     names = [n for n in ("pq2", "pq2" + CAL) if n in rows]
     if not names or "rotq3" not in rows:
         return v
@@ -167,16 +187,22 @@ def claim_pq_sq(rows, stats) -> Verdict:
         parts.append(f"{fmt(r)}; {text}")
         verdicts.append(0 if r.kl <= b.kl else (1 if base is not None and r.kl < base else 2))
         v.numbers[n] = {"bits": r.bits, "kl": r.kl, "rotq_same_bits_kl": base}
-    v.ours = (" / ".join(parts) + f" (M = 16 for SmolLM2's 64-dim heads, after rotq's rotation); 3-bit scalar {fmt(b)}"
-              + (f"; {fmt(rows['rotq2'])}" if "rotq2" in rows else ""))
+    v.ours = (
+        " / ".join(parts)
+        + f" (M = 16 for SmolLM2's 64-dim heads, after rotq's rotation); 3-bit scalar {fmt(b)}"
+        + (f"; {fmt(rows['rotq2'])}" if "rotq2" in rows else "")
+    )
     v.verdict = ("reproduced", "partly", "refuted")[min(verdicts)]  # the better codebooks decide
     v.numbers.update({"rotq3_bits": b.bits, "rotq3_kl": b.kl})
     return v
 
 
 def claim_lowrank(rows, stats) -> Verdict:
-    v = Verdict("tqpp_lowrank", "TurboQuant++: low-rank correction",
-                "a rank-4 correction recovers 96% of 2-bit quantization's perplexity loss")
+    v = Verdict(
+        "tqpp_lowrank",
+        "TurboQuant++: low-rank correction",
+        "a rank-4 correction recovers 96% of 2-bit quantization's perplexity loss",
+    )
     if not {"lowrank2", "rotq2"} <= rows.keys():
         return v
     r, b = rows["lowrank2"], rows["rotq2"]
@@ -184,16 +210,21 @@ def claim_lowrank(rows, stats) -> Verdict:
     rec = (b.ppl - r.ppl) / loss if loss > 0 else float("nan")
     rec_kl = (b.kl - r.kl) / b.kl if b.kl > 0 else float("nan")
     text, base = equal_bits(rows, "lowrank2")
-    v.ours = (f"{fmt(r)}; alone, {fmt(b)}: recovers {rec:.0%} of rotq2's perplexity loss ({rec_kl:.0%} of its KL); "
-              f"but the factors cost bits: {text}")
+    v.ours = (
+        f"{fmt(r)}; alone, {fmt(b)}: recovers {rec:.0%} of rotq2's perplexity loss ({rec_kl:.0%} of its KL); "
+        f"but the factors cost bits: {text}"
+    )
     v.verdict = "reproduced" if rec >= 0.9 else ("partly" if rec >= 0.5 else "refuted")
     v.numbers = {"recovered_ppl": rec, "recovered_kl": rec_kl, "bits": r.bits, "kl": r.kl, "rotq_same_bits_kl": base}
     return v
 
 
 def claim_outliers(rows, stats) -> Verdict:
-    v = Verdict("tqpp_outliers", "TurboQuant++ / KVQuant: outlier channels at higher precision",
-                "keeping the highest-variance channels in higher precision lowers the error for their cost")
+    v = Verdict(
+        "tqpp_outliers",
+        "TurboQuant++ / KVQuant: outlier channels at higher precision",
+        "keeping the highest-variance channels in higher precision lowers the error for their cost",
+    )
     names = [n for n in ("outl2", "outl3") if n in rows]
     if not names:
         return v
@@ -204,14 +235,19 @@ def claim_outliers(rows, stats) -> Verdict:
         wins += base is not None and rows[n].kl < base
     v.ours = "; ".join(parts)
     v.verdict = "reproduced" if wins == len(names) else ("partly" if wins else "refuted")
-    v.numbers = {n: {"bits": rows[n].bits, "kl": rows[n].kl, "rotq_same_bits_kl": rotq_at(rows, rows[n].bits)} for n in names}
+    v.numbers = {
+        n: {"bits": rows[n].bits, "kl": rows[n].kl, "rotq_same_bits_kl": rotq_at(rows, rows[n].bits)} for n in names
+    }
     return v
 
 
 def claim_qjl(rows, stats) -> Verdict:
-    v = Verdict("tq_qjl", "TurboQuant (inner-product variant) / QJL",
-                "a 1-bit sign sketch of the residual gives unbiased inner products and beats spending the bit on the "
-                "scalar quantizer (llama.cpp ports dropped it for its variance)")
+    v = Verdict(
+        "tq_qjl",
+        "TurboQuant (inner-product variant) / QJL",
+        "a 1-bit sign sketch of the residual gives unbiased inner products and beats spending the bit on the "
+        "scalar quantizer (llama.cpp ports dropped it for its variance)",
+    )
     if not {"qjl3", "rotq3"} <= rows.keys():
         return v
     r, b = rows["qjl3"], rows["rotq3"]
@@ -225,18 +261,25 @@ def claim_qjl(rows, stats) -> Verdict:
 
 
 def claim_surprisal(rows, stats) -> Verdict:
-    v = Verdict("seq_surprisal", "Sequential KV compression: predictive delta coding",
-                "the residual of predicting a token's K/V from the previous token's is bounded by the token's surprisal: "
-                "correlation 0.4-0.7 between surprisal and residual norm")
+    v = Verdict(
+        "seq_surprisal",
+        "Sequential KV compression: predictive delta coding",
+        "the residual of predicting a token's K/V from the previous token's is bounded by the token's surprisal: "
+        "correlation 0.4-0.7 between surprisal and residual norm",
+    )
     if not stats:
         return v
     k, vv = stats["pearson_k"], stats["pearson_v"]
-    v.ours = (f"{stats['model']}, {stats['n_tokens']} tokens of WikiText-2, residual ||x_t - x_(t-1)|| per layer: "
-              f"Pearson r with surprisal, median over layers K {np.median(k):.2f} (layers {min(k):.2f} to {max(k):.2f}), "
-              f"V {np.median(vv):.2f} ({min(vv):.2f} to {max(vv):.2f}); Spearman median K {np.median(stats['spearman_k']):.2f}, "
-              f"V {np.median(stats['spearman_v']):.2f}")
+    v.ours = (
+        f"{stats['model']}, {stats['n_tokens']} tokens of WikiText-2, residual ||x_t - x_(t-1)|| per layer: "
+        f"Pearson r with surprisal, median over layers K {np.median(k):.2f} (layers {min(k):.2f} to {max(k):.2f}), "
+        f"V {np.median(vv):.2f} ({min(vv):.2f} to {max(vv):.2f}); Spearman median K {np.median(stats['spearman_k']):.2f}, "
+        f"V {np.median(stats['spearman_v']):.2f}"
+    )
     if "pdelta4" in rows and "delta4" in rows:
-        v.ours += f"; predictive coding in the live cache: {fmt(rows['pdelta4'])} vs keyframe delta {rows['delta4'].kl:.4f}"
+        v.ours += (
+            f"; predictive coding in the live cache: {fmt(rows['pdelta4'])} vs keyframe delta {rows['delta4'].kl:.4f}"
+        )
     med = max(float(np.median(k)), float(np.median(vv)))
     v.verdict = "reproduced" if 0.4 <= med <= 0.7 else ("partly" if 0.2 <= med else "refuted")
     v.numbers = {key: stats[key] for key in ("pearson_k", "pearson_v", "spearman_k", "spearman_v")}
@@ -244,8 +287,7 @@ def claim_surprisal(rows, stats) -> Verdict:
 
 
 def claim_adr(rows, stats) -> Verdict:
-    v = Verdict("adr_archive", "Three-tier ADR: archive tier",
-                "8-22x on the archive tier at < 0.3 perplexity")
+    v = Verdict("adr_archive", "Three-tier ADR: archive tier", "8-22x on the archive tier at < 0.3 perplexity")
     cands = [rows[n] for n in ("rotq1", "rotq2", "kivi2") if n in rows]
     if not cands:
         return v
@@ -257,19 +299,56 @@ def claim_adr(rows, stats) -> Verdict:
     return v
 
 
-CLAIMS: list[Callable] = [claim_delta, claim_pq_vq, claim_pq_sq, claim_lowrank, claim_outliers, claim_qjl,
-                          claim_surprisal, claim_adr]
+CLAIMS: list[Callable] = [
+    claim_delta,
+    claim_pq_vq,
+    claim_pq_sq,
+    claim_lowrank,
+    claim_outliers,
+    claim_qjl,
+    claim_surprisal,
+    claim_adr,
+]
 
 
 # ---- measurement ---------------------------------------------------------------------------
 
-def live_rows(model_path: str, configs: list[str], tokens, ctx: int, chunks: int, hot: int, threads: int,
-              codebooks: str = "sequence") -> dict[str, Row]:
+
+def live_rows(
+    model_path: str,
+    configs: list[str],
+    tokens,
+    ctx: int,
+    chunks: int,
+    hot: int,
+    threads: int,
+    codebooks: str = "sequence",
+) -> dict[str, Row]:
     from kvgguf.evaluation import harness
-    meta, results = harness.run_eval(model_path, harness.parse_configs(",".join(configs)), tokens, ctx=ctx,
-                                     chunks=chunks, batch=min(256, ctx), threads=threads, hot=hot, codebooks=codebooks)
-    return {r.name: Row(r.name, r.cold_bits_per_value or r.bits_per_value, r.kl_mean, r.top1, r.ppl, r.ppl_ref,
-                        r.book_bits_per_value) for r in results}
+
+    meta, results = harness.run_eval(
+        model_path,
+        harness.parse_configs(",".join(configs)),
+        tokens,
+        ctx=ctx,
+        chunks=chunks,
+        batch=min(256, ctx),
+        threads=threads,
+        hot=hot,
+        codebooks=codebooks,
+    )
+    return {
+        r.name: Row(
+            r.name,
+            r.cold_bits_per_value or r.bits_per_value,
+            r.kl_mean,
+            r.top1,
+            r.ppl,
+            r.ppl_ref,
+            r.book_bits_per_value,
+        )
+        for r in results
+    }
 
 
 def ranks(x: np.ndarray) -> np.ndarray:
@@ -365,10 +444,18 @@ def rope_stats(model_path: str, tokens, n: int, threads: int) -> dict:
     key = (pos // 64) * 64
 
     def energy(x: np.ndarray, ref: np.ndarray) -> float:
-        return float(((x - ref) ** 2).sum() / (x ** 2).sum())
+        return float(((x - ref) ** 2).sum() / (x**2).sum())
 
-    out = {"n_tokens": n, "style": ROPE_STYLE[arch], "base": base, "n_rot": n_rot,
-           "step_post": [], "step_pre": [], "key64_post": [], "key64_pre": []}
+    out = {
+        "n_tokens": n,
+        "style": ROPE_STYLE[arch],
+        "base": base,
+        "n_rot": n_rot,
+        "step_post": [],
+        "step_pre": [],
+        "key64_post": [],
+        "key64_pre": [],
+    }
     for il, (k, _) in enumerate(f16_layers(caches, n)):
         post = k.reshape(n, n_head_kv, -1).astype(np.float64)
         pre = unrope(post, pos, base, n_rot, ROPE_STYLE[arch])
@@ -384,8 +471,9 @@ def rope_stats(model_path: str, tokens, n: int, threads: int) -> dict:
             a, b = np.array([p for p, _ in pairs]), np.array([q for _, q in pairs])
             out["check_pairs"] = len(pairs)
             for name, x in (("post", post), ("pre", pre)):
-                out[f"check_{name}"] = float(np.median(np.linalg.norm(x[a] - x[b], axis=-1) /
-                                                       np.maximum(np.linalg.norm(x[b], axis=-1), 1e-9)))
+                out[f"check_{name}"] = float(
+                    np.median(np.linalg.norm(x[a] - x[b], axis=-1) / np.maximum(np.linalg.norm(x[b], axis=-1), 1e-9))
+                )
     return out
 
 
@@ -393,7 +481,7 @@ def reuse_groups(old: dict, old_path: str, names: set) -> list[dict]:
     """Where each reused row was measured: rows the old result itself reused keep their origin."""
     prior = old["meta"].get("reused") or []
     groups, inherited = [], set()
-    for g in (prior if isinstance(prior, list) else [prior]):
+    for g in prior if isinstance(prior, list) else [prior]:
         mine = sorted(set(g["rows"]) & names)
         if mine:
             groups.append({**g, "rows": mine})
@@ -407,8 +495,9 @@ def surprisal_origin(old: dict) -> str:
     """The command that measured an earlier result's surprisal figures (reused runs pass them on)."""
     m = old["meta"]
     prior = m.get("reused")
-    return m.get("surprisal_from") or ((prior if isinstance(prior, list) else [prior])[0]["command"] if prior
-                                       else m["command"])
+    return m.get("surprisal_from") or (
+        (prior if isinstance(prior, list) else [prior])[0]["command"] if prior else m["command"]
+    )
 
 
 def markdown(meta: dict, verdicts: list[Verdict], rows: dict[str, Row]) -> str:
@@ -417,22 +506,33 @@ def markdown(meta: dict, verdicts: list[Verdict], rows: dict[str, Row]) -> str:
         groups = meta["reused"] if isinstance(meta["reused"], list) else [meta["reused"]]
         for u in groups:
             lines += [f"Rows {', '.join(u['rows'])} come from `{u['command']}` ({u['from']}).", ""]
-        lines += [f"The surprisal figures come from `{meta.get('surprisal_from', groups[0]['command'])}` (the RoPE "
-                  f"figures, which it did not take, from this command); all runs use the same text, chunks and f16 "
-                  f"reference; the other rows were measured by this command.", ""]
+        lines += [
+            f"The surprisal figures come from `{meta.get('surprisal_from', groups[0]['command'])}` (the RoPE "
+            f"figures, which it did not take, from this command); all runs use the same text, chunks and f16 "
+            f"reference; the other rows were measured by this command.",
+            "",
+        ]
     lines += [
-             f"{meta['model']}, WikiText-2, {meta['chunks']} x {meta['ctx']} tokens, hot window {meta['hot']} "
-             f"(the rest compressed), KL and top-1 against llama.cpp's f16 cache over the second half of each chunk; "
-             f"bits are the compressed rows' bytes as held x 8 / their values"
-             + (" (codebooks included)." if meta.get("codebooks") != "calibration" else
-                "; pq2/vq8/vq8f start from the model's codebooks (`kvgguf calibrate`), held and counted in the "
-                "bits like a sequence's own."), "",
-             "| claim | the seed says | measured here | verdict |", "|---|---|---|---|"]
+        f"{meta['model']}, WikiText-2, {meta['chunks']} x {meta['ctx']} tokens, hot window {meta['hot']} "
+        f"(the rest compressed), KL and top-1 against llama.cpp's f16 cache over the second half of each chunk; "
+        f"bits are the compressed rows' bytes as held x 8 / their values"
+        + (
+            " (codebooks included)."
+            if meta.get("codebooks") != "calibration"
+            else "; pq2/vq8/vq8f start from the model's codebooks (`kvgguf calibrate`), held and counted in the "
+            "bits like a sequence's own."
+        ),
+        "",
+        "| claim | the seed says | measured here | verdict |",
+        "|---|---|---|---|",
+    ]
     for v in verdicts:
         lines.append(f"| {v.source} | {v.claim} | {v.ours or '-'} | **{v.verdict}** |")
     lines += ["", "| cache | bits/value held | x f16 | KL | top-1 | PPL (f16 ref) |", "|---|---|---|---|---|---|"]
     for r in sorted(rows.values(), key=lambda r: r.bits):
-        lines.append(f"| {r.name} | {r.bits:.3f} | {r.x_f16:.1f} | {r.kl:.4f} | {r.top1:.3f} | {r.ppl:.3f} ({r.ppl_ref:.3f}) |")
+        lines.append(
+            f"| {r.name} | {r.bits:.3f} | {r.x_f16:.1f} | {r.kl:.4f} | {r.top1:.3f} | {r.ppl:.3f} ({r.ppl_ref:.3f}) |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -443,14 +543,24 @@ def main(argv=None) -> int:
     ap.add_argument("--chunks", type=int, default=2)
     ap.add_argument("--hot", type=int, default=128, help="tokens llama.cpp keeps exact; the rest go through the codec")
     ap.add_argument("--surprisal-tokens", type=int, default=2048)
-    ap.add_argument("--codecs", default=",".join(BASELINES + SEED_CODECS), help="kvgguf codecs to run (comma-separated)")
+    ap.add_argument(
+        "--codecs", default=",".join(BASELINES + SEED_CODECS), help="kvgguf codecs to run (comma-separated)"
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=HERE / "results" / "literature_claims" / "literature_claims")
-    ap.add_argument("--codebooks", choices=("sequence", "calibration"), default="sequence",
-                    help="pq2/vq8/vq8f's codebooks (TieredConfig.codebooks): trained on each sequence's first block, "
-                         "or the model's calibrated ones (run `kvgguf calibrate MODEL` first)")
-    ap.add_argument("--reuse", type=Path, help="an earlier result (.json) of the same model, ctx, chunks and hot: "
-                    "its rows and surprisal figures stand for the codecs not measured now")
+    ap.add_argument(
+        "--codebooks",
+        choices=("sequence", "calibration"),
+        default="sequence",
+        help="pq2/vq8/vq8f's codebooks (TieredConfig.codebooks): trained on each sequence's first block, "
+        "or the model's calibrated ones (run `kvgguf calibrate MODEL` first)",
+    )
+    ap.add_argument(
+        "--reuse",
+        type=Path,
+        help="an earlier result (.json) of the same model, ctx, chunks and hot: "
+        "its rows and surprisal figures stand for the codecs not measured now",
+    )
     args = ap.parse_args(argv)
     old = json.loads(args.reuse.read_text()) if args.reuse else None
     if old and any(old["meta"][k] != getattr(args, k) for k in ("model", "ctx", "chunks", "hot")):
@@ -475,8 +585,16 @@ def measure(args, argv, path: str, old: Optional[dict]) -> int:
 
     tokens = _Vocab(path, vocab_only=True, verbose=False).tokenize(wikitext2_test().encode("utf-8"))
     t0 = time.perf_counter()
-    rows = live_rows(path, [c.strip() for c in args.codecs.split(",") if c.strip()], tokens, args.ctx, args.chunks,
-                     args.hot, args.threads, args.codebooks)
+    rows = live_rows(
+        path,
+        [c.strip() for c in args.codecs.split(",") if c.strip()],
+        tokens,
+        args.ctx,
+        args.chunks,
+        args.hot,
+        args.threads,
+        args.codebooks,
+    )
     reused = {}
     if old:
         reused = {k: Row(**d) for k, d in old["rows"].items() if k not in rows}
@@ -487,16 +605,31 @@ def measure(args, argv, path: str, old: Optional[dict]) -> int:
     if "rope" not in stats:  # runs before the rope figures were taken have none
         stats["rope"] = rope_stats(path, tokens, args.surprisal_tokens, args.threads)
     verdicts = [claim(rows, stats) for claim in CLAIMS]
-    meta = {"model": args.model, "ctx": args.ctx, "chunks": args.chunks, "hot": args.hot, "codebooks": args.codebooks,
-            "seconds": round(time.perf_counter() - t0, 1),
-            "command": "benchmarks/literature_claims.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    meta = {
+        "model": args.model,
+        "ctx": args.ctx,
+        "chunks": args.chunks,
+        "hot": args.hot,
+        "codebooks": args.codebooks,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "command": "benchmarks/literature_claims.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    }
     if reused:
         meta["reused"] = reuse_groups(old, str(args.reuse), set(reused))
         meta["surprisal_from"] = surprisal_origin(old)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(
-        {"meta": meta, "rows": {k: asdict(r) for k, r in rows.items()}, "surprisal": stats,
-         "verdicts": [asdict(v) for v in verdicts]}, indent=1) + "\n")
+    args.out.with_suffix(".json").write_text(
+        json.dumps(
+            {
+                "meta": meta,
+                "rows": {k: asdict(r) for k, r in rows.items()},
+                "surprisal": stats,
+                "verdicts": [asdict(v) for v in verdicts],
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     md = markdown(meta, verdicts, rows)
     args.out.with_suffix(".md").write_text(md)
     print(md)

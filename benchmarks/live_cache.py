@@ -33,10 +33,12 @@ HERE = Path(__file__).resolve().parent
 def busy_cpus(seconds: float = 1.0) -> float:
     """CPUs busy with other work over the next second (from /proc/stat; the load average would
     still count the previous configuration's own run)."""
+
     def sample():
         with open("/proc/stat") as f:
             v = [int(x) for x in f.readline().split()[1:]]
         return sum(v), v[3] + v[4]  # total, idle + iowait
+
     t0, i0 = sample()
     time.sleep(seconds)
     t1, i1 = sample()
@@ -65,8 +67,15 @@ def run_one(model: str, n_ctx: int, cache: str, n_decode: int, threads: int, bat
         raise SystemExit(f"the text has {len(tokens)} tokens, fewer than n_ctx={n_ctx}")
     flash_attn = not cache.endswith(":fa0")
     cache = cache.removesuffix(":fa0")
-    kw = dict(n_ctx=n_ctx, n_batch=batch, n_ubatch=batch, n_threads=threads, n_threads_batch=threads,
-              flash_attn=flash_attn, verbose=False)
+    kw = dict(
+        n_ctx=n_ctx,
+        n_batch=batch,
+        n_ubatch=batch,
+        n_threads=threads,
+        n_threads_batch=threads,
+        flash_attn=flash_attn,
+        verbose=False,
+    )
     rss0 = rss_bytes()
     if cache in ("f16", "q8_0", "q4_0"):
         llm = kvgguf.Llama(path, type_k=cache, type_v=cache, **kw)
@@ -129,13 +138,18 @@ def stock_best(rows: list[dict], model: str, n_ctx: int) -> Optional[dict]:
     f16 = [r for r in rows if (r["model"], r["n_ctx"]) == (model, n_ctx) and r["cache"].startswith("f16")]
     if not f16:
         return None
-    return {"prefill_tok_s": max(r["prefill_tok_s"] for r in f16), "decode_tok_s": max(r["decode_tok_s"] for r in f16),
-            "kv_bytes": f16[0]["kv_bytes"]}
+    return {
+        "prefill_tok_s": max(r["prefill_tok_s"] for r in f16),
+        "decode_tok_s": max(r["decode_tok_s"] for r in f16),
+        "kv_bytes": f16[0]["kv_bytes"],
+    }
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| context | cache | KV held (kv_memory) | bits/value | vs f16 | compute scratch (peak) | RSS growth | "
-            "prefill tok/s | prefill vs f16 best | decode tok/s | decode vs f16 best |")
+    head = (
+        "| context | cache | KV held (kv_memory) | bits/value | vs f16 | compute scratch (peak) | RSS growth | "
+        "prefill tok/s | prefill vs f16 best | decode tok/s | decode vs f16 best |"
+    )
     lines = [head, "|" + "---|" * 11]
     for r in rows:
         base = stock_best(rows, r["model"], r["n_ctx"])
@@ -153,15 +167,25 @@ def table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m",
-                   help="model name, real shape (benchmarks/shapes.py: llama-3.2-1b, ...) or GGUF path")
+    p.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="model name, real shape (benchmarks/shapes.py: llama-3.2-1b, ...) or GGUF path",
+    )
     p.add_argument("--contexts", default="4096,8192,32768", help="logical contexts, comma-separated")
-    p.add_argument("--caches", default="f16,f16:fa0,q8_0,q4_0,tiered",
-                   help="llama.cpp types and kvgguf codecs (<codec>:expand: without the fused attention; "
-                        "<codec>@H/U: hot window H, U tokens per llama_decode; any:fa0: flash attention off)")
+    p.add_argument(
+        "--caches",
+        default="f16,f16:fa0,q8_0,q4_0,tiered",
+        help="llama.cpp types and kvgguf codecs (<codec>:expand: without the fused attention; "
+        "<codec>@H/U: hot window H, U tokens per llama_decode; any:fa0: flash attention off)",
+    )
     p.add_argument("--decode", type=int, default=32, help="tokens decoded one at a time after prefill")
-    p.add_argument("--batch", type=int, default=256,
-                   help="prefill batch (n_batch = n_ubatch); kvgguf splits it into its config's ubatch")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=256,
+        help="prefill batch (n_batch = n_ubatch); kvgguf splits it into its config's ubatch",
+    )
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--out", default=str(HERE / "results" / "live_cache"), help="output path without suffix")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
@@ -175,23 +199,44 @@ def main(argv=None) -> int:
     rows = []
     for n_ctx in contexts:
         for cache in caches:
-            cmd = [sys.executable, __file__, "--one", "--model", args.model, "--contexts", str(n_ctx),
-                   "--caches", cache, "--decode", str(args.decode), "--threads", str(args.threads),
-                   "--batch", str(args.batch)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--one",
+                "--model",
+                args.model,
+                "--contexts",
+                str(n_ctx),
+                "--caches",
+                cache,
+                "--decode",
+                str(args.decode),
+                "--threads",
+                str(args.threads),
+                "--batch",
+                str(args.batch),
+            ]
             busy = busy_cpus()
             # llama.cpp's threads spin: anything else running makes decode several times slower.
-            note = f" ({busy:.2f} CPUs busy: the machine is not idle, speed figures are unreliable)" if busy > 0.2 else ""
+            note = (
+                f" ({busy:.2f} CPUs busy: the machine is not idle, speed figures are unreliable)" if busy > 0.2 else ""
+            )
             print(f"[{time.strftime('%H:%M:%S')}] {n_ctx} {cache} ...{note}", file=sys.stderr, flush=True)
             out = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE)
             if out.returncode != 0:
                 raise SystemExit(f"{n_ctx} {cache} failed:\n{out.stderr[-3000:]}")
             rows.append(dict(json.loads(out.stdout.strip().splitlines()[-1]), busy_cpus_before=busy))
             print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
-    result = {"command": "benchmarks/live_cache.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "threads": args.threads, "rows": rows}
+    result = {
+        "command": "benchmarks/live_cache.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "threads": args.threads,
+        "rows": rows,
+    }
     Path(args.out + ".json").write_text(json.dumps(result, indent=2))
-    md = (f"`{result['command']}` ({args.model}, {args.threads} threads; flash attention on unless the row says "
-          f"off; ratios against stock f16 at its best, per phase)\n\n{table(rows)}\n")
+    md = (
+        f"`{result['command']}` ({args.model}, {args.threads} threads; flash attention on unless the row says "
+        f"off; ratios against stock f16 at its best, per phase)\n\n{table(rows)}\n"
+    )
     Path(args.out + ".md").write_text(md)
     print(md)
     return 0

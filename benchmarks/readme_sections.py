@@ -34,8 +34,10 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 def usage(here: Path) -> str:
     out = (RESULTS / "usage_example.txt").read_text().rstrip()
-    return ("Output of `.venv/bin/python benchmarks/usage_example.py` (the code above, run as written, on a "
-            "model without a calibration: the fixed preset):\n\n```text\n" + out + "\n```")
+    return (
+        "Output of `.venv/bin/python benchmarks/usage_example.py` (the code above, run as written, on a "
+        "model without a calibration: the fixed preset):\n\n```text\n" + out + "\n```"
+    )
 
 
 def table_rows(md: Path, key) -> tuple[str, dict]:
@@ -70,17 +72,21 @@ def headline(here: Path) -> str:
     quality_cmd, quality = table_rows(quality_md, lambda r: r["cache"])
     speed_cmd, speed = table_rows(speed_md, lambda r: (r["context"], r["cache"]))
     older_cmd, older = table_rows(older_speed_md, lambda r: (r["context"], r["cache"]))
-    lines = [f"SmolLM2-135M, 8,192 tokens of WikiText-2, 2 threads, flash attention on. Memory and quality: "
-             f"`{quality_cmd}`; speed: `{speed_cmd}`, and for q4_0, which that run did not hold, "
-             f"`{older_cmd}` (an earlier day; speeds are against the f16 row of their own run).",
-             "",
-             "| cache | from | KV held | bits/value held | KL mean | top-1 | prefill vs f16 | decode vs f16 |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"SmolLM2-135M, 8,192 tokens of WikiText-2, 2 threads, flash attention on. Memory and quality: "
+        f"`{quality_cmd}`; speed: `{speed_cmd}`, and for q4_0, which that run did not hold, "
+        f"`{older_cmd}` (an earlier day; speeds are against the f16 row of their own run).",
+        "",
+        "| cache | from | KV held | bits/value held | KL mean | top-1 | prefill vs f16 | decode vs f16 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for cache in HEADLINE_CACHES:
         q = pick(quality, cache, quality_md)
         s = speed.get(("8K", cache)) or pick(older, ("8K", cache), older_speed_md)
-        lines.append(f"| {cache} | {q['from']} | {q['KV held (peak)']} | {q['bits/value held']} | {q['KL mean']} | "
-                     f"{q['top-1']} | {s['prefill vs f16']} | {s['decode vs f16']} |")
+        lines.append(
+            f"| {cache} | {q['from']} | {q['KV held (peak)']} | {q['bits/value held']} | {q['KL mean']} | "
+            f"{q['top-1']} | {s['prefill vs f16']} | {s['decode vs f16']} |"
+        )
     return "\n".join(lines)
 
 
@@ -101,7 +107,8 @@ def shapes_all(here: Path) -> str:
     return folder_tables("shapes")
 
 
-LIVE_FIRST = ("live_cache_4k_8k_stock_best", "live_cache_4k_8k_ubatch")  # the current preset's run first, older days after
+# the current preset's run first, older days after
+LIVE_FIRST = ("live_cache_4k_8k_stock_best", "live_cache_4k_8k_ubatch")
 
 
 def live(here: Path) -> str:
@@ -127,15 +134,20 @@ def quality(here: Path) -> str:
 
 
 def recall(here: Path) -> str:
-    return "\n\n".join(md.read_text().strip() for md in sorted(RESULTS.glob("retrieval_*.md"))
-                       if not md.stem.startswith("retrieval_preset"))
+    return "\n\n".join(
+        md.read_text().strip()
+        for md in sorted(RESULTS.glob("retrieval_*.md"))
+        if not md.stem.startswith("retrieval_preset")
+    )
 
 
 def preset(here: Path) -> str:
     """Today's preset, fixed and calibrated: KL beside llama.cpp's types, then recall."""
     evals = sorted((RESULTS / "preset").glob("*.md"), key=lambda md: ("smollm2" not in md.stem, md.stem))
-    recalls = sorted(RESULTS.glob("retrieval_preset_*.md"), key=lambda md: ("gemma" in md.stem, int(
-        re.search(r"_(\d+)k", md.stem).group(1))))
+    recalls = sorted(
+        RESULTS.glob("retrieval_preset_*.md"),
+        key=lambda md: ("gemma" in md.stem, int(re.search(r"_(\d+)k", md.stem).group(1))),
+    )
     return with_plots(evals + recalls, here)
 
 
@@ -186,8 +198,10 @@ def replace(text: str, name: str, body: str, where: str) -> str:
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     counts = text.count(begin), text.count(end)
     if counts != (1, 1):
-        raise SystemExit(f"{where} must hold {begin} ... {end} once each (found {counts[0]} and {counts[1]}): "
-                         f"benchmarks/readme_sections.py's SECTIONS says section {name!r} is written there")
+        raise SystemExit(
+            f"{where} must hold {begin} ... {end} once each (found {counts[0]} and {counts[1]}): "
+            f"benchmarks/readme_sections.py's SECTIONS says section {name!r} is written there"
+        )
     block = begin + "\n" + body + "\n" + end
     return re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
 
@@ -199,8 +213,9 @@ def main() -> None:
     for where, names in files.items():
         path = ROOT / where
         if not path.exists():
-            raise SystemExit(f"{where} does not exist: benchmarks/readme_sections.py's SECTIONS writes "
-                             f"{', '.join(names)} there")
+            raise SystemExit(
+                f"{where} does not exist: benchmarks/readme_sections.py's SECTIONS writes {', '.join(names)} there"
+            )
         text = path.read_text()
         new = text
         for name in names:

@@ -34,8 +34,13 @@ def open_llama(path: str, cache: str, n_ctx: int, threads: int):
     name, _, archive = cache.partition(":archive=")
     if not archive:
         return kvgguf.Llama(path, kv_codec=cache, **kw)
-    spec = (None if archive == "none" else codec_spec.parse_kv(archive.replace("/", ","))
-            if archive.startswith("k:") else archive)
+    spec = (
+        None
+        if archive == "none"
+        else codec_spec.parse_kv(archive.replace("/", ","))
+        if archive.startswith("k:")
+        else archive
+    )
     return kvgguf.Llama(path, kv_codec=dataclasses.replace(kvgguf.TieredConfig.parse(name), archive=spec), **kw)
 
 
@@ -50,14 +55,25 @@ def run_cache(path: str, cache: str, n_tokens: int, n_documents: int, threads: i
         trials, bits = [], []
         t0 = time.perf_counter()
         for i, doc in enumerate(docs):
+
             def show(t):
                 mark = "found" if t.found else "MISSED"
-                print(f"    doc {t.document} depth {t.depth:.1f} ({t.distance} tokens back): "
-                      f"{mark} {t.expected} -> {t.answer!r}", file=sys.stderr, flush=True)
+                print(
+                    f"    doc {t.document} depth {t.depth:.1f} ({t.distance} tokens back): "
+                    f"{mark} {t.expected} -> {t.answer!r}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
             trials += retrieval.ask(llm, doc, show, index=i)
             bits.append(llm.kv_memory().bits_per_value)
-        return dict(retrieval.summary(trials), cache=harness.row_name(cache, cache, llm), n_tokens=n_tokens,
-                    bits_per_value=sum(bits) / len(bits), seconds=time.perf_counter() - t0)
+        return dict(
+            retrieval.summary(trials),
+            cache=harness.row_name(cache, cache, llm),
+            n_tokens=n_tokens,
+            bits_per_value=sum(bits) / len(bits),
+            seconds=time.perf_counter() - t0,
+        )
     finally:
         llm.close()
 
@@ -75,14 +91,22 @@ def tables(rows: list[dict]) -> str:
             cells.append(f"{r['found']}/{r['asked']} ({r['bits_per_value']:.2f})" if r else "")
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
     depths = sorted({d for r in rows for d in r["by_depth"]}, key=float)
-    lines += ["", "Found per depth of the fact (0.1: near the start of the document, asked for furthest back):", "",
-              "| cache | context | " + " | ".join(depths) + " |", "|" + "---|" * (2 + len(depths))]
+    lines += [
+        "",
+        "Found per depth of the fact (0.1: near the start of the document, asked for furthest back):",
+        "",
+        "| cache | context | " + " | ".join(depths) + " |",
+        "|" + "---|" * (2 + len(depths)),
+    ]
     for c in caches:
         for n in contexts:
             r = at.get((c, n))
             if r:
-                lines.append(f"| {c} | {n} | " + " | ".join(
-                    "{}/{}".format(*r["by_depth"][d]) if d in r["by_depth"] else "" for d in depths) + " |")
+                lines.append(
+                    f"| {c} | {n} | "
+                    + " | ".join("{}/{}".format(*r["by_depth"][d]) if d in r["by_depth"] else "" for d in depths)
+                    + " |"
+                )
     return "\n".join(lines)
 
 
@@ -92,9 +116,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m", help="model name or GGUF path")
     p.add_argument("--contexts", default="2048,5120,8192", help="document lengths in tokens, comma-separated")
-    p.add_argument("--caches", default="f16,q8_0,q4_0,tiered,rotq4,rotq3,kivi4",
-                   help="llama.cpp types, kvgguf codecs, 'tiered', 'tiered:archive=SPEC' (SPEC: none, a codec, "
-                        "k:NAME/v:NAME)")
+    p.add_argument(
+        "--caches",
+        default="f16,q8_0,q4_0,tiered,rotq4,rotq3,kivi4",
+        help="llama.cpp types, kvgguf codecs, 'tiered', 'tiered:archive=SPEC' (SPEC: none, a codec, k:NAME/v:NAME)",
+    )
     p.add_argument("--documents", type=int, default=2, help="documents per context (5 facts each)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-t", "--threads", type=int, default=2)
@@ -106,7 +132,9 @@ def main(argv=None) -> int:
         for cache in args.caches.split(","):
             print(f"[{time.strftime('%H:%M:%S')}] {n} tokens, {cache}", file=sys.stderr, flush=True)
             r = run_cache(path, cache, n, args.documents, args.threads, args.seed)
-            print(f"  {r['found']}/{r['asked']} found at {r['bits_per_value']:.2f} bits held", file=sys.stderr, flush=True)
+            print(
+                f"  {r['found']}/{r['asked']} found at {r['bits_per_value']:.2f} bits held", file=sys.stderr, flush=True
+            )
             rows.append(r)
             md = write(args, argv, rows)  # after every cache: a long run interrupted keeps what it measured
     print(md)
@@ -114,11 +142,16 @@ def main(argv=None) -> int:
 
 
 def write(args, argv, rows: list[dict]) -> str:
-    result = {"command": "benchmarks/retrieval.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "model": args.model, "rows": rows}
+    result = {
+        "command": "benchmarks/retrieval.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "model": args.model,
+        "rows": rows,
+    }
     Path(args.out + ".json").write_text(json.dumps(result, indent=2))
-    md = (f"`{result['command']}` ({args.model}; {args.documents} documents of 5 facts per context, "
-          f"greedy answers; f16 is llama.cpp's own cache)\n\n{tables(rows)}\n")
+    md = (
+        f"`{result['command']}` ({args.model}; {args.documents} documents of 5 facts per context, "
+        f"greedy answers; f16 is llama.cpp's own cache)\n\n{tables(rows)}\n"
+    )
     Path(args.out + ".md").write_text(md)
     return md
 

@@ -88,10 +88,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--ctx", default="2048,8192")
-    p.add_argument("--codecs", default="f16,f16+zstd,rotq4+zstd,rotq4/rotq3,rotq4/rotq3+zstd,kivi4+zstd,"
-                                       "crotq3/rotq3+zstd,rotq3+zstd",
-                   help="session codecs for the stock cache (f16 = exact; K/V for a pair; +zstd: "
-                        "entropy-coded); the default of save_session is rotq4/rotq3+zstd")
+    p.add_argument(
+        "--codecs",
+        default="f16,f16+zstd,rotq4+zstd,rotq4/rotq3,rotq4/rotq3+zstd,kivi4+zstd,crotq3/rotq3+zstd,rotq3+zstd",
+        help="session codecs for the stock cache (f16 = exact; K/V for a pair; +zstd: "
+        "entropy-coded); the default of save_session is rotq4/rotq3+zstd",
+    )
     p.add_argument("--batch", type=int, default=512)
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--out", default=str(HERE / "results" / "sessions"))
@@ -106,8 +108,15 @@ def main(argv=None) -> int:
     results = {"model": args.model, "next_tokens": NEXT, "contexts": {}}
     tmp = tempfile.mkdtemp(prefix="kvgguf-sessions-")
     for n in (int(c) for c in args.ctx.split(",")):
-        kw = dict(n_ctx=n + NEXT, n_batch=args.batch, n_ubatch=args.batch, flash_attn=True, verbose=False,
-                  n_threads=args.threads, n_threads_batch=args.threads)
+        kw = dict(
+            n_ctx=n + NEXT,
+            n_batch=args.batch,
+            n_ubatch=args.batch,
+            flash_attn=True,
+            verbose=False,
+            n_threads=args.threads,
+            n_threads_batch=args.threads,
+        )
         rows = {}
         src, dst = kvgguf.Llama(path, **kw), kvgguf.Llama(path, **kw)
         tokens = src.tokenize(text[: (n + NEXT) * 12].encode("utf-8"))[: n + NEXT]
@@ -122,8 +131,9 @@ def main(argv=None) -> int:
             codec = tuple(spec.split("/")) if "/" in spec else spec  # "K/V"
             name = f"kvgguf {spec}{' +zstd' if zstd else ''}"
             print(f"ctx {n}: {name}", file=sys.stderr, flush=True)
-            rows[name] = kvgguf_session(src, dst, f"{tmp}/s.kvz", n, next_tokens, ref,
-                                        codec=codec, exact=spec == "f16", entropy=bool(zstd))
+            rows[name] = kvgguf_session(
+                src, dst, f"{tmp}/s.kvz", n, next_tokens, ref, codec=codec, exact=spec == "f16", entropy=bool(zstd)
+            )
         src.close(), dst.close()
 
         print(f"ctx {n}: prefill q8_0", file=sys.stderr, flush=True)
@@ -136,8 +146,9 @@ def main(argv=None) -> int:
         tkw = {k: v for k, v in kw.items() if k not in ("n_batch", "n_ubatch")}  # kvgguf's ubatch (hot + ubatch cells)
         src, dst = (kvgguf.Llama(path, kv_codec="tiered", **tkw) for _ in range(2))
         src.eval(ctx_tokens)
-        rows["kvgguf tiered +zstd"] = kvgguf_session(src, dst, f"{tmp}/t.kvz", n, next_tokens, ref,
-                                                     unsaved=True, entropy=True)
+        rows["kvgguf tiered +zstd"] = kvgguf_session(
+            src, dst, f"{tmp}/t.kvz", n, next_tokens, ref, unsaved=True, entropy=True
+        )
         src.close(), dst.close()
 
         f16 = rows["llama.cpp f16"]["bytes"]
@@ -161,21 +172,32 @@ def write_readme(path: Path, table: str) -> None:
 
 
 def markdown(results: dict) -> str:
-    lines = [f"Sessions, {results['model']}: KL and top-1 over the next {results['next_tokens']} tokens "
-             "after restore, against the f16 cache never saved.", ""]
+    lines = [
+        f"Sessions, {results['model']}: KL and top-1 over the next {results['next_tokens']} tokens "
+        "after restore, against the f16 cache never saved.",
+        "",
+    ]
     for n, rows in results["contexts"].items():
-        lines += [f"**{n} tokens of context**", "",
-                  "| session | file MiB | of f16 file | save s | load s | KL | top-1 |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            f"**{n} tokens of context**",
+            "",
+            "| session | file MiB | of f16 file | save s | load s | KL | top-1 |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
         for name, r in rows.items():
-            lines.append(f"| {name} | {r['bytes'] / 2**20:.2f} | 1/{1 / r['fraction_of_f16']:.2f} | "
-                         f"{r['save_s']:.2f} | {r['load_s']:.2f} | {r['kl']:.4f} | {r['top1']:.3f} |")
+            lines.append(
+                f"| {name} | {r['bytes'] / 2**20:.2f} | 1/{1 / r['fraction_of_f16']:.2f} | "
+                f"{r['save_s']:.2f} | {r['load_s']:.2f} | {r['kl']:.4f} | {r['top1']:.3f} |"
+            )
         lines.append("")
         for name, r in rows.items():
             if "kl_vs_same_cache_unsaved" in r:
-                lines += [f"{name}: {r['cold_tokens']} of the {n} tokens were cold rows (in the store) "
-                          f"before saving; KL against the same tiered cache never saved "
-                          f"{r['kl_vs_same_cache_unsaved']:.4f}.", ""]
+                lines += [
+                    f"{name}: {r['cold_tokens']} of the {n} tokens were cold rows (in the store) "
+                    f"before saving; KL against the same tiered cache never saved "
+                    f"{r['kl_vs_same_cache_unsaved']:.4f}.",
+                    "",
+                ]
     return "\n".join(lines)
 
 

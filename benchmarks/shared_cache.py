@@ -35,8 +35,14 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 from servers import RedisServer, get_json, kvgguf_serve, redis_server_binary  # noqa: E402
 
-QUESTIONS = ["\nQuestion: what is this text about?\nAnswer:", "\nQuestion: who is named first?\nAnswer:",
-             "\nTitle:", "\nSummary:", "\nThe main point:", "\nOne word for it:"]
+QUESTIONS = [
+    "\nQuestion: what is this text about?\nAnswer:",
+    "\nQuestion: who is named first?\nAnswer:",
+    "\nTitle:",
+    "\nSummary:",
+    "\nThe main point:",
+    "\nOne word for it:",
+]
 
 
 def _rss_kib(pid_of_port: int) -> int:
@@ -62,8 +68,9 @@ def ttft(base: str, prompt: str, max_tokens: int = 8) -> tuple[float, float]:
     client = openai.OpenAI(base_url=base + "/v1", api_key="-", max_retries=0, timeout=600)
     t0 = time.perf_counter()
     first = None
-    for chunk in client.completions.create(model="m", prompt=prompt, max_tokens=max_tokens, temperature=0.0,
-                                           stream=True):
+    for chunk in client.completions.create(
+        model="m", prompt=prompt, max_tokens=max_tokens, temperature=0.0, stream=True
+    ):
         if first is None and chunk.choices and chunk.choices[0].text:
             first = time.perf_counter() - t0
     return (first if first is not None else time.perf_counter() - t0), time.perf_counter() - t0
@@ -82,8 +89,9 @@ def load(base: str, doc: str, clients: int, seconds: float) -> dict:
         while time.perf_counter() < stop:
             t0 = time.perf_counter()
             try:
-                c.completions.create(model="m", prompt=doc + QUESTIONS[k % len(QUESTIONS)], max_tokens=8,
-                                     temperature=0.0)
+                c.completions.create(
+                    model="m", prompt=doc + QUESTIONS[k % len(QUESTIONS)], max_tokens=8, temperature=0.0
+                )
                 with lock:
                     latencies.append(time.perf_counter() - t0)
             except Exception as e:  # counted, not raised: the point is whether any happen
@@ -99,9 +107,16 @@ def load(base: str, doc: str, clients: int, seconds: float) -> dict:
         t.join()
     wall = time.perf_counter() - t0
     lat = np.array(latencies) if latencies else np.array([np.nan])
-    return {"clients": clients, "requests": len(latencies), "errors": len(errors), "wall_s": wall,
-            "per_minute": 60 * len(latencies) / wall, "p50_s": float(np.percentile(lat, 50)),
-            "p99_s": float(np.percentile(lat, 99)), "first_error": errors[0] if errors else None}
+    return {
+        "clients": clients,
+        "requests": len(latencies),
+        "errors": len(errors),
+        "wall_s": wall,
+        "per_minute": 60 * len(latencies) / wall,
+        "p50_s": float(np.percentile(lat, 50)),
+        "p99_s": float(np.percentile(lat, 99)),
+        "first_error": errors[0] if errors else None,
+    }
 
 
 def raw_state_bytes(model: str, tokens: list, threads: int) -> int:
@@ -138,8 +153,17 @@ def main(argv=None) -> int:
     if binary is None:
         raise SystemExit("redis-server is not installed (apt-get install redis-server)")
     n_ctx = str(args.doc_tokens + 512)
-    common = [model, "--model_alias", "m", "--n_ctx", n_ctx, "--n_threads", str(args.threads),
-              "--n_threads_batch", str(args.threads)]
+    common = [
+        model,
+        "--model_alias",
+        "m",
+        "--n_ctx",
+        n_ctx,
+        "--n_threads",
+        str(args.threads),
+        "--n_threads_batch",
+        str(args.threads),
+    ]
     results = {"model": args.model, "doc_tokens": len(tokens), "threads": args.threads, "ttft": {}, "load": []}
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(binary, tmp)
@@ -157,8 +181,11 @@ def main(argv=None) -> int:
                 results["prompt_cache"] = mem["prompt_cache"]
                 client = redis.Redis(port=server.port)
                 sizes = [int(v) for k in client.keys("kvgguf:*:sizes") for v in client.hvals(k)]
-                results["redis"] = {"entries": len(sizes), "entry_bytes": sizes,
-                                    "used_memory": int(client.info("memory")["used_memory"])}
+                results["redis"] = {
+                    "entries": len(sizes),
+                    "entry_bytes": sizes,
+                    "used_memory": int(client.info("memory")["used_memory"]),
+                }
                 port = int(b.rsplit(":", 1)[1])
                 rss0 = _rss_kib(port)
                 for n in (int(x) for x in args.clients.split(",")):
@@ -179,27 +206,42 @@ def markdown(r: dict) -> str:
     entry = max(r["redis"]["entry_bytes"]) if r["redis"]["entry_bytes"] else 0
     raw = r["raw_state_bytes"]
     cmd = "benchmarks/shared_cache.py " + " ".join(sys.argv[1:]) if sys.argv[1:] else "benchmarks/shared_cache.py"
-    lines = [f"`{cmd}` ({r['model']}, a question on a {n:,}-token document, {r['threads']} threads per server, "
-             "greedy, streamed)", "",
-             "| where the document's KV rows come from | time to first token | answer done |", "|---|---|---|"]
+    lines = [
+        f"`{cmd}` ({r['model']}, a question on a {n:,}-token document, {r['threads']} threads per server, "
+        "greedy, streamed)",
+        "",
+        "| where the document's KV rows come from | time to first token | answer done |",
+        "|---|---|---|",
+    ]
     cold = r["ttft"]["cold"][0]
     for name, (first, done) in r["ttft"].items():
         ratio = "" if name == "cold" else f" ({cold / first:.1f}x faster)"
         lines.append(f"| {name} | {first:.2f} s{ratio} | {done:.2f} s |")
     gib = 2**30
-    lines += ["", f"| cache entry | bytes per token | {n:,}-token documents per GiB |", "|---|---|---|",
-              f"| kvgguf `.kvz` in Redis (largest entry) | {entry / n:,.0f} | {gib // entry if entry else 0:,} |",
-              f"| llama.cpp's own state (f16, same tokens) | {raw / n:,.0f} | {gib // raw:,} |",
-              "", "| clients | requests | errors | requests/min | p50 | p99 |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        f"| cache entry | bytes per token | {n:,}-token documents per GiB |",
+        "|---|---|---|",
+        f"| kvgguf `.kvz` in Redis (largest entry) | {entry / n:,.0f} | {gib // entry if entry else 0:,} |",
+        f"| llama.cpp's own state (f16, same tokens) | {raw / n:,.0f} | {gib // raw:,} |",
+        "",
+        "| clients | requests | errors | requests/min | p50 | p99 |",
+        "|---|---|---|---|---|---|",
+    ]
     for row in r["load"]:
-        lines.append(f"| {row['clients']} | {row['requests']} | {row['errors']} | {row['per_minute']:.1f} | "
-                     f"{row['p50_s']:.2f} s | {row['p99_s']:.2f} s |")
+        lines.append(
+            f"| {row['clients']} | {row['requests']} | {row['errors']} | {row['per_minute']:.1f} | "
+            f"{row['p50_s']:.2f} s | {row['p99_s']:.2f} s |"
+        )
     rss = r["rss_kib"]
-    lines += ["", f"Server B's RSS: {rss['before_load'] / 1024:.0f} MiB before the load, "
-                  f"{rss['after_load'] / 1024:.0f} MiB after. Redis held {r['redis']['entries']} entries "
-                  f"({r['redis']['used_memory'] / 2**20:.1f} MiB used_memory) before the load; server B's prompt "
-                  f"cache: {r['prompt_cache'].get('hits')} hit(s), {r['prompt_cache'].get('tokens_served')} tokens "
-                  f"served, faults {r['prompt_cache'].get('faults') or 'none'}."]
+    lines += [
+        "",
+        f"Server B's RSS: {rss['before_load'] / 1024:.0f} MiB before the load, "
+        f"{rss['after_load'] / 1024:.0f} MiB after. Redis held {r['redis']['entries']} entries "
+        f"({r['redis']['used_memory'] / 2**20:.1f} MiB used_memory) before the load; server B's prompt "
+        f"cache: {r['prompt_cache'].get('hits')} hit(s), {r['prompt_cache'].get('tokens_served')} tokens "
+        f"served, faults {r['prompt_cache'].get('faults') or 'none'}.",
+    ]
     return "\n".join(lines)
 
 

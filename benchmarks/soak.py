@@ -37,8 +37,21 @@ def rss_bytes() -> int:
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (n, ctypes.c_size_t)
+        for n in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def malloc_bytes() -> tuple[int, int]:
@@ -60,8 +73,18 @@ def python_heap() -> int:
     return sum(sys.getsizeof(o) for o in gc.get_objects())
 
 
-def soak(model: str, cache: str, n_ctx: int, n_tokens: int, n_prompt: int, every: int, threads: int,
-         seed: int, trim: bool = False, keep_open: bool = False) -> dict:
+def soak(
+    model: str,
+    cache: str,
+    n_ctx: int,
+    n_tokens: int,
+    n_prompt: int,
+    every: int,
+    threads: int,
+    seed: int,
+    trim: bool = False,
+    keep_open: bool = False,
+) -> dict:
     import kvgguf
     from kvgguf.evaluation.text import wikitext2_test
 
@@ -86,16 +109,29 @@ def soak(model: str, cache: str, n_ctx: int, n_tokens: int, n_prompt: int, every
                 conv["rss_peak"] = max(conv["rss_peak"], rss)
                 in_use, free_held = malloc_bytes()
                 conv["heap_peak"] = max(conv.get("heap_peak", 0), in_use)
-                samples.append({
-                    "generated": generated, "n_tokens": llm.n_tokens, "seconds": round(time.perf_counter() - t0, 2),
-                    "rss": rss, "kv_held": mem.total_bytes, "hot": mem.tiers[0].bytes,
-                    "python_heap": python_heap(), "malloc_in_use": in_use, "malloc_free_held": free_held,
-                    "store": sum(t.bytes for t in mem.tiers[1:]), "index": mem.index_bytes,
-                    "bits_per_value": round(mem.bits_per_value, 3),
-                })
+                samples.append(
+                    {
+                        "generated": generated,
+                        "n_tokens": llm.n_tokens,
+                        "seconds": round(time.perf_counter() - t0, 2),
+                        "rss": rss,
+                        "kv_held": mem.total_bytes,
+                        "hot": mem.tiers[0].bytes,
+                        "python_heap": python_heap(),
+                        "malloc_in_use": in_use,
+                        "malloc_free_held": free_held,
+                        "store": sum(t.bytes for t in mem.tiers[1:]),
+                        "index": mem.index_bytes,
+                        "bits_per_value": round(mem.bits_per_value, 3),
+                    }
+                )
                 if generated % (20 * every) == 0:
-                    print(f"soak: {generated} tokens, {samples[-1]['seconds']} s, RSS {rss / 2**20:.1f} MiB, "
-                          f"KV held {mem.total_bytes / 2**20:.1f} MiB", file=sys.stderr, flush=True)
+                    print(
+                        f"soak: {generated} tokens, {samples[-1]['seconds']} s, RSS {rss / 2**20:.1f} MiB, "
+                        f"KV held {mem.total_bytes / 2**20:.1f} MiB",
+                        file=sys.stderr,
+                        flush=True,
+                    )
         conv["end"] = generated
         conv["rss_end"] = rss_bytes()
         # What the process still holds once Python's cyclic garbage is gone: llama-cpp-python's
@@ -111,8 +147,13 @@ def soak(model: str, cache: str, n_ctx: int, n_tokens: int, n_prompt: int, every
     elapsed = time.perf_counter() - t0
     if not keep_open:  # --exit-without-close: a leak checker then reports all the context holds
         llm.close()
-    return {"samples": samples, "conversations": conversations, "seconds": round(elapsed, 1),
-            "rss_start": rss0, "generated": generated}
+    return {
+        "samples": samples,
+        "conversations": conversations,
+        "seconds": round(elapsed, 1),
+        "rss_start": rss0,
+        "generated": generated,
+    }
 
 
 def verdicts(result: dict, rss_slack_mib: float, held_spread: float) -> dict:
@@ -130,19 +171,28 @@ def verdicts(result: dict, rss_slack_mib: float, held_spread: float) -> dict:
     g_first, g_last = full[0].get("heap_after_gc", -1), full[-1].get("heap_after_gc", -1)
     h_first, h_last = full[0].get("heap_peak", -1), full[-1].get("heap_peak", -1)
     heap_growth_mib = (h_last - h_first) / 2**20
-    return {"held_follows_rows": held_follows, "held_spread": round(spread, 4),
-            "heap_first_conversation_mib": round(h_first / 2**20, 1), "heap_last_conversation_mib": round(h_last / 2**20, 1),
-            "heap_growth_mib": round(heap_growth_mib, 1), "heap_bounded": h_first >= 0 and heap_growth_mib <= rss_slack_mib,
-            "heap_after_gc_first_mib": round(g_first / 2**20, 1), "heap_after_gc_last_mib": round(g_last / 2**20, 1),
-            "heap_after_gc_growth_mib": round((g_last - g_first) / 2**20, 2),
-            "rss_first_conversation_mib": round(first / 2**20, 1),
-            "rss_last_conversation_mib": round(last / 2**20, 1), "rss_growth_mib": round(growth_mib, 1),
-            "rss_bounded": growth_mib <= rss_slack_mib, "rss_slack_mib": rss_slack_mib}
+    return {
+        "held_follows_rows": held_follows,
+        "held_spread": round(spread, 4),
+        "heap_first_conversation_mib": round(h_first / 2**20, 1),
+        "heap_last_conversation_mib": round(h_last / 2**20, 1),
+        "heap_growth_mib": round(heap_growth_mib, 1),
+        "heap_bounded": h_first >= 0 and heap_growth_mib <= rss_slack_mib,
+        "heap_after_gc_first_mib": round(g_first / 2**20, 1),
+        "heap_after_gc_last_mib": round(g_last / 2**20, 1),
+        "heap_after_gc_growth_mib": round((g_last - g_first) / 2**20, 2),
+        "rss_first_conversation_mib": round(first / 2**20, 1),
+        "rss_last_conversation_mib": round(last / 2**20, 1),
+        "rss_growth_mib": round(growth_mib, 1),
+        "rss_bounded": growth_mib <= rss_slack_mib,
+        "rss_slack_mib": rss_slack_mib,
+    }
 
 
 def plot(result: dict, out: Path, title: str) -> bool:
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -169,29 +219,54 @@ def plot(result: dict, out: Path, title: str) -> bool:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--cache", default="tiered:fixed",
-                    help="kv_codec (default: the fixed preset, all three tiers; 'none': llama.cpp's own cache)")
+    ap.add_argument(
+        "--cache",
+        default="tiered:fixed",
+        help="kv_codec (default: the fixed preset, all three tiers; 'none': llama.cpp's own cache)",
+    )
     ap.add_argument("--ctx", type=int, default=4096, help="logical context of each conversation")
     ap.add_argument("--tokens", type=int, default=100_000)
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--every", type=int, default=250, help="tokens between samples")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--rss-slack", type=float, default=32.0, help="MiB the RSS peak may grow, last vs first conversation")
-    ap.add_argument("--held-spread", type=float, default=0.0,
-                    help="how far the bytes held at one context length may differ between conversations "
-                         "(0: not at all; a keep signal needs some)")
-    ap.add_argument("--trim", action="store_true",
-                    help="after each conversation, malloc_trim(0) and note the RSS before and after (a leak "
-                         "survives it, memory glibc merely keeps does not)")
-    ap.add_argument("--exit-without-close", action="store_true",
-                    help="end the process without freeing the Llama, so that heaptrack or valgrind lists everything it "
-                         "still holds by where it was allocated (what grows with the run stands out)")
+    ap.add_argument(
+        "--rss-slack", type=float, default=32.0, help="MiB the RSS peak may grow, last vs first conversation"
+    )
+    ap.add_argument(
+        "--held-spread",
+        type=float,
+        default=0.0,
+        help="how far the bytes held at one context length may differ between conversations "
+        "(0: not at all; a keep signal needs some)",
+    )
+    ap.add_argument(
+        "--trim",
+        action="store_true",
+        help="after each conversation, malloc_trim(0) and note the RSS before and after (a leak "
+        "survives it, memory glibc merely keeps does not)",
+    )
+    ap.add_argument(
+        "--exit-without-close",
+        action="store_true",
+        help="end the process without freeing the Llama, so that heaptrack or valgrind lists everything it "
+        "still holds by where it was allocated (what grows with the run stands out)",
+    )
     ap.add_argument("--out", type=Path, default=HERE / "results" / "soak" / "soak")
     args = ap.parse_args(argv)
 
-    result = soak(args.model, args.cache, args.ctx, args.tokens, args.prompt, args.every, args.threads, args.seed,
-                  args.trim, keep_open=args.exit_without_close)
+    result = soak(
+        args.model,
+        args.cache,
+        args.ctx,
+        args.tokens,
+        args.prompt,
+        args.every,
+        args.threads,
+        args.seed,
+        args.trim,
+        keep_open=args.exit_without_close,
+    )
     result["verdicts"] = verdicts(result, args.rss_slack, args.held_spread)
     result["setting"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     result["command"] = "benchmarks/soak.py " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -199,24 +274,28 @@ def main(argv=None) -> int:
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     v = result["verdicts"]
     last = result["samples"][-1] if result["samples"] else {}
-    md = [f"# Soak: {args.cache} on {args.model}, {result['generated']} tokens generated", "",
-          f"Command: `{result['command']}`", "",
-          f"- conversations of up to {args.ctx} tokens: {len(result['conversations'])}; {result['seconds']} s "
-          f"({result['generated'] / max(result['seconds'], 1e-9):.1f} tokens/s, sampling included)",
-          "- errors: none (the run ended)",
-          f"- bytes held follow the rows held (at one context length, the same bytes in every conversation, "
-          f"spread {v['held_spread']:.4f}, allowed {args.held_spread}): {'yes' if v['held_follows_rows'] else 'NO'}",
-          f"- RSS peak, first conversation {v['rss_first_conversation_mib']} MiB, last {v['rss_last_conversation_mib']} "
-          f"MiB: growth {v['rss_growth_mib']} MiB ({'bounded' if v['rss_bounded'] else 'NOT bounded'}: "
-          f"slack {v['rss_slack_mib']} MiB)",
-          f"- heap in use (malloc'd and not freed, all arenas) peak, first conversation {v['heap_first_conversation_mib']} "
-          f"MiB, last {v['heap_last_conversation_mib']} MiB: growth {v['heap_growth_mib']} MiB "
-          f"({'bounded' if v['heap_bounded'] else 'NOT bounded'})",
-          f"- heap in use after each conversation and a full garbage collection: first {v['heap_after_gc_first_mib']} MiB, "
-          f"last {v['heap_after_gc_last_mib']} MiB (growth {v['heap_after_gc_growth_mib']} MiB; per conversation: "
-          f"{', '.join(str(round(c['heap_after_gc'] / 2**20, 1)) for c in result['conversations'])})",
-          f"- at the last sample ({last.get('n_tokens')} tokens in context): KV held {last.get('kv_held', 0) / 2**20:.1f} MiB, "
-          f"{last.get('bits_per_value')} bits per value"]
+    md = [
+        f"# Soak: {args.cache} on {args.model}, {result['generated']} tokens generated",
+        "",
+        f"Command: `{result['command']}`",
+        "",
+        f"- conversations of up to {args.ctx} tokens: {len(result['conversations'])}; {result['seconds']} s "
+        f"({result['generated'] / max(result['seconds'], 1e-9):.1f} tokens/s, sampling included)",
+        "- errors: none (the run ended)",
+        f"- bytes held follow the rows held (at one context length, the same bytes in every conversation, "
+        f"spread {v['held_spread']:.4f}, allowed {args.held_spread}): {'yes' if v['held_follows_rows'] else 'NO'}",
+        f"- RSS peak, first conversation {v['rss_first_conversation_mib']} MiB, last {v['rss_last_conversation_mib']} "
+        f"MiB: growth {v['rss_growth_mib']} MiB ({'bounded' if v['rss_bounded'] else 'NOT bounded'}: "
+        f"slack {v['rss_slack_mib']} MiB)",
+        f"- heap in use (malloc'd and not freed, all arenas) peak, first conversation {v['heap_first_conversation_mib']} "
+        f"MiB, last {v['heap_last_conversation_mib']} MiB: growth {v['heap_growth_mib']} MiB "
+        f"({'bounded' if v['heap_bounded'] else 'NOT bounded'})",
+        f"- heap in use after each conversation and a full garbage collection: first {v['heap_after_gc_first_mib']} MiB, "
+        f"last {v['heap_after_gc_last_mib']} MiB (growth {v['heap_after_gc_growth_mib']} MiB; per conversation: "
+        f"{', '.join(str(round(c['heap_after_gc'] / 2**20, 1)) for c in result['conversations'])})",
+        f"- at the last sample ({last.get('n_tokens')} tokens in context): KV held {last.get('kv_held', 0) / 2**20:.1f} MiB, "
+        f"{last.get('bits_per_value')} bits per value",
+    ]
     if plot(result, args.out, f"{args.cache} on {args.model}: {result['generated']} tokens, ctx {args.ctx}"):
         md += ["", f"![RSS and KV bytes]({args.out.with_suffix('.png').name})"]
     args.out.with_suffix(".md").write_text("\n".join(md) + "\n")

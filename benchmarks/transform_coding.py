@@ -136,7 +136,9 @@ def fit_rot(rows: np.ndarray, bits_per_value: float, seed: int) -> HeadCoder:
     return HeadCoder(np.zeros(d), basis, np.full(d, 1.0), np.full(d, per, dtype=np.int64))
 
 
-def fit_klt(rows: np.ndarray, bits_per_value: float, min_bits: int = 0, mixed: bool = False, seed: int = 0) -> HeadCoder:
+def fit_klt(
+    rows: np.ndarray, bits_per_value: float, min_bits: int = 0, mixed: bool = False, seed: int = 0
+) -> HeadCoder:
     d = rows.shape[1]
     mean = rows.mean(0)
     c = rows - mean
@@ -154,7 +156,7 @@ FAMILIES = {
     "kltr": "as klt1, each set of coordinates with one bit width randomly rotated within itself",
     "kltrv": "values as kltr, keys as rot",
     "pairk": "keys: bits water-filled on the energy of each RoPE pair (adjacent coordinates), which "
-             "no position changes, then mixed as kltr; values as rot",
+    "no position changes, then mixed as kltr; values as rot",
     "pair": "keys as pairk; values: bits water-filled on each coordinate's energy (no basis), mixed as kltr",
 }
 
@@ -232,11 +234,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--tokens", type=int, default=2048, help="WikiText-2 tokens scored (cold rows past 96)")
-    ap.add_argument("--fit-tokens", type=int, default=1024, help="self-written calibration tokens the bases are fitted on")
+    ap.add_argument(
+        "--fit-tokens", type=int, default=1024, help="self-written calibration tokens the bases are fitted on"
+    )
     ap.add_argument("--bits", default="2,2.5,3,3.5,4", help="bits per value held by the numpy quantizers")
     ap.add_argument("--rotq", default="rotq2,rotq3,rotq4", help="native codecs in the same probe")
     ap.add_argument("--families", default="rot,klt", help=", ".join(f"{k}: {v}" for k, v in FAMILIES.items()))
-    ap.add_argument("--sink", action="store_true", help="keep each list's first row (BOS) exact in the numpy quantizers")
+    ap.add_argument(
+        "--sink", action="store_true", help="keep each list's first row (BOS) exact in the numpy quantizers"
+    )
     ap.add_argument("--fit-on-eval", action="store_true", help="fit on the scored text itself (in-sample, a bound)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path)
@@ -252,8 +258,12 @@ def main(argv=None) -> int:
     finally:
         fit.close()
     print(f"fitted on {args.fit_tokens} self-written tokens ({time.time() - t0:.0f} s)", file=sys.stderr)
-    spread = {name: float(np.mean([am_gm_bits(r[:, h]) for (il, kind), r in rows.items() if kind == k
-                                   for h in range(r.shape[1])])) for name, k in (("K", Kind.K), ("V", Kind.V))}
+    spread = {
+        name: float(
+            np.mean([am_gm_bits(r[:, h]) for (il, kind), r in rows.items() if kind == k for h in range(r.shape[1])])
+        )
+        for name, k in (("K", Kind.K), ("V", Kind.V))
+    }
 
     probe_tokens = None
     model_llm = kvgguf.Llama(model, kv_codec=None, vocab_only=True, verbose=False)
@@ -276,23 +286,42 @@ def main(argv=None) -> int:
             print(f"{name:>12} (native) {bpv:.3f} bits  KL {kl:.5f}", file=sys.stderr)
         for bits in [float(b) for b in args.bits.split(",") if b]:
             for family in args.families.split(","):
-                Coded.active = {key: [fit_coder(family, key[1], r[:, h], bits, h + 7 * key[0], neox) for h in range(r.shape[1])]
-                                for key, r in rows.items()}
+                Coded.active = {
+                    key: [fit_coder(family, key[1], r[:, h], bits, h + 7 * key[0], neox) for h in range(r.shape[1])]
+                    for key, r in rows.items()
+                }
                 kl = probe.kl({})
-                held = float(np.mean([np.mean([(c.bits.sum() + SCALE_BITS) / len(c.bits) for c in cs])
-                                      for cs in Coded.active.values()]))
+                held = float(
+                    np.mean(
+                        [
+                            np.mean([(c.bits.sum() + SCALE_BITS) / len(c.bits) for c in cs])
+                            for cs in Coded.active.values()
+                        ]
+                    )
+                )
                 Coded.active = {}
                 results.append({"quantizer": f"{family}-{bits:g}", "bits": held, "kl": kl})
                 print(f"{family + '-' + format(bits, 'g'):>12} {held:.3f} bits  KL {kl:.5f}", file=sys.stderr)
     finally:
         probe.close()
-    meta = {"model": args.model, "tokens": len(probe_tokens), "fit_tokens": args.fit_tokens, "hot": probe.hot,
-            "rope_neox": neox,
-            "am_gm_bits": spread, "command": " ".join(["benchmarks/transform_coding.py", *(argv or sys.argv[1:])])}
-    lines = [f"# Transform coding through {args.model} ({len(probe_tokens)} WikiText-2 tokens, hot {probe.hot})", "",
-             f"High-rate saving of transform coding (mean over heads, 1/2 log2 AM/GM of principal variances): "
-             f"K {spread['K']:.2f} bits, V {spread['V']:.2f} bits per value", "",
-             "| quantizer | bits per value held | KL |", "|---|---|---|"]
+    meta = {
+        "model": args.model,
+        "tokens": len(probe_tokens),
+        "fit_tokens": args.fit_tokens,
+        "hot": probe.hot,
+        "rope_neox": neox,
+        "am_gm_bits": spread,
+        "command": " ".join(["benchmarks/transform_coding.py", *(argv or sys.argv[1:])]),
+    }
+    lines = [
+        f"# Transform coding through {args.model} ({len(probe_tokens)} WikiText-2 tokens, hot {probe.hot})",
+        "",
+        f"High-rate saving of transform coding (mean over heads, 1/2 log2 AM/GM of principal variances): "
+        f"K {spread['K']:.2f} bits, V {spread['V']:.2f} bits per value",
+        "",
+        "| quantizer | bits per value held | KL |",
+        "|---|---|---|",
+    ]
     lines += [f"| {r['quantizer']} | {r['bits']:.3f} | {r['kl']:.5f} |" for r in results]
     text = "\n".join(lines) + f"\n\n`{meta['command']}`\n"
     print(text)

@@ -21,7 +21,7 @@ def example() -> None:
     from kvgguf.evaluation.text import wikitext2_test
 
     llm = Llama(str(models.path("smollm2-135m")), kv_codec="tiered", n_ctx=32768, n_threads=2, verbose=False)
-    doc = llm.tokenize(wikitext2_test().encode())[:4000]       # 4,000 tokens of WikiText-2
+    doc = llm.tokenize(wikitext2_test().encode())[:4000]  # 4,000 tokens of WikiText-2
     llm.eval(doc)
     print(llm.kv_memory())
     # A prompt that extends what the context holds: only the new tokens are evaluated.

@@ -37,8 +37,22 @@ _install_from_environment()  # KVGGUF_KV_CODEC=tiered: every llama_cpp.Llama get
 __version__ = "0.1.0"
 
 __all__ = [
-    "Llama", "TieredConfig", "KVMemory", "codecs", "models",
-    "CompressedRAMCache", "CompressedDiskCache", "SessionInfo",
-    "SessionError", "SessionCorruptError", "SessionMismatchError", "SessionVersionError", "CalibrationError",
-    "llama_library_path", "llama_patch_version", "install", "uninstall", "__version__",
+    "Llama",
+    "TieredConfig",
+    "KVMemory",
+    "codecs",
+    "models",
+    "CompressedRAMCache",
+    "CompressedDiskCache",
+    "SessionInfo",
+    "SessionError",
+    "SessionCorruptError",
+    "SessionMismatchError",
+    "SessionVersionError",
+    "CalibrationError",
+    "llama_library_path",
+    "llama_patch_version",
+    "install",
+    "uninstall",
+    "__version__",
 ]

@@ -20,6 +20,7 @@ from .runtime.live_cache import FUSED_MAX_TOKENS, LiveCache
 from .runtime.memory import KVMemory, TierMemory
 from .model.gguf_file import read_metadata
 from .model.shape import MAX_LAYERS, KVShape
+
 # The one import of a higher layer (tests/test_layers.py): "tiered" and "auto" read the model's
 # calibration, and "auto" measures the model on first use.
 from .evaluation import calibration
@@ -38,9 +39,15 @@ from .errors import UnsupportedModelError
 
 # llama.cpp's own cache types, by the names its CLI uses (-ctk/-ctv).
 CACHE_TYPES = {
-    "f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16, "bf16": 30,
-    "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q5_1": llama_cpp.GGML_TYPE_Q5_1, "q5_0": llama_cpp.GGML_TYPE_Q5_0,
-    "q4_1": llama_cpp.GGML_TYPE_Q4_1, "q4_0": llama_cpp.GGML_TYPE_Q4_0, "iq4_nl": llama_cpp.GGML_TYPE_IQ4_NL,
+    "f32": llama_cpp.GGML_TYPE_F32,
+    "f16": llama_cpp.GGML_TYPE_F16,
+    "bf16": 30,
+    "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+    "q5_1": llama_cpp.GGML_TYPE_Q5_1,
+    "q5_0": llama_cpp.GGML_TYPE_Q5_0,
+    "q4_1": llama_cpp.GGML_TYPE_Q4_1,
+    "q4_0": llama_cpp.GGML_TYPE_Q4_0,
+    "iq4_nl": llama_cpp.GGML_TYPE_IQ4_NL,
 }
 # The preset where rotations cannot take the head dim (not a power of two: 80, 96, 100, 112):
 # KIVI's integer codes take any head dim, at the preset's bits (warm 4, archive V 2).
@@ -56,8 +63,9 @@ def cache_type(value: Union[str, int, None], name: str) -> Optional[int]:
     raise ValueError(f"{name} {value!r} is unknown; choose one of: {', '.join(CACHE_TYPES)}")
 
 
-def unsupported_setting(*, n_ctx: int = 512, type_k=None, type_v=None, vocab_only: bool = False,
-                        **_other) -> Optional[str]:
+def unsupported_setting(
+    *, n_ctx: int = 512, type_k=None, type_v=None, vocab_only: bool = False, **_other
+) -> Optional[str]:
     """Why llama_cpp.Llama settings cannot take a kv_codec, or None: the one rule that the facade
     (which refuses them) and install() (which falls back to stock) share."""
     if vocab_only:
@@ -76,7 +84,8 @@ def _config_for_model(config: TieredConfig, preset: bool, model_path: str) -> tu
     meta = read_metadata(model_path, max_array=MAX_LAYERS)
     try:
         shape = KVShape.from_metadata(meta, model_path)
-    except ValueError as e:  # keys an attention model has are missing (a recurrent model), or a layout kvgguf cannot read
+    # keys an attention model has are missing (a recurrent model), or a layout kvgguf cannot read
+    except ValueError as e:
         raise _refusal(model_path, meta.get("general.architecture", "?"), str(e)) from None
     try:
         return config.fit_window(shape.n_swa, strict=not preset), shape
@@ -85,8 +94,10 @@ def _config_for_model(config: TieredConfig, preset: bool, model_path: str) -> tu
 
 
 def _refusal(model_path: str, arch: str, why: str) -> UnsupportedModelError:
-    return UnsupportedModelError(f"kv_codec cannot hold the cache of {model_path} ('{arch}'): {why}. "
-                                 "Use kv_codec=None for llama.cpp's own cache.")
+    return UnsupportedModelError(
+        f"kv_codec cannot hold the cache of {model_path} ('{arch}'): {why}. "
+        "Use kv_codec=None for llama.cpp's own cache."
+    )
 
 
 def _unfit(shape: KVShape, *specs) -> dict[str, str]:
@@ -98,26 +109,33 @@ def _unfit(shape: KVShape, *specs) -> dict[str, str]:
     return out
 
 
-def _fit_codecs(config: TieredConfig, shape: KVShape, model_path: str, *, tiered_preset: bool,
-                request, verbose: bool) -> tuple[TieredConfig, object]:
+def _fit_codecs(
+    config: TieredConfig, shape: KVShape, model_path: str, *, tiered_preset: bool, request, verbose: bool
+) -> tuple[TieredConfig, object]:
     """Config and calibration request as this model's head dims allow, decided before any token:
     the presets switch to KIVI_PRESET (a calibration measures rotations, so "tiered" skips it and
     "auto" is refused); a codec the user named that cannot take them is refused, naming why."""
     unfit = _unfit(shape, config.warm, config.archive)
     if request is not None and request.required and _unfit(shape, "rotq4"):
-        raise ValueError(f"{model_path}: kv_codec='auto' calibrates codecs that rotate rows, and this model's head dims "
-                         f"(K {shape.head_dim_k}, V {shape.head_dim_v}) are not powers of two; use 'tiered' "
-                         f"(KIVI on this model) or a kivi codec")
+        raise ValueError(
+            f"{model_path}: kv_codec='auto' calibrates codecs that rotate rows, and this model's head dims "
+            f"(K {shape.head_dim_k}, V {shape.head_dim_v}) are not powers of two; use 'tiered' "
+            f"(KIVI on this model) or a kivi codec"
+        )
     if not unfit:
         return config, request
     if not tiered_preset:
         fitting = [name for name in codecs.names() if not _unfit(shape, name)]
-        raise ValueError(f"{model_path}: {'; '.join(unfit.values())}. Codecs this model's head dims take: "
-                         f"{', '.join(fitting)}")
+        raise ValueError(
+            f"{model_path}: {'; '.join(unfit.values())}. Codecs this model's head dims take: {', '.join(fitting)}"
+        )
     if verbose:
-        print(f"kvgguf: {os.path.basename(model_path)} has head dims K {shape.head_dim_k} / V {shape.head_dim_v}, "
-              f"which rotations cannot take: the tiered preset holds warm {KIVI_PRESET['warm']}, archive "
-              f"K {KIVI_PRESET['archive'][0]} / V {KIVI_PRESET['archive'][1]} on this model", file=sys.stderr)
+        print(
+            f"kvgguf: {os.path.basename(model_path)} has head dims K {shape.head_dim_k} / V {shape.head_dim_v}, "
+            f"which rotations cannot take: the tiered preset holds warm {KIVI_PRESET['warm']}, archive "
+            f"K {KIVI_PRESET['archive'][0]} / V {KIVI_PRESET['archive'][1]} on this model",
+            file=sys.stderr,
+        )
     return replace(config, **KIVI_PRESET), None
 
 
@@ -131,10 +149,14 @@ def _calibration_progress(model_path: str, verbose: bool):
             from tqdm import tqdm
 
             if verbose:
-                print(f"kvgguf: calibrating {os.path.basename(model_path)} for kv_codec='auto' (once; kept in "
-                      f"{calibration.default_path(model_path)})", file=sys.stderr)
-            bar = tqdm(total=total, desc="calibrating", unit="list", disable=not (verbose and sys.stderr.isatty()),
-                       leave=False)
+                print(
+                    f"kvgguf: calibrating {os.path.basename(model_path)} for kv_codec='auto' (once; kept in "
+                    f"{calibration.default_path(model_path)})",
+                    file=sys.stderr,
+                )
+            bar = tqdm(
+                total=total, desc="calibrating", unit="list", disable=not (verbose and sys.stderr.isatty()), leave=False
+            )
         bar.update(done - bar.n)
         if done >= total:
             bar.close()
@@ -144,10 +166,12 @@ def _calibration_progress(model_path: str, verbose: bool):
 
 def _serialized(method):
     """Runs a method of Llama holding its _kv_lock (one batch or cache change at a time)."""
+
     @functools.wraps(method)
     def run(self, *args, **kwargs):
         with self._kv_lock:
             return method(self, *args, **kwargs)
+
     return run
 
 
@@ -207,8 +231,15 @@ class Llama(llama_cpp.Llama):
         self.kv_calibration = None
         self.tokens_evaluated = 0  # tokens run through llama_decode so far (a prompt cache hit saves them)
         if kv_codec is None:
-            super().__init__(model_path, n_ctx=n_ctx, n_batch=512 if n_batch is None else n_batch,
-                             n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, **kwargs)
+            super().__init__(
+                model_path,
+                n_ctx=n_ctx,
+                n_batch=512 if n_batch is None else n_batch,
+                n_ubatch=n_ubatch,
+                type_k=type_k,
+                type_v=type_v,
+                **kwargs,
+            )
             return
 
         why = unsupported_setting(n_ctx=n_ctx, type_k=type_k, type_v=type_v, **kwargs)
@@ -224,18 +255,29 @@ class Llama(llama_cpp.Llama):
         if preset:  # the presets' hot window and batch follow the model's size (policy.tiered.WIDE_SHARE)
             config = sized_for_model(config, 2 * shape.values_per_token, os.path.getsize(model_path))
         tiered_preset = preset and kv_codec.split(":")[0] == "tiered"  # "tiered", "tiered:fixed", "tiered:keep=..."
-        config, request = _fit_codecs(config, shape, model_path, tiered_preset=tiered_preset, request=request,
-                                      verbose=kwargs.get("verbose", True))
+        config, request = _fit_codecs(
+            config, shape, model_path, tiered_preset=tiered_preset, request=request, verbose=kwargs.get("verbose", True)
+        )
         calibrated = None
         if request is not None:
             fixed = config
-            config = calibration.for_model(model_path, request, base=config,
-                                           progress=_calibration_progress(model_path, kwargs.get("verbose", True)))
+            config = calibration.for_model(
+                model_path,
+                request,
+                base=config,
+                progress=_calibration_progress(model_path, kwargs.get("verbose", True)),
+            )
             calibrated = None if config is fixed else calibration.default_path(model_path)
             if not request.required and kwargs.get("verbose", True):
-                print("kvgguf: kv_codec='tiered' " + (f"follows this model's calibration ({calibrated})" if calibrated
-                      else "holds the fixed preset (no calibration for this model: `kvgguf calibrate` measures one)"),
-                      file=sys.stderr)
+                print(
+                    "kvgguf: kv_codec='tiered' "
+                    + (
+                        f"follows this model's calibration ({calibrated})"
+                        if calibrated
+                        else "holds the fixed preset (no calibration for this model: `kvgguf calibrate` measures one)"
+                    ),
+                    file=sys.stderr,
+                )
         n_batch = min(config.ubatch, n_ctx) if n_batch is None else n_batch
         if n_batch > config.hot:
             raise ValueError(
@@ -248,16 +290,24 @@ class Llama(llama_cpp.Llama):
         # 1024, batches of 256, swa_full off costs KL 0.0027 on its own (kvgguf eval's
         # "f16 (swa window)" row) for 256 fewer cells per sliding layer.
         physical = min(n_ctx, config.hot + n_batch)
-        super().__init__(model_path, n_ctx=physical, n_batch=n_batch, n_ubatch=min(n_ubatch, n_batch),
-                         type_k=type_k, type_v=type_v, **kwargs)
+        super().__init__(
+            model_path,
+            n_ctx=physical,
+            n_batch=n_batch,
+            n_ubatch=min(n_ubatch, n_batch),
+            type_k=type_k,
+            type_v=type_v,
+            **kwargs,
+        )
         self._shape = shape
         self.kv_calibration: Optional[Path] = calibrated  # the calibration file kv_config follows, if any
         try:
             why = support.why_not(self._model.model, self._ctx.ctx, shape)
             if why:
                 raise _refusal(model_path, shape.arch, why)
-            self._kv = LiveCache(self._ctx.ctx, shape, config,
-                                 fused_max_tokens=FUSED_MAX_TOKENS if kv_attention == "fused" else 0)
+            self._kv = LiveCache(
+                self._ctx.ctx, shape, config, fused_max_tokens=FUSED_MAX_TOKENS if kv_attention == "fused" else 0
+            )
             if config.codebooks == "calibration" and self._kv.book_lists():  # pq2/vq8/vq8f: the model's
                 self._kv.use_books(calibration.books_for(model_path))
         except BaseException:
@@ -307,8 +357,10 @@ class Llama(llama_cpp.Llama):
 
     def __getstate__(self):
         if self._kv is not None:  # the inherited state would rebuild a stock cache of the physical n_ctx
-            raise TypeError("a kvgguf.Llama with a kv_codec cannot be pickled or copied; save_state(), "
-                            "save_session() and a new kvgguf.Llama keep its context")
+            raise TypeError(
+                "a kvgguf.Llama with a kv_codec cannot be pickled or copied; save_state(), "
+                "save_session() and a new kvgguf.Llama keep its context"
+            )
         return super().__getstate__()
 
     def _create_completion(self, *args, **kwargs):
@@ -347,8 +399,9 @@ class Llama(llama_cpp.Llama):
             batch = tokens[i : i + self.n_batch]
             self._run_batch("eval", batch, lambda n_past: llama_cpp.Llama.eval(self, batch))
 
-    def _run_batch(self, what: str, batch: Sequence[int],
-                   decode: Callable[[int], Optional[np.ndarray]]) -> tuple[int, Optional[np.ndarray]]:
+    def _run_batch(
+        self, what: str, batch: Sequence[int], decode: Callable[[int], Optional[np.ndarray]]
+    ) -> tuple[int, Optional[np.ndarray]]:
         """One batch under the live cache's protocol, the same for eval and eval_logits: under the
         lock (another thread may save or load between batches, never during one), the cache makes
         room (before_batch), decode(n_past) runs llama_decode and advances n_tokens, a batch whose
@@ -440,8 +493,15 @@ class Llama(llama_cpp.Llama):
     # --- sessions -------------------------------------------------------------------------
 
     @_serialized
-    def save_session(self, path, *, codec: Optional[session.CodecSpec] = None, exact: bool = False,
-                     entropy: bool = True, app: Optional[dict] = None) -> SessionInfo:
+    def save_session(
+        self,
+        path,
+        *,
+        codec: Optional[session.CodecSpec] = None,
+        exact: bool = False,
+        entropy: bool = True,
+        app: Optional[dict] = None,
+    ) -> SessionInfo:
         """Writes the context (tokens and KV cache) to a .kvz file, atomically.
 
         Compressed rows are written as held. Rows llama.cpp holds exactly (the hot window,
@@ -455,10 +515,12 @@ class Llama(llama_cpp.Llama):
         self._check_open("save_session")
         budget = parse_auto(codec)
         if budget is not None:
-            codec = calibration.for_model(self.model_path, budget,
-                                          progress=_calibration_progress(self.model_path, self.verbose)).warm
-        data, info = session.dump(self._session_view(drop_dead_rows=True), codec=codec, exact=exact,
-                                  entropy=entropy, app=app)
+            codec = calibration.for_model(
+                self.model_path, budget, progress=_calibration_progress(self.model_path, self.verbose)
+            ).warm
+        data, info = session.dump(
+            self._session_view(drop_dead_rows=True), codec=codec, exact=exact, entropy=entropy, app=app
+        )
         write_atomic(path, data)
         return info
 
@@ -480,8 +542,9 @@ class Llama(llama_cpp.Llama):
         self._requires_eval = True  # llama-cpp-python replays the last token before sampling
         meta = restored.meta
         app = meta.get("app")
-        return SessionInfo(meta["n_tokens"], meta["n_cold"], len(data), meta["codec"],
-                           app if isinstance(app, dict) else None)
+        return SessionInfo(
+            meta["n_tokens"], meta["n_cold"], len(data), meta["codec"], app if isinstance(app, dict) else None
+        )
 
     def _session_view(self, drop_dead_rows: bool = False) -> session.LiveContext:
         """This context as the session code sees it. drop_dead_rows: first remove cache rows past
@@ -493,8 +556,15 @@ class Llama(llama_cpp.Llama):
             self._ctx.kv_cache_seq_rm(-1, n, -1)
             if self._kv is not None:
                 self._kv.truncate(n)
-        return session.LiveContext(self._ctx.ctx, self._kv, self.kv_shape, self.kv_fingerprint,
-                                   self.input_ids[:n].copy(), self.n_ctx(), self.n_vocab())
+        return session.LiveContext(
+            self._ctx.ctx,
+            self._kv,
+            self.kv_shape,
+            self.kv_fingerprint,
+            self.input_ids[:n].copy(),
+            self.n_ctx(),
+            self.n_vocab(),
+        )
 
     def set_cache(self, cache) -> None:
         """llama-cpp-python's prompt cache; a shared one (CompressedRedisCache) is keyed by this
@@ -512,8 +582,12 @@ class Llama(llama_cpp.Llama):
         if self._kv is None and cache is None:
             return super().save_state()
         codec = cache.codec if cache is not None else None
-        data, _info = session.dump(self._session_view(drop_dead_rows=True), codec=codec, exact=cache is None,
-                                   entropy=cache.entropy if cache is not None else False)
+        data, _info = session.dump(
+            self._session_view(drop_dead_rows=True),
+            codec=codec,
+            exact=cache is None,
+            entropy=cache.entropy if cache is not None else False,
+        )
         return SessionState(self.input_ids[: self.n_tokens].copy(), data, self._seed)
 
     @_serialized
@@ -574,10 +648,32 @@ class Llama(llama_cpp.Llama):
 # Every public method that reaches llama.cpp: on a closed Llama its model and context are freed,
 # and calling into them would crash the process, so each raises _check_open's ValueError first.
 _NEEDS_OPEN = (
-    "tokenize", "detokenize", "tokenizer", "n_ctx", "n_embd", "n_vocab", "token_bos", "token_eos", "token_nl",
-    "pooling_type", "reset", "eval", "eval_logits", "sample", "generate", "embed", "create_embedding",
-    "create_completion", "__call__", "create_chat_completion", "save_state", "load_state", "save_session",
-    "load_session", "kv_memory", "kv_attention_mass",
+    "tokenize",
+    "detokenize",
+    "tokenizer",
+    "n_ctx",
+    "n_embd",
+    "n_vocab",
+    "token_bos",
+    "token_eos",
+    "token_nl",
+    "pooling_type",
+    "reset",
+    "eval",
+    "eval_logits",
+    "sample",
+    "generate",
+    "embed",
+    "create_embedding",
+    "create_completion",
+    "__call__",
+    "create_chat_completion",
+    "save_state",
+    "load_state",
+    "save_session",
+    "load_session",
+    "kv_memory",
+    "kv_attention_mass",
 )
 
 
@@ -586,6 +682,7 @@ def _refused_when_closed(name: str, method):
     def run(self, *args, **kwargs):
         self._check_open(name)
         return method(self, *args, **kwargs)
+
     return run
 
 

@@ -43,7 +43,9 @@ def smollm2_calibration(smollm2_path, tmp_path_factory):
     from kvgguf.evaluation import calibration
 
     out = tmp_path_factory.mktemp("calibration") / "smollm2.json"
-    assert main(["calibrate", str(smollm2_path), "--tokens", str(CALIBRATION_TOKENS), "-t", "2", "--out", str(out)]) == 0
+    assert (
+        main(["calibrate", str(smollm2_path), "--tokens", str(CALIBRATION_TOKENS), "-t", "2", "--out", str(out)]) == 0
+    )
     return calibration.Calibration.load(out)
 
 
@@ -79,8 +81,9 @@ def run_python(code: str, env_update=None, env_remove=()):
         env.pop(k, None)
     env.update(env_update or {})
     # Run outside the source tree, or `import kvgguf` would find the uninstalled sources.
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          timeout=300, cwd=Path(__file__).parent)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, cwd=Path(__file__).parent
+    )
 
 
 # Markers (pyproject.toml names them): `model` for every test that loads a real model (SmolLM2,

@@ -36,8 +36,12 @@ def kvgguf_serve(args: list, log: Path, env: dict):
     its output goes to log."""
     port = free_port()
     with open(log, "w") as out:
-        proc = subprocess.Popen([KVGGUF, "serve", *args, "--host", "127.0.0.1", "--port", str(port)],
-                                stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, **env))
+        proc = subprocess.Popen(
+            [KVGGUF, "serve", *args, "--host", "127.0.0.1", "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, **env),
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + START_TIMEOUT_S
@@ -65,12 +69,21 @@ def redis_server_binary(install: bool = True) -> str | None:
     """redis-server's path; where missing, apt-get installs Debian's package when run as root
     (unless KVGGUF_NO_INSTALL=1), as scripts/fuzz.sh installs clang. None if still missing."""
     found = shutil.which("redis-server")
-    if found is None and install and os.environ.get("KVGGUF_NO_INSTALL") != "1" and os.geteuid() == 0 \
-            and shutil.which("apt-get"):
+    if (
+        found is None
+        and install
+        and os.environ.get("KVGGUF_NO_INSTALL") != "1"
+        and os.geteuid() == 0
+        and shutil.which("apt-get")
+    ):
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
         subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "redis-server"],
-                       env=env, capture_output=True, timeout=600)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "redis-server"],
+            env=env,
+            capture_output=True,
+            timeout=600,
+        )
         found = shutil.which("redis-server")
     return found
 
@@ -89,10 +102,28 @@ class RedisServer:
         import redis
 
         self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.folder), "--maxmemory", self.maxmemory, "--maxmemory-policy", self.policy,
-             "--enable-debug-command", "local"],  # DEBUG SLEEP: a Redis that answers late
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.folder),
+                "--maxmemory",
+                self.maxmemory,
+                "--maxmemory-policy",
+                self.policy,
+                "--enable-debug-command",
+                "local",
+            ],  # DEBUG SLEEP: a Redis that answers late
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         client = redis.Redis(port=self.port)
         for _ in range(200):
             try:

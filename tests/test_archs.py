@@ -57,8 +57,9 @@ SPECS = {
     "gpt-oss": TinySpec("gpt-oss", head_dim=32),  # layer 0 slides over 32, layer 1 full; sinks; MoE
     # Gemma 4 31B's layout, tiny: sliding layers 16-wide heads x 2 KV heads, full ones 32 x 1 with V
     # taken from K's projection (no attn_v); no per-layer embeddings, no shared KV layers
-    "gemma4": TinySpec("gemma4", n_layer=4, head_dim=32, head_dim_swa=16, n_head_kv=(2, 1, 2, 1),
-                       sliding=(True, False, True, False)),
+    "gemma4": TinySpec(
+        "gemma4", n_layer=4, head_dim=32, head_dim_swa=16, n_head_kv=(2, 1, 2, 1), sliding=(True, False, True, False)
+    ),
 }
 
 
@@ -93,8 +94,16 @@ def test_an_exact_cold_store_gives_stock_logits(tiny, text_tokens, name, flash_a
     path, toks = str(tiny(name)), text_tokens[:300]
     ref = llama_cpp.Llama(path, n_ctx=1024, n_batch=32, n_ubatch=32, logits_all=True, flash_attn=flash_attn, **KW)
     ref.eval(toks)
-    got = Llama(path, kv_codec=F16_COLD, n_ctx=1024, n_batch=32, logits_all=True, flash_attn=flash_attn,
-                kv_attention="expand", **KW)
+    got = Llama(
+        path,
+        kv_codec=F16_COLD,
+        n_ctx=1024,
+        n_batch=32,
+        logits_all=True,
+        flash_attn=flash_attn,
+        kv_attention="expand",
+        **KW,
+    )
     got.eval(toks)
     assert got.kv_cache.n_cold >= 300 - 64 - 32
     assert np.array_equal(got.scores[:300], ref.scores[:300])
@@ -136,8 +145,10 @@ def test_the_preset_evicts_generates_saves_and_is_predicted(tiny, text_tokens, t
     again = Llama(str(path), kv_codec="tiered", n_ctx=2048, flash_attn=True, **KW)
     again.load_session(tmp_path / "s.kvz")
     assert again.n_tokens == info.n_tokens == llm.n_tokens
-    assert len([t for _, t in zip(range(4), again.generate(again.input_ids[:info.n_tokens].tolist(), top_k=1,
-                                                           temp=0.0))]) == 4
+    assert (
+        len([t for _, t in zip(range(4), again.generate(again.input_ids[: info.n_tokens].tolist(), top_k=1, temp=0.0))])
+        == 4
+    )
 
 
 def test_head_dims_rotations_cannot_take_are_settled_before_the_first_token(tiny, capsys):
@@ -166,9 +177,14 @@ def test_install_falls_back_to_stock_where_kvgguf_refuses(tiny, recwarn):
 
 
 def test_a_phi3_window_is_ignored_as_llama_cpp_ignores_it_and_uniform_arrays_are_read():
-    meta = {"general.architecture": "phi3", "phi3.block_count": 2, "phi3.attention.head_count": 4,
-            "phi3.attention.head_count_kv": [2, 2], "phi3.embedding_length": 64,
-            "phi3.attention.sliding_window": 2047}
+    meta = {
+        "general.architecture": "phi3",
+        "phi3.block_count": 2,
+        "phi3.attention.head_count": 4,
+        "phi3.attention.head_count_kv": [2, 2],
+        "phi3.embedding_length": 64,
+        "phi3.attention.sliding_window": 2047,
+    }
     shape = KVShape.from_metadata(meta)
     assert (shape.n_swa, shape.full_layers, shape.n_head_kv) == (0, [0, 1], 2)
     qwen2 = {k.replace("phi3", "qwen2"): v for k, v in meta.items()} | {"general.architecture": "qwen2"}
@@ -213,10 +229,13 @@ def test_full_layers_of_different_shapes_are_refused_and_run_stock(tmp_path, smo
     assert any("differ in KV heads" in str(w.message) for w in recwarn)
 
 
-@pytest.mark.parametrize("arch, why", [
-    ("deepseek2", "layer 0's attention does not read llama.cpp's KV cache"),  # MLA: a K-only latent cache
-    ("mamba", "no attention heads"),  # recurrent: a state, no KV cache
-])
+@pytest.mark.parametrize(
+    "arch, why",
+    [
+        ("deepseek2", "layer 0's attention does not read llama.cpp's KV cache"),  # MLA: a K-only latent cache
+        ("mamba", "no attention heads"),  # recurrent: a state, no KV cache
+    ],
+)
 def test_what_kvgguf_cannot_hold_is_refused_by_what_llama_cpp_built(tmp_path, smollm2_path, arch, why, recwarn):
     path = str(tiny_models.write_refused(tmp_path / f"{arch}.gguf", arch, smollm2_path))
     with pytest.raises(UnsupportedModelError, match=f"{re.escape(path)} \\('{arch}'\\): .*{why}.*kv_codec=None"):

@@ -28,8 +28,12 @@ HEAD_DIMS = [64, 128, 256]
 # The side-data codecs (delta, outliers, low-rank, QJL, PQ/VQ) have no kernel of their own: the store decodes their rows (a reference decoder,
 # the same at every level) and the rows kernels attend over them. The rows kernels meet the wider
 # heads through delta4 alone; the others at 64 (qjl4 at 256 took 43 s under the sanitizers).
-CASES = [(k, v, d) for k, v in PAIRS for d in HEAD_DIMS
-         if d == HEAD_DIMS[0] or not {k, v} & set(SIDE_DATA) or k == v == "delta4"]
+CASES = [
+    (k, v, d)
+    for k, v in PAIRS
+    for d in HEAD_DIMS
+    if d == HEAD_DIMS[0] or not {k, v} & set(SIDE_DATA) or k == v == "delta4"
+]
 # (n_head_kv, n_head): no GQA and groups of 3
 HEADS = [(1, 1), (1, 3), (3, 3), (3, 9)]
 N_ROWS = 263
@@ -126,7 +130,9 @@ def test_attend_matches_softmax_over_decoded_rows(k_codec, v_codec, head_dim):
                     outs.append(out)
                 if len(outs) == 2:
                     err = float(np.abs(outs[0] - outs[1]).max())
-                    assert err <= TOL_SIMD * vmax, f"scalar vs SIMD level {LEVELS[1]} {k_codec}/{v_codec} d={head_dim}: {err:.3g}"
+                    assert err <= TOL_SIMD * vmax, (
+                        f"scalar vs SIMD level {LEVELS[1]} {k_codec}/{v_codec} d={head_dim}: {err:.3g}"
+                    )
 
 
 def merge(a, b):
@@ -138,7 +144,9 @@ def merge(a, b):
 
 
 @pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize("k_codec,v_codec", [("f16", "f16"), ("rotq4", "rotq2"), ("kivi2", "crotq3"), ("crotq4", "kivi4")])
+@pytest.mark.parametrize(
+    "k_codec,v_codec", [("f16", "f16"), ("rotq4", "rotq2"), ("kivi2", "crotq3"), ("crotq4", "kivi4")]
+)
 def test_split_ranges_merge_to_the_one_call_result(k_codec, v_codec, level):
     store = build(k_codec, v_codec, 64, 3)
     q = queries(np.random.default_rng(3), 2, 9, 64)
@@ -165,9 +173,11 @@ def test_shapes_off_the_fast_paths_fall_back_to_the_reference():
     """head_dim 8 (rotq's smallest SIMD shape), 4 and 24 (not handled by the SIMD kernels), and a
     kivi group size that is not a multiple of 8: every level still matches the decoded rows."""
     rng = np.random.default_rng(11)
-    for head_dim, group_size, pairs in ((8, 32, [("rotq3", "crotq2"), ("kivi3", "f16")]),
-                                        (4, 32, [("rotq2", "rotq4"), ("f16", "kivi2")]),
-                                        (24, 7, [("kivi4", "kivi3"), ("f16", "kivi8")])):
+    for head_dim, group_size, pairs in (
+        (8, 32, [("rotq3", "crotq2"), ("kivi3", "f16")]),
+        (4, 32, [("rotq2", "rotq4"), ("f16", "kivi2")]),
+        (24, 7, [("kivi4", "kivi3"), ("f16", "kivi8")]),
+    ):
         for k_codec, v_codec in pairs:
             store = build(k_codec, v_codec, head_dim, 3, group_size=group_size)
             q = queries(rng, 3, 9, head_dim)
@@ -197,15 +207,44 @@ def test_concurrent_calls_on_overlapping_ranges_agree_with_serial_ones():
 
 def raw_call(store, il, r0, r1, q, n_tokens, n_head, m, l, acc, *, user=None, null=()):
     ffi, lib = get_ffi(), get_lib()
-    args = {name: ffi.NULL if name in null else ffi.from_buffer("float[]", x)
-            for name, x in (("q", q), ("m", m), ("l", l), ("acc", acc))}
-    return lib.kvg_store_hook_attend(store._ptr if user is None else user, il, r0, r1, args["q"], n_tokens, n_head,
-                                     0.125, args["m"], args["l"], args["acc"])
+    args = {
+        name: ffi.NULL if name in null else ffi.from_buffer("float[]", x)
+        for name, x in (("q", q), ("m", m), ("l", l), ("acc", acc))
+    }
+    return lib.kvg_store_hook_attend(
+        store._ptr if user is None else user,
+        il,
+        r0,
+        r1,
+        args["q"],
+        n_tokens,
+        n_head,
+        0.125,
+        args["m"],
+        args["l"],
+        args["acc"],
+    )
 
 
-@pytest.mark.parametrize("case", ["layer", "negative layer", "r1 past rows", "r0 negative", "r0 > r1",
-                                  "n_head not a multiple", "n_tokens 0", "null user", "null q", "null m",
-                                  "null l", "null acc", "rows only in K", "disabled layer"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "layer",
+        "negative layer",
+        "r1 past rows",
+        "r0 negative",
+        "r0 > r1",
+        "n_head not a multiple",
+        "n_tokens 0",
+        "null user",
+        "null q",
+        "null m",
+        "null l",
+        "null acc",
+        "rows only in K",
+        "disabled layer",
+    ],
+)
 def test_bad_arguments_return_an_error_and_leave_the_state_unchanged(case):
     ffi, lib = get_ffi(), get_lib()
     store = build("rotq4", "kivi2", 64, 3)

@@ -43,8 +43,10 @@ def reference_mass(store, il, r0, r1, q, scale, extra_max=None, extra_sum=None):
 
 
 @pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize("k_codec,v_codec,n_head_kv,n_head", [
-    ("f16", "f16", 1, 1), ("rotq4", "rotq2", 3, 9), ("kivi2", "crotq3", 1, 3), ("crotq4", "kivi4", 3, 3)])
+@pytest.mark.parametrize(
+    "k_codec,v_codec,n_head_kv,n_head",
+    [("f16", "f16", 1, 1), ("rotq4", "rotq2", 3, 9), ("kivi2", "crotq3", 1, 3), ("crotq4", "kivi4", 3, 3)],
+)
 def test_mass_is_the_softmax_share_of_each_granule(k_codec, v_codec, n_head_kv, n_head, level):
     store = build(k_codec, v_codec, 64, n_head_kv)
     rng = np.random.default_rng(7)
@@ -79,8 +81,9 @@ def test_rows_outside_the_store_take_their_share_of_the_normalizer():
     L = l * np.exp(m - M) + hot_sum * np.exp(hot_max - M)
     store.bring_in_mass(1, M, L)
     got = store.mass(1)
-    np.testing.assert_allclose(got, reference_mass(store, 1, 0, N_ROWS, q, 0.125, hot_max, hot_sum), rtol=2e-4,
-                               atol=1e-7)
+    np.testing.assert_allclose(
+        got, reference_mass(store, 1, 0, N_ROWS, q, 0.125, hot_max, hot_sum), rtol=2e-4, atol=1e-7
+    )
     assert 0 < got.sum() < 3
 
 
@@ -148,8 +151,9 @@ def test_live_mass_finds_the_token_the_model_looks_back_at(smollm2_path, attenti
 
     context, ask, fact_granule = crafted_context(smollm2_path)
     cfg = TieredConfig(hot=128, sinks=4, warm="rotq4", warm_tokens=0, archive=None, block=32)
-    llm = Llama(str(smollm2_path), kv_codec=cfg, kv_attention=attention, n_ctx=1024, n_batch=128, verbose=False,
-                n_threads=2)
+    llm = Llama(
+        str(smollm2_path), kv_codec=cfg, kv_attention=attention, n_ctx=1024, n_batch=128, verbose=False, n_threads=2
+    )
     try:
         llm.eval(context)  # ubatches of 128: the expanding path, not counted
         assert not llm.kv_attention_mass().any()

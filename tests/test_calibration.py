@@ -88,8 +88,9 @@ def test_the_plan_is_what_the_store_holds(smollm2_path, cal, text):
         llm.close()
 
 
-def test_a_calibration_file_round_trips_and_another_models_is_refused(tmp_path, monkeypatch, smollm2_path,
-                                                                     gemma3_path, cal):
+def test_a_calibration_file_round_trips_and_another_models_is_refused(
+    tmp_path, monkeypatch, smollm2_path, gemma3_path, cal
+):
     path = cal.save(tmp_path / "cal.json")
     assert calibration.Calibration.load(path).curves == cal.curves
     calibration.Calibration.load(path).require_model(str(smollm2_path))
@@ -110,13 +111,16 @@ def test_a_calibration_file_round_trips_and_another_models_is_refused(tmp_path, 
     assert json.loads(slot.read_text()) == d
 
 
-@pytest.mark.parametrize("body,match", [
-    ("not json", "cannot read"),
-    ('{"format": "other"}', "not a kvgguf calibration"),
-    ('{"format": "kvgguf-calibration", "version": 99}', "version 99"),
-    ('{"format": "kvgguf-calibration", "version": 1}', "version 1"),
-    ('{"format": "kvgguf-calibration", "version": %d, "lists": [{"layer": 0}]}' % calibration.VERSION, "malformed"),
-])
+@pytest.mark.parametrize(
+    "body,match",
+    [
+        ("not json", "cannot read"),
+        ('{"format": "other"}', "not a kvgguf calibration"),
+        ('{"format": "kvgguf-calibration", "version": 99}', "version 99"),
+        ('{"format": "kvgguf-calibration", "version": 1}', "version 1"),
+        ('{"format": "kvgguf-calibration", "version": %d, "lists": [{"layer": 0}]}' % calibration.VERSION, "malformed"),
+    ],
+)
 def test_broken_calibration_files_are_refused_clearly(tmp_path, body, match):
     p = tmp_path / "cal.json"
     p.write_text(body)
@@ -200,8 +204,9 @@ def test_tiered_follows_the_models_calibration_once_it_has_one(tmp_path, monkeyp
         still_fixed.close()
 
 
-def test_tiered_keeps_the_fixed_preset_with_a_warning_when_the_calibration_is_broken(tmp_path, monkeypatch,
-                                                                                    smollm2_path):
+def test_tiered_keeps_the_fixed_preset_with_a_warning_when_the_calibration_is_broken(
+    tmp_path, monkeypatch, smollm2_path
+):
     monkeypatch.setenv("KVGGUF_CACHE_DIR", str(tmp_path))
     slot = calibration.default_path(str(smollm2_path))
     slot.parent.mkdir(parents=True)
@@ -228,7 +233,8 @@ def test_calibration_trains_a_pq2_and_a_vq8_codebook_per_list_and_the_file_keeps
         assert bk.dtype == np.float32 and bk.shape == ((256, 4) if name == "pq2" else (256, 64))
         if name in calibration.SAME_BOOK:  # vq8f codes with vq8's
             assert bk is cal.books[il, kind, calibration.SAME_BOOK[name]]
-        assert np.isfinite(bk).all() and len(np.unique(bk, axis=0)) > 16  # trained (600 vectors, many repeated: layer 0)
+        # trained (600 vectors, many repeated: layer 0)
+        assert np.isfinite(bk).all() and len(np.unique(bk, axis=0)) > 16
     loaded = calibration.Calibration.load(cal.save(tmp_path / "cal.json"))
     assert {e["codec"] for e in json.loads((tmp_path / "cal.json").read_text())["books"]} == {"pq2", "vq8"}
     for key, bk in cal.books.items():  # kept as f16 on disk
@@ -240,14 +246,19 @@ def test_calibration_trains_a_pq2_and_a_vq8_codebook_per_list_and_the_file_keeps
     assert calibration.Calibration.load(tmp_path / "old.json").books == {}
 
 
-@pytest.mark.parametrize("damage,match", [
-    (lambda e: e.update(f16="not base64!"), "malformed"),
-    (lambda e: e.update(codec="rotq3"), "keeps none"),
-    (lambda e: e.update(centroids=7), "malformed"),
-    (lambda e: e.update(f16=__import__("base64").b64encode(np.full(1024, np.inf, "<f2").tobytes()).decode()),
-     "not finite"),
-    (lambda e: e.pop("layer"), "malformed"),
-])
+@pytest.mark.parametrize(
+    "damage,match",
+    [
+        (lambda e: e.update(f16="not base64!"), "malformed"),
+        (lambda e: e.update(codec="rotq3"), "keeps none"),
+        (lambda e: e.update(centroids=7), "malformed"),
+        (
+            lambda e: e.update(f16=__import__("base64").b64encode(np.full(1024, np.inf, "<f2").tobytes()).decode()),
+            "not finite",
+        ),
+        (lambda e: e.pop("layer"), "malformed"),
+    ],
+)
 def test_a_damaged_codebook_in_a_calibration_file_is_refused(tmp_path, cal, damage, match):
     d = cal.to_json()
     damage(d["books"][0])
@@ -257,7 +268,8 @@ def test_a_damaged_codebook_in_a_calibration_file_is_refused(tmp_path, cal, dama
 
 
 def test_pq2_starts_from_the_models_codebooks_keeps_them_across_sequences_and_counts_them(
-        tmp_path, monkeypatch, smollm2_path, cal, text):
+    tmp_path, monkeypatch, smollm2_path, cal, text
+):
     monkeypatch.setenv("KVGGUF_CACHE_DIR", str(tmp_path))
     prompt = text + text[1:]
     kw = dict(n_ctx=len(prompt) + 16, n_threads=2, verbose=False)

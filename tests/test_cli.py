@@ -1,6 +1,5 @@
 """The command line: chat (through a pseudo-terminal and non-interactive), inspect, errors."""
 
-
 import os
 import shutil
 import signal
@@ -24,9 +23,15 @@ def spawn_chat(*args):
     """The chat in a terminal as a user's shell starts it: with Ctrl-C's signal at its default (a
     test run started in the background, e.g. `cmd &` from a script, inherits SIGINT ignored, and
     Python then never raises KeyboardInterrupt)."""
-    child = pexpect.spawn(KVGGUF, ["chat", *args], cwd=str(HERE), encoding="utf-8", timeout=120,
-                          env=dict(os.environ, COLUMNS="200"),
-                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    child = pexpect.spawn(
+        KVGGUF,
+        ["chat", *args],
+        cwd=str(HERE),
+        encoding="utf-8",
+        timeout=120,
+        env=dict(os.environ, COLUMNS="200"),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     child.expect("> ")
     return child
 
@@ -113,7 +118,10 @@ def test_chat_non_interactive_prompt_goes_to_stdout_logs_to_stderr():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["chat", "--kv-codec", "rotq9"], "'rotq9' is not a kv codec; choose one of: tiered, tiered:fixed, tiered:keep=SIGNAL[:FRACTION], auto, auto:BITS, f16"),
+        (
+            ["chat", "--kv-codec", "rotq9"],
+            "'rotq9' is not a kv codec; choose one of: tiered, tiered:fixed, tiered:keep=SIGNAL[:FRACTION], auto, auto:BITS, f16",
+        ),
         (["chat", "-ctk", "q3"], "'q3' is not a cache type; choose one of: f32, f16"),
         (["chat", "-c", "0"], "argument -c/--ctx-size: must be > 0"),
         (["chat", "--bogus"], "unrecognized arguments: --bogus"),

@@ -21,7 +21,7 @@ NAMES = ["delta4", "pdelta4"]
 KEYFRAME = 64  # rows per keyframe (TSC part I)
 GROUP = 64  # channels per min/scale, within one head
 F32_EPS = float(np.finfo(np.float32).eps)
-F16_EPS = 2.0 ** -11  # f16's relative rounding error
+F16_EPS = 2.0**-11  # f16's relative rounding error
 
 
 def kv_like(rng, shape):
@@ -54,7 +54,7 @@ def split(buf, shape):
     assert len(buf) == o2 + (4 * n_res * C + 7) // 8
     key = buf[:o1].view(np.float16).reshape(n_key, C)
     grp = buf[o1:o2].view(np.float16).reshape(n_res, h, n_g, 2).astype(np.float32)
-    group_of = (np.arange(d) // GROUP)  # channel of a head -> its group
+    group_of = np.arange(d) // GROUP  # channel of a head -> its group
     mn = grp[:, :, group_of, 0].reshape(n_res, C)
     sc = grp[:, :, group_of, 1].reshape(n_res, C)
     b = buf[o2:]
@@ -114,12 +114,12 @@ def test_round_trip_within_half_a_step(name, head_dim, n_heads, n_tokens):
     if n_res:
         rg = r.reshape(n_res, n_heads, n_g, GROUP)
         sg = sr.reshape(n_res, n_heads, n_g, GROUP)[..., 0]
-        span = rg.max(axis=-1) - rg.min(axis=-1) + 2 * F16_EPS * np.abs(rg).max(axis=-1) + 2.0 ** -24
-        assert np.all(sg <= span / 15 * (1 + 2 * F16_EPS) + 2.0 ** -24)
+        span = rg.max(axis=-1) - rg.min(axis=-1) + 2 * F16_EPS * np.abs(rg).max(axis=-1) + 2.0**-24
+        assert np.all(sg <= span / 15 * (1 + 2 * F16_EPS) + 2.0**-24)
     # the error is that of uniform rounding at the stored steps (step^2 / 12 per residual),
     # about 0.03-0.05 of the energy of these independent rows (residual ~ sqrt(2) x the row)
     if n_res:
-        assert np.sum(err ** 2) <= 1.1 * np.sum(sr.astype(np.float64) ** 2 / 12)
+        assert np.sum(err**2) <= 1.1 * np.sum(sr.astype(np.float64) ** 2 / 12)
         assert rel_mse(x, y) <= 0.06
 
 
@@ -216,8 +216,18 @@ def test_segments_are_independent(name):
     assert np.array_equal(y[:64], y2[:64]) and np.array_equal(y[128:], y2[128:])
 
 
-BPV_SHAPES = [(64, 1, 64), (64, 1, 128), (64, 1, 256), (64, 3, 64), (1, 1, 64), (33, 3, 128), (100, 2, 96),
-              (130, 1, 5), (2, 1, 1), (65, 2, 200)]
+BPV_SHAPES = [
+    (64, 1, 64),
+    (64, 1, 128),
+    (64, 1, 256),
+    (64, 3, 64),
+    (1, 1, 64),
+    (33, 3, 128),
+    (100, 2, 96),
+    (130, 1, 5),
+    (2, 1, 1),
+    (65, 2, 200),
+]
 
 
 def formula_bytes(shape):
@@ -265,8 +275,14 @@ def test_corrupt_fields_are_detected_before_writing(name, field):
     buf = c.encode(kv_like(np.random.default_rng(2), shape))
     o1 = 2 * n_key * h * d
     o2 = o1 + 4 * n_res * h * n_g
-    off = {"key_first": 0, "key_last": o1 - 2, "min_first": o1, "scale_first": o1 + 2, "min_last": o2 - 4,
-           "scale_last": o2 - 2}[field]
+    off = {
+        "key_first": 0,
+        "key_last": o1 - 2,
+        "min_first": o1,
+        "scale_first": o1 + 2,
+        "min_last": o2 - 4,
+        "scale_last": o2 - 2,
+    }[field]
     is_scale = field.startswith("scale")
     bads = [0x7E00, 0x7C00, 0xFC00, 0xFE00] + ([0xBC00, 0x8000, 0x8001] if is_scale else [])  # NaN, +-Inf; -1, -0
     for bad in bads:

@@ -13,7 +13,7 @@ from kvgguf.bindings.codecs import KvgCorruptError
 NAMES = ["lowrank2", "lowrank3"]
 ROTQ_OF = {"lowrank2": "rotq2", "lowrank3": "rotq3"}
 RANK = 4
-F16_EPS = 2.0 ** -11  # f16's relative rounding error
+F16_EPS = 2.0**-11  # f16's relative rounding error
 
 
 def kv_like(rng, shape):
@@ -118,7 +118,7 @@ def test_subspace_iteration_near_the_exact_svd(name):
             R = (x - codecs.decode(rq, codecs.encode(rq, x), x.shape)).reshape(n, -1).astype(np.float64)
             best = float(np.sum(np.linalg.svd(R, compute_uv=False)[:RANK] ** 2))
             y = codecs.decode(name, codecs.encode(name, x), x.shape).reshape(n, -1)
-            removed = float(np.sum(R ** 2) - np.sum((x.reshape(n, -1) - y.astype(np.float64)) ** 2))
+            removed = float(np.sum(R**2) - np.sum((x.reshape(n, -1) - y.astype(np.float64)) ** 2))
             assert removed <= best * (1 + 1e-3)  # a rank-4 correction cannot beat the SVD (f16 aside)
             ratios.append(removed / best)
     assert min(ratios) >= 0.90
@@ -157,8 +157,13 @@ def test_corrupt_fields_are_detected_before_writing(name, field):
     buf = c.encode(kv_like(np.random.default_rng(2), shape))
     nr = codecs.get(ROTQ_OF[name]).encoded_size(shape)
     nf = rank_of(shape) * (n + h * d)
-    off = {"u_first": nr, "u_last": nr + 2 * (n * RANK - 1), "v_first": nr + 2 * n * RANK,
-           "v_last": nr + 2 * (nf - 1), "rotq_norm": 2 * 17}[field]
+    off = {
+        "u_first": nr,
+        "u_last": nr + 2 * (n * RANK - 1),
+        "v_first": nr + 2 * n * RANK,
+        "v_last": nr + 2 * (nf - 1),
+        "rotq_norm": 2 * 17,
+    }[field]
     bads = [0x7E00, 0x7C00, 0xFC00] + ([0xBC00] if field == "rotq_norm" else [])  # NaN, +-Inf (a norm: -1)
     for bad in bads:
         b = buf.copy()

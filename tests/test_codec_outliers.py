@@ -30,7 +30,7 @@ def with_outliers(rng, shape, scale=30.0):
 
 
 def rel_mse(x, y):
-    return float(((x - y) ** 2).sum() / (x ** 2).sum())
+    return float(((x - y) ** 2).sum() / (x**2).sum())
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -20,7 +20,7 @@ def sub_len(name, d):
 
 
 def rel_mse(x, y):
-    return float(((x - y) ** 2).sum() / (x ** 2).sum())
+    return float(((x - y) ** 2).sum() / (x**2).sum())
 
 
 def hadamard(d):
@@ -180,6 +180,7 @@ def test_bad_books_and_bad_bytes_are_refused(name):
 
 
 # ---- the store keeps one codebook per (layer, kind) ------------------------------------------
+
 
 def rows(rng, n, h=2, d=64):
     return rng.standard_normal((n, h * d)).astype(np.float32)

@@ -269,8 +269,9 @@ def test_deterministic_and_seeded(name):
 def test_threads_build_the_same_matrices():
     # threads race for the cache (a head_dim used nowhere else, several seeds): same bytes
     rng = np.random.default_rng(8)
-    items = [(name, seed, rng.standard_normal((4, 2, 512)).astype(np.float32))
-             for name in NAMES for seed in (71, 72, 73)]
+    items = [
+        (name, seed, rng.standard_normal((4, 2, 512)).astype(np.float32)) for name in NAMES for seed in (71, 72, 73)
+    ]
 
     def work(item):
         name, seed, x = item

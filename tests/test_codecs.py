@@ -19,14 +19,23 @@ DELTA = ["delta4", "pdelta4"]
 OUTL = ["outl2", "outl3"]
 LOWRANK = ["lowrank2", "lowrank3"]
 QJL = ["qjl3", "qjl4"]
-SIDE_DATA = DELTA + OUTL + LOWRANK + QJL  # codecs with side data per block (issue 13); their own tests are tests/test_codec_*.py
+# codecs with side data per block (issue 13); their own tests are tests/test_codec_*.py
+SIDE_DATA = DELTA + OUTL + LOWRANK + QJL
 ALL = ["f16"] + KIVI + ROTQ + CROTQ + SIDE_DATA
 BOOKED = ["pq2", "vq8", "vq8f"]  # need a trained codebook (tests/test_codec_pq.py), so not in ALL's generic tests
 POW2_HEAD_DIM = ROTQ + CROTQ + OUTL + LOWRANK + QJL  # rotation-based: head_dim a power of two
 # Byte offset, in a (4, 2, 64) block, of an f16 field for which NaN, +-Inf and -1.0 are all
 # corrupt (a norm or a scale), for test_corrupt_header_is_detected_before_writing.
-SEED_HEADER_OFFSET = {"delta4": 258, "pdelta4": 258, "outl2": 6, "outl3": 6,
-                      "lowrank2": 6, "lowrank3": 6, "qjl3": 6, "qjl4": 6}
+SEED_HEADER_OFFSET = {
+    "delta4": 258,
+    "pdelta4": 258,
+    "outl2": 6,
+    "outl3": 6,
+    "lowrank2": 6,
+    "lowrank3": 6,
+    "qjl3": 6,
+    "qjl4": 6,
+}
 
 # MSE per unit variance of the optimal (Lloyd-Max) scalar quantizer of N(0, 1), by bits
 # (Max 1960, Table I). rotq must stay within 1.25x of it (TurboQuant's claim is ~1x).
@@ -121,7 +130,31 @@ def test_names_in_enum_order():
 
 
 def test_codec_properties():
-    assert [codecs.get(n).bits for n in ALL + BOOKED] == [16, 2, 3, 4, 8, 1, 2, 3, 4, 2, 3, 4, 4, 4, 2, 3, 2, 3, 3, 4, 2, 8, 8]
+    assert [codecs.get(n).bits for n in ALL + BOOKED] == [
+        16,
+        2,
+        3,
+        4,
+        8,
+        1,
+        2,
+        3,
+        4,
+        2,
+        3,
+        4,
+        4,
+        4,
+        2,
+        3,
+        2,
+        3,
+        3,
+        4,
+        2,
+        8,
+        8,
+    ]
     assert codecs.get("kivi2", group_size=64).group_size == 64
     assert codecs.get("rotq3", seed=7).seed == 7
     assert codecs.get("rotq3").seed == codecs.get("rotq3", seed=None).seed
@@ -311,7 +344,17 @@ def test_rotq_codebook_is_lloyd_max_for_the_sphere_density(d, bits):
 
 # ---- bits per value --------------------------------------------------------------------------
 
-BPV_SHAPES = [(1, 1, 64), (31, 1, 64), (32, 2, 64), (33, 3, 64), (64, 3, 128), (100, 8, 128), (7, 1, 256), (5, 3, 8), (3, 2, 2)]
+BPV_SHAPES = [
+    (1, 1, 64),
+    (31, 1, 64),
+    (32, 2, 64),
+    (33, 3, 64),
+    (64, 3, 128),
+    (100, 8, 128),
+    (7, 1, 256),
+    (5, 3, 8),
+    (3, 2, 2),
+]
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -338,17 +381,38 @@ def test_nominal_bits_per_value(name):
     if name in SIDE_DATA:
         assert c.nominal_bits_per_value(128) > c.bits
         return
-    expected = {"f16": 16.0, "kivi2": 3.0, "kivi3": 4.0, "kivi4": 5.0, "kivi8": 9.0,
-                "rotq1": 1.125, "rotq2": 2.125, "rotq3": 3.125, "rotq4": 4.125,
-                "crotq2": 2.25, "crotq3": 3.25, "crotq4": 4.25}[name]
+    expected = {
+        "f16": 16.0,
+        "kivi2": 3.0,
+        "kivi3": 4.0,
+        "kivi4": 5.0,
+        "kivi8": 9.0,
+        "rotq1": 1.125,
+        "rotq2": 2.125,
+        "rotq3": 3.125,
+        "rotq4": 4.125,
+        "crotq2": 2.25,
+        "crotq3": 3.25,
+        "crotq4": 4.25,
+    }[name]
     assert c.nominal_bits_per_value(128) == expected
     assert codecs.get("kivi4", group_size=128).nominal_bits_per_value(128) == 4.25
 
 
 # ---- SIMD against the scalar oracle ----------------------------------------------------------
 
-SIMD_CASES = [((1, 1, 64), 32), ((33, 3, 64), 32), ((70, 1, 128), 32), ((100, 3, 256), 32), ((65, 2, 8), 32),
-              ((17, 3, 64), 7), ((9, 2, 16), 1), ((9, 3, 4), 32), ((9, 1, 2), 32), ((33, 3, 5), 32)]
+SIMD_CASES = [
+    ((1, 1, 64), 32),
+    ((33, 3, 64), 32),
+    ((70, 1, 128), 32),
+    ((100, 3, 256), 32),
+    ((65, 2, 8), 32),
+    ((17, 3, 64), 7),
+    ((9, 2, 16), 1),
+    ((9, 3, 4), 32),
+    ((9, 1, 2), 32),
+    ((33, 3, 5), 32),
+]
 
 
 def special_values(rng, shape):
@@ -520,9 +584,17 @@ def test_native_rejects_bad_dims_directly():
     assert lib.kvg_encoded_size(lib.KVG_CODEC_F16, 0, 1, 1, 64, ffi.NULL, ffi.NULL) == lib.KVG_ERR_INVALID_ARG
     src = ffi.new("float[]", 64)
     dst = ffi.new("uint8_t[]", 1024)
-    assert lib.kvg_encode(lib.KVG_CODEC_F16, 0, ffi.NULL, 64, 1, 1, 64, ffi.NULL, dst, 1024, ffi.NULL) == lib.KVG_ERR_INVALID_ARG
-    assert lib.kvg_encode(lib.KVG_CODEC_F16, 0, src, 63, 1, 1, 64, ffi.NULL, dst, 1024, ffi.NULL) == lib.KVG_ERR_BUFFER_SIZE
-    assert lib.kvg_encode(lib.KVG_CODEC_F16, 0, src, 64, 1, 1, 64, ffi.NULL, dst, 127, ffi.NULL) == lib.KVG_ERR_BUFFER_SIZE
+    assert (
+        lib.kvg_encode(lib.KVG_CODEC_F16, 0, ffi.NULL, 64, 1, 1, 64, ffi.NULL, dst, 1024, ffi.NULL)
+        == lib.KVG_ERR_INVALID_ARG
+    )
+    assert (
+        lib.kvg_encode(lib.KVG_CODEC_F16, 0, src, 63, 1, 1, 64, ffi.NULL, dst, 1024, ffi.NULL)
+        == lib.KVG_ERR_BUFFER_SIZE
+    )
+    assert (
+        lib.kvg_encode(lib.KVG_CODEC_F16, 0, src, 64, 1, 1, 64, ffi.NULL, dst, 127, ffi.NULL) == lib.KVG_ERR_BUFFER_SIZE
+    )
     assert lib.kvg_encode(lib.KVG_CODEC_F16, 0, src, 64, 1, 1, 64, ffi.NULL, dst, 128, ffi.NULL) == lib.KVG_OK
     out_f = ffi.new("float[]", 64)
     assert lib.kvg_decode(lib.KVG_CODEC_F16, 0, dst, 128, 1, 1, 64, ffi.NULL, out_f, 65) == lib.KVG_ERR_BUFFER_SIZE
@@ -640,8 +712,11 @@ def test_corrupt_header_is_detected_before_writing(name):
 def test_concurrent_encode_decode():
     # head_dim 2048 is used by no other test: its codebook is built while threads race for it
     rng = np.random.default_rng(8)
-    blocks = [(name, rng.standard_normal((16, 2, 2048 if name in POW2_HEAD_DIM else 64)).astype(np.float32))
-              for name in ALL for _ in range(3)]
+    blocks = [
+        (name, rng.standard_normal((16, 2, 2048 if name in POW2_HEAD_DIM else 64)).astype(np.float32))
+        for name in ALL
+        for _ in range(3)
+    ]
 
     def work(item):
         name, x = item
@@ -676,7 +751,7 @@ def test_crotq_removes_channel_offsets_that_rotq_pays_for(bits):
     err = {}
     for name in (f"rotq{bits}", f"crotq{bits}"):
         y = codecs.decode(name, codecs.encode(name, x, "k"), x.shape, "k")
-        err[name] = float(((y - x) ** 2).sum() / (x ** 2).sum())
+        err[name] = float(((y - x) ** 2).sum() / (x**2).sum())
     assert err[f"crotq{bits}"] < 0.5 * err[f"rotq{bits}"]
     # 3 groups of 128 tokens' f16 means on top of rotq's bytes
     extra = codecs.encoded_size(f"crotq{bits}", x.shape) - codecs.encoded_size(f"rotq{bits}", x.shape)

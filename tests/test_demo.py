@@ -11,8 +11,9 @@ KVGGUF = shutil.which("kvgguf", path=str(Path(sys.executable).parent)) or "kvggu
 
 
 def test_demo_prints_both_caches_with_the_compressed_one_smaller(smollm2_path):
-    proc = subprocess.run([KVGGUF, "demo", str(smollm2_path), "--tokens", "1200",
-                           "-t", "2"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [KVGGUF, "demo", str(smollm2_path), "--tokens", "1200", "-t", "2"], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     held = re.search(r"^KV held\s+([\d.]+) MiB\s+([\d.]+) MiB$", out, re.M)

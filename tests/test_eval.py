@@ -31,8 +31,9 @@ def test_harness_gives_zero_for_the_reference_and_for_exact_cold_rows(smollm2_pa
     configs = evaluate.parse_configs("f16,kvgguf:f16,rotq4")
     # batches of 32 would take the fused path, whose f32 sums differ from llama.cpp's f16 ones:
     # exactness is a property of the expanding path (tests/test_fused_attention.py bounds the other)
-    meta, results = evaluate.run_eval(str(smollm2_path), configs, tokens, ctx=512, chunks=2, batch=32, hot=64,
-                                      kv_attention="expand")
+    meta, results = evaluate.run_eval(
+        str(smollm2_path), configs, tokens, ctx=512, chunks=2, batch=32, hot=64, kv_attention="expand"
+    )
     by = {r.name: r for r in results}
     assert meta["scored_positions"] == 512
     assert by["f16"].kl_mean == 0.0 and by["f16"].top1 == 1.0 and by["f16"].ppl == by["f16"].ppl_ref
@@ -64,8 +65,7 @@ def test_eval_refuses_a_cache_that_compresses_nothing(smollm2_path):
     ctx = preset.hot + preset.ubatch
     tokens = list(range(1000, 1000 + ctx))
     with pytest.raises(ValueError, match=f"'tiered' compresses nothing at ctx {ctx}.*keeps {preset.hot} tokens exact"):
-        evaluate.run_eval(str(smollm2_path), evaluate.parse_configs("f16,tiered"), tokens, ctx=ctx, chunks=1,
-                          batch=256)
+        evaluate.run_eval(str(smollm2_path), evaluate.parse_configs("f16,tiered"), tokens, ctx=ctx, chunks=1, batch=256)
     out = run_cli("eval", "--codecs", "f16,tiered", "--ctx", str(ctx), "--chunks", "1")
     assert out.returncode == 2 and "compresses nothing" in out.stderr
 
@@ -75,8 +75,12 @@ def test_sliding_window_models_run_llama_types_both_ways():
     assert evaluate.split_sliding_window(configs, 0) == configs
     split = evaluate.split_sliding_window(configs, 512)
     assert [(c.name, c.swa_full) for c in split] == [
-        ("f16 (swa full)", True), ("f16 (swa window)", False), ("q4_0 (swa full)", True),
-        ("q4_0 (swa window)", False), ("rotq4", None)]
+        ("f16 (swa full)", True),
+        ("f16 (swa window)", False),
+        ("q4_0 (swa full)", True),
+        ("q4_0 (swa window)", False),
+        ("rotq4", None),
+    ]
 
 
 def test_markdown_says_na_where_nothing_was_compressed():
@@ -89,8 +93,21 @@ def test_markdown_says_na_where_nothing_was_compressed():
 @pytest.mark.model  # loads the model by name
 def test_eval_writes_where_it_is_told_and_never_into_the_current_folder(tmp_path):
     before = sorted(p.name for p in HERE.iterdir())
-    out = run_cli("eval", "--codecs", "f16,rotq4", "--ctx", "256", "--chunks", "1", "--batch", "32",
-                  "--hot", "64", "--out", str(tmp_path / "res"))
+    out = run_cli(
+        "eval",
+        "--codecs",
+        "f16,rotq4",
+        "--ctx",
+        "256",
+        "--chunks",
+        "1",
+        "--batch",
+        "32",
+        "--hot",
+        "64",
+        "--out",
+        str(tmp_path / "res"),
+    )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "res" / "smollm2-135m_ctx256x1.json").is_file()
     assert (tmp_path / "res" / "smollm2-135m_ctx256x1.md").is_file()

@@ -47,6 +47,7 @@ def scores(llm, toks):
 
 # --- 1. a per-layer cache saves, loads and continues ----------------------------------------
 
+
 @pytest.mark.parametrize("name", PER_LAYER)
 def test_a_per_layer_cache_saves_and_continues_as_if_never_saved(smollm2_path, tokens, tmp_path, calibrated, name):
     prompt, more = tokens[:400], tokens[400:440]
@@ -149,6 +150,7 @@ print("all refused")
 
 # --- 3 and 8. save targets: only regular files; errors name the path given -------------------
 
+
 @pytest.fixture(scope="module")
 def small(smollm2_path, tokens):
     llm = make(smollm2_path, None, n_ctx=256)
@@ -214,6 +216,7 @@ def test_session_files_follow_the_umask(small, tmp_path, umask):
 
 # --- 5. inspect at any context ----------------------------------------------------------------
 
+
 def test_inspect_answers_at_any_context_and_defaults_to_the_default_model(capsys):
     assert main(["inspect", "--ctx", "10000000000", "--json"]) == 0  # no model: the default one
     rows = {r["cache"]: r for r in json.loads(capsys.readouterr().out)["kv_table"]}
@@ -222,6 +225,7 @@ def test_inspect_answers_at_any_context_and_defaults_to_the_default_model(capsys
 
 
 # --- 6. a full disk skips the prompt cache write, not the completion --------------------------
+
 
 @pytest.fixture
 def full_disk(tmp_path):
@@ -252,9 +256,11 @@ def test_a_full_disk_answers_the_completion_and_skips_the_cache_write(smollm2_pa
 
 # --- 7. import order ---------------------------------------------------------------------------
 
+
 def test_llama_cpp_imported_before_kvgguf_loads_kvguffs_library():
-    proc = run_python("import llama_cpp\nimport kvgguf\nprint(kvgguf.llama_patch_version())",
-                      env_remove=("LLAMA_CPP_LIB_PATH",))
+    proc = run_python(
+        "import llama_cpp\nimport kvgguf\nprint(kvgguf.llama_patch_version())", env_remove=("LLAMA_CPP_LIB_PATH",)
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     import kvgguf
 
@@ -262,6 +268,7 @@ def test_llama_cpp_imported_before_kvgguf_loads_kvguffs_library():
 
 
 # --- 9. labels come from the rows held ------------------------------------------------------------
+
 
 def test_memory_labels_name_the_codec_of_the_rows_held(smollm2_path, tokens, tmp_path):
     src = make(smollm2_path, "rotq4")
@@ -276,6 +283,7 @@ def test_memory_labels_name_the_codec_of_the_rows_held(smollm2_path, tokens, tmp
 
 
 # --- 10. smaller ---------------------------------------------------------------------------------
+
 
 def test_an_oversized_ubatch_is_refused_by_its_own_name():
     with pytest.raises(ValueError, match=r"TieredConfig.ubatch \(1000000\) must not exceed hot"):

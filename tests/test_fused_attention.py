@@ -39,21 +39,45 @@ def uniform(codec: str, hot: int = 128) -> TieredConfig:
 
 
 def decode_logits(path, config, attention, toks, *, flash_attn=True, n_ctx=1024):
-    llm = Llama(str(path), kv_codec=config, kv_attention=attention, n_ctx=n_ctx, n_batch=128, logits_all=True,
-                flash_attn=flash_attn, verbose=False, n_threads=N_THREADS)
+    llm = Llama(
+        str(path),
+        kv_codec=config,
+        kv_attention=attention,
+        n_ctx=n_ctx,
+        n_batch=128,
+        logits_all=True,
+        flash_attn=flash_attn,
+        verbose=False,
+        n_threads=N_THREADS,
+    )
     llm.eval(toks[:N_PREFILL])
     assert llm.kv_cache.n_cold > 0
-    for t in toks[N_PREFILL:N_PREFILL + N_DECODE]:
+    for t in toks[N_PREFILL : N_PREFILL + N_DECODE]:
         llm.eval([t])  # one token: the fused path
-    out = np.array(llm.scores[N_PREFILL:N_PREFILL + N_DECODE])
+    out = np.array(llm.scores[N_PREFILL : N_PREFILL + N_DECODE])
     llm.close()
     return out
 
 
-@pytest.mark.parametrize("codec, flash_attn", [("f16", True), ("f16", False), ("rotq4", True), ("rotq4", False),
-                                               ("rotq2", True), ("kivi4", True), ("crotq3", False),
-                                               ("delta4", True), ("pdelta4", False), ("outl3", True),
-                                               ("lowrank2", False), ("qjl3", True), ("pq2", False), ("vq8f", True)])
+@pytest.mark.parametrize(
+    "codec, flash_attn",
+    [
+        ("f16", True),
+        ("f16", False),
+        ("rotq4", True),
+        ("rotq4", False),
+        ("rotq2", True),
+        ("kivi4", True),
+        ("crotq3", False),
+        ("delta4", True),
+        ("pdelta4", False),
+        ("outl3", True),
+        ("lowrank2", False),
+        ("qjl3", True),
+        ("pq2", False),
+        ("vq8f", True),
+    ],
+)
 def test_fused_matches_expanding_path_smollm2(smollm2_path, tokens, codec, flash_attn):
     """SmolLM2: 9 query heads on 3 KV heads (GQA), head_dim 64, every layer full attention."""
     cfg = uniform(codec)
@@ -85,8 +109,17 @@ def test_prefill_batches_take_the_expanding_path(smollm2_path, tokens):
     cfg = uniform("f16", hot=256)
     out = {}
     for attention in ("fused", "expand"):
-        llm = Llama(str(smollm2_path), kv_codec=cfg, kv_attention=attention, n_ctx=1024, n_batch=128,
-                    logits_all=True, flash_attn=True, verbose=False, n_threads=N_THREADS)
+        llm = Llama(
+            str(smollm2_path),
+            kv_codec=cfg,
+            kv_attention=attention,
+            n_ctx=1024,
+            n_batch=128,
+            logits_all=True,
+            flash_attn=True,
+            verbose=False,
+            n_threads=N_THREADS,
+        )
         llm.eval(tokens[:640])
         out[attention] = np.array(llm.scores[:640])
         llm.close()
@@ -94,9 +127,20 @@ def test_prefill_batches_take_the_expanding_path(smollm2_path, tokens):
     assert np.array_equal(out["fused"], out["expand"])
 
 
-ATTEND = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64,
-                          ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_float,
-                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+ATTEND = ctypes.CFUNCTYPE(
+    ctypes.c_int32,
+    ctypes.c_void_p,
+    ctypes.c_int32,
+    ctypes.c_int64,
+    ctypes.c_int64,
+    ctypes.c_void_p,
+    ctypes.c_int32,
+    ctypes.c_int32,
+    ctypes.c_float,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+)
 
 
 def test_attend_failure_warns_after_decode_and_cache_stays_usable(smollm2_path, tokens):
@@ -104,8 +148,16 @@ def test_attend_failure_warns_after_decode_and_cache_stays_usable(smollm2_path, 
     llama.cpp and reported in Python after llama_decode (a RuntimeWarning: the rows were masked,
     test_live_failures); with the store's hook back, the same context decodes as a fresh one does."""
     cfg = uniform("rotq4")
-    llm = Llama(str(smollm2_path), kv_codec=cfg, n_ctx=1024, n_batch=128, logits_all=True, flash_attn=True,
-                verbose=False, n_threads=N_THREADS)
+    llm = Llama(
+        str(smollm2_path),
+        kv_codec=cfg,
+        n_ctx=1024,
+        n_batch=128,
+        logits_all=True,
+        flash_attn=True,
+        verbose=False,
+        n_threads=N_THREADS,
+    )
     llm.eval(tokens[:N_PREFILL])
     failing = ATTEND(lambda *args: -1)
     hooks.set_attend(llm._ctx.ctx, ctypes.cast(failing, ctypes.c_void_p).value, FUSED_MAX_TOKENS)
@@ -113,13 +165,21 @@ def test_attend_failure_warns_after_decode_and_cache_stays_usable(smollm2_path, 
         llm.eval([tokens[N_PREFILL]])
     hooks.set_attend(llm._ctx.ctx, llm.kv_cache.store.attend_function(), FUSED_MAX_TOKENS)
     llm.n_tokens = N_PREFILL  # drop the failed step; the next eval removes its rows
-    for t in tokens[N_PREFILL:N_PREFILL + 4]:
+    for t in tokens[N_PREFILL : N_PREFILL + 4]:
         llm.eval([t])
-    got = np.array(llm.scores[N_PREFILL:N_PREFILL + 4])
+    got = np.array(llm.scores[N_PREFILL : N_PREFILL + 4])
 
-    fresh = Llama(str(smollm2_path), kv_codec=cfg, n_ctx=1024, n_batch=128, logits_all=True, flash_attn=True,
-                  verbose=False, n_threads=N_THREADS)
+    fresh = Llama(
+        str(smollm2_path),
+        kv_codec=cfg,
+        n_ctx=1024,
+        n_batch=128,
+        logits_all=True,
+        flash_attn=True,
+        verbose=False,
+        n_threads=N_THREADS,
+    )
     fresh.eval(tokens[:N_PREFILL])
-    for t in tokens[N_PREFILL:N_PREFILL + 4]:
+    for t in tokens[N_PREFILL : N_PREFILL + 4]:
         fresh.eval([t])
-    assert np.array_equal(got, np.array(fresh.scores[N_PREFILL:N_PREFILL + 4]))
+    assert np.array_equal(got, np.array(fresh.scores[N_PREFILL : N_PREFILL + 4]))

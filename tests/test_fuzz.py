@@ -22,8 +22,14 @@ def _clang_with_libfuzzer(tmp: Path):
     probe = tmp / "probe.c"
     probe.write_text("int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { (void) d; (void) n; return 0; }\n")
     for cc in [os.environ.get("CLANG"), "clang", *(f"clang-{v}" for v in range(19, 13, -1))]:
-        if cc and shutil.which(cc) and subprocess.run([cc, "-fsanitize=fuzzer,address,undefined", str(probe), "-o",
-                                                       str(tmp / "probe")], capture_output=True).returncode == 0:
+        if (
+            cc
+            and shutil.which(cc)
+            and subprocess.run(
+                [cc, "-fsanitize=fuzzer,address,undefined", str(probe), "-o", str(tmp / "probe")], capture_output=True
+            ).returncode
+            == 0
+        ):
             return cc
     return None
 
@@ -44,9 +50,25 @@ def _atheris() -> bool:
 def fuzz(targets: str, tmp: Path) -> list[dict]:
     lines = tmp / "fuzz.jsonl"
     env = {**os.environ, "PYTHON": sys.executable}  # fuzz.sh installs clang where it can (root, apt-get)
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "fuzz.sh"), "--runs", str(RUNS), "--fresh",
-                           "--targets", targets, "--work", str(tmp / "work"), "--json", str(lines)],
-                          cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            "bash",
+            str(ROOT / "scripts" / "fuzz.sh"),
+            "--runs",
+            str(RUNS),
+            "--fresh",
+            "--targets",
+            targets,
+            "--work",
+            str(tmp / "work"),
+            "--json",
+            str(lines),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, f"scripts/fuzz.sh failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
     return [json.loads(line) for line in lines.read_text().splitlines()]
 
@@ -54,7 +76,9 @@ def fuzz(targets: str, tmp: Path) -> list[dict]:
 @pytest.mark.slow
 def test_native_decoders_and_store_survive_fuzzing(tmp_path):
     if _clang_with_libfuzzer(tmp_path) is None and not _can_install():
-        pytest.skip("no clang with libFuzzer: apt-get install clang-14 libclang-rt-14-dev (scripts/fuzz.sh does it as root)")
+        pytest.skip(
+            "no clang with libFuzzer: apt-get install clang-14 libclang-rt-14-dev (scripts/fuzz.sh does it as root)"
+        )
     rows = fuzz("decode store", tmp_path)
     assert [r["target"] for r in rows] == ["decode", "store"]
     for r in rows:

@@ -49,8 +49,11 @@ def test_shape_is_the_gguf_metadata(name):
     arch = meta["general.architecture"]
     shape = KVShape.from_gguf(path)
     assert (shape.arch, shape.n_layer, shape.n_head, shape.n_head_kv) == (
-        arch, meta[f"{arch}.block_count"], meta[f"{arch}.attention.head_count"],
-        meta[f"{arch}.attention.head_count_kv"])
+        arch,
+        meta[f"{arch}.block_count"],
+        meta[f"{arch}.attention.head_count"],
+        meta[f"{arch}.attention.head_count_kv"],
+    )
     # Gemma-3 states its head dim (256, not 640 / 4); SmolLM2 does not (576 / 9 = 64).
     assert shape.head_dim_k == shape.head_dim_v == {"smollm2-135m": 64, "gemma3-270m": 256}[name]
     assert shape.n_swa == meta.get(f"{arch}.attention.sliding_window", 0)
@@ -71,7 +74,7 @@ def test_full_attention_layers_match_llama_cpp():
 @pytest.mark.parametrize("n_ctx", CONTEXTS)
 def test_llama_cpp_cache_bytes_are_what_inspect_prints(name, cache, n_ctx):
     shape = KVShape.from_gguf(kvgguf.models.path(name))
-    for swa_full in ((True, False) if shape.n_swa else (None,)):
+    for swa_full in (True, False) if shape.n_swa else (None,):
         kw = {} if swa_full is None else {"swa_full": swa_full}
         llm = Llama(str(kvgguf.models.path(name)), n_ctx=n_ctx, type_k=cache, type_v=cache, **kw, **KW)
         want = predicted(name, inspect.llama_label(shape, cache, swa_full is not False), n_ctx)
@@ -132,8 +135,13 @@ def test_tiered_preset_row_is_what_a_full_context_holds(name):
 
 
 def test_sliding_window_layout_as_llama_cpp_reads_it():
-    base = {"general.architecture": "gemma3", "gemma3.block_count": 8, "gemma3.attention.head_count": 4,
-            "gemma3.embedding_length": 640, "gemma3.attention.sliding_window": 512}
+    base = {
+        "general.architecture": "gemma3",
+        "gemma3.block_count": 8,
+        "gemma3.attention.head_count": 4,
+        "gemma3.embedding_length": 640,
+        "gemma3.attention.sliding_window": 512,
+    }
     assert KVShape.from_metadata(base).full_layers == [5]  # llama.cpp's default for gemma3: every 6th
     assert KVShape.from_metadata({**base, "gemma3.attention.sliding_window_pattern": 4}).full_layers == [3, 7]
     flags = [True, False] * 4  # llama.cpp's array form: true where the layer slides
@@ -143,8 +151,9 @@ def test_sliding_window_layout_as_llama_cpp_reads_it():
         KVShape.from_metadata({**base, "gemma3.attention.sliding_window_pattern": [True] * 3})
 
     def as_arch(arch, meta):
-        return {k.replace("gemma3", arch): v.replace("gemma3", arch) if isinstance(v, str) else v
-                for k, v in meta.items()}
+        return {
+            k.replace("gemma3", arch): v.replace("gemma3", arch) if isinstance(v, str) else v for k, v in meta.items()
+        }
 
     gemma2 = as_arch("gemma2", {k: v for k, v in base.items() if "sliding" not in k})
     assert (KVShape.from_metadata(gemma2).n_swa, KVShape.from_metadata(gemma2).full_layers) == (4096, [1, 3, 5, 7])

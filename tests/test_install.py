@@ -73,11 +73,14 @@ def test_callers_arguments_win_and_subclasses_stay_as_they_are(smollm2_path, ins
         llm.close()
 
 
-@pytest.mark.parametrize("kwargs, why", [
-    (dict(vocab_only=True), "vocab_only"),
-    (dict(type_k="q8_0", type_v="q8_0", flash_attn=True), "type_k"),
-    (dict(n_ctx=0), "n_ctx=0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, why",
+    [
+        (dict(vocab_only=True), "vocab_only"),
+        (dict(type_k="q8_0", type_v="q8_0", flash_attn=True), "type_k"),
+        (dict(n_ctx=0), "n_ctx=0"),
+    ],
+)
 def test_unsupported_settings_fall_back_to_stock_loudly(smollm2_path, installed, capfd, kwargs, why):
     with pytest.warns(RuntimeWarning, match=why):
         llm = llama_cpp.Llama(str(smollm2_path), verbose=False, **{"n_ctx": 256, **kwargs})
@@ -99,10 +102,12 @@ def run_fresh(code: str, env_value: str):
 
 
 def test_environment_variable_installs_at_import(smollm2_path):
-    code = ("import kvgguf, llama_cpp\n"
-            f"llm = llama_cpp.Llama({str(smollm2_path)!r}, n_ctx=512, verbose=False)\n"
-            "print(type(llm).__name__, llm.kv_config == kvgguf.TieredConfig())\n"
-            "llm.close()\n")
+    code = (
+        "import kvgguf, llama_cpp\n"
+        f"llm = llama_cpp.Llama({str(smollm2_path)!r}, n_ctx=512, verbose=False)\n"
+        "print(type(llm).__name__, llm.kv_config == kvgguf.TieredConfig())\n"
+        "llm.close()\n"
+    )
     proc = run_fresh(code, "tiered")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["InstalledLlama", "True"]  # the preset

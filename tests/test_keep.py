@@ -31,19 +31,23 @@ def test_kept_blocks_never_age_again_and_survive_truncation():
     assert plan.truncated(blocks, 100)[0].kept
 
 
-@pytest.mark.parametrize("spec, keep, fraction", [
-    ("tiered:keep=surprisal", "surprisal", 0.25),
-    ("tiered:keep=mass:0.1", "mass", 0.1),
-    ("tiered:keep=random:0", "random", 0.0),
-])
+@pytest.mark.parametrize(
+    "spec, keep, fraction",
+    [
+        ("tiered:keep=surprisal", "surprisal", 0.25),
+        ("tiered:keep=mass:0.1", "mass", 0.1),
+        ("tiered:keep=random:0", "random", 0.0),
+    ],
+)
 def test_keep_strings(spec, keep, fraction):
     config = TieredConfig.parse(spec)
     assert (config.keep, config.keep_fraction) == (keep, fraction)
     assert config.archive == TieredConfig().archive  # the preset otherwise
 
 
-@pytest.mark.parametrize("spec", ["tiered:keep=loudness", "tiered:keep=mass:lots", "tiered:keep=mass:1.5",
-                                  "tiered:mass", "tiered:"])
+@pytest.mark.parametrize(
+    "spec", ["tiered:keep=loudness", "tiered:keep=mass:lots", "tiered:keep=mass:1.5", "tiered:mass", "tiered:"]
+)
 def test_bad_keep_strings_are_refused(spec):
     with pytest.raises(ValueError, match="keep"):
         TieredConfig.parse(spec)
@@ -140,7 +144,9 @@ def test_keep_needs_no_logits_when_off_and_answers_like_the_preset(smollm2_path)
     from kvgguf.evaluation.text import wikitext2_test
 
     tokens = _tokens(smollm2_path, wikitext2_test()[5000:12000])[:700]
-    a, _ = _blocks_after(smollm2_path, TieredConfig(keep="surprisal", hot=128, warm_tokens=128, keep_fraction=0.0), tokens)
+    a, _ = _blocks_after(
+        smollm2_path, TieredConfig(keep="surprisal", hot=128, warm_tokens=128, keep_fraction=0.0), tokens
+    )
     b, _ = _blocks_after(smollm2_path, TieredConfig(hot=128, warm_tokens=128), tokens)
     assert a == b
 

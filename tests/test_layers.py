@@ -10,8 +10,20 @@ from pathlib import Path
 
 import kvgguf
 
-RANK = {"bindings": 0, "enums": 0, "errors": 0, "model": 1, "policy": 2, "llamacpp": 3, "runtime": 4, "session": 5,
-        "llama": 6, "installer": 6, "evaluation": 7, "cli": 8}
+RANK = {
+    "bindings": 0,
+    "enums": 0,
+    "errors": 0,
+    "model": 1,
+    "policy": 2,
+    "llamacpp": 3,
+    "runtime": 4,
+    "session": 5,
+    "llama": 6,
+    "installer": 6,
+    "evaluation": 7,
+    "cli": 8,
+}
 UPWARD = {
     # "tiered" and "auto" read the model's calibration; "auto" measures the model on first use
     ("kvgguf.llama", "kvgguf.evaluation"),

@@ -25,8 +25,11 @@ def test_rotq_interpolation_is_log_linear_in_bits():
 
 
 def test_verdicts_follow_the_numbers():
-    rows = {"rotq2": row("rotq2", 2.25, 0.10, 12.0), "rotq3": row("rotq3", 3.25, 0.03, 10.5),
-            "lowrank2": row("lowrank2", 3.0, 0.02, 10.1)}
+    rows = {
+        "rotq2": row("rotq2", 2.25, 0.10, 12.0),
+        "rotq3": row("rotq3", 3.25, 0.03, 10.5),
+        "lowrank2": row("lowrank2", 3.0, 0.02, 10.1),
+    }
     v = lc.claim_lowrank(rows, {})
     assert v.verdict == "reproduced" and v.numbers["recovered_ppl"] == pytest.approx(0.95)
     rows["lowrank2"] = row("lowrank2", 3.0, 0.09, 11.8)
@@ -60,7 +63,9 @@ def test_verdicts_follow_the_numbers():
 def test_reused_rows_keep_their_origin():
     old = {"meta": {"command": "B", "reused": {"from": "a.json", "command": "A", "rows": ["rotq1", "rotq2"]}}}
     assert lc.reuse_groups(old, "b.json", {"rotq1", "pq2"}) == [
-        {"from": "a.json", "command": "A", "rows": ["rotq1"]}, {"from": "b.json", "command": "B", "rows": ["pq2"]}]
+        {"from": "a.json", "command": "A", "rows": ["rotq1"]},
+        {"from": "b.json", "command": "B", "rows": ["pq2"]},
+    ]
 
 
 @pytest.mark.parametrize("style", ["norm", "neox"])
@@ -82,12 +87,46 @@ def test_unrope_undoes_rope(style):
 @pytest.mark.slow
 def test_small_run_gives_a_verdict_per_claim(tmp_path):
     out = tmp_path / "claims"
-    assert lc.main(["--ctx", "128", "--chunks", "1", "--hot", "32", "--surprisal-tokens", "128",
-                    "--codecs", "rotq1,rotq2,rotq3,rotq4,kivi2,delta4,pdelta4,outl2,lowrank2,qjl3", "--out", str(out)]) == 0
+    assert (
+        lc.main(
+            [
+                "--ctx",
+                "128",
+                "--chunks",
+                "1",
+                "--hot",
+                "32",
+                "--surprisal-tokens",
+                "128",
+                "--codecs",
+                "rotq1,rotq2,rotq3,rotq4,kivi2,delta4,pdelta4,outl2,lowrank2,qjl3",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     # and a second run measuring only pq2 and vq8, the first run's rows standing for the others
     out2 = tmp_path / "claims2"
-    assert lc.main(["--ctx", "128", "--chunks", "1", "--hot", "32", "--codecs", "pq2,vq8", "--reuse",
-                    str(out.with_suffix(".json")), "--out", str(out2)]) == 0
+    assert (
+        lc.main(
+            [
+                "--ctx",
+                "128",
+                "--chunks",
+                "1",
+                "--hot",
+                "32",
+                "--codecs",
+                "pq2,vq8",
+                "--reuse",
+                str(out.with_suffix(".json")),
+                "--out",
+                str(out2),
+            ]
+        )
+        == 0
+    )
     data = json.loads(out2.with_suffix(".json").read_text())
     assert data["meta"]["reused"][0]["rows"] == sorted(json.loads(out.with_suffix(".json").read_text())["rows"])
     # keys rotated back before RoPE: layer 0 gives a recurring token its key back (f16 rounding apart)
@@ -96,8 +135,16 @@ def test_small_run_gives_a_verdict_per_claim(tmp_path):
     assert "Keys before RoPE" in next(v for v in data["verdicts"] if v["key"] == "tsc1_delta")["ours"]
     verdicts = {v["key"]: v for v in data["verdicts"]}
     assert len(verdicts) == len(lc.CLAIMS)
-    for key in ("tsc1_delta", "tsc2_pq_vq", "tqpp_pq", "tqpp_lowrank", "tqpp_outliers", "tq_qjl", "seq_surprisal",
-                "adr_archive"):
+    for key in (
+        "tsc1_delta",
+        "tsc2_pq_vq",
+        "tqpp_pq",
+        "tqpp_lowrank",
+        "tqpp_outliers",
+        "tq_qjl",
+        "seq_surprisal",
+        "adr_archive",
+    ):
         assert verdicts[key]["verdict"] in lc.VERDICTS[:3], key  # measured
         assert verdicts[key]["ours"]
     for r in data["rows"].values():
@@ -106,13 +153,28 @@ def test_small_run_gives_a_verdict_per_claim(tmp_path):
     assert md.count("**") == 2 * len(lc.CLAIMS)
 
 
-def test_pq2_on_the_models_calibrated_codebooks_is_its_own_row(tmp_path, monkeypatch, smollm2_path,
-                                                                 smollm2_calibration):
+def test_pq2_on_the_models_calibrated_codebooks_is_its_own_row(
+    tmp_path, monkeypatch, smollm2_path, smollm2_calibration
+):
     from kvgguf.evaluation import calibration
 
     monkeypatch.setenv("KVGGUF_CACHE_DIR", str(tmp_path / "cache"))
-    args = ["--ctx", "128", "--chunks", "1", "--hot", "32", "--surprisal-tokens", "128", "--codecs", "rotq3,pq2",
-            "--codebooks", "calibration", "--out", str(tmp_path / "cal")]
+    args = [
+        "--ctx",
+        "128",
+        "--chunks",
+        "1",
+        "--hot",
+        "32",
+        "--surprisal-tokens",
+        "128",
+        "--codecs",
+        "rotq3,pq2",
+        "--codebooks",
+        "calibration",
+        "--out",
+        str(tmp_path / "cal"),
+    ]
     with pytest.raises(SystemExit):  # no calibration yet
         lc.main(args)
     smollm2_calibration.save(calibration.default_path(str(smollm2_path)))

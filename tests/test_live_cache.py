@@ -26,8 +26,16 @@ def wiki_tokens(smollm2_path):
 
 
 def stock(path, n_ctx, n_batch, **kw):
-    return llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, logits_all=True,
-                           verbose=False, n_threads=N_THREADS, **kw)
+    return llama_cpp.Llama(
+        str(path),
+        n_ctx=n_ctx,
+        n_batch=n_batch,
+        n_ubatch=n_batch,
+        logits_all=True,
+        verbose=False,
+        n_threads=N_THREADS,
+        **kw,
+    )
 
 
 F16_COLD = TieredConfig(hot=64, sinks=0, warm="f16", warm_tokens=0, archive=None, block=32)
@@ -40,8 +48,17 @@ def test_f16_cold_rows_reproduce_stock_logits(smollm2_path, wiki_tokens, flash_a
     toks = wiki_tokens[:600]
     ref = stock(smollm2_path, 1024, 32, flash_attn=flash_attn)
     ref.eval(toks)
-    llm = Llama(str(smollm2_path), kv_codec=F16_COLD, n_ctx=1024, n_batch=32, logits_all=True,
-                flash_attn=flash_attn, verbose=False, n_threads=N_THREADS, kv_attention="expand")
+    llm = Llama(
+        str(smollm2_path),
+        kv_codec=F16_COLD,
+        n_ctx=1024,
+        n_batch=32,
+        logits_all=True,
+        flash_attn=flash_attn,
+        verbose=False,
+        n_threads=N_THREADS,
+        kv_attention="expand",
+    )
     llm.eval(toks)
     # The hot window is 64 tokens: before the last batch (tokens 576..599) at most 64 were hot.
     assert llm.kv_cache.n_cold >= 576 - 64
@@ -57,8 +74,16 @@ def test_the_preset_splits_long_evaluations_into_its_ubatch(smollm2_path, wiki_t
     preset = TieredConfig()
     exact = TieredConfig(sinks=0, warm="f16", warm_tokens=0, archive=None)
     assert (exact.hot, exact.ubatch) == (preset.hot, preset.ubatch) and preset.hot + preset.ubatch == 256
-    llm = Llama(str(smollm2_path), kv_codec=exact, n_ctx=1024, logits_all=True, flash_attn=True, verbose=False,
-                n_threads=N_THREADS, kv_attention="expand")
+    llm = Llama(
+        str(smollm2_path),
+        kv_codec=exact,
+        n_ctx=1024,
+        logits_all=True,
+        flash_attn=True,
+        verbose=False,
+        n_threads=N_THREADS,
+        kv_attention="expand",
+    )
     assert llm.n_batch == preset.ubatch and llm.kv_cache.capacity == 256
     llm.eval(toks)
     assert llm.kv_cache.n_cold >= 700 - preset.hot - preset.ubatch
@@ -81,20 +106,38 @@ def test_at_equal_bits_held_rotq3_beats_llama_q4_0(smollm2_path, wiki_tokens):
     """
     n = 3328
     toks = wiki_tokens[:n]
-    ref = Llama(str(smollm2_path), n_ctx=n, n_batch=256, logits_all=True, flash_attn=True, verbose=False,
-                n_threads=N_THREADS)
+    ref = Llama(
+        str(smollm2_path), n_ctx=n, n_batch=256, logits_all=True, flash_attn=True, verbose=False, n_threads=N_THREADS
+    )
     ref.eval(toks)
     ref_logits = ref.scores[n // 2 : n].copy()
     ref.close()
-    q4 = Llama(str(smollm2_path), n_ctx=n, n_batch=256, logits_all=True, flash_attn=True, verbose=False,
-               n_threads=N_THREADS, type_k="q4_0", type_v="q4_0")
+    q4 = Llama(
+        str(smollm2_path),
+        n_ctx=n,
+        n_batch=256,
+        logits_all=True,
+        flash_attn=True,
+        verbose=False,
+        n_threads=N_THREADS,
+        type_k="q4_0",
+        type_v="q4_0",
+    )
     q4.eval(toks)
     bits_q4 = q4.kv_memory().bits_per_value
     kl_q4, _ = kl_top1(ref_logits, q4.scores[n // 2 : n])
     q4.close()
     config = TieredConfig(hot=128, ubatch=128, sinks=0, warm="rotq3", warm_tokens=0, archive=None, block=32)
-    llm = Llama(str(smollm2_path), kv_codec=config, n_ctx=n, n_batch=128, logits_all=True, flash_attn=True,
-                verbose=False, n_threads=N_THREADS)
+    llm = Llama(
+        str(smollm2_path),
+        kv_codec=config,
+        n_ctx=n,
+        n_batch=128,
+        logits_all=True,
+        flash_attn=True,
+        verbose=False,
+        n_threads=N_THREADS,
+    )
     llm.eval(toks)
     bits = llm.kv_memory().bits_per_value
     kl, top1 = kl_top1(ref_logits, llm.scores[n // 2 : n])
@@ -106,8 +149,7 @@ def test_at_equal_bits_held_rotq3_beats_llama_q4_0(smollm2_path, wiki_tokens):
 
 def test_generation_far_past_the_physical_cache(smollm2_path, wiki_tokens):
     config = TieredConfig(hot=64, sinks=4, warm="rotq4", warm_tokens=512, archive="rotq2", block=32)
-    llm = Llama(str(smollm2_path), kv_codec=config, n_ctx=4096, n_batch=32, verbose=False,
-                n_threads=N_THREADS)
+    llm = Llama(str(smollm2_path), kv_codec=config, n_ctx=4096, n_batch=32, verbose=False, n_threads=N_THREADS)
     physical = llama_cpp.llama_n_ctx(llm._ctx.ctx)
     prompt = wiki_tokens[: 8 * physical - 40]
     out = llm.create_completion(prompt, max_tokens=48, temperature=0.0)
@@ -120,8 +162,9 @@ def test_generation_far_past_the_physical_cache(smollm2_path, wiki_tokens):
     for b in llm.kv_cache.blocks:
         codec = {Tier.SINK: "f16", Tier.WARM: "rotq4", Tier.ARCHIVE: "rotq2"}[b.tier]
         n = b.r1 - b.r0
-        per_layer = (codecs.encoded_size(codec, (n, shape.n_head_kv, shape.head_dim_k), "k")
-                     + codecs.encoded_size(codec, (n, shape.n_head_kv, shape.head_dim_v), "v"))
+        per_layer = codecs.encoded_size(codec, (n, shape.n_head_kv, shape.head_dim_k), "k") + codecs.encoded_size(
+            codec, (n, shape.n_head_kv, shape.head_dim_v), "v"
+        )
         expected += shape.n_layer * per_layer
     assert sum(t.bytes for t in mem.tiers if t.name != "hot") == expected
     # ...and grow with the compressed size, not the f16 size.
@@ -140,15 +183,24 @@ def test_one_token_decode_after_evictions_against_stock(smollm2_path, wiki_token
     differently. Measured over 150 steps: KL 0.0035; the bound asserted is 0.01."""
     n_pre, steps = 300, 100
     config = TieredConfig(hot=224, sinks=4, warm="f16", warm_tokens=0, archive=None, block=32)
-    got_llm = Llama(str(smollm2_path), kv_codec=config, kv_attention="expand", n_ctx=1024, n_batch=32,
-                    logits_all=True, flash_attn=flash_attn, verbose=False, n_threads=N_THREADS)
+    got_llm = Llama(
+        str(smollm2_path),
+        kv_codec=config,
+        kv_attention="expand",
+        n_ctx=1024,
+        n_batch=32,
+        logits_all=True,
+        flash_attn=flash_attn,
+        verbose=False,
+        n_threads=N_THREADS,
+    )
     ref_llm = stock(smollm2_path, 1024, 32, flash_attn=flash_attn)
     for llm in (got_llm, ref_llm):
         llm.eval(wiki_tokens[:n_pre])
-        for t in wiki_tokens[n_pre:n_pre + steps]:
+        for t in wiki_tokens[n_pre : n_pre + steps]:
             llm.eval([t])
     assert got_llm.kv_cache.n_cold > 0 and len(got_llm.kv_cache.blocks) > 2  # rows left the hot window while decoding
-    got, ref = got_llm.scores[n_pre:n_pre + steps], ref_llm.scores[n_pre:n_pre + steps]
+    got, ref = got_llm.scores[n_pre : n_pre + steps], ref_llm.scores[n_pre : n_pre + steps]
     if flash_attn:
         kl, top1 = kl_top1(ref, got)
         assert kl < 0.01 and top1 >= 0.95, (kl, top1)
@@ -161,8 +213,7 @@ def test_one_token_decode_after_evictions_against_stock(smollm2_path, wiki_token
 def test_sinks_stay_exact_and_warm_rows_age_into_archive(smollm2_path, wiki_tokens):
     toks = wiki_tokens[:700]
     config = TieredConfig(hot=64, sinks=4, warm="rotq4", warm_tokens=128, archive="rotq2", block=32)
-    llm = Llama(str(smollm2_path), kv_codec=config, n_ctx=1024, n_batch=32, verbose=False,
-                n_threads=N_THREADS)
+    llm = Llama(str(smollm2_path), kv_codec=config, n_ctx=1024, n_batch=32, verbose=False, n_threads=N_THREADS)
     llm.eval(toks)
     kv = llm.kv_cache
     ref = stock(smollm2_path, 1024, 32, flash_attn=False)
@@ -171,8 +222,17 @@ def test_sinks_stay_exact_and_warm_rows_age_into_archive(smollm2_path, wiki_toke
         for kind in Kind:
             rows = np.empty((4, kv.store.width(kind)), np.float16)
             pos = np.empty(4, np.int32)
-            got = hooks.read_rows(ref._ctx.ctx, 0, il, kind, 0, 4, rows.ctypes.data, rows.nbytes,
-                                pos.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)))
+            got = hooks.read_rows(
+                ref._ctx.ctx,
+                0,
+                il,
+                kind,
+                0,
+                4,
+                rows.ctypes.data,
+                rows.nbytes,
+                pos.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+            )
             assert got == 4
             assert np.array_equal(kv.store.decode_f16(il, kind, 0, 4).view(np.uint16), rows.view(np.uint16))
     assert kv.blocks[0].tier == Tier.SINK and (kv.blocks[0].r0, kv.blocks[0].r1) == (0, 4)
@@ -203,8 +263,15 @@ def test_prefix_reuse_truncates_inside_the_compressed_rows(smollm2_path, wiki_to
     # The expanding path sums [cold | hot] in one order wherever the boundary lies, so the
     # truncated context must give a fresh one's logits bit for bit; the fused path's f32 sums
     # depend on where the cold/hot boundary lies (tests/test_fused_attention.py covers it).
-    kw = dict(kv_codec=F16_COLD, n_ctx=1024, n_batch=32, logits_all=True, verbose=False, n_threads=N_THREADS,
-              kv_attention="expand")
+    kw = dict(
+        kv_codec=F16_COLD,
+        n_ctx=1024,
+        n_batch=32,
+        logits_all=True,
+        verbose=False,
+        n_threads=N_THREADS,
+        kv_attention="expand",
+    )
     llm = Llama(str(smollm2_path), **kw)
     a = wiki_tokens[:640]
     b = wiki_tokens[:352] + wiki_tokens[2000:2256]  # shares 352 tokens: 5.5 blocks, all cold
@@ -229,7 +296,10 @@ def _fake_gguf(path, arch):
 
 def test_bad_configs_raise_clear_errors(smollm2_path, tmp_path):
     path = str(smollm2_path)
-    with pytest.raises(ValueError, match="kv_codec 'rotq5' is unknown; choose 'tiered', 'tiered:fixed', 'auto', 'auto:BITS', 'k:NAME,v:NAME' or one of: f16"):
+    with pytest.raises(
+        ValueError,
+        match="kv_codec 'rotq5' is unknown; choose 'tiered', 'tiered:fixed', 'auto', 'auto:BITS', 'k:NAME,v:NAME' or one of: f16",
+    ):
         Llama(path, kv_codec="rotq5", n_ctx=1024)
     with pytest.raises(ValueError, match="smaller than a batch"):
         Llama(path, kv_codec=TieredConfig(hot=128), n_ctx=1024, n_batch=256)
@@ -256,8 +326,9 @@ def test_stock_behaviour_without_a_codec(smollm2_path, wiki_tokens):
     toks = wiki_tokens[:300]
     ref = stock(smollm2_path, 512, 64)
     ref.eval(toks)
-    llm = Llama(str(smollm2_path), n_ctx=512, n_batch=64, n_ubatch=64, logits_all=True, verbose=False,
-                n_threads=N_THREADS)
+    llm = Llama(
+        str(smollm2_path), n_ctx=512, n_batch=64, n_ubatch=64, logits_all=True, verbose=False, n_threads=N_THREADS
+    )
     llm.eval(toks)
     assert llm.kv_cache is None
     assert np.array_equal(llm.scores[:300], ref.scores[:300])
@@ -278,8 +349,7 @@ def test_gemma3_cold_rows_only_on_full_attention_layers():
 
 def test_everyday_api_works_with_a_codec(smollm2_path, wiki_tokens):
     config = TieredConfig(hot=64, sinks=4, warm="rotq4", warm_tokens=128, archive="rotq2", block=32)
-    llm = Llama(str(smollm2_path), kv_codec=config, n_ctx=2048, n_batch=32, verbose=False,
-                n_threads=N_THREADS)
+    llm = Llama(str(smollm2_path), kv_codec=config, n_ctx=2048, n_batch=32, verbose=False, n_threads=N_THREADS)
     assert llm.n_ctx() == 2048  # the logical context, not llama.cpp's 256 cells
     text = llm.detokenize(wiki_tokens[:700]).decode("utf-8", "ignore")
     assert llm.detokenize(llm.tokenize(b"hello world", add_bos=False)).strip() == b"hello world"
@@ -287,7 +357,8 @@ def test_everyday_api_works_with_a_codec(smollm2_path, wiki_tokens):
     assert len(chunks) >= 2 and llm.kv_cache.n_cold > 0
     chat = llm.create_chat_completion(
         messages=[{"role": "system", "content": text[:2500]}, {"role": "user", "content": "What is this about?"}],
-        max_tokens=8, temperature=0.0,
+        max_tokens=8,
+        temperature=0.0,
     )
     assert chat["choices"][0]["message"]["content"] is not None
     assert llm.kv_cache.n_cold > 0
@@ -332,8 +403,15 @@ def test_a_per_layer_per_kind_plan_stores_the_codecs_it_names(smollm2_path, wiki
                 assert b.codec == want, (il, kind, b.tier)
                 assert len(b.data) == codecs.encoded_size(want, (b.n_rows, shape.n_head_kv, dim), role)
                 seen.add((b.tier, want))
-    assert {(Tier.WARM, "kivi4"), (Tier.WARM, "kivi2"), (Tier.WARM, "f16"), (Tier.WARM, "rotq3"),
-            (Tier.ARCHIVE, "crotq3"), (Tier.ARCHIVE, "kivi2"), (Tier.ARCHIVE, "rotq2")} <= seen
+    assert {
+        (Tier.WARM, "kivi4"),
+        (Tier.WARM, "kivi2"),
+        (Tier.WARM, "f16"),
+        (Tier.WARM, "rotq3"),
+        (Tier.ARCHIVE, "crotq3"),
+        (Tier.ARCHIVE, "kivi2"),
+        (Tier.ARCHIVE, "rotq2"),
+    } <= seen
     labels = {t.name: t.codec for t in llm.kv_memory().tiers}
     assert labels["warm"].startswith("per layer:") and labels["archive"].startswith("per layer:")
     llm.close()

@@ -20,8 +20,9 @@ from kvgguf.bindings.store import KVStore
 
 N_THREADS = 2
 # Small windows so that one 32-token batch evicts a block and ages another to archive.
-SMALL = TieredConfig(hot=64, ubatch=32, sinks=4, warm=("kivi4", "rotq3"), warm_tokens=64,
-                     archive=("rotq4", "rotq2"), block=32)
+SMALL = TieredConfig(
+    hot=64, ubatch=32, sinks=4, warm=("kivi4", "rotq3"), warm_tokens=64, archive=("rotq4", "rotq2"), block=32
+)
 
 
 @pytest.fixture(scope="module")
@@ -133,8 +134,15 @@ def last_logits_stock(stock, token):
 
 
 def test_unreadable_rows_on_the_expanding_path_refuse_the_batch(smollm2_path, tokens):
-    llm = Llama(str(smollm2_path), kv_codec=f16_cold(), kv_attention="expand", n_ctx=1024, n_batch=128,
-                verbose=False, n_threads=N_THREADS)
+    llm = Llama(
+        str(smollm2_path),
+        kv_codec=f16_cold(),
+        kv_attention="expand",
+        n_ctx=1024,
+        n_batch=128,
+        verbose=False,
+        n_threads=N_THREADS,
+    )
     try:
         llm.eval(tokens[:600])
         reference_state = llm.save_state()
@@ -170,8 +178,9 @@ def test_a_session_saved_from_another_thread_waits_for_the_batch(smollm2_path, t
         try:
             if t:
                 t.start()
-            out = llm.create_completion(llm.detokenize(prompt).decode("utf-8", "ignore"), max_tokens=24,
-                                        temperature=0.0)
+            out = llm.create_completion(
+                llm.detokenize(prompt).decode("utf-8", "ignore"), max_tokens=24, temperature=0.0
+            )
         finally:
             stop.set()
             if t:

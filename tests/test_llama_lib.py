@@ -23,9 +23,7 @@ def test_llama_imported_first_with_another_library_is_refused(tmp_path):
     # A copy of the same library in another folder stands in for "some other libllama".
     other = tmp_path / "other"
     shutil.copytree(kvgguf.llama_library_path().parent, other)
-    proc = run_python(
-        "import llama_cpp\nimport kvgguf", env_update={"LLAMA_CPP_LIB_PATH": str(other)}
-    )
+    proc = run_python("import llama_cpp\nimport kvgguf", env_update={"LLAMA_CPP_LIB_PATH": str(other)})
     assert proc.returncode != 0
     assert "imported before kvgguf" in proc.stderr
     assert "Import kvgguf before llama_cpp" in proc.stderr

@@ -21,9 +21,14 @@ def test_a_closed_llama_raises_instead_of_crashing(smollm2_path, tmp_path, kv_co
     llm.eval(llm.tokenize(b"Hello there"))
     state = llm.save_state()
     llm.close()
-    for call in (lambda: llm.kv_memory(), lambda: llm.eval([1, 2]), lambda: llm.save_state(),
-                 lambda: llm.load_state(state), lambda: llm.save_session(tmp_path / "s.kvz"),
-                 lambda: list(llm.eval_logits([1, 2]))):
+    for call in (
+        lambda: llm.kv_memory(),
+        lambda: llm.eval([1, 2]),
+        lambda: llm.save_state(),
+        lambda: llm.load_state(state),
+        lambda: llm.save_session(tmp_path / "s.kvz"),
+        lambda: list(llm.eval_logits([1, 2])),
+    ):
         with pytest.raises(ValueError, match="closed"):
             call()
     assert not (tmp_path / "s.kvz").exists()
@@ -39,8 +44,9 @@ def test_pickling_or_copying_a_compressed_llama_is_refused(smollm2_path):
         llm.close()
 
 
-@pytest.mark.parametrize("kwargs", [dict(hot="64"), dict(hot=64.5), dict(block=True), dict(warm=None),
-                                    dict(archive=2), dict(sinks=1.0)])
+@pytest.mark.parametrize(
+    "kwargs", [dict(hot="64"), dict(hot=64.5), dict(block=True), dict(warm=None), dict(archive=2), dict(sinks=1.0)]
+)
 def test_tiered_config_checks_types_when_made(kwargs):
     with pytest.raises(TypeError, match="TieredConfig"):
         TieredConfig(**kwargs)

@@ -54,10 +54,14 @@ def test_gemma3_is_assembled_once_and_verified(tmp_path, monkeypatch):
 # Session files name their model by these digests (kvgguf.session.fingerprint): a change to the
 # GGUF reader must leave them byte for byte as they are.
 METADATA_SHA256 = {
-    "smollm2-135m": ("90bfd49896523c246b3da5b52443dcb2050660a85479c1d6f4bc4c6ca73b981b",
-                     "12f2daa6c7965ba929ba3b14b5ba2e057ef538bf9fcc25f3a25be1e6c538e715"),
-    "gemma3-270m": ("74062daa3152af529d0473debe0ca624414d275e54555c7420ea478ca73e6db3",
-                    "604680d7cc65028bc46a8517e23f10f51bb069bf43b9570f7e3f92a63236bc7d"),
+    "smollm2-135m": (
+        "90bfd49896523c246b3da5b52443dcb2050660a85479c1d6f4bc4c6ca73b981b",
+        "12f2daa6c7965ba929ba3b14b5ba2e057ef538bf9fcc25f3a25be1e6c538e715",
+    ),
+    "gemma3-270m": (
+        "74062daa3152af529d0473debe0ca624414d275e54555c7420ea478ca73e6db3",
+        "604680d7cc65028bc46a8517e23f10f51bb069bf43b9570f7e3f92a63236bc7d",
+    ),
 }
 
 
@@ -79,7 +83,9 @@ def test_a_file_that_is_not_gguf_or_is_cut_short_is_a_clear_error(tmp_path):
     head = models.path().read_bytes()[: 1 << 20]
     bad = tmp_path / "bad.gguf"
     for data, message in [
-        (b"", "empty"), (b"GGUF", "shorter than its header"), (b"NOPE" + bytes(40), "not a GGUF file"),
+        (b"", "empty"),
+        (b"GGUF", "shorter than its header"),
+        (b"NOPE" + bytes(40), "not a GGUF file"),
         (b"GGUF" + bytes([9, 0, 0, 0]) + bytes(16), "version 9"),
         (b"GGUF" + bytes([3, 0, 0, 0]) + bytes(8) + bytes([9]) + bytes(7), "truncated"),
         (head[:5000], "truncated"),  # inside the tokenizer's arrays

@@ -67,7 +67,7 @@ def test_every_declared_function_resolves():
 def test_codec_enum_matches_names():
     ffi = _native.get_ffi()
     enum = ffi.typeof("enum kvg_codec_type").elements  # value -> C name
-    from_enum = [enum[v][len("KVG_CODEC_"):].lower() for v in sorted(enum)]
+    from_enum = [enum[v][len("KVG_CODEC_") :].lower() for v in sorted(enum)]
     assert sorted(enum) == list(range(len(enum)))
     assert from_enum == codecs.names()
     lib = _native.get_lib()
@@ -122,8 +122,17 @@ def test_header_compiles_cleanly(tmp_path, lang, compiler, std):
         pytest.skip(f"no {lang} compiler on PATH")
     src = tmp_path / ("t.c" if lang == "c" else "t.cpp")
     src.write_text('#include "kvgguf.h"\nint main(void) { return kvg_codec_count() > 0 ? 0 : 1; }\n')
-    cmd = [exe, std, "-Wall", "-Wextra", "-Werror", "-pedantic", "-fsyntax-only",
-           f"-I{_native.header_path().parent}", str(src)]
+    cmd = [
+        exe,
+        std,
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-pedantic",
+        "-fsyntax-only",
+        f"-I{_native.header_path().parent}",
+        str(src),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 

@@ -11,13 +11,18 @@ from kvgguf.policy import codec_spec, plan
 CFG = TieredConfig(hot=256, sinks=4, warm="rotq4", warm_tokens=128, archive="rotq2", block=64)
 
 
-@pytest.mark.parametrize("n_past,n_cold,expected", [
-    (0, 0, 0), (256, 0, 0),          # the window is full, not over
-    (257, 0, 64),                    # one row over: one whole block leaves
-    (512, 0, 256), (511, 0, 256),    # ceil to blocks
-    (1000, 700, 64),                 # 300 hot: 44 over, one block
-    (300, 0, 64),
-])
+@pytest.mark.parametrize(
+    "n_past,n_cold,expected",
+    [
+        (0, 0, 0),
+        (256, 0, 0),  # the window is full, not over
+        (257, 0, 64),  # one row over: one whole block leaves
+        (512, 0, 256),
+        (511, 0, 256),  # ceil to blocks
+        (1000, 700, 64),  # 300 hot: 44 over, one block
+        (300, 0, 64),
+    ],
+)
 def test_rows_to_evict_keeps_at_most_hot_rows(n_past, n_cold, expected):
     n = plan.rows_to_evict(n_past, n_cold, CFG)
     assert n == expected
@@ -49,7 +54,9 @@ def test_codec_specs_expand_per_layer_and_kind():
     assert warm[1, Kind.K] == "kivi4" and warm[1, Kind.V] == "rotq3"
     assert warm[0, Kind.K] == warm[2, Kind.V] == "rotq4"
     archive = cfg.table(Tier.ARCHIVE, 3)
-    assert {archive[il, Kind.K] for il in range(3)} == {"rotq3"} and {archive[il, Kind.V] for il in range(3)} == {"rotq2"}
+    assert {archive[il, Kind.K] for il in range(3)} == {"rotq3"} and {archive[il, Kind.V] for il in range(3)} == {
+        "rotq2"
+    }
     assert set(cfg.table(Tier.SINK, 3).values()) == {"f16"}
     assert codec_spec.describe(archive) == "K rotq3 / V rotq2"
     assert codec_spec.describe(warm) == "per layer: kivi4 x1, rotq3 x1, rotq4 x4"
@@ -63,29 +70,43 @@ def test_k_and_v_apart_as_a_string():
     assert TieredConfig.parse(" k:kivi4, v:rotq3".strip()).warm == ("kivi4", "rotq3")
 
 
-@pytest.mark.parametrize("text,error", [
-    ("k:kivi4", "write K and V codecs as 'k:NAME,v:NAME'"),
-    ("k:kivi4,v:rotq9", "codec 'rotq9' is unknown"),
-    ("k:kivi4,x:rotq3", "write K and V codecs"),
-    ("k:kivi4,v:rotq3,v:rotq2", "write K and V codecs"),
-])
+@pytest.mark.parametrize(
+    "text,error",
+    [
+        ("k:kivi4", "write K and V codecs as 'k:NAME,v:NAME'"),
+        ("k:kivi4,v:rotq9", "codec 'rotq9' is unknown"),
+        ("k:kivi4,x:rotq3", "write K and V codecs"),
+        ("k:kivi4,v:rotq3,v:rotq2", "write K and V codecs"),
+    ],
+)
 def test_bad_k_and_v_strings_say_what_is_wrong(text, error):
     with pytest.raises(ValueError, match=error):
         TieredConfig.parse(text)
 
 
-@pytest.mark.parametrize("warm,error", [
-    ({"rotq4": "kivi4"}, ValueError), ({"default": "rotq4", -1: "kivi4"}, ValueError),
-    (("kivi4",), TypeError), (("kivi4", 4), TypeError), ({"default": "rotq9"}, ValueError),
-])
+@pytest.mark.parametrize(
+    "warm,error",
+    [
+        ({"rotq4": "kivi4"}, ValueError),
+        ({"default": "rotq4", -1: "kivi4"}, ValueError),
+        (("kivi4",), TypeError),
+        (("kivi4", 4), TypeError),
+        ({"default": "rotq9"}, ValueError),
+    ],
+)
 def test_bad_codec_specs_are_refused_when_made(warm, error):
     with pytest.raises(error):
         TieredConfig(warm=warm)
 
 
 def test_blocks_age_into_archive_behind_the_newest_warm_tokens():
-    blocks = [plan.Block(0, 4, Tier.SINK), plan.Block(4, 64, Tier.WARM), plan.Block(64, 128, Tier.WARM),
-              plan.Block(128, 192, Tier.WARM), plan.Block(192, 256, Tier.WARM)]
+    blocks = [
+        plan.Block(0, 4, Tier.SINK),
+        plan.Block(4, 64, Tier.WARM),
+        plan.Block(64, 128, Tier.WARM),
+        plan.Block(128, 192, Tier.WARM),
+        plan.Block(192, 256, Tier.WARM),
+    ]
     old = plan.blocks_to_archive(blocks, CFG)  # newest 128 compressed rows stay warm: [128, 256)
     assert [(b.r0, b.r1) for b in old] == [(4, 64), (64, 128)]
     assert plan.blocks_to_archive(blocks, TieredConfig(archive=None)) == []
@@ -112,12 +133,15 @@ def test_blocks_after_lays_out_contiguous_tiers():
     assert plan.blocks_after(200, 256, CFG) == []  # nothing ever left the window
 
 
-@pytest.mark.parametrize("hot,block,ubatch,sinks,warm_tokens,archive", [
-    (224, 64, 32, 4, 2048, ("rotq4", "rotq2")),  # the preset
-    (65, 16, 7, 200, 100, "rotq2"),  # sinks beyond the first evictions, an odd batch
-    (100, 64, 50, 0, 0, None),  # evictions that alternate in size, no archive
-    (300, 16, 64, 4, 0, "rotq2"),  # everything but the newest block archived
-])
+@pytest.mark.parametrize(
+    "hot,block,ubatch,sinks,warm_tokens,archive",
+    [
+        (224, 64, 32, 4, 2048, ("rotq4", "rotq2")),  # the preset
+        (65, 16, 7, 200, 100, "rotq2"),  # sinks beyond the first evictions, an odd batch
+        (100, 64, 50, 0, 0, None),  # evictions that alternate in size, no archive
+        (300, 16, 64, 4, 0, "rotq2"),  # everything but the newest block archived
+    ],
+)
 def test_block_counts_in_closed_form_equal_the_simulation(hot, block, ubatch, sinks, warm_tokens, archive):
     cfg = TieredConfig(hot=hot, block=block, ubatch=ubatch, sinks=sinks, warm_tokens=warm_tokens, archive=archive)
     for n_batch in (1, 33, ubatch, hot):

@@ -141,12 +141,25 @@ def test_two_servers_share_one_redis(smollm2_path, flushed, tmp_path):
     endpoint shows it, and the Redis hit)."""
     openai = pytest.importorskip("openai")
     doc = wikitext2_test()[:4000]  # about 900 tokens: three chunks of 256
-    args = [str(smollm2_path), "--model_alias", "smollm2-135m", "--n_ctx", "2048", "--n_threads", "1",
-            "--n_threads_batch", "1", "--prompt-cache", flushed.url]
+    args = [
+        str(smollm2_path),
+        "--model_alias",
+        "smollm2-135m",
+        "--n_ctx",
+        "2048",
+        "--n_threads",
+        "1",
+        "--n_threads_batch",
+        "1",
+        "--prompt-cache",
+        flushed.url,
+    ]
     with kvgguf_serve(args, tmp_path / "a.log", {}) as a, kvgguf_serve(args, tmp_path / "b.log", {}) as b:
+
         def ask(base, prompt):
             return openai.OpenAI(base_url=base + "/v1", api_key="-", max_retries=0).completions.create(
-                model="smollm2-135m", prompt=prompt, max_tokens=4, temperature=0.0)
+                model="smollm2-135m", prompt=prompt, max_tokens=4, temperature=0.0
+            )
 
         ask(a, doc + "\nSummary:")
         before = get_json(b + "/kvgguf/memory")

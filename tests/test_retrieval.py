@@ -52,8 +52,15 @@ def test_a_number_is_found_only_when_it_is_the_first_one():
 @pytest.fixture(scope="module")
 def f16_trials(smollm2_path, vocab):
     doc = make_docs(vocab, n_documents=1)[0]
-    llm = kvgguf.Llama(str(smollm2_path), n_ctx=N_TOKENS + retrieval.QUESTION_ROOM, flash_attn=True,
-                       n_batch=32, n_threads=2, verbose=False)  # kvgguf's default batch: logits depend on it
+    # n_batch: kvgguf's default batch (logits depend on it)
+    llm = kvgguf.Llama(
+        str(smollm2_path),
+        n_ctx=N_TOKENS + retrieval.QUESTION_ROOM,
+        flash_attn=True,
+        n_batch=32,
+        n_threads=2,
+        verbose=False,
+    )
     try:
         return doc, retrieval.ask(llm, doc)
     finally:
@@ -72,8 +79,15 @@ def test_kvgguf_f16_cold_store_answers_exactly_as_llama_cpp(smollm2_path, f16_tr
     """The rows of the earliest facts leave the hot window and come back from the store; the
     rewinds between questions go through the store's truncation."""
     doc, reference = f16_trials
-    llm = kvgguf.Llama(str(smollm2_path), kv_codec="f16", n_ctx=N_TOKENS + retrieval.QUESTION_ROOM,
-                       flash_attn=True, kv_attention="expand", n_threads=2, verbose=False)
+    llm = kvgguf.Llama(
+        str(smollm2_path),
+        kv_codec="f16",
+        n_ctx=N_TOKENS + retrieval.QUESTION_ROOM,
+        flash_attn=True,
+        kv_attention="expand",
+        n_threads=2,
+        verbose=False,
+    )
     try:
         trials = retrieval.ask(llm, doc)
         assert llm.kv_cache.n_cold > doc.positions[1]  # the first facts were asked for from the store

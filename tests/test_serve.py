@@ -21,8 +21,21 @@ openai = pytest.importorskip("openai")
 @pytest.fixture(scope="module")
 def server(smollm2_path, tmp_path_factory, calibrated_cache_dir):
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    args = [str(smollm2_path), "--model_alias", "smollm2-135m", "--n_ctx", "2048", "--n_threads", "2",
-            "--n_threads_batch", "2", "--prompt-cache", "ram", "--prompt-cache-bytes", str(256 << 20)]
+    args = [
+        str(smollm2_path),
+        "--model_alias",
+        "smollm2-135m",
+        "--n_ctx",
+        "2048",
+        "--n_threads",
+        "2",
+        "--n_threads_batch",
+        "2",
+        "--prompt-cache",
+        "ram",
+        "--prompt-cache-bytes",
+        str(256 << 20),
+    ]
     with kvgguf_serve(args, log, {"KVGGUF_CACHE_DIR": str(calibrated_cache_dir)}) as base:
         yield base, log
 
@@ -44,8 +57,12 @@ def test_models_lists_the_alias(client):
 
 def test_streamed_chat_completion(client):
     stream = client.chat.completions.create(
-        model="smollm2-135m", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=12,
-        temperature=0.0, stream=True)
+        model="smollm2-135m",
+        messages=[{"role": "user", "content": "Name a colour."}],
+        max_tokens=12,
+        temperature=0.0,
+        stream=True,
+    )
     pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
     assert len(pieces) > 1 and "".join(pieces).strip()
 
@@ -92,8 +109,12 @@ def test_concurrent_streams_queue_and_every_one_completes(client):
     def ask(i: int) -> None:
         try:
             stream = client.chat.completions.create(
-                model="smollm2-135m", messages=[{"role": "user", "content": f"Count from {i} to {i + 5}."}],
-                max_tokens=8, temperature=0.0, stream=True)
+                model="smollm2-135m",
+                messages=[{"role": "user", "content": f"Count from {i} to {i + 5}."}],
+                max_tokens=8,
+                temperature=0.0,
+                stream=True,
+            )
             text, finish = "", None
             for chunk in stream:
                 if chunk.choices:
@@ -114,8 +135,12 @@ def test_concurrent_streams_queue_and_every_one_completes(client):
 
 
 def test_a_body_that_is_not_json_gets_400(server):
-    req = urllib.request.Request(server[0] + "/v1/chat/completions", data=b"{not json",
-                                 headers={"Content-Type": "application/json"}, method="POST")
+    req = urllib.request.Request(
+        server[0] + "/v1/chat/completions",
+        data=b"{not json",
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=30)
     assert e.value.code == 400

@@ -11,8 +11,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvgguf
-from kvgguf import (CompressedDiskCache, CompressedRAMCache, Llama, SessionCorruptError, SessionError,
-                    SessionMismatchError, SessionVersionError, TieredConfig)
+from kvgguf import (
+    CompressedDiskCache,
+    CompressedRAMCache,
+    Llama,
+    SessionCorruptError,
+    SessionError,
+    SessionMismatchError,
+    SessionVersionError,
+    TieredConfig,
+)
 from kvgguf.evaluation.harness import kl_top1
 from kvgguf.session import container
 from kvgguf.session import session as kvz
@@ -65,6 +73,7 @@ def snapshot(llm):
 
 
 # --- round trips ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kv_codec", [None, EXACT_TIERED], ids=["stock", "tiered"])
 def test_exact_session_continues_with_the_same_greedy_tokens(smollm2_path, text_tokens, tmp_path, kv_codec):
@@ -129,6 +138,7 @@ def test_unknown_codec_and_bad_spec_are_refused_before_writing(smollm2_path, tmp
 
 
 # --- refusals: clear exceptions, context untouched ------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tiered_pair(smollm2_path, text_tokens, tmp_path_factory):
@@ -268,8 +278,11 @@ def test_fuzz_random_bytes_only_raise_session_errors(tiny_session, data):
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-@given(edits=st.lists(st.tuples(st.integers(0, 1 << 30), st.integers(0, 255)), min_size=1, max_size=4),
-       cut=st.integers(0, 1 << 30), fix_crc=st.booleans())
+@given(
+    edits=st.lists(st.tuples(st.integers(0, 1 << 30), st.integers(0, 255)), min_size=1, max_size=4),
+    cut=st.integers(0, 1 << 30),
+    fix_crc=st.booleans(),
+)
 def test_fuzz_mutated_sessions_never_crash_the_parser(tiny_session, edits, cut, fix_crc):
     raw, llm = tiny_session
     b = bytearray(raw)
@@ -300,9 +313,13 @@ class Tiny:
 @pytest.fixture(scope="module")
 def tiny_session(smollm2_path):
     """A small tiered session, entropy off so that mutations reach every field."""
-    llm = Llama(str(smollm2_path), kv_codec=TieredConfig(hot=64, sinks=2, warm="kivi2", warm_tokens=8,
-                                                          archive="rotq2", block=8),
-                n_ctx=512, n_batch=8, **KW)
+    llm = Llama(
+        str(smollm2_path),
+        kv_codec=TieredConfig(hot=64, sinks=2, warm="kivi2", warm_tokens=8, archive="rotq2", block=8),
+        n_ctx=512,
+        n_batch=8,
+        **KW,
+    )
     llm.eval(list(range(100, 380)))  # llama.cpp keeps 256 cells (its minimum): 24+ are compressed
     assert llm.kv_cache.n_cold > 0
     data, _ = kvz.dump(llm._session_view(drop_dead_rows=True), codec="rotq1", entropy=False)
@@ -310,6 +327,7 @@ def tiny_session(smollm2_path):
 
 
 # --- atomic writes -------------------------------------------------------------------------
+
 
 def test_a_failed_write_leaves_the_previous_file(smollm2_path, tmp_path, monkeypatch):
     llm = make(smollm2_path)
@@ -331,6 +349,7 @@ def test_a_failed_write_leaves_the_previous_file(smollm2_path, tmp_path, monkeyp
 
 # --- prompt caches -------------------------------------------------------------------------
 
+
 def counting(llm):
     """Counts tokens llm evaluates."""
     seen = []
@@ -347,8 +366,11 @@ def counting(llm):
 @pytest.mark.parametrize("kind", ["ram", "disk"])
 def test_prompt_cache_serves_a_repeated_prefix(smollm2_path, text_tokens, tmp_path, kind):
     llm = make(smollm2_path, "tiered", n_ctx=2048, n_batch=64)
-    cache = CompressedRAMCache(capacity_bytes=1 << 30) if kind == "ram" else \
-        CompressedDiskCache(tmp_path / "pc", capacity_bytes=1 << 30)
+    cache = (
+        CompressedRAMCache(capacity_bytes=1 << 30)
+        if kind == "ram"
+        else CompressedDiskCache(tmp_path / "pc", capacity_bytes=1 << 30)
+    )
     llm.set_cache(cache)
     text = llm.detokenize(text_tokens[:400]).decode("utf-8", "ignore")
     seen = counting(llm)
@@ -377,8 +399,11 @@ def test_prompt_cache_respects_capacity(smollm2_path, text_tokens, tmp_path, kin
     llm.eval(text_tokens[:200])
     size = len(llm.save_state().llama_state)
     cap = int(size * 1.5)  # room for one state of this size, not two
-    cache = CompressedRAMCache(capacity_bytes=cap) if kind == "ram" else \
-        CompressedDiskCache(tmp_path / "pc", capacity_bytes=cap)
+    cache = (
+        CompressedRAMCache(capacity_bytes=cap)
+        if kind == "ram"
+        else CompressedDiskCache(tmp_path / "pc", capacity_bytes=cap)
+    )
     llm.set_cache(cache)
     llm.reset()
     for start in (0, 1000, 2000):

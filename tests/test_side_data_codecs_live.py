@@ -18,10 +18,19 @@ SIDE_DATA = ["delta4", "pdelta4", "outl2", "outl3", "lowrank2", "lowrank3", "qjl
 # 0.026, 0.89). qjl3 is that bad for real: its unbiased sketch adds noise along every
 # direction of the residual, and SmolLM2's queries are large in a few channels, so the scores'
 # noise dwarfs what rotq2's shrinkage costs (K alone through qjl3: KL 1.4; benchmarks/literature_claims.py).
-BOUNDS = {"delta4": (0.12, 0.75), "pdelta4": (0.05, 0.8), "outl2": (0.33, 0.7), "outl3": (0.11, 0.72),
-          "lowrank2": (0.3, 0.55), "lowrank3": (0.07, 0.7), "qjl3": (6.0, 0.2), "qjl4": (0.35, 0.65),
-          "pq2": (0.3, 0.7), "vq8": (0.6, 0.55),  # measured 0.106, 0.86 and 0.195, 0.75 (books trained on the first block)
-          "vq8f": (0.6, 0.55)}  # measured 0.364, 0.67 (vq8 0.378, 0.67 in the same run)
+BOUNDS = {
+    "delta4": (0.12, 0.75),
+    "pdelta4": (0.05, 0.8),
+    "outl2": (0.33, 0.7),
+    "outl3": (0.11, 0.72),
+    "lowrank2": (0.3, 0.55),
+    "lowrank3": (0.07, 0.7),
+    "qjl3": (6.0, 0.2),
+    "qjl4": (0.35, 0.65),
+    "pq2": (0.3, 0.7),
+    "vq8": (0.6, 0.55),  # measured 0.106, 0.86 and 0.195, 0.75 (books trained on the first block)
+    "vq8f": (0.6, 0.55),
+}  # measured 0.364, 0.67 (vq8 0.378, 0.67 in the same run)
 KW = dict(n_ctx=1024, n_batch=64, n_threads=2, n_threads_batch=2, verbose=False, flash_attn=True)
 
 
@@ -45,7 +54,9 @@ def test_side_data_codec_in_live_cache_and_session(smollm2_path, tokens, tmp_pat
     src.eval(tokens[:300])
     store, c = src.kv_cache.store, codecs.get(codec)
     blocks = [b for il in src.kv_cache.layers for kind in (0, 1) for b in store.blocks(il, kind)]
-    held = [(kind, b) for il in src.kv_cache.layers for kind in (0, 1) for b in store.blocks(il, kind) if b.codec == codec]
+    held = [
+        (kind, b) for il in src.kv_cache.layers for kind in (0, 1) for b in store.blocks(il, kind) if b.codec == codec
+    ]
     assert len(held) > 0
     for kind, b in held:  # the bytes held are the encoder's, all counted
         assert len(b.data) == c.encoded_size((b.n_rows, store.n_head_kv, store.head_dim[kind]), "kv"[kind])
@@ -105,6 +116,8 @@ def test_pq_session_with_a_bad_codebook_is_refused_and_changes_nothing(smollm2_p
             dst.load_session(tmp_path / "bad.kvz")
     # the context is still the one it had: its 120 tokens, its compressed rows as they were
     assert dst.n_tokens == 120
-    assert [bytes(b.data) for il in dst.kv_cache.layers for kind in (0, 1) for b in dst.kv_cache.store.blocks(il, kind)] == held
+    assert [
+        bytes(b.data) for il in dst.kv_cache.layers for kind in (0, 1) for b in dst.kv_cache.store.blocks(il, kind)
+    ] == held
     for llm in (src, dst):
         llm.close()

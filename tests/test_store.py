@@ -58,8 +58,9 @@ def test_retier_of_one_layer_and_kind_leaves_the_other_lists_alone():
     s.retier(0, 32, Tier.ARCHIVE, "kivi2", il=1, kind=Kind.V)
     assert s.held(Tier.ARCHIVE).bytes == codecs.encoded_size("kivi2", (32, 2, 64), "v")
     assert [b.codec for b in s.blocks(1, Kind.V)] == ["kivi2"]
-    assert [b.codec for il in range(3) for kind in Kind if (il, kind) != (1, Kind.V)
-            for b in s.blocks(il, kind)] == ["rotq4"] * 5
+    assert [b.codec for il in range(3) for kind in Kind if (il, kind) != (1, Kind.V) for b in s.blocks(il, kind)] == [
+        "rotq4"
+    ] * 5
     s.retier(0, 32, Tier.ARCHIVE, "rotq3", kind=Kind.K)  # every layer's K
     assert [b.codec for il in range(3) for b in s.blocks(il, Kind.K)] == ["rotq3"] * 3
     with pytest.raises(ValueError, match="layer 3 is out of range"):

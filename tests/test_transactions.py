@@ -24,8 +24,12 @@ def rows(rng, n):
 def filled_store(seed=0) -> KVStore:
     rng = np.random.default_rng(seed)
     store = KVStore(N_LAYER, N_HEAD_KV, HEAD_DIM, HEAD_DIM)
-    for tier, codec, n in ((Tier.SINK, "f16", 4), (Tier.WARM, "kivi4", 28), (Tier.WARM, "rotq3", 32),
-                           (Tier.WARM, "crotq3", 17)):
+    for tier, codec, n in (
+        (Tier.SINK, "f16", 4),
+        (Tier.WARM, "kivi4", 28),
+        (Tier.WARM, "rotq3", 32),
+        (Tier.WARM, "crotq3", 17),
+    ):
         for il in range(N_LAYER):
             for kind in Kind:
                 store.append(il, kind, tier, codec, rows(rng, n))
@@ -45,8 +49,9 @@ def evict(store: KVStore, r0: int, n: int, seed: int) -> None:
 
 
 MUTATIONS = {
-    "retier_lists": lambda s: s.retier_lists(32, 81, Tier.ARCHIVE, {(il, k): ("rotq2" if k else "kivi2")
-                                                                     for il in range(N_LAYER) for k in (0, 1)}),
+    "retier_lists": lambda s: s.retier_lists(
+        32, 81, Tier.ARCHIVE, {(il, k): ("rotq2" if k else "kivi2") for il in range(N_LAYER) for k in (0, 1)}
+    ),
     "retier_one_codec": lambda s: s.retier(4, 64, Tier.ARCHIVE, "rotq3"),
     "truncate_cutting_blocks": lambda s: s.truncate(50),
     "truncate_to_zero": lambda s: s.truncate(0),

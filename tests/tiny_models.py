@@ -43,39 +43,42 @@ import numpy as np
 #   rope_freqs   one rope_freqs tensor for the full-attention layers: a quarter of each head rotates,
 #                the rest is held still by factors of 1e30 (Gemma 4's "proportional" rope)
 #   out_scale    layer_output_scale: one scalar multiplying each layer's output (Gemma 4)
-ARCHS: dict[str, frozenset] = {a: frozenset(f.split()) for a, f in {
-    "llama": "",
-    "mistral3": "",
-    "granite": "",
-    "smollm3": "",  # llama.cpp hard-codes its no-rope layers (every 4th): use n_layer >= 4 to have one
-    "qwen2": "qkv_bias",
-    "qwen3": "qk_norm",
-    "phi3": "fused_qkv fused_up",
-    "olmo2": "qk_norm_rows post_norms no_pre_norms output",
-    "starcoder2": "layer_norm norm_bias qkv_bias out_bias no_gate ffn_bias",
-    "cohere2": "layer_norm parallel",
-    "gemma2": "post_norms",
-    "gemma3": "post_norms qk_norm",
-    # granite_swa (llama.cpp's name, with "_"): granite with per-layer sliding windows and sinks
-    "granite_swa": "sinks swa_layers",
-    "exaone": "",
-    "exaone4": "qk_norm post_norms no_pre_norms",  # sliding windows only at 64 layers (32B)
-    "glm4": "post_norms fused_up",
-    "internlm2": "output",
-    "stablelm": "layer_norm norm_bias output",
-    "command-r": "layer_norm parallel",  # q/k norms only at >= 64 layers
-    "gemma": "",
-    "qwen3moe": "qk_norm moe",
-    "olmo": "layer_norm no_norms",
-    # gpt-oss (llama.cpp's openai-moe): even layers slide (its loader's default pattern 2), sinks,
-    # MoE with biases
-    "gpt-oss": "qkv_bias out_bias sinks ffn_norm_post_attn moe moe_bias output",
-    # gemma4 without per-layer embeddings or shared KV layers (its 31B's layout)
-    "gemma4": "post_norms qk_norm swa_layers k_eq_v rope_freqs out_scale",
-    # deci (Nemotron 51B/49B): llama's layers, each with its own KV head count (kvgguf refuses
-    # full-attention layers of different shapes; stock llama.cpp runs them)
-    "deci": "",
-}.items()}
+ARCHS: dict[str, frozenset] = {
+    a: frozenset(f.split())
+    for a, f in {
+        "llama": "",
+        "mistral3": "",
+        "granite": "",
+        "smollm3": "",  # llama.cpp hard-codes its no-rope layers (every 4th): use n_layer >= 4 to have one
+        "qwen2": "qkv_bias",
+        "qwen3": "qk_norm",
+        "phi3": "fused_qkv fused_up",
+        "olmo2": "qk_norm_rows post_norms no_pre_norms output",
+        "starcoder2": "layer_norm norm_bias qkv_bias out_bias no_gate ffn_bias",
+        "cohere2": "layer_norm parallel",
+        "gemma2": "post_norms",
+        "gemma3": "post_norms qk_norm",
+        # granite_swa (llama.cpp's name, with "_"): granite with per-layer sliding windows and sinks
+        "granite_swa": "sinks swa_layers",
+        "exaone": "",
+        "exaone4": "qk_norm post_norms no_pre_norms",  # sliding windows only at 64 layers (32B)
+        "glm4": "post_norms fused_up",
+        "internlm2": "output",
+        "stablelm": "layer_norm norm_bias output",
+        "command-r": "layer_norm parallel",  # q/k norms only at >= 64 layers
+        "gemma": "",
+        "qwen3moe": "qk_norm moe",
+        "olmo": "layer_norm no_norms",
+        # gpt-oss (llama.cpp's openai-moe): even layers slide (its loader's default pattern 2), sinks,
+        # MoE with biases
+        "gpt-oss": "qkv_bias out_bias sinks ffn_norm_post_attn moe moe_bias output",
+        # gemma4 without per-layer embeddings or shared KV layers (its 31B's layout)
+        "gemma4": "post_norms qk_norm swa_layers k_eq_v rope_freqs out_scale",
+        # deci (Nemotron 51B/49B): llama's layers, each with its own KV head count (kvgguf refuses
+        # full-attention layers of different shapes; stock llama.cpp runs them)
+        "deci": "",
+    }.items()
+}
 
 # Metadata the loaders require, or that makes the tiny model exercise the architecture's extras
 # (keys without "{arch}."; TinySpec's fields and extra override them). Windows are small so that a few hundred
@@ -95,9 +98,14 @@ KEYS: dict[str, dict] = {
     "gpt-oss": {**_MOE, "attention.sliding_window": 32},  # both required
     # gemma4: embedding_length_per_layer_input is required (0: none); head dims of the sliding layers
     # come from TinySpec.head_dim_swa; rope bases as Gemma 4's (10K sliding, 1M full)
-    "gemma4": {"attention.sliding_window": 32, "embedding_length_per_layer_input": 0,
-               "attention.shared_kv_layers": 0, "rope.freq_base": 1e6, "rope.freq_base_swa": 1e4,
-               "final_logit_softcapping": 10.0},
+    "gemma4": {
+        "attention.sliding_window": 32,
+        "embedding_length_per_layer_input": 0,
+        "attention.shared_kv_layers": 0,
+        "rope.freq_base": 1e6,
+        "rope.freq_base_swa": 1e4,
+        "final_logit_softcapping": 10.0,
+    },
 }
 
 
@@ -179,9 +187,11 @@ def _add_tokenizer(w, tokenizer_from: Path, n_vocab: Optional[int] = None) -> in
 
     fields = _tokenizer_fields(str(tokenizer_from))
     pad = max(0, (n_vocab or 0) - len(next(v for n, v, _ in fields if n == "tokenizer.ggml.tokens")))
-    padding = {"tokenizer.ggml.tokens": [f"<|unused_{i}|>" for i in range(pad)],
-               "tokenizer.ggml.token_type": [int(gguf.TokenType.UNUSED)] * pad,
-               "tokenizer.ggml.scores": [0.0] * pad}
+    padding = {
+        "tokenizer.ggml.tokens": [f"<|unused_{i}|>" for i in range(pad)],
+        "tokenizer.ggml.token_type": [int(gguf.TokenType.UNUSED)] * pad,
+        "tokenizer.ggml.scores": [0.0] * pad,
+    }
     n_vocab = 0
     for name, value, types in fields:
         if types[0] == gguf.GGUFValueType.ARRAY:
@@ -244,9 +254,14 @@ def write(path: Path, spec: TinySpec, tokenizer_from: Path, seed: int = 0) -> Pa
     }
     if spec.head_dim:
         keys.update({"attention.key_length": spec.head_dim, "attention.value_length": spec.head_dim})
-    if spec.head_dim_swa:
-        keys.update({"attention.key_length_swa": spec.head_dim_swa, "attention.value_length_swa": spec.head_dim_swa,
-                     "rope.dimension_count_swa": spec.head_dim_swa})  # else llama.cpp rotates the full layers' width
+    if spec.head_dim_swa:  # rope.dimension_count_swa: else llama.cpp rotates the full layers' width
+        keys.update(
+            {
+                "attention.key_length_swa": spec.head_dim_swa,
+                "attention.value_length_swa": spec.head_dim_swa,
+                "rope.dimension_count_swa": spec.head_dim_swa,
+            }
+        )
     if spec.sliding_window is not None:
         keys["attention.sliding_window"] = spec.sliding_window
     if spec.swa_pattern:
@@ -255,8 +270,13 @@ def write(path: Path, spec: TinySpec, tokenizer_from: Path, seed: int = 0) -> Pa
     if spec.longrope:
         # attn_factor as Phi-3's converter computes it for a 4x longer context
         scale = 4.0
-        keys.update({"rope.scaling.type": "longrope", "rope.scaling.original_context_length": spec.longrope,
-                     "rope.scaling.attn_factor": float(np.sqrt(1 + np.log(scale) / np.log(spec.longrope)))})
+        keys.update(
+            {
+                "rope.scaling.type": "longrope",
+                "rope.scaling.original_context_length": spec.longrope,
+                "rope.scaling.attn_factor": float(np.sqrt(1 + np.log(scale) / np.log(spec.longrope))),
+            }
+        )
     keys.update(spec.extra)
     for key, value in keys.items():
         _add(w, f"{a}.{key}", value)
@@ -367,40 +387,48 @@ def write_refused(path: Path, arch: str, tokenizer_from: Path, seed: int = 0) ->
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name("tiny")
-    keys = {"context_length": 4096, "embedding_length": n_embd, "block_count": n_layer,
-            "attention.layer_norm_rms_epsilon": 1e-6}
+    keys = {
+        "context_length": 4096,
+        "embedding_length": n_embd,
+        "block_count": n_layer,
+        "attention.layer_norm_rms_epsilon": 1e-6,
+    }
     if arch == "deepseek2":
         n_head = 4
-        keys.update({
-            "feed_forward_length": n_ff,
-            "attention.head_count": n_head,
-            "attention.head_count_kv": 1,  # MLA runs as MQA over the shared latent
-            # llama.cpp takes a model as "lite" (no q LoRA) only by its layer count (26, 27, 48) and
-            # otherwise requires this key: 0 loads a plain attn_q, as DeepSeek-V2-Lite has
-            "attention.q_lora_rank": 0,
-            "attention.kv_lora_rank": MLA_KV_LORA_RANK,
-            "attention.key_length": MLA_KV_LORA_RANK + MLA_QK_ROPE,
-            "attention.value_length": MLA_KV_LORA_RANK,
-            "attention.key_length_mla": MLA_QK_NOPE + MLA_QK_ROPE,  # these two make llama.cpp use MLA
-            "attention.value_length_mla": MLA_V_HEAD,
-            "rope.dimension_count": MLA_QK_ROPE,
-            "rope.freq_base": 10000.0,
-            "leading_dense_block_count": n_layer,  # every layer a dense FFN: no expert tensors
-            # required even without experts (the converter writes intermediate_size and 0 for dense models)
-            "expert_feed_forward_length": n_ff,
-            "expert_shared_count": 0,
-        })
+        keys.update(
+            {
+                "feed_forward_length": n_ff,
+                "attention.head_count": n_head,
+                "attention.head_count_kv": 1,  # MLA runs as MQA over the shared latent
+                # llama.cpp takes a model as "lite" (no q LoRA) only by its layer count (26, 27, 48) and
+                # otherwise requires this key: 0 loads a plain attn_q, as DeepSeek-V2-Lite has
+                "attention.q_lora_rank": 0,
+                "attention.kv_lora_rank": MLA_KV_LORA_RANK,
+                "attention.key_length": MLA_KV_LORA_RANK + MLA_QK_ROPE,
+                "attention.value_length": MLA_KV_LORA_RANK,
+                "attention.key_length_mla": MLA_QK_NOPE + MLA_QK_ROPE,  # these two make llama.cpp use MLA
+                "attention.value_length_mla": MLA_V_HEAD,
+                "rope.dimension_count": MLA_QK_ROPE,
+                "rope.freq_base": 10000.0,
+                "leading_dense_block_count": n_layer,  # every layer a dense FFN: no expert tensors
+                # required even without experts (the converter writes intermediate_size and 0 for dense models)
+                "expert_feed_forward_length": n_ff,
+                "expert_shared_count": 0,
+            }
+        )
     else:
         d_inner = 2 * n_embd
-        keys.update({
-            "feed_forward_length": 0,  # its converter writes these zeros
-            "attention.head_count": 0,
-            "ssm.conv_kernel": SSM_CONV_KERNEL,
-            "ssm.inner_size": d_inner,
-            "ssm.state_size": SSM_STATE,
-            "ssm.time_step_rank": SSM_DT_RANK,
-            "ssm.dt_b_c_rms": False,
-        })
+        keys.update(
+            {
+                "feed_forward_length": 0,  # its converter writes these zeros
+                "attention.head_count": 0,
+                "ssm.conv_kernel": SSM_CONV_KERNEL,
+                "ssm.inner_size": d_inner,
+                "ssm.state_size": SSM_STATE,
+                "ssm.time_step_rank": SSM_DT_RANK,
+                "ssm.dt_b_c_rms": False,
+            }
+        )
     for key, value in keys.items():
         _add(w, f"{arch}.{key}", value)
     n_vocab = _add_tokenizer(w, tokenizer_from)

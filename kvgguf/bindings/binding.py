@@ -155,7 +155,9 @@ def _load():
         try:
             lib = ffi.dlopen(str(path))
         except OSError as e:
-            raise KvgLoadError(f"cannot load kvgguf's native library {path} (set by {LIB_ENV} or the package): {e}") from e
+            raise KvgLoadError(
+                f"cannot load kvgguf's native library {path} (set by {LIB_ENV} or the package): {e}"
+            ) from e
         _check_abi(lib, path)
         _ffi, _lib = ffi, lib
         return ffi, lib

@@ -90,7 +90,9 @@ def _shape3(shape: Sequence[int]) -> tuple[int, int, int]:
     try:
         dims = tuple(shape)
     except TypeError:
-        raise ValueError(f"shape must be (n_tokens, n_heads, head_dim) or (n_tokens, head_dim), got {shape!r}") from None
+        raise ValueError(
+            f"shape must be (n_tokens, n_heads, head_dim) or (n_tokens, head_dim), got {shape!r}"
+        ) from None
     if len(dims) not in (2, 3):
         raise ValueError(f"shape must be (n_tokens, n_heads, head_dim) or (n_tokens, head_dim), got {dims!r}")
     for d in dims:
@@ -122,7 +124,9 @@ def _byte_buffer(buf):
     try:
         return ffi.from_buffer("uint8_t[]", buf)
     except TypeError:
-        raise TypeError(f"encoded data must be bytes-like (bytes, bytearray, numpy uint8 array), got {type(buf).__name__}") from None
+        raise TypeError(
+            f"encoded data must be bytes-like (bytes, bytearray, numpy uint8 array), got {type(buf).__name__}"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -204,8 +208,15 @@ class Codec:
         ffi, lib = binding.get_ffi(), binding.get_lib()
         written = ffi.new("size_t *")
         st = lib.kvg_encode(
-            self.type, kind_id, ffi.from_buffer("float[]", a), a.size, *shape,
-            self._params(), ffi.from_buffer("uint8_t[]", out, require_writable=True), size, written,
+            self.type,
+            kind_id,
+            ffi.from_buffer("float[]", a),
+            a.size,
+            *shape,
+            self._params(),
+            ffi.from_buffer("uint8_t[]", out, require_writable=True),
+            size,
+            written,
         )
         check(st, self._context(kind_id, shape))
         if written[0] != size:  # the library promises exactly encoded_size bytes
@@ -216,16 +227,23 @@ class Codec:
         """Decodes buf into the preallocated C-contiguous float32 array out (zero-copy); returns out."""
         kind_id = _kind(kind)
         if not isinstance(out, np.ndarray) or out.dtype != np.float32:
-            raise TypeError(f"out must be a float32 numpy array, got {type(out).__name__} "
-                            f"{getattr(out, 'dtype', '')}".rstrip())
+            raise TypeError(
+                f"out must be a float32 numpy array, got {type(out).__name__} {getattr(out, 'dtype', '')}".rstrip()
+            )
         if not out.flags.c_contiguous or not out.flags.writeable:
             raise ValueError("out must be C-contiguous and writeable")
         shape = _shape3(out.shape)
         src = _byte_buffer(buf)
         ffi, lib = binding.get_ffi(), binding.get_lib()
         st = lib.kvg_decode(
-            self.type, kind_id, src, len(src), *shape, self._params(),
-            ffi.from_buffer("float[]", out, require_writable=True), out.size,
+            self.type,
+            kind_id,
+            src,
+            len(src),
+            *shape,
+            self._params(),
+            ffi.from_buffer("float[]", out, require_writable=True),
+            out.size,
         )
         check(st, self._context(kind_id, shape))
         return out
@@ -236,8 +254,10 @@ class Codec:
         want = self.encoded_size(shape, kind)  # before allocating: a wrong shape must not cost its floats
         got = len(_byte_buffer(buf))
         if got != want:
-            raise KvgValueError(f"{self.name} decode of shape {tuple(shape)} needs {want} bytes, got {got}",
-                                int(binding.get_lib().KVG_ERR_BUFFER_SIZE))
+            raise KvgValueError(
+                f"{self.name} decode of shape {tuple(shape)} needs {want} bytes, got {got}",
+                int(binding.get_lib().KVG_ERR_BUFFER_SIZE),
+            )
         out = np.empty(tuple(int(d) for d in shape), dtype=np.float32)
         return self.decode_into(buf, out, kind)
 
@@ -283,9 +303,19 @@ def train_book(name: str, x, kind: str = "k", *, seed: int | None = None) -> np.
     ffi, lib = binding.get_ffi(), binding.get_lib()
     s = 4 if name == "pq2" else shape[2]
     out = np.empty((256, s), dtype=np.float32)
-    check(lib.kvg_pq_train(c.type, _kind(kind), ffi.from_buffer("float[]", a), a.size, *shape, c._params(),
-                           ffi.from_buffer("float[]", out, require_writable=True), out.size),
-          f"{name} codebook, shape {shape}")
+    check(
+        lib.kvg_pq_train(
+            c.type,
+            _kind(kind),
+            ffi.from_buffer("float[]", a),
+            a.size,
+            *shape,
+            c._params(),
+            ffi.from_buffer("float[]", out, require_writable=True),
+            out.size,
+        ),
+        f"{name} codebook, shape {shape}",
+    )
     return out
 
 
@@ -320,7 +350,11 @@ def rotq_codebook(bits: int, head_dim: int) -> np.ndarray:
     if isinstance(bits, bool) or not isinstance(bits, numbers.Integral) or not 1 <= bits <= 4:
         raise ValueError(f"bits must be 1..4, got {bits!r}")
     out = np.empty(1 << int(bits), dtype=np.float32)
-    check(lib.kvg_rotq_codebook(int(bits), int(head_dim), ffi.from_buffer("float[]", out, require_writable=True), out.size))
+    check(
+        lib.kvg_rotq_codebook(
+            int(bits), int(head_dim), ffi.from_buffer("float[]", out, require_writable=True), out.size
+        )
+    )
     return out
 
 

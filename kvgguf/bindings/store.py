@@ -31,8 +31,16 @@ class EncodedBlock:
 class KVStore:
     """Compressed rows [0, n_rows) of one sequence, per layer and kind, in blocks and tiers."""
 
-    def __init__(self, n_layer: int, n_head_kv: int, head_dim_k: int, head_dim_v: int, *,
-                 group_size: int = 32, seed: int | None = None):
+    def __init__(
+        self,
+        n_layer: int,
+        n_head_kv: int,
+        head_dim_k: int,
+        head_dim_v: int,
+        *,
+        group_size: int = 32,
+        seed: int | None = None,
+    ):
         ffi, lib = get_ffi(), get_lib()
         params = ffi.new("kvg_store_params *")
         lib.kvg_store_default_params(params)
@@ -65,8 +73,9 @@ class KVStore:
         codec_type = codecs.get(codec).type
         ffi = get_ffi()
         check(
-            get_lib().kvg_store_append(self._ptr, il, kind, tier, codec_type,
-                                       ffi.from_buffer("float[]", rows), rows.size, n_rows),
+            get_lib().kvg_store_append(
+                self._ptr, il, kind, tier, codec_type, ffi.from_buffer("float[]", rows), rows.size, n_rows
+            ),
             f"append {n_rows} rows to layer {il} {'KV'[kind]} as {codec}",
         )
 
@@ -74,8 +83,16 @@ class KVStore:
         """Appends a block's encoded bytes as they are (checked to decode before it is linked)."""
         ffi = get_ffi()
         check(
-            get_lib().kvg_store_append_encoded(self._ptr, il, kind, block.tier, codecs.get(block.codec).type,
-                                               block.n_rows, ffi.from_buffer(block.data), len(block.data)),
+            get_lib().kvg_store_append_encoded(
+                self._ptr,
+                il,
+                kind,
+                block.tier,
+                codecs.get(block.codec).type,
+                block.n_rows,
+                ffi.from_buffer(block.data),
+                len(block.data),
+            ),
             f"encoded block of {block.n_rows} rows for layer {il} {'KV'[kind]}",
         )
 
@@ -114,24 +131,35 @@ class KVStore:
         if not n[0]:
             return None
         out = np.empty(int(n[0]), dtype=np.float32)
-        check(lib.kvg_store_book(self._ptr, il, kind, c.type, ffi.from_buffer("float[]", out, require_writable=True),
-                                 out.size, n))
+        check(
+            lib.kvg_store_book(
+                self._ptr, il, kind, c.type, ffi.from_buffer("float[]", out, require_writable=True), out.size, n
+            )
+        )
         return out.reshape(256, -1)
 
     def set_book(self, il: int, kind: int, codec: str, book: np.ndarray) -> None:
         """Installs a codebook (a session's) before any block of that codec is appended there."""
         book = np.ascontiguousarray(book, dtype=np.float32)
-        check(get_lib().kvg_store_set_book(self._ptr, il, kind, codecs.get(codec).type,
-                                           get_ffi().from_buffer("float[]", book), book.size),
-              f"{codec} codebook for layer {il} {'KV'[kind]}")
+        check(
+            get_lib().kvg_store_set_book(
+                self._ptr, il, kind, codecs.get(codec).type, get_ffi().from_buffer("float[]", book), book.size
+            ),
+            f"{codec} codebook for layer {il} {'KV'[kind]}",
+        )
 
     def books(self) -> list[tuple[int, int, str, np.ndarray]]:
         """Every codebook held: (layer, kind, codec, book). None where the head dims are not
         powers of two: the codebook codecs cannot take them (and the store refuses the question)."""
         dims = self.head_dim
-        return [(il, kind, name, bk) for il in range(self.n_layer) for kind in Kind
-                if dims[kind] & (dims[kind] - 1) == 0
-                for name in codecs.BOOK_CODECS if (bk := self.book(il, kind, name)) is not None]
+        return [
+            (il, kind, name, bk)
+            for il in range(self.n_layer)
+            for kind in Kind
+            if dims[kind] & (dims[kind] - 1) == 0
+            for name in codecs.BOOK_CODECS
+            if (bk := self.book(il, kind, name)) is not None
+        ]
 
     def book_bytes(self) -> int:
         """Bytes of the codebooks held (float32, as allocated): part of what pq2/vq8 rows cost."""
@@ -146,19 +174,28 @@ class KVStore:
 
     def decode(self, il: int, kind: int, r0: int, r1: int) -> np.ndarray:
         dst = np.empty((r1 - r0, self.width(kind)), dtype=np.float32)
-        check(get_lib().kvg_store_decode(self._ptr, il, kind, r0, r1,
-                                         get_ffi().from_buffer("float[]", dst), dst.size))
+        check(get_lib().kvg_store_decode(self._ptr, il, kind, r0, r1, get_ffi().from_buffer("float[]", dst), dst.size))
         return dst
 
     def decode_f16(self, il: int, kind: int, r0: int, r1: int) -> np.ndarray:
         dst = np.empty((r1 - r0, self.width(kind)), dtype=np.float16)
-        check(get_lib().kvg_store_decode_f16(self._ptr, il, kind, r0, r1,
-                                             get_ffi().from_buffer("uint16_t[]", dst), dst.size))
+        check(
+            get_lib().kvg_store_decode_f16(
+                self._ptr, il, kind, r0, r1, get_ffi().from_buffer("uint16_t[]", dst), dst.size
+            )
+        )
         return dst
 
-    def attend(self, il: int, r0: int, r1: int, q: np.ndarray, scale: float,
-               state: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None, softcap: float = 0.0
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def attend(
+        self,
+        il: int,
+        r0: int,
+        r1: int,
+        q: np.ndarray,
+        scale: float,
+        state: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+        softcap: float = 0.0,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Attention of queries ``q`` [n_tokens, n_head, head_dim_k] over rows [r0, r1) of layer
         ``il``, scored and summed from the encoded rows (kvg_store_hook_attend), in online-softmax
         form: returns ``(m, l, acc)``, m and l [n_tokens, n_head], acc [n_tokens, n_head, head_dim_v],
@@ -177,13 +214,26 @@ class KVStore:
         else:
             m, l, acc = (np.array(x, dtype=np.float32, order="C", copy=True) for x in state)
             if m.shape != (n_tokens, n_head) or l.shape != m.shape or acc.shape != (*m.shape, self.head_dim[Kind.V]):
-                raise ValueError(f"attend: state shapes {m.shape}, {l.shape}, {acc.shape} do not fit "
-                                 f"{n_tokens} tokens of {n_head} heads")
+                raise ValueError(
+                    f"attend: state shapes {m.shape}, {l.shape}, {acc.shape} do not fit "
+                    f"{n_tokens} tokens of {n_head} heads"
+                )
         ffi = get_ffi()
         check(
-            get_lib().kvg_store_hook_attend_capped(self._ptr, il, r0, r1, ffi.from_buffer("float[]", q), n_tokens,
-                                                   n_head, float(scale), float(softcap), ffi.from_buffer("float[]", m),
-                                                   ffi.from_buffer("float[]", l), ffi.from_buffer("float[]", acc)),
+            get_lib().kvg_store_hook_attend_capped(
+                self._ptr,
+                il,
+                r0,
+                r1,
+                ffi.from_buffer("float[]", q),
+                n_tokens,
+                n_head,
+                float(scale),
+                float(softcap),
+                ffi.from_buffer("float[]", m),
+                ffi.from_buffer("float[]", l),
+                ffi.from_buffer("float[]", acc),
+            ),
             f"attend over rows [{r0}, {r1}) of layer {il}",
         )
         return m, l, acc
@@ -191,8 +241,11 @@ class KVStore:
     def retier(self, r0: int, r1: int, tier: int, codec: str, *, il: int = -1, kind: int = -1) -> None:
         """Re-encodes the blocks inside rows [r0, r1) into (tier, codec): of layer il and kind
         (-1: every layer, both kinds)."""
-        what = f"retier rows [{r0}, {r1}) to {codec}" + (f" in layer {il}" if il >= 0 else "") + (
-            f" ({'KV'[kind]})" if kind in tuple(Kind) else "")
+        what = (
+            f"retier rows [{r0}, {r1}) to {codec}"
+            + (f" in layer {il}" if il >= 0 else "")
+            + (f" ({'KV'[kind]})" if kind in tuple(Kind) else "")
+        )
         check(get_lib().kvg_store_retier_list(self._ptr, il, kind, r0, r1, tier, codecs.get(codec).type), what)
 
     def retier_lists(self, r0: int, r1: int, tier: int, table: dict[tuple[int, int], str]) -> None:
@@ -203,8 +256,10 @@ class KVStore:
             if not (0 <= il < self.n_layer and kind in tuple(Kind)):
                 raise ValueError(f"retier: no list ({il}, {kind}) in a store of {self.n_layer} layers")
             types[2 * il + kind] = codecs.get(codec).type
-        check(get_lib().kvg_store_retier_lists(self._ptr, r0, r1, tier, get_ffi().new("int32_t[]", types), len(types)),
-              f"retier rows [{r0}, {r1}) to tier {Tier(tier).label if tier in tuple(Tier) else tier}")
+        check(
+            get_lib().kvg_store_retier_lists(self._ptr, r0, r1, tier, get_ffi().new("int32_t[]", types), len(types)),
+            f"retier rows [{r0}, {r1}) to tier {Tier(tier).label if tier in tuple(Tier) else tier}",
+        )
 
     def truncate(self, n_rows: int) -> None:
         """Keeps rows [0, n_rows) of every list (all or nothing; a cut on a block boundary
@@ -248,8 +303,10 @@ class KVStore:
     def hook_functions(self) -> tuple[int, int]:
         """Addresses of the C entry points llama.cpp's hooks call (no Python on that path)."""
         ffi, lib = get_ffi(), get_lib()
-        return (int(ffi.cast("uintptr_t", lib.kvg_store_hook_n_cold)),
-                int(ffi.cast("uintptr_t", lib.kvg_store_hook_decode)))
+        return (
+            int(ffi.cast("uintptr_t", lib.kvg_store_hook_n_cold)),
+            int(ffi.cast("uintptr_t", lib.kvg_store_hook_decode)),
+        )
 
     def attend_function(self) -> int:
         """Address of the C entry point of llama.cpp's fused attention (llama_kvgguf_attend_fn)."""
@@ -275,8 +332,12 @@ class KVStore:
         if m.ndim != 2 or l.shape != m.shape:
             raise ValueError(f"bring_in_mass: m and l must both be [n_tokens, n_head], got {m.shape} and {l.shape}")
         ffi = get_ffi()
-        check(get_lib().kvg_store_hook_mass(self._ptr, il, m.shape[0], m.shape[1], ffi.from_buffer("float[]", m),
-                                            ffi.from_buffer("float[]", l)), f"attention mass of layer {il}")
+        check(
+            get_lib().kvg_store_hook_mass(
+                self._ptr, il, m.shape[0], m.shape[1], ffi.from_buffer("float[]", m), ffi.from_buffer("float[]", l)
+            ),
+            f"attention mass of layer {il}",
+        )
 
     def mass(self, il: int) -> np.ndarray:
         """Attention mass of layer ``il``'s rows: entry g is the softmax weight rows

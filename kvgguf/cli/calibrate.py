@@ -26,8 +26,10 @@ def plan_table(cal, budgets=BUDGETS) -> list[str]:
         for kind in Kind:
             names = [c.codec for (il, k), c in sorted(choice.items()) if k == kind]
             cells.append(", ".join(f"{n} x{names.count(n)}" for n in sorted(set(names), key=names.index)))
-        lines.append(f"| {name} | {allocation.average_bits(choice, cal.weights):.2f} | "
-                     f"{sum(c.error for c in choice.values()):.4f} | {cells[0]} | {cells[1]} |")
+        lines.append(
+            f"| {name} | {allocation.average_bits(choice, cal.weights):.2f} | "
+            f"{sum(c.error for c in choice.values()):.4f} | {cells[0]} | {cells[1]} |"
+        )
     return lines
 
 
@@ -48,16 +50,22 @@ def run(args) -> int:
         bar.total = total
         bar.update(done - bar.n)
 
-    print(f"kvgguf: measuring {Path(path).name} on {args.tokens or calibration.default_tokens(path)} tokens of "
-          f"{'its own text (seed %d)' % args.seed if not args.text else args.text}", file=sys.stderr)
-    cal = calibration.calibrate(path, n_tokens=args.tokens, seed=args.seed, text_file=args.text,
-                                threads=args.threads, progress=progress)
+    print(
+        f"kvgguf: measuring {Path(path).name} on {args.tokens or calibration.default_tokens(path)} tokens of "
+        f"{'its own text (seed %d)' % args.seed if not args.text else args.text}",
+        file=sys.stderr,
+    )
+    cal = calibration.calibrate(
+        path, n_tokens=args.tokens, seed=args.seed, text_file=args.text, threads=args.threads, progress=progress
+    )
     bar.close()
     cal.save(out)
     command = "kvgguf calibrate " + " ".join(sys.argv[2:] if args.argv is None else args.argv[1:])
     text = "its own text, seed %d" % args.seed if not args.text else Path(args.text).name
-    print(f"`{command}` ({Path(path).name}, {cal.text['tokens']} tokens of {text}; predicted KL: the sum over "
-          f"(layer, K/V) lists of each one's measured cost, see docs/calibration.md)\n")
+    print(
+        f"`{command}` ({Path(path).name}, {cal.text['tokens']} tokens of {text}; predicted KL: the sum over "
+        f"(layer, K/V) lists of each one's measured cost, see docs/calibration.md)\n"
+    )
     print("\n".join(plan_table(cal, sorted(set(BUDGETS + ((args.budget,) if args.budget else ()))))))
     print(f"calibration: {out} (kv_codec='auto' or 'auto:BITS' reads it)", file=sys.stderr)
     return 0

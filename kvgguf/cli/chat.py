@@ -70,8 +70,9 @@ class ChatSession:
         except Exception as e:  # whatever went wrong, the conversation goes on: it is all the user has
             print(f"/save failed, the conversation goes on: {e}", file=self.out)
             return
-        print(f"saved {info.n_tokens} tokens to {path} ({info.file_bytes / 2**20:.2f} MiB, {info.codec})",
-              file=self.out)
+        print(
+            f"saved {info.n_tokens} tokens to {path} ({info.file_bytes / 2**20:.2f} MiB, {info.codec})", file=self.out
+        )
 
     def load(self, path: str) -> None:
         from ..errors import SessionError

@@ -69,8 +69,16 @@ def run_one(path: str, name: str, kv_codec: Optional[str], n_tokens: int, thread
     import kvgguf
 
     n_ctx = n_tokens + 64
-    llm = kvgguf.Llama(path, kv_codec=kv_codec, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                       flash_attn=True, verbose=False, seed=0)
+    llm = kvgguf.Llama(
+        path,
+        kv_codec=kv_codec,
+        n_ctx=n_ctx,
+        n_threads=threads,
+        n_threads_batch=threads,
+        flash_attn=True,
+        verbose=False,
+        seed=0,
+    )
     try:
         doc = document(llm, n_tokens)
         head, tail = doc[:-KL_TOKENS], doc[-KL_TOKENS:]
@@ -103,11 +111,15 @@ def run(args) -> int:
     codec = args.kv_codec
     print(f"llama.cpp: {kvgguf.llama_library_path()} (kvgguf patch v{kvgguf.llama_patch_version()})")
     print(f"model: {path}")
-    print(f"document: {args.tokens} tokens of WikiText-2 with a fact planted after {FACT_AT} tokens "
-          f"({FACT.strip()!r}); then the question {QUESTION.strip().splitlines()[0]!r}")
+    print(
+        f"document: {args.tokens} tokens of WikiText-2 with a fact planted after {FACT_AT} tokens "
+        f"({FACT.strip()!r}); then the question {QUESTION.strip().splitlines()[0]!r}"
+    )
     print()
-    runs = [run_one(path, "stock f16", None, args.tokens, args.threads),
-            run_one(path, f"kvgguf {codec}", codec, args.tokens, args.threads)]
+    runs = [
+        run_one(path, "stock f16", None, args.tokens, args.threads),
+        run_one(path, f"kvgguf {codec}", codec, args.tokens, args.threads),
+    ]
     base, ours = runs
     kl, top1 = kl_top1(base.logits, ours.logits)
 
@@ -125,10 +137,14 @@ def run(args) -> int:
     for label, cells in rows:
         print(f"{label:<16}" + "".join(f"{c:>{w}}" for c in cells))
     print()
-    print(f"next-token distributions over the document's last {KL_TOKENS} tokens: "
-          f"KL(stock || {codec}) = {kl:.4f} nats, same top-1 token {100 * top1:.0f}% of the time")
+    print(
+        f"next-token distributions over the document's last {KL_TOKENS} tokens: "
+        f"KL(stock || {codec}) = {kl:.4f} nats, same top-1 token {100 * top1:.0f}% of the time"
+    )
     if base.answer != ours.answer:
-        print(f"The answers differ: {codec} lost the fact, whose rows it holds in {ours.fact_held} "
-              f"(long-range recall is what compression loses first; average KL does not show it).")
+        print(
+            f"The answers differ: {codec} lost the fact, whose rows it holds in {ours.fact_held} "
+            f"(long-range recall is what compression loses first; average KL does not show it)."
+        )
     print("(speeds on a busy or 2-core machine vary run to run; benchmarks/live_cache.py measures them properly)")
     return 0

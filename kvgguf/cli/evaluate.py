@@ -31,9 +31,17 @@ def run(args) -> int:
 
     vocab = _Vocab(str(path), vocab_only=True, verbose=False)
     tokens = vocab.tokenize(text.encode("utf-8"))
-    meta, results = evaluate.run_eval(str(path), configs, tokens, ctx=args.ctx, chunks=args.chunks,
-                                      batch=args.batch, threads=args.threads, hot=args.hot,
-                                      ubatch=args.ubatch)
+    meta, results = evaluate.run_eval(
+        str(path),
+        configs,
+        tokens,
+        ctx=args.ctx,
+        chunks=args.chunks,
+        batch=args.batch,
+        threads=args.threads,
+        hot=args.hot,
+        ubatch=args.ubatch,
+    )
     stem = f"{Path(str(args.model or 'smollm2-135m')).stem}_ctx{args.ctx}x{args.chunks}"
     command = "kvgguf eval " + " ".join(sys.argv[2:]) if args.argv is None else "kvgguf " + " ".join(args.argv)
     out = Path(args.out) if args.out else kvgguf.models.cache_dir() / "eval"

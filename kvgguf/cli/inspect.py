@@ -41,16 +41,22 @@ def pad(n: int) -> int:
     return -(-n // LLAMA_PAD) * LLAMA_PAD
 
 
-def llama_cache_bytes(shape: KVShape, n_ctx: int, cache: str = "f16", *, swa_full: bool = True,
-                      n_ubatch: int = N_UBATCH) -> int:
+def llama_cache_bytes(
+    shape: KVShape, n_ctx: int, cache: str = "f16", *, swa_full: bool = True, n_ubatch: int = N_UBATCH
+) -> int:
     """Bytes llama.cpp allocates for a context of n_ctx cells of one cache type. swa_full is
     llama.cpp's (and llama-cpp-python's) default; off, sliding-window layers hold their window
     plus one ubatch."""
     cells = pad(n_ctx)
     swa_cells = cells if swa_full else pad(min(cells, shape.n_swa + n_ubatch))
     full = set(shape.full_layers)
-    return sum((cells if il in full else swa_cells) * (shape.width(il, 0) + shape.width(il, 1)) // 32
-               * LLAMA_BLOCK_BYTES[cache] for il in range(shape.n_layer))
+    return sum(
+        (cells if il in full else swa_cells)
+        * (shape.width(il, 0) + shape.width(il, 1))
+        // 32
+        * LLAMA_BLOCK_BYTES[cache]
+        for il in range(shape.n_layer)
+    )
 
 
 def fitted_config(shape: KVShape, config: TieredConfig, model_bytes: Optional[int] = None) -> TieredConfig:
@@ -78,8 +84,16 @@ def store_bytes(shape: KVShape, counts: dict[tuple[int, int], int], config: Tier
     return total
 
 
-def kvgguf_bytes(shape: KVShape, n_ctx: int, config: TieredConfig, *, n_batch: Optional[int] = None,
-                 n_ubatch: int = N_UBATCH, swa_full: bool = True, n_tokens: Optional[int] = None) -> dict:
+def kvgguf_bytes(
+    shape: KVShape,
+    n_ctx: int,
+    config: TieredConfig,
+    *,
+    n_batch: Optional[int] = None,
+    n_ubatch: int = N_UBATCH,
+    swa_full: bool = True,
+    n_tokens: Optional[int] = None,
+) -> dict:
     """What kv_memory() of kvgguf.Llama(kv_codec=config, n_ctx=n_ctx, n_batch=n_batch,
     n_ubatch=n_ubatch, swa_full=swa_full) holds after n_tokens (default n_ctx) were evaluated in
     batches of n_batch: llama.cpp's f16 buffer for the hot window plus one batch (n_batch defaults
@@ -89,8 +103,9 @@ def kvgguf_bytes(shape: KVShape, n_ctx: int, config: TieredConfig, *, n_batch: O
     config = fitted_config(shape, config)
     n_batch = min(config.ubatch, n_ctx) if n_batch is None else n_batch
     counts, n_cold = plan.block_counts(n_ctx if n_tokens is None else n_tokens, n_batch, config)
-    hot = llama_cache_bytes(shape, min(n_ctx, config.hot + n_batch), "f16", swa_full=swa_full,
-                            n_ubatch=min(n_ubatch, n_batch))
+    hot = llama_cache_bytes(
+        shape, min(n_ctx, config.hot + n_batch), "f16", swa_full=swa_full, n_ubatch=min(n_ubatch, n_batch)
+    )
     return {"hot": hot, "store": store_bytes(shape, counts, config), "n_cold": n_cold}
 
 
@@ -98,9 +113,15 @@ def llama_label(shape: KVShape, cache: str, swa_full: bool) -> str:
     return cache + ("" if not shape.n_swa else " (swa full)" if swa_full else " (swa window)")
 
 
-def kv_table(shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[int] = None,
-             n_ubatch: int = N_UBATCH, tiered: Optional[TieredConfig] = None,
-             model_bytes: Optional[int] = None) -> list[dict]:
+def kv_table(
+    shape: KVShape,
+    contexts=CONTEXTS,
+    *,
+    n_batch: Optional[int] = None,
+    n_ubatch: int = N_UBATCH,
+    tiered: Optional[TieredConfig] = None,
+    model_bytes: Optional[int] = None,
+) -> list[dict]:
     """One row per cache: bytes held with n tokens in context, for each n of contexts.
     tiered: the model's calibrated preset (None: the fixed one). model_bytes: the model file's
     size, which sizes the presets' hot window and batch as kvgguf.Llama does (None: the defaults).
@@ -111,11 +132,17 @@ def kv_table(shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[int] = None
     settings = (True, False) if shape.n_swa else (True,)
     for cache in ("f16", "q8_0", "q4_0"):
         for swa_full in settings:
-            rows.append({"cache": llama_label(shape, cache, swa_full), "from": "llama.cpp",
-                         "swa_full": swa_full if shape.n_swa else None,
-                         "bits_per_value": LLAMA_BLOCK_BYTES[cache] / 4,
-                         "bytes": {n: llama_cache_bytes(shape, n, cache, swa_full=swa_full, n_ubatch=n_ubatch)
-                                   for n in contexts}})
+            rows.append(
+                {
+                    "cache": llama_label(shape, cache, swa_full),
+                    "from": "llama.cpp",
+                    "swa_full": swa_full if shape.n_swa else None,
+                    "bits_per_value": LLAMA_BLOCK_BYTES[cache] / 4,
+                    "bytes": {
+                        n: llama_cache_bytes(shape, n, cache, swa_full=swa_full, n_ubatch=n_ubatch) for n in contexts
+                    },
+                }
+            )
     for name in ["tiered"] + codecs.names():
         config = (tiered or TieredConfig()) if name == "tiered" else TieredConfig.parse(name)
         if model_bytes:
@@ -129,9 +156,15 @@ def kv_table(shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[int] = None
         except ValueError as e:  # a head dim the codec cannot take
             rows.append({"cache": label, "from": "kvgguf", "unavailable": str(e)})
             continue
-        rows.append({"cache": label, "from": "kvgguf", "swa_full": True if shape.n_swa else None,
-                     "bits_per_value": None,
-                     "bytes": {n: s["hot"] + s["store"] for n, s in sizes.items()}})
+        rows.append(
+            {
+                "cache": label,
+                "from": "kvgguf",
+                "swa_full": True if shape.n_swa else None,
+                "bits_per_value": None,
+                "bytes": {n: s["hot"] + s["store"] for n, s in sizes.items()},
+            }
+        )
     for r in rows:
         if "bytes" in r:
             r["bits_held"] = {n: b * 8 / (n * shape.values_per_token) for n, b in r["bytes"].items()}
@@ -149,24 +182,38 @@ def _per_layer(values: tuple) -> str:
 
 def _sliding_dims(shape: KVShape) -> str:
     """The head dims of sliding-window layers where they differ (Gemma 4's key_length_swa)."""
-    swa = {shape.layer_head_dims[il] for il in range(shape.n_layer) if il not in shape.full_attention_layers} \
-        if shape.layer_head_dims else set()
+    swa = (
+        {shape.layer_head_dims[il] for il in range(shape.n_layer) if il not in shape.full_attention_layers}
+        if shape.layer_head_dims
+        else set()
+    )
     other = swa - {(shape.head_dim_k, shape.head_dim_v)}
     return "".join(f" (sliding layers K {k}, V {v})" for k, v in sorted(other))
 
 
-def format_card(path, shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[int] = None,
-                n_ubatch: int = N_UBATCH, tiered: Optional[TieredConfig] = None,
-                model_bytes: Optional[int] = None) -> str:
+def format_card(
+    path,
+    shape: KVShape,
+    contexts=CONTEXTS,
+    *,
+    n_batch: Optional[int] = None,
+    n_ubatch: int = N_UBATCH,
+    tiered: Optional[TieredConfig] = None,
+    model_bytes: Optional[int] = None,
+) -> str:
     full = shape.full_layers
     if not shape.n_swa:
         swa = "no sliding window"
     elif shape.swa_pattern:
-        swa = (f"sliding window {shape.n_swa} tokens, every {shape.swa_pattern}th layer full "
-               f"({len(full)} of {shape.n_layer}: {', '.join(map(str, full))})")
+        swa = (
+            f"sliding window {shape.n_swa} tokens, every {shape.swa_pattern}th layer full "
+            f"({len(full)} of {shape.n_layer}: {', '.join(map(str, full))})"
+        )
     else:
-        swa = (f"sliding window {shape.n_swa} tokens, layers {', '.join(map(str, full))} full "
-               f"({len(full)} of {shape.n_layer})")
+        swa = (
+            f"sliding window {shape.n_swa} tokens, layers {', '.join(map(str, full))} full "
+            f"({len(full)} of {shape.n_layer})"
+        )
     preset = fitted_config(shape, TieredConfig(), model_bytes)
     hot = preset.hot
     batch = f"n_batch={n_batch}" if n_batch else f"n_batch=ubatch ({preset.ubatch})"
@@ -176,9 +223,11 @@ def format_card(path, shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[in
         f"to a multiple of {LLAMA_PAD} cells.",
     ]
     if shape.n_swa:
-        notes.append(f"'(swa full)': swa_full=True (llama.cpp's default), sliding-window layers hold n_ctx cells; "
-                     f"'(swa window)': swa_full=False, they hold min(n_ctx, {shape.n_swa} + n_ubatch) cells, "
-                     "padded.")
+        notes.append(
+            f"'(swa full)': swa_full=True (llama.cpp's default), sliding-window layers hold n_ctx cells; "
+            f"'(swa window)': swa_full=False, they hold min(n_ctx, {shape.n_swa} + n_ubatch) cells, "
+            "padded."
+        )
     notes += [
         f"kvgguf rows: Llama(kv_codec=name, n_ctx=n_ctx, {batch}, n_ubatch={n_ubatch}), presets fitted to "
         f"this model (tiered: hot={hot}): llama.cpp holds min(n_ctx, hot + n_batch) cells in f16 on every "
@@ -187,8 +236,10 @@ def format_card(path, shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[in
         "bits = bytes x 8 / (n_ctx x layers x K+V values per token).",
     ]
     if shape.uneven_full_layers:
-        notes.append(f"kvgguf rows n/a: kv_codec refuses this model, {shape.uneven_full_layers}; kv_codec=None "
-                     "runs it on llama.cpp's own cache.")
+        notes.append(
+            f"kvgguf rows n/a: kv_codec refuses this model, {shape.uneven_full_layers}; kv_codec=None "
+            "runs it on llama.cpp's own cache."
+        )
     lines = [
         f"model:        {path}",
         f"architecture: {shape.arch}",
@@ -201,15 +252,17 @@ def format_card(path, shape: KVShape, contexts=CONTEXTS, *, n_batch: Optional[in
         *(textwrap.fill(n, 100, subsequent_indent="  ") for n in notes),
         "",
     ]
-    head = (["cache", "from"] + [f"KV @ {tokens(n)}" for n in contexts]
-            + [f"bits @ {tokens(n)}" for n in contexts])
+    head = ["cache", "from"] + [f"KV @ {tokens(n)}" for n in contexts] + [f"bits @ {tokens(n)}" for n in contexts]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in kv_table(shape, contexts, n_batch=n_batch, n_ubatch=n_ubatch, tiered=tiered, model_bytes=model_bytes):
         if "unavailable" in r:
             cells = [r["cache"], r["from"]] + ["n/a"] * (2 * len(contexts))
         else:
-            cells = ([r["cache"], r["from"]] + [f"{r['bytes'][n] / 2**20:,.1f} MiB" for n in contexts]
-                     + [f"{r['bits_held'][n]:.2f}" for n in contexts])
+            cells = (
+                [r["cache"], r["from"]]
+                + [f"{r['bytes'][n] / 2**20:,.1f} MiB" for n in contexts]
+                + [f"{r['bits_held'][n]:.2f}" for n in contexts]
+            )
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -230,8 +283,10 @@ def calibration_lines(path) -> tuple[list[str], Optional[dict]]:
     except CalibrationError as e:
         return [f"calibration:  {file} cannot be used: {e}"], None
     text = cal.text
-    lines = [f"calibration:  {file} ({text.get('tokens')} tokens of "
-             f"{'self-written text' if text.get('source') == 'self' else text.get('source')})"]
+    lines = [
+        f"calibration:  {file} ({text.get('tokens')} tokens of "
+        f"{'self-written text' if text.get('source') == 'self' else text.get('source')})"
+    ]
     lines += ["  " + row for row in plan_table(cal)]
     return lines, cal.to_json()
 
@@ -251,12 +306,20 @@ def run(args) -> int:
 
         tiered = calibration.for_model(str(path), kv_codec.parse("tiered")[1])
     if args.json:
-        print(json.dumps({"path": str(path), **asdict(shape), "n_ubatch": N_UBATCH,
-                          "kv_table": kv_table(shape, contexts, tiered=tiered, model_bytes=size),
-                          "calibration": cal}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "path": str(path),
+                    **asdict(shape),
+                    "n_ubatch": N_UBATCH,
+                    "kv_table": kv_table(shape, contexts, tiered=tiered, model_bytes=size),
+                    "calibration": cal,
+                },
+                indent=2,
+            )
+        )
     else:
         print(format_card(Path(path), shape, contexts, tiered=tiered, model_bytes=size))
         print()
         print("\n".join(lines))
     return 0
-

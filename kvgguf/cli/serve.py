@@ -24,8 +24,10 @@ MEMORY_ROUTE = "/kvgguf/memory"
 
 
 def _missing_extra(e: ImportError) -> int:
-    print(f"kvgguf serve needs llama-cpp-python's server packages ({e.name} is missing): "
-          f"pip install 'kvgguf[serve]'", file=sys.stderr)
+    print(
+        f"kvgguf serve needs llama-cpp-python's server packages ({e.name} is missing): pip install 'kvgguf[serve]'",
+        file=sys.stderr,
+    )
     return 2
 
 
@@ -35,18 +37,37 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .main import _kv_codec
 
-    p = argparse.ArgumentParser(prog="kvgguf serve", description=__doc__.splitlines()[0],
-                                epilog="All other flags are llama_cpp.server's.")
-    p.add_argument("model_name", nargs="?", default=None, metavar="MODEL",
-                   help="model name or GGUF path (default: smollm2-135m; --model works too)")
-    p.add_argument("--kv-codec", type=_kv_codec, default="tiered",
-                   help="kvgguf cache: 'tiered' or a codec name (default: tiered)")
-    p.add_argument("--kv-attention", choices=("fused", "expand"), default="fused",
-                   help="how attention reads the compressed rows (default: fused)")
-    p.add_argument("--prompt-cache", default=None, metavar="ram|disk:DIR|redis://HOST:PORT/DB",
-                   help="a compressed prompt cache in memory, in a folder or on Redis (shared by servers)")
-    p.add_argument("--prompt-cache-bytes", type=int, default=None,
-                   help="compressed bytes the prompt cache may hold (default: 2 GiB)")
+    p = argparse.ArgumentParser(
+        prog="kvgguf serve", description=__doc__.splitlines()[0], epilog="All other flags are llama_cpp.server's."
+    )
+    p.add_argument(
+        "model_name",
+        nargs="?",
+        default=None,
+        metavar="MODEL",
+        help="model name or GGUF path (default: smollm2-135m; --model works too)",
+    )
+    p.add_argument(
+        "--kv-codec", type=_kv_codec, default="tiered", help="kvgguf cache: 'tiered' or a codec name (default: tiered)"
+    )
+    p.add_argument(
+        "--kv-attention",
+        choices=("fused", "expand"),
+        default="fused",
+        help="how attention reads the compressed rows (default: fused)",
+    )
+    p.add_argument(
+        "--prompt-cache",
+        default=None,
+        metavar="ram|disk:DIR|redis://HOST:PORT/DB",
+        help="a compressed prompt cache in memory, in a folder or on Redis (shared by servers)",
+    )
+    p.add_argument(
+        "--prompt-cache-bytes",
+        type=int,
+        default=None,
+        help="compressed bytes the prompt cache may hold (default: 2 GiB)",
+    )
     p.add_argument("--config_file", default=None, help="llama_cpp.server's JSON or YAML config file")
     add_args_from_model(p, Settings)
     return p
@@ -88,7 +109,9 @@ def memory_report(llm) -> dict:
         "tiers": [{"name": t.name, "codec": t.codec, "bytes": t.bytes} for t in mem.tiers],
         "index_bytes": mem.index_bytes,
         "compute_scratch_bytes": mem.compute_bytes,
-        "prompt_cache": None if cache is None else {
+        "prompt_cache": None
+        if cache is None
+        else {
             "type": type(cache).__name__,
             "bytes": cache.cache_size,
             "capacity_bytes": cache.capacity_bytes,
@@ -123,14 +146,22 @@ class RefuseUnknownModels:
         try:
             request = json.loads(body)
         except ValueError as e:  # llama_cpp.server answers a plain 500; the client's mistake is a 400
-            error = {"message": f"The request body is not valid JSON: {e}", "type": "invalid_request_error",
-                     "param": None, "code": "invalid_json"}
+            error = {
+                "message": f"The request body is not valid JSON: {e}",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "invalid_json",
+            }
             return await JSONResponse({"error": error}, status_code=400)(scope, receive, send)
         model = request.get("model") if isinstance(request, dict) else None  # else the app's validation answers
         served = list(self.aliases())
         if isinstance(model, str) and model not in served:
-            error = {"message": f"The model '{model}' does not exist here; this server serves: {', '.join(served)}",
-                     "type": "invalid_request_error", "param": "model", "code": "model_not_found"}
+            error = {
+                "message": f"The model '{model}' does not exist here; this server serves: {', '.join(served)}",
+                "type": "invalid_request_error",
+                "param": "model",
+                "code": "model_not_found",
+            }
             return await JSONResponse({"error": error}, status_code=404)(scope, receive, send)
         pending = iter(messages)
 
@@ -191,8 +222,9 @@ def run(args) -> int:
 
     kvgguf.install(kv_codec=a.kv_codec, kv_attention=a.kv_attention)
     where = a.prompt_cache or ""
-    use_compressed_prompt_caches(where[len("disk:"):] if where.startswith("disk:") else None,
-                                 where if where.startswith("redis://") else None)
+    use_compressed_prompt_caches(
+        where[len("disk:") :] if where.startswith("disk:") else None, where if where.startswith("redis://") else None
+    )
     try:
         if a.config_file:
             with open(a.config_file, "rb") as f:
@@ -221,9 +253,18 @@ def run(args) -> int:
 
     app.add_middleware(RefuseUnknownModels, aliases=lambda: server_app._llama_proxy._model_settings_dict.keys())
     llm = server_app._llama_proxy()  # loaded by create_app
-    print(f"kvgguf serve: {llm.model_path}, KV cache {memory_report(llm)['kv_codec'] or 'llama.cpp f16'}; "
-          f"{llm.kv_memory()}; prompt cache: {type(llm.cache).__name__ if llm.cache else 'none'}; "
-          f"memory at http://{server_settings.host}:{server_settings.port}{MEMORY_ROUTE}", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=os.getenv("HOST", server_settings.host), port=int(os.getenv("PORT", server_settings.port)),
-                ssl_keyfile=server_settings.ssl_keyfile, ssl_certfile=server_settings.ssl_certfile)
+    print(
+        f"kvgguf serve: {llm.model_path}, KV cache {memory_report(llm)['kv_codec'] or 'llama.cpp f16'}; "
+        f"{llm.kv_memory()}; prompt cache: {type(llm.cache).__name__ if llm.cache else 'none'}; "
+        f"memory at http://{server_settings.host}:{server_settings.port}{MEMORY_ROUTE}",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(
+        app,
+        host=os.getenv("HOST", server_settings.host),
+        port=int(os.getenv("PORT", server_settings.port)),
+        ssl_keyfile=server_settings.ssl_keyfile,
+        ssl_certfile=server_settings.ssl_certfile,
+    )
     return 0

@@ -104,18 +104,33 @@ class Calibration:
 
     def to_json(self) -> dict:
         return {
-            "format": FORMAT, "version": VERSION, "model": dict(self.model), "text": dict(self.text),
-            "hot": self.hot, "block": self.block, "probe": PROBE,
+            "format": FORMAT,
+            "version": VERSION,
+            "model": dict(self.model),
+            "text": dict(self.text),
+            "hot": self.hot,
+            "block": self.block,
+            "probe": PROBE,
             "lists": [
-                {"layer": il, "kind": Kind(kind).letter, "values_per_row": self.weights[il, kind],
-                 "candidates": [[c.codec, c.bits, c.error] for c in cands]}
+                {
+                    "layer": il,
+                    "kind": Kind(kind).letter,
+                    "values_per_row": self.weights[il, kind],
+                    "candidates": [[c.codec, c.bits, c.error] for c in cands],
+                }
                 for (il, kind), cands in sorted(self.curves.items())
             ],
             # f16 on disk (half the bytes; the centroids are unit-scale coordinates)
             "books": [
-                {"layer": il, "kind": Kind(kind).letter, "codec": name, "centroids": int(bk.shape[0]),
-                 "f16": base64.b64encode(bk.astype("<f2").tobytes()).decode("ascii")}
-                for (il, kind, name), bk in sorted(self.books.items()) if name not in SAME_BOOK
+                {
+                    "layer": il,
+                    "kind": Kind(kind).letter,
+                    "codec": name,
+                    "centroids": int(bk.shape[0]),
+                    "f16": base64.b64encode(bk.astype("<f2").tobytes()).decode("ascii"),
+                }
+                for (il, kind, name), bk in sorted(self.books.items())
+                if name not in SAME_BOOK
             ],
         }
 
@@ -126,7 +141,8 @@ class Calibration:
                 raise CalibrationError(f"not a kvgguf calibration file (format {d['format']!r})")
             if d["version"] != VERSION:
                 raise CalibrationError(
-                    f"calibration file version {d['version']}; this kvgguf reads version {VERSION}: run `kvgguf calibrate` again")
+                    f"calibration file version {d['version']}; this kvgguf reads version {VERSION}: run `kvgguf calibrate` again"
+                )
             kinds = {k.letter: k for k in Kind}
             curves, weights = {}, {}
             for e in d["lists"]:
@@ -142,8 +158,10 @@ class Calibration:
                 raw = np.frombuffer(base64.b64decode(e["f16"], validate=True), dtype="<f2")
                 n = int(e["centroids"])
                 if n <= 0 or raw.size % n or not np.isfinite(raw).all():
-                    raise ValueError(f"codebook of layer {e['layer']} {e['kind']} {e['codec']}: {raw.size} values, "
-                                     f"{n} centroids, or not finite")
+                    raise ValueError(
+                        f"codebook of layer {e['layer']} {e['kind']} {e['codec']}: {raw.size} values, "
+                        f"{n} centroids, or not finite"
+                    )
                 books[int(e["layer"]), kinds[e["kind"]], e["codec"]] = raw.astype(np.float32).reshape(n, -1)
             for (il, kind, name), bk in list(books.items()):
                 books.update({(il, kind, alias): bk for alias, same in SAME_BOOK.items() if same == name})
@@ -188,16 +206,24 @@ def self_text(model_path: str, n_tokens: int, seed: int = 0, threads: Optional[i
     prompt when it ends a text), with llama.cpp's own cache."""
     from ..llama import Llama
 
-    llm = Llama(model_path, kv_codec=None, n_ctx=n_tokens + 64, n_batch=64, n_threads=threads,
-                n_threads_batch=threads, verbose=False)
+    llm = Llama(
+        model_path,
+        kv_codec=None,
+        n_ctx=n_tokens + 64,
+        n_batch=64,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
+    )
     llm.set_seed(seed)  # the constructor maps seed=0 to "random"
     try:
         tokens = [llm.token_bos()] if llm.token_bos() >= 0 else []
         for i in range(len(PROMPTS) * 4):
             if len(tokens) >= n_tokens:
                 break
-            tokens += llm.tokenize(("\n\n" if len(tokens) > 1 else "").encode() + PROMPTS[i % len(PROMPTS)].encode(),
-                                   add_bos=False)
+            tokens += llm.tokenize(
+                ("\n\n" if len(tokens) > 1 else "").encode() + PROMPTS[i % len(PROMPTS)].encode(), add_bos=False
+            )
             for t in llm.generate(tokens, temp=0.8, top_k=40, top_p=0.95, min_p=0.05, reset=True):
                 if llm.token_eos() == t or len(tokens) >= n_tokens:
                     break
@@ -234,21 +260,37 @@ class Probe:
     """One live Llama over a text, holding every cold row in f16 as the reference (exact):
     the KL of the final logits for any codec table."""
 
-    def __init__(self, model_path: str, tokens: Sequence[int], threads: Optional[int] = None,
-                 reference: str = "f16", attention: str = "fused"):
+    def __init__(
+        self,
+        model_path: str,
+        tokens: Sequence[int],
+        threads: Optional[int] = None,
+        reference: str = "f16",
+        attention: str = "fused",
+    ):
         from .harness import log_softmax
         from ..llama import Llama
 
         self.block = BLOCK
         self.hot = probe_hot(model_path)
         if len(tokens) < self.hot + 2 * self.block + 16:
-            raise ValueError(f"calibration needs at least {self.hot + 2 * self.block + 16} tokens on this model, "
-                             f"got {len(tokens)}")
-        config = TieredConfig(hot=self.hot, ubatch=32, sinks=0, warm=reference, warm_tokens=0, archive=None,
-                              block=self.block)
+            raise ValueError(
+                f"calibration needs at least {self.hot + 2 * self.block + 16} tokens on this model, got {len(tokens)}"
+            )
+        config = TieredConfig(
+            hot=self.hot, ubatch=32, sinks=0, warm=reference, warm_tokens=0, archive=None, block=self.block
+        )
         self.tokens = list(tokens)
-        self.llm = Llama(model_path, kv_codec=config, n_ctx=len(tokens), n_threads=threads,
-                         n_threads_batch=threads, flash_attn=True, kv_attention=attention, verbose=False)
+        self.llm = Llama(
+            model_path,
+            kv_codec=config,
+            n_ctx=len(tokens),
+            n_threads=threads,
+            n_threads_batch=threads,
+            flash_attn=True,
+            kv_attention=attention,
+            verbose=False,
+        )
         try:
             self.kv = self.llm.kv_cache
             self.first = self.hot + self.block  # logits from here on see cold rows
@@ -264,14 +306,16 @@ class Probe:
         out = []
         for p0, logits in self.llm.eval_logits(self.tokens):
             if p0 + len(logits) > self.first:
-                out.append(logits[max(self.first - p0, 0):].copy())
+                out.append(logits[max(self.first - p0, 0) :].copy())
         return np.concatenate(out)
 
     def rows(self, il: int, kind: int) -> np.ndarray:
         """Every row of the text on list (il, kind), exact: (tokens, KV heads, head dim). Valid
         after the reference run (cold rows in the store in f16, the rest in llama.cpp's cells)."""
         store, n_cold = self.kv.store, self.kv.n_cold
-        rows = np.concatenate([store.decode(il, kind, 0, n_cold), self.kv.read_rows(il, kind, n_cold, len(self.tokens))])
+        rows = np.concatenate(
+            [store.decode(il, kind, 0, n_cold), self.kv.read_rows(il, kind, n_cold, len(self.tokens))]
+        )
         shape = self.kv.shape
         return rows.reshape(len(rows), shape.n_head_kv, shape.head_dim_k if kind == Kind.K else shape.head_dim_v)
 
@@ -295,8 +339,11 @@ def train_books(probe: Probe) -> dict:
         rows = probe.rows(il, kind)
         for name in codecs.BOOK_CODECS:
             try:
-                books[il, kind, name] = (books[il, kind, SAME_BOOK[name]] if name in SAME_BOOK else
-                                         codecs.train_book(name, rows, Kind(kind).letter))
+                books[il, kind, name] = (
+                    books[il, kind, SAME_BOOK[name]]
+                    if name in SAME_BOOK
+                    else codecs.train_book(name, rows, Kind(kind).letter)
+                )
             except KvgValueError:
                 pass  # e.g. a head dim that is not a power of two: pq2/vq8 refuse such lists anyway
             except KeyError:
@@ -304,9 +351,15 @@ def train_books(probe: Probe) -> dict:
     return books
 
 
-def measure(model_path: str, tokens: Sequence[int], *, threads: Optional[int] = None, text: Optional[dict] = None,
-            progress: Optional[Callable[[int, int], None]] = None,
-            only: Optional[Sequence[tuple[int, int]]] = None) -> Calibration:
+def measure(
+    model_path: str,
+    tokens: Sequence[int],
+    *,
+    threads: Optional[int] = None,
+    text: Optional[dict] = None,
+    progress: Optional[Callable[[int, int], None]] = None,
+    only: Optional[Sequence[tuple[int, int]]] = None,
+) -> Calibration:
     """The curves of every (layer, kind) list that holds cold rows (module docstring), or of
     the lists in ``only``."""
     from ..session.fingerprint import ModelFingerprint
@@ -339,21 +392,38 @@ def measure(model_path: str, tokens: Sequence[int], *, threads: Optional[int] = 
             per = cost[key[1]]
             head = (probe.block, shape.n_head_kv, shape.head_dim_k if key[1] == Kind.K else shape.head_dim_v)
             curves[key] = [
-                allocation.Candidate(c, codecs.bits_per_value(c, head, Kind(key[1]).letter),
-                                     sens * per[c] / per[PROBE] if per[PROBE] else 0.0)
+                allocation.Candidate(
+                    c,
+                    codecs.bits_per_value(c, head, Kind(key[1]).letter),
+                    sens * per[c] / per[PROBE] if per[PROBE] else 0.0,
+                )
                 for c in CANDIDATES
             ]
             weights[key] = width[key[1]]
         if progress:
             progress(runs, runs)
-        return Calibration(ModelFingerprint.of(probe.llm).to_json(), curves, weights,
-                           text or {"source": "given", "tokens": len(tokens)}, probe.hot, probe.block, books)
+        return Calibration(
+            ModelFingerprint.of(probe.llm).to_json(),
+            curves,
+            weights,
+            text or {"source": "given", "tokens": len(tokens)},
+            probe.hot,
+            probe.block,
+            books,
+        )
     finally:
         probe.close()
 
 
-def calibrate(model_path: str, *, n_tokens: Optional[int] = None, seed: int = 0, text_file: Optional[str] = None,
-              threads: Optional[int] = None, progress: Optional[Callable[[int, int], None]] = None) -> Calibration:
+def calibrate(
+    model_path: str,
+    *,
+    n_tokens: Optional[int] = None,
+    seed: int = 0,
+    text_file: Optional[str] = None,
+    threads: Optional[int] = None,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> Calibration:
     """Text (self-written unless text_file; n_tokens: ``default_tokens``), then ``measure``."""
     n_tokens = n_tokens or default_tokens(model_path)
     if text_file is None:
@@ -378,8 +448,11 @@ def books_for(model_path: str) -> dict:
     model's): pq2/vq8/vq8f then train their own per sequence."""
     path = default_path(model_path)
     if not path.exists():
-        warnings.warn(f"kvgguf: no calibration for {os.path.basename(model_path)} (`kvgguf calibrate` measures one): "
-                      "pq2/vq8/vq8f train their codebooks per sequence", stacklevel=3)
+        warnings.warn(
+            f"kvgguf: no calibration for {os.path.basename(model_path)} (`kvgguf calibrate` measures one): "
+            "pq2/vq8/vq8f train their codebooks per sequence",
+            stacklevel=3,
+        )
         return {}
     try:
         cal = Calibration.load(path)
@@ -388,13 +461,21 @@ def books_for(model_path: str) -> dict:
         warnings.warn(f"kvgguf: pq2/vq8/vq8f train their codebooks per sequence: {e}", stacklevel=3)
         return {}
     if not cal.books:
-        warnings.warn(f"kvgguf: {path} holds no codebooks (measured before kvgguf trained them; `kvgguf calibrate` "
-                      "again): pq2/vq8/vq8f train their codebooks per sequence", stacklevel=3)
+        warnings.warn(
+            f"kvgguf: {path} holds no codebooks (measured before kvgguf trained them; `kvgguf calibrate` "
+            "again): pq2/vq8/vq8f train their codebooks per sequence",
+            stacklevel=3,
+        )
     return cal.books
 
 
-def for_model(model_path: str, request: Union[Request, float], *, base: Optional[TieredConfig] = None,
-              progress: Optional[Callable[[int, int], None]] = None) -> TieredConfig:
+def for_model(
+    model_path: str,
+    request: Union[Request, float],
+    *,
+    base: Optional[TieredConfig] = None,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> TieredConfig:
     """The config a Request (or a budget: "auto:BITS") gets on this model: its calibration from
     the cache folder, allocated for the budget. A required request measures the model when it
     has none (and keeps it); otherwise base (the fixed preset) is returned as it is, with a
@@ -418,4 +499,3 @@ def for_model(model_path: str, request: Union[Request, float], *, base: Optional
     else:
         return base
     return cal.config(request.budget, base)
-

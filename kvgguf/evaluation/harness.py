@@ -56,7 +56,7 @@ def parse_configs(text: str) -> list[CacheConfig]:
     and 'kvgguf:NAME' (e.g. kvgguf:f16) run kvgguf's live cache."""
     out = []
     for name in [t.strip() for t in text.split(",") if t.strip()]:
-        spec = name[len(KVGGUF_PREFIX):] if name.startswith(KVGGUF_PREFIX) else name
+        spec = name[len(KVGGUF_PREFIX) :] if name.startswith(KVGGUF_PREFIX) else name
         if not name.startswith(KVGGUF_PREFIX) and spec in CACHE_TYPES:
             out.append(CacheConfig(name, "llama.cpp", spec))
         elif kv_codec.is_kv_codec(spec):
@@ -146,7 +146,9 @@ class Result:
     name: str
     source: str  # "llama.cpp" or "kvgguf"
     bits_per_value: float = 0.0  # bytes held for K and V (all tiers) x 8 / values, at the end of a chunk
-    cold_bits_per_value: Optional[float] = None  # kvgguf: the store's tiers alone (bytes x 8 / their values); None: no cold rows
+    cold_bits_per_value: Optional[float] = (
+        None  # kvgguf: the store's tiers alone (bytes x 8 / their values); None: no cold rows
+    )
     book_bits_per_value: float = 0.0  # of cold_bits_per_value, what pq2/vq8's codebooks take (one per layer and K/V)
     peak_kv_bytes: int = 0
     peak_compute_bytes: int = 0  # llama.cpp's compute buffers (transient scratch, cold rows expanded included)
@@ -155,7 +157,9 @@ class Result:
     top1: float = 0.0
     ppl: float = 0.0
     ppl_ref: float = 0.0
-    seconds: float = 0.0  # wall time, in the JSON only: speed is measured by benchmarks/live_cache.py on an idle machine
+    seconds: float = (
+        0.0  # wall time, in the JSON only: speed is measured by benchmarks/live_cache.py on an idle machine
+    )
     _kl: list = field(default_factory=list, repr=False)
 
 
@@ -163,16 +167,31 @@ def _progress(msg: str) -> None:
     print(f"\r[kvgguf eval] {msg:<70}", end="", file=sys.stderr, flush=True)
 
 
-def make_llama(model_path: str, cfg: Optional[CacheConfig], ctx: int, batch: int, threads: int,
-               hot: Optional[int], kv_attention: str = "fused", ubatch: Optional[int] = None,
-               codebooks: str = "sequence") -> tuple[Llama, bool]:
+def make_llama(
+    model_path: str,
+    cfg: Optional[CacheConfig],
+    ctx: int,
+    batch: int,
+    threads: int,
+    hot: Optional[int],
+    kv_attention: str = "fused",
+    ubatch: Optional[int] = None,
+    codebooks: str = "sequence",
+) -> tuple[Llama, bool]:
     """The Llama a row runs, and whether its config came from the model's calibration.
     kv_attention for kvgguf's caches: batches of up to FUSED_MAX_TOKENS take the fused path,
     whose f32 sums differ from llama.cpp's f16 ones by KL ~0.004 on SmolLM2 even with f16 rows;
     "expand" measures the codec alone (llama.cpp's kernels over the decoded rows). codebooks:
     TieredConfig.codebooks (with hot given)."""
-    kw = dict(n_ctx=ctx, n_batch=batch, n_ubatch=batch, flash_attn=True, verbose=False,
-              n_threads=threads, n_threads_batch=threads)
+    kw = dict(
+        n_ctx=ctx,
+        n_batch=batch,
+        n_ubatch=batch,
+        flash_attn=True,
+        verbose=False,
+        n_threads=threads,
+        n_threads_batch=threads,
+    )
     if cfg is None or cfg.source == "llama.cpp":
         t = "f16" if cfg is None else cfg.spec
         if cfg is not None and cfg.swa_full is not None:
@@ -193,10 +212,20 @@ def make_llama(model_path: str, cfg: Optional[CacheConfig], ctx: int, batch: int
     return Llama(model_path, kv_codec=spec, kv_attention=kv_attention, **kw), spec is not fixed
 
 
-def run_eval(model_path: str, configs: Sequence[CacheConfig], tokens: Sequence[int], *, ctx: int, chunks: int,
-             batch: int = 256, threads: int = 2, hot: Optional[int] = None,
-             kv_attention: str = "fused", ubatch: Optional[int] = None,
-             codebooks: str = "sequence") -> tuple[dict, list[Result]]:
+def run_eval(
+    model_path: str,
+    configs: Sequence[CacheConfig],
+    tokens: Sequence[int],
+    *,
+    ctx: int,
+    chunks: int,
+    batch: int = 256,
+    threads: int = 2,
+    hot: Optional[int] = None,
+    kv_attention: str = "fused",
+    ubatch: Optional[int] = None,
+    codebooks: str = "sequence",
+) -> tuple[dict, list[Result]]:
     if ctx < 4 or batch <= 0:
         raise ValueError(f"ctx must be >= 4 and batch > 0, got ctx={ctx}, batch={batch}")
     if chunks * ctx > len(tokens):
@@ -263,22 +292,35 @@ def run_eval(model_path: str, configs: Sequence[CacheConfig], tokens: Sequence[i
         res.ppl, res.ppl_ref = float(np.exp(np.nanmean(nt))), float(np.exp(np.nanmean(nr)))
         results.append(res)
     print(file=sys.stderr)
-    meta = {"model": str(model_path), "ctx": ctx, "chunks": chunks, "batch": batch, "threads": threads,
-            "hot": hot, "ubatch": ubatch, "scored_positions": chunks * (ctx - half)}
+    meta = {
+        "model": str(model_path),
+        "ctx": ctx,
+        "chunks": chunks,
+        "batch": batch,
+        "threads": threads,
+        "hot": hot,
+        "ubatch": ubatch,
+        "scored_positions": chunks * (ctx - half),
+    }
     return meta, results
 
 
 def markdown(meta: dict, results: Sequence[Result]) -> str:
-    lines = [f"{Path(meta['model']).name}, ctx {meta['ctx']} x {meta['chunks']} chunks, batches of {meta['batch']}, "
-             f"{meta['scored_positions']} scored positions, flash attention on; reference ppl {results[0].ppl_ref:.2f}", "",
-             "| cache | from | bits/value held | of which cold rows | KV held (peak) | compute scratch (peak) "
-             "| KL mean | KL p99 | top-1 | ppl |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"{Path(meta['model']).name}, ctx {meta['ctx']} x {meta['chunks']} chunks, batches of {meta['batch']}, "
+        f"{meta['scored_positions']} scored positions, flash attention on; reference ppl {results[0].ppl_ref:.2f}",
+        "",
+        "| cache | from | bits/value held | of which cold rows | KV held (peak) | compute scratch (peak) "
+        "| KL mean | KL p99 | top-1 | ppl |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         cold = "n/a" if r.cold_bits_per_value is None else f"{r.cold_bits_per_value:.2f}"
-        lines.append(f"| {r.name} | {r.source} | {r.bits_per_value:.2f} | {cold} | {r.peak_kv_bytes / 2**20:.1f} MiB | "
-                     f"{r.peak_compute_bytes / 2**20:.1f} MiB | {r.kl_mean:.5f} | {r.kl_p99:.4f} | "
-                     f"{r.top1:.3f} | {r.ppl:.2f} |")
+        lines.append(
+            f"| {r.name} | {r.source} | {r.bits_per_value:.2f} | {cold} | {r.peak_kv_bytes / 2**20:.1f} MiB | "
+            f"{r.peak_compute_bytes / 2**20:.1f} MiB | {r.kl_mean:.5f} | {r.kl_p99:.4f} | "
+            f"{r.top1:.3f} | {r.ppl:.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -298,8 +340,9 @@ def plot(results: Sequence[Result], path: Path, title: str) -> bool:
         pts = [r for r in results if r.source == source]
         ax.scatter([r.bits_per_value for r in pts], [max(r.kl_mean, 1e-7) for r in pts], marker=marker, label=source)
         for r in pts:
-            ax.annotate(r.name, (r.bits_per_value, max(r.kl_mean, 1e-7)), fontsize=8, xytext=(4, 3),
-                        textcoords="offset points")
+            ax.annotate(
+                r.name, (r.bits_per_value, max(r.kl_mean, 1e-7)), fontsize=8, xytext=(4, 3), textcoords="offset points"
+            )
     ax.set_yscale("log")
     ax.set_xlabel("bits per value held (all tiers)")
     ax.set_ylabel("KL(f16 || cache), mean")
@@ -313,8 +356,11 @@ def plot(results: Sequence[Result], path: Path, title: str) -> bool:
 
 def write_outputs(meta: dict, results: Sequence[Result], out_dir: Path, stem: str, command: str) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
-    data = {"command": command, **meta,
-            "results": [{k: v for k, v in asdict(r).items() if not k.startswith("_")} for r in results]}
+    data = {
+        "command": command,
+        **meta,
+        "results": [{k: v for k, v in asdict(r).items() if not k.startswith("_")} for r in results],
+    }
     (out_dir / f"{stem}.json").write_text(json.dumps(data, indent=2))
     (out_dir / f"{stem}.md").write_text(f"`{command}`\n\n" + markdown(meta, results))
     png = out_dir / f"{stem}.png"

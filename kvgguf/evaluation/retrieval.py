@@ -17,19 +17,31 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Optional, Sequence
 
 SUBJECTS = (
-    "the harbour gate", "the copper safe", "the north tower", "the garden shed", "the red locker",
-    "the east archive", "the old lighthouse", "the silver trunk", "the west bridge", "the glass cabinet",
-    "the mill door", "the chapel bell", "the lower cellar", "the iron chest", "the train depot",
+    "the harbour gate",
+    "the copper safe",
+    "the north tower",
+    "the garden shed",
+    "the red locker",
+    "the east archive",
+    "the old lighthouse",
+    "the silver trunk",
+    "the west bridge",
+    "the glass cabinet",
+    "the mill door",
+    "the chapel bell",
+    "the lower cellar",
+    "the iron chest",
+    "the train depot",
 )
 # (planted sentence, question and the start of the answer): several wordings, so a result does not
 # hinge on one phrasing. The answer is primed so that a small model's next tokens are the number.
 FORMS = (
-    (" The code of {s} is {n}.",
-     "\n\nQuestion: What is the code of {s}?\nAnswer: The code of {s} is"),
-    (" Remember this: the number for {s} is {n}.",
-     "\n\nWhich number was given for {s}? The number for {s} is"),
-    (" Note that the combination to {s} is {n}.",
-     "\n\nQ: What is the combination to {s}?\nA: The combination to {s} is"),
+    (" The code of {s} is {n}.", "\n\nQuestion: What is the code of {s}?\nAnswer: The code of {s} is"),
+    (" Remember this: the number for {s} is {n}.", "\n\nWhich number was given for {s}? The number for {s} is"),
+    (
+        " Note that the combination to {s} is {n}.",
+        "\n\nQ: What is the combination to {s}?\nA: The combination to {s} is",
+    ),
 )
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)  # where the facts sit, as fractions of the document
 ANSWER_TOKENS = 7
@@ -70,8 +82,15 @@ class Trial:
     found: bool
 
 
-def documents(tokenize: Callable[[str], list[int]], bos: int, n_tokens: int, n_documents: int,
-              text: str, depths: Sequence[float] = DEPTHS, seed: int = 0) -> list[Document]:
+def documents(
+    tokenize: Callable[[str], list[int]],
+    bos: int,
+    n_tokens: int,
+    n_documents: int,
+    text: str,
+    depths: Sequence[float] = DEPTHS,
+    seed: int = 0,
+) -> list[Document]:
     """n_documents of n_tokens each (BOS included): filler from `text`, a fact at each depth.
     Deterministic for (text, tokenizer, seed)."""
     rng = random.Random(seed)
@@ -118,8 +137,13 @@ def greedy_answer(llm, n_tokens: int) -> tuple[str, int]:
     return llm.detokenize(out).decode("utf-8", errors="replace").split("\n")[0].strip(), len(out)
 
 
-def ask(llm, doc: Document, on_trial: Optional[Callable[[Trial], None]] = None, index: int = 0,
-        depths: Sequence[float] = DEPTHS) -> list[Trial]:
+def ask(
+    llm,
+    doc: Document,
+    on_trial: Optional[Callable[[Trial], None]] = None,
+    index: int = 0,
+    depths: Sequence[float] = DEPTHS,
+) -> list[Trial]:
     """Decodes doc into llm (from an empty context) and asks for each of its facts."""
     llm.reset()
     llm.eval(doc.tokens)
@@ -129,8 +153,9 @@ def ask(llm, doc: Document, on_trial: Optional[Callable[[Trial], None]] = None, 
         llm.n_tokens = end  # drop the previous question and answer: its rows are rewritten
         llm.eval(llm.tokenize(fact.question.encode("utf-8"), add_bos=False))
         answer, _ = greedy_answer(llm, ANSWER_TOKENS)
-        trial = Trial(index, depth, pos, end - pos, fact.subject, fact.number, answer,
-                      first_number(answer) == fact.number)
+        trial = Trial(
+            index, depth, pos, end - pos, fact.subject, fact.number, answer, first_number(answer) == fact.number
+        )
         trials.append(trial)
         if on_trial is not None:
             on_trial(trial)
@@ -144,6 +169,9 @@ def summary(trials: Sequence[Trial]) -> dict:
     for t in trials:
         f, n = by_depth.get(t.depth, (0, 0))
         by_depth[t.depth] = (f + t.found, n + 1)
-    return {"found": sum(t.found for t in trials), "asked": len(trials),
-            "by_depth": {str(d): list(v) for d, v in sorted(by_depth.items())},
-            "trials": [asdict(t) for t in trials]}
+    return {
+        "found": sum(t.found for t in trials),
+        "asked": len(trials),
+        "by_depth": {str(d): list(v) for d, v in sorted(by_depth.items())},
+        "trials": [asdict(t) for t in trials],
+    }

@@ -21,6 +21,7 @@ def wikitext2_test() -> str:
     blob = resources.files(__package__).joinpath("data", WIKITEXT_FILE).read_bytes()
     data = zstandard.ZstdDecompressor().decompress(blob, max_output_size=WIKITEXT_BYTES)
     if len(data) != WIKITEXT_BYTES:
-        raise ValueError(f"kvgguf's packaged {WIKITEXT_FILE} holds {len(data)} bytes, expected "
-                         f"{WIKITEXT_BYTES}; reinstall kvgguf")
+        raise ValueError(
+            f"kvgguf's packaged {WIKITEXT_FILE} holds {len(data)} bytes, expected {WIKITEXT_BYTES}; reinstall kvgguf"
+        )
     return data.decode("utf-8")

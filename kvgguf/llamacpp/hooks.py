@@ -59,8 +59,9 @@ compute_bytes = _bind("llama_kvgguf_compute_bytes", [C.llama_context_p_ctypes], 
 n_errors = _bind("llama_kvgguf_n_errors", [C.llama_context_p_ctypes], ctypes.c_int64)
 # Fused attention over the store's rows for ubatches of <= max_tokens tokens (attend: a C function
 # address, llama_kvgguf_attend_fn; 0 or max_tokens <= 0: off, every ubatch expands cold rows to f16).
-set_attend = _bind("llama_kvgguf_set_attend", [C.llama_context_p_ctypes, ctypes.c_void_p, ctypes.c_int32],
-                   ctypes.c_int32)
+set_attend = _bind(
+    "llama_kvgguf_set_attend", [C.llama_context_p_ctypes, ctypes.c_void_p, ctypes.c_int32], ctypes.c_int32
+)
 # The fused path's final softmax max and sum per query, once per layer and ubatch (mass: a C function
 # address, llama_kvgguf_mass_fn; 0: off), from which the store counts each cold granule's attention mass.
 set_mass = _bind("llama_kvgguf_set_mass", [C.llama_context_p_ctypes, ctypes.c_void_p], ctypes.c_int32)

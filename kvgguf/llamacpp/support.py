@@ -22,9 +22,32 @@ from . import hooks
 
 # Tested: tiny random-weight models of each reproduce stock logits with an exact cold store and
 # run the preset (tests/test_archs.py). Any other architecture is held when its layers qualify.
-TESTED_ARCHS = ("llama", "gemma3", "qwen2", "qwen3", "qwen3moe", "phi3", "mistral3", "granite", "smollm3", "olmo",
-                "olmo2", "starcoder2", "cohere2", "gemma", "gemma2", "gemma4", "granite_swa", "exaone", "exaone4",
-                "glm4", "internlm2", "stablelm", "command-r", "gpt-oss")
+TESTED_ARCHS = (
+    "llama",
+    "gemma3",
+    "qwen2",
+    "qwen3",
+    "qwen3moe",
+    "phi3",
+    "mistral3",
+    "granite",
+    "smollm3",
+    "olmo",
+    "olmo2",
+    "starcoder2",
+    "cohere2",
+    "gemma",
+    "gemma2",
+    "gemma4",
+    "granite_swa",
+    "exaone",
+    "exaone4",
+    "glm4",
+    "internlm2",
+    "stablelm",
+    "command-r",
+    "gpt-oss",
+)
 _MULTI_AXIS_ROPE = {8: "M-RoPE", 40: "interleaved M-RoPE", 24: "vision RoPE"}  # llama_rope_type
 
 
@@ -56,20 +79,23 @@ def why_not(model, ctx, shape: KVShape) -> Optional[str]:
             continue  # no KV cache on this layer
         path = hooks.attention_path(ctx, il)
         if not path & hooks.PATH_KV:
-            return (f"layer {il}'s attention does not read llama.cpp's KV cache through the path kvgguf extends "
-                    "(an MLA latent cache, sparse attention or another memory)")
+            return (
+                f"layer {il}'s attention does not read llama.cpp's KV cache through the path kvgguf extends "
+                "(an MLA latent cache, sparse attention or another memory)"
+            )
         if path & hooks.PATH_SHARED:
             return f"layer {il} reads another layer's KV cache (KV sharing)"
         if (n_k.value, n_v.value) != (shape.width(il, 0), shape.width(il, 1)):
-            return (f"layer {il} holds {n_k.value}/{n_v.value} K/V values per token in llama.cpp, where its GGUF "
-                    f"reads as {shape.width(il, 0)}/{shape.width(il, 1)}")
+            return (
+                f"layer {il} holds {n_k.value}/{n_v.value} K/V values per token in llama.cpp, where its GGUF "
+                f"reads as {shape.width(il, 0)}/{shape.width(il, 1)}"
+            )
         if kind == 1:
             full.append(il)
     if not full:
         return "no layer attends to the whole context: llama.cpp's own cache already holds only the window"
     if tuple(full) != tuple(shape.full_layers):
-        return (f"llama.cpp gives full attention to layers {full}, where kvgguf read {shape.full_layers} "
-                "from its GGUF")
+        return f"llama.cpp gives full attention to layers {full}, where kvgguf read {shape.full_layers} from its GGUF"
     return shape.uneven_full_layers
 
 

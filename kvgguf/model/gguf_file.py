@@ -19,7 +19,17 @@ from pathlib import Path
 from typing import Iterator, Union
 
 _SCALARS = {  # GGUF value type -> struct format
-    0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d",
+    0: "B",
+    1: "b",
+    2: "H",
+    3: "h",
+    4: "I",
+    5: "i",
+    6: "f",
+    7: "?",
+    10: "Q",
+    11: "q",
+    12: "d",
 }
 _STRING, _ARRAY = 8, 9
 _MAX_STRING = 1 << 24  # a metadata string longer than 16 MiB is a corrupt length

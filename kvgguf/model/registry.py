@@ -140,6 +140,4 @@ def path(name_or_path: Union[str, Path, None] = None) -> Path:
         if not is_gguf(candidate):
             raise ValueError(f"{candidate} is not a GGUF file (it does not start with 'GGUF')")
         return candidate
-    raise FileNotFoundError(
-        f"model '{key}' is neither a known name ({', '.join(SOURCES)}) nor an existing GGUF file"
-    )
+    raise FileNotFoundError(f"model '{key}' is neither a known name ({', '.join(SOURCES)}) nor an existing GGUF file")

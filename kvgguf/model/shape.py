@@ -33,12 +33,40 @@ WINDOW_ONLY_AT_LAYERS = {"exaone4": 64}
 # by the names llama-arch.cpp gives them):
 # any other ignores a stated window, and one of these missing from SLIDING_WINDOW is refused when
 # its GGUF states a window, since its layout would be a guess.
-READS_SLIDING_WINDOW = frozenset((
-    "afmoe", "cohere2", "cohere2moe", "deepseek4", "dflash", "dots3note", "exaone-moe", "exaone4",
-    "gemma-embedding", "gemma2", "gemma3", "gemma3n", "gemma4-assistant", "gemma4", "granite_swa", "laguna",
-    "lfm2", "llama4", "maple", "mellum", "mimo2", "modern-bert", "muse-glimmer", "olmo2", "gpt-oss", "phi3",
-    "plamo3", "smallthinker", "spark2_5", "step35",
-))
+READS_SLIDING_WINDOW = frozenset(
+    (
+        "afmoe",
+        "cohere2",
+        "cohere2moe",
+        "deepseek4",
+        "dflash",
+        "dots3note",
+        "exaone-moe",
+        "exaone4",
+        "gemma-embedding",
+        "gemma2",
+        "gemma3",
+        "gemma3n",
+        "gemma4-assistant",
+        "gemma4",
+        "granite_swa",
+        "laguna",
+        "lfm2",
+        "llama4",
+        "maple",
+        "mellum",
+        "mimo2",
+        "modern-bert",
+        "muse-glimmer",
+        "olmo2",
+        "gpt-oss",
+        "phi3",
+        "plamo3",
+        "smallthinker",
+        "spark2_5",
+        "step35",
+    )
+)
 MAX_LAYERS = 4096  # a per-layer array longer than this is no per-layer setting
 
 
@@ -91,8 +119,11 @@ class KVShape:
         shapes = {(self.kv_heads(il), self.head_dim(il, 0), self.head_dim(il, 1)) for il in self.full_layers}
         if len(shapes) <= 1:
             return None
-        return ("its full-attention layers differ in KV heads or head dims ("
-                + ", ".join(f"{h} x {k}/{v}" for h, k, v in sorted(shapes)) + "); kvgguf's store holds one shape")
+        return (
+            "its full-attention layers differ in KV heads or head dims ("
+            + ", ".join(f"{h} x {k}/{v}" for h, k, v in sorted(shapes))
+            + "); kvgguf's store holds one shape"
+        )
 
     @classmethod
     def from_metadata(cls, meta: dict, source: str = "the model") -> "KVShape":
@@ -172,7 +203,8 @@ def _sliding_window(arch: str, meta: dict, n_layer: int, source: str) -> tuple[i
     if WINDOW_ONLY_AT_LAYERS.get(arch, n_layer) != n_layer:
         return 0, 0, tuple(range(n_layer))
     if (arch in SLIDING_WINDOW and SLIDING_WINDOW[arch] is None) or (
-            arch not in SLIDING_WINDOW and (not stated or arch not in READS_SLIDING_WINDOW)):
+        arch not in SLIDING_WINDOW and (not stated or arch not in READS_SLIDING_WINDOW)
+    ):
         return 0, 0, tuple(range(n_layer))
     if arch not in SLIDING_WINDOW:
         raise GGUFError(

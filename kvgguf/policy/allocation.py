@@ -39,8 +39,9 @@ def _slope(a: Candidate, b: Candidate) -> float:
     return (a.error - b.error) / (b.bits - a.bits)
 
 
-def allocate(curves: Mapping[Hashable, Sequence[Candidate]], weights: Mapping[Hashable, float],
-             budget: float) -> dict[Hashable, Candidate]:
+def allocate(
+    curves: Mapping[Hashable, Sequence[Candidate]], weights: Mapping[Hashable, float], budget: float
+) -> dict[Hashable, Candidate]:
     """{list: candidate} with sum(weight * bits) / sum(weight) <= budget and the summed error
     as low as the greedy walk gets it. weights: values per row of each list (K and V widths).
     ValueError when even the cheapest candidates exceed the budget."""

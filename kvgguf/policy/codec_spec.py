@@ -56,7 +56,7 @@ def choice(spec: CodecSpec, n_layer: int) -> dict[tuple[int, int], str]:
 
 
 def describe(table: dict[tuple[int, int], str]) -> str:
-    """"rotq4", "K kivi4 / V rotq3", or "per layer: kivi4 x4, rotq3 x56"."""
+    """ "rotq4", "K kivi4 / V rotq3", or "per layer: kivi4 x4, rotq3 x56"."""
     names = set(table.values())
     if len(names) == 1:
         return names.pop()
@@ -69,7 +69,7 @@ def describe(table: dict[tuple[int, int], str]) -> str:
 
 
 def parse_kv(text: str) -> tuple[str, str]:
-    """"k:kivi4,v:rotq3" -> ("kivi4", "rotq3"); ValueError naming what is wrong."""
+    """ "k:kivi4,v:rotq3" -> ("kivi4", "rotq3"); ValueError naming what is wrong."""
     parts = dict(p.split(":", 1) for p in (s.strip() for s in text.split(",")) if ":" in p)
     if set(parts) != {"k", "v"} or len(text.split(",")) != 2:
         raise ValueError(f"kv_codec {text!r}: write K and V codecs as 'k:NAME,v:NAME', e.g. 'k:kivi4,v:rotq3'")

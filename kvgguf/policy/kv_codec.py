@@ -21,7 +21,7 @@ def parse_auto(kv_codec) -> Optional[float]:
         return None
     if kv_codec == "auto":
         return DEFAULT_BUDGET
-    rest = kv_codec[len("auto:"):]
+    rest = kv_codec[len("auto:") :]
     try:
         budget = float(rest)
     except ValueError:

@@ -77,7 +77,9 @@ def blocks_after(n_tokens: int, n_batch: int, config: TieredConfig) -> list[Bloc
         n_cold = blocks[-1].r1 if blocks else 0
         n_evict = rows_to_evict(start, n_cold, config)
         if n_evict:
-            blocks += [Block(n_cold + a, n_cold + b, tier) for tier, a, b in evicted_parts(n_cold, n_cold + n_evict, config)]
+            blocks += [
+                Block(n_cold + a, n_cold + b, tier) for tier, a, b in evicted_parts(n_cold, n_cold + n_evict, config)
+            ]
             for b in blocks_to_archive(blocks, config):
                 b.tier = Tier.ARCHIVE
     return blocks

@@ -77,14 +77,18 @@ class TieredConfig:
             raise ValueError(f"TieredConfig.codebooks must be one of {CODEBOOKS}, got {self.codebooks!r}")
         if self.keep not in KEEP_SIGNALS:
             raise ValueError(f"TieredConfig.keep must be one of {KEEP_SIGNALS}, got {self.keep!r}")
-        if isinstance(self.keep_fraction, bool) or not isinstance(self.keep_fraction, numbers.Real) \
-                or not 0.0 <= self.keep_fraction <= 1.0:
+        if (
+            isinstance(self.keep_fraction, bool)
+            or not isinstance(self.keep_fraction, numbers.Real)
+            or not 0.0 <= self.keep_fraction <= 1.0
+        ):
             raise ValueError(f"TieredConfig.keep_fraction must be a number in [0, 1], got {self.keep_fraction!r}")
         if self.hot <= self.block:
             raise ValueError(f"TieredConfig.hot ({self.hot}) must exceed block ({self.block})")
         if self.ubatch > self.hot:  # a batch lands in the hot window whole (kvgguf.Llama's n_batch)
-            raise ValueError(f"TieredConfig.ubatch ({self.ubatch}) must not exceed hot ({self.hot}): "
-                             f"lower ubatch or raise hot")
+            raise ValueError(
+                f"TieredConfig.ubatch ({self.ubatch}) must not exceed hot ({self.hot}): lower ubatch or raise hot"
+            )
         for name in ("warm", "archive"):
             value = getattr(self, name)
             if value is not None:
@@ -126,10 +130,12 @@ class TieredConfig:
 
     @classmethod
     def _parse_keep(cls, spec: str) -> "TieredConfig":
-        signal, _, fraction = spec[len("tiered:keep="):].partition(":")
+        signal, _, fraction = spec[len("tiered:keep=") :].partition(":")
         if not spec.startswith("tiered:keep=") or signal not in KEEP_SIGNALS[1:]:
-            raise ValueError(f"kv_codec {spec!r}: write 'tiered', 'tiered:fixed', 'tiered:keep=SIGNAL' or 'tiered:keep=SIGNAL:FRACTION' "
-                             f"with SIGNAL one of {', '.join(KEEP_SIGNALS[1:])}")
+            raise ValueError(
+                f"kv_codec {spec!r}: write 'tiered', 'tiered:fixed', 'tiered:keep=SIGNAL' or 'tiered:keep=SIGNAL:FRACTION' "
+                f"with SIGNAL one of {', '.join(KEEP_SIGNALS[1:])}"
+            )
         try:
             share = float(fraction) if fraction else cls.keep_fraction
         except ValueError:

@@ -42,8 +42,9 @@ class LiveCache:
         self.shape = shape
         self.config = config
         self.capacity = C.llama_n_ctx(ctx)  # llama.cpp's cells: hot + one batch, padded
-        self.store = KVStore(shape.n_layer, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v,
-                             group_size=config.group_size)
+        self.store = KVStore(
+            shape.n_layer, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v, group_size=config.group_size
+        )
         self.layers = []  # layers that get cold rows (all but sliding-window ones)
         for il in range(shape.n_layer):
             attention = hooks.layer_info(ctx, il, None, None)  # 1: full attention, with a KV cache
@@ -54,8 +55,11 @@ class LiveCache:
         if not self.layers:
             raise ValueError("this model has no full-attention layer with a KV cache to compress")
         # {tier: {(layer, kind): codec}} for the tiers this config fills
-        self.codecs = {tier: config.table(tier, shape.n_layer) for tier in (Tier.SINK, Tier.WARM, Tier.ARCHIVE)
-                       if tier != Tier.ARCHIVE or config.archive is not None}
+        self.codecs = {
+            tier: config.table(tier, shape.n_layer)
+            for tier in (Tier.SINK, Tier.WARM, Tier.ARCHIVE)
+            if tier != Tier.ARCHIVE or config.archive is not None
+        }
         self.blocks: list[plan.Block] = []
         self.signals = TokenSignals(config.keep, config.sinks)
         self.books: dict[tuple[int, int, str], np.ndarray] = {}  # use_books: given codebooks, kept across clears
@@ -85,8 +89,12 @@ class LiveCache:
 
     def book_lists(self) -> set[tuple[int, int, str]]:
         """(layer, kind, codec) of every list a tier codes with a codebook codec (pq2, vq8, vq8f)."""
-        return {(il, kind, name) for table in self.codecs.values() for (il, kind), name in table.items()
-                if name in codecs.BOOK_CODECS and il in self.layers}
+        return {
+            (il, kind, name)
+            for table in self.codecs.values()
+            for (il, kind), name in table.items()
+            if name in codecs.BOOK_CODECS and il in self.layers
+        }
 
     def _install_books(self, store: KVStore) -> None:
         """Gives store the codebooks it lacks (a new, cleared or restored store; a session's own
@@ -164,8 +172,10 @@ class LiveCache:
         n_cold = self.n_cold
         n_evict = plan.rows_to_evict(n_past, n_cold, self.config)
         if n_past - n_cold - n_evict + n_new > self.capacity:
-            raise ValueError(f"a batch of {n_new} tokens does not fit beside the hot window "
-                             f"({self.config.hot} tokens) in llama.cpp's {self.capacity} cells")
+            raise ValueError(
+                f"a batch of {n_new} tokens does not fit beside the hot window "
+                f"({self.config.hot} tokens) in llama.cpp's {self.capacity} cells"
+            )
         if n_evict:
             self._evict(n_cold, n_cold + n_evict)
             self._age()
@@ -188,8 +198,17 @@ class LiveCache:
         n = p1 - p0
         rows = np.empty((n, self.store.width(kind)), dtype=np.float16)
         pos = np.empty(n, dtype=np.int32)
-        got = hooks.read_rows(self.ctx, SEQ, il, kind, p0, p1, rows.ctypes.data, rows.nbytes,
-                              pos.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)))
+        got = hooks.read_rows(
+            self.ctx,
+            SEQ,
+            il,
+            kind,
+            p0,
+            p1,
+            rows.ctypes.data,
+            rows.nbytes,
+            pos.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+        )
         if got != n or not np.array_equal(pos, np.arange(p0, p1, dtype=np.int32)):
             raise RuntimeError(
                 f"kvgguf: llama.cpp holds {got} rows for positions [{p0}, {p1}) of layer {il}, "
@@ -239,8 +258,12 @@ class LiveCache:
             except KvgError as e:
                 # Not worth failing the batch over: warm rows are the better copy, and the next
                 # eviction tries again.
-                warnings.warn(f"kvgguf: rows [{b.r0}, {b.r1}) could not move to the archive tier ({e}); they stay "
-                              "warm for now (more memory, no loss)", RuntimeWarning, stacklevel=4)
+                warnings.warn(
+                    f"kvgguf: rows [{b.r0}, {b.r1}) could not move to the archive tier ({e}); they stay "
+                    "warm for now (more memory, no loss)",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
                 return
             b.tier = Tier.ARCHIVE
 
@@ -273,10 +296,15 @@ class LiveCache:
             C.llama_memory_seq_rm(C.llama_get_memory(self.ctx), SEQ, n_past, -1)
             raise RuntimeError(
                 f"kvgguf: compressed rows could not be read ({expanded} failed decode(s), out of memory?); "
-                f"the batch was not evaluated and the context keeps its first {n_past} tokens")
+                f"the batch was not evaluated and the context keeps its first {n_past} tokens"
+            )
         if fused:
-            warnings.warn(f"kvgguf: {fused} attention call(s) could not read some compressed rows and left them "
-                          "out of the softmax for this batch (out of memory?)", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"kvgguf: {fused} attention call(s) could not read some compressed rows and left them "
+                "out of the softmax for this batch (out of memory?)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     # --- reads --------------------------------------------------------------------------
 
@@ -288,7 +316,7 @@ class LiveCache:
         out = np.zeros((self.shape.n_layer, n), dtype=np.float64)
         for il in self.layers:
             got = self.store.mass(il)
-            out[il, :min(n, got.size)] = got[:n]
+            out[il, : min(n, got.size)] = got[:n]
         if reset:
             self.store.clear_mass()
         return out
@@ -302,5 +330,11 @@ class LiveCache:
                 tiers.append(TierMemory(Tier(tier).label, names[tier], held.bytes))
         if books := self.store.book_bytes():  # pq2/vq8: one codebook per layer and kind, part of their cost
             tiers.append(TierMemory("books", "codebooks", books))
-        return KVMemory(tuple(tiers), self.store.index_bytes(), n_tokens, self.shape.values_per_token,
-                        int(hooks.compute_bytes(self.ctx)), self.store.held().values)
+        return KVMemory(
+            tuple(tiers),
+            self.store.index_bytes(),
+            n_tokens,
+            self.shape.values_per_token,
+            int(hooks.compute_bytes(self.ctx)),
+            self.store.held().values,
+        )

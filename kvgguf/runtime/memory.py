@@ -57,5 +57,7 @@ class KVMemory:
     def __str__(self) -> str:
         parts = ", ".join(f"{t.name} {t.codec} {t.bytes / MIB:.2f}" for t in self.tiers)
         bpv = f"{self.bits_per_value:.2f}" if self.n_tokens else "n/a"
-        return (f"kv cache: size = {self.total_bytes / MIB:.2f} MiB ({parts}), {bpv} bits/value over "
-                f"{self.n_tokens} tokens; compute scratch {self.compute_bytes / MIB:.2f} MiB (peak)")
+        return (
+            f"kv cache: size = {self.total_bytes / MIB:.2f} MiB ({parts}), {bpv} bits/value over "
+            f"{self.n_tokens} tokens; compute scratch {self.compute_bytes / MIB:.2f} MiB (peak)"
+        )

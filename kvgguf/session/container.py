@@ -70,9 +70,7 @@ def unpack(data: Union[bytes, bytearray, memoryview]) -> list[tuple[bytes, bytes
     if crc != zlib.crc32(view[: _HEADER.size]):
         raise SessionCorruptError("session header checksum mismatch")
     if version != FORMAT_VERSION:
-        raise SessionVersionError(
-            f"session format version {version}; this kvgguf reads version {FORMAT_VERSION}"
-        )
+        raise SessionVersionError(f"session format version {version}; this kvgguf reads version {FORMAT_VERSION}")
     if n_sections > _MAX_SECTIONS:
         raise SessionCorruptError(f"header claims {n_sections} sections")
     off = _HEADER.size + 4
@@ -135,8 +133,10 @@ def write_atomic(path: Union[str, os.PathLike], data: bytes) -> None:
     except OSError as e:
         raise _naming(e, shown) from None
     if mode is not None and not stat.S_ISREG(mode):
-        raise ValueError(f"{shown} exists and is not a regular file (a device, folder or pipe): "
-                         f"kvgguf writes only files; name another path")
+        raise ValueError(
+            f"{shown} exists and is not a regular file (a device, folder or pipe): "
+            f"kvgguf writes only files; name another path"
+        )
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:

@@ -39,8 +39,17 @@ class ModelFingerprint:
         """Read from the Llama's GGUF (every metadata entry hashed) and its vocabulary."""
         shape = KVShape.of(llm)
         meta, tok = metadata_digests(llm.model_path)
-        return cls(shape.arch, shape.n_layer, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v,
-                   shape.n_swa, int(llm.n_vocab()), tok, meta)
+        return cls(
+            shape.arch,
+            shape.n_layer,
+            shape.n_head_kv,
+            shape.head_dim_k,
+            shape.head_dim_v,
+            shape.n_swa,
+            int(llm.n_vocab()),
+            tok,
+            meta,
+        )
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -57,15 +66,22 @@ class ModelFingerprint:
         return cls(**values)
 
     def describe(self) -> str:
-        return (f"{self.arch}, {self.n_layer} layers, {self.n_head_kv} KV heads x {self.head_dim_k}, "
-                f"vocabulary {self.n_vocab}")
+        return (
+            f"{self.arch}, {self.n_layer} layers, {self.n_head_kv} KV heads x {self.head_dim_k}, "
+            f"vocabulary {self.n_vocab}"
+        )
 
     def require_same(self, live: "ModelFingerprint") -> None:
         """SessionMismatchError naming what differs when this (the file's) is not `live`."""
         if self == live:
             return
         if (self.arch, self.n_layer, self.n_head_kv, self.head_dim_k, self.head_dim_v, self.n_vocab) != (
-            live.arch, live.n_layer, live.n_head_kv, live.head_dim_k, live.head_dim_v, live.n_vocab
+            live.arch,
+            live.n_layer,
+            live.n_head_kv,
+            live.head_dim_k,
+            live.head_dim_v,
+            live.n_vocab,
         ):
             raise SessionMismatchError(
                 f"the session is for another model ({self.describe()}); this one is {live.describe()}"

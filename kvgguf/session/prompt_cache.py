@@ -112,8 +112,13 @@ class CompressedDiskCache(CompressedCache):
     go first when the files pass capacity_bytes. A file that no longer loads is a miss and is
     removed."""
 
-    def __init__(self, path: Union[str, os.PathLike] = ".cache/kvgguf_prompts", capacity_bytes: int = 2 << 30,
-                 codec: Optional[str] = None, entropy: bool = True):
+    def __init__(
+        self,
+        path: Union[str, os.PathLike] = ".cache/kvgguf_prompts",
+        capacity_bytes: int = 2 << 30,
+        codec: Optional[str] = None,
+        entropy: bool = True,
+    ):
         super().__init__(capacity_bytes, codec, entropy)
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
@@ -162,8 +167,12 @@ class CompressedDiskCache(CompressedCache):
                 self._unlink(name)
             if not self._write_failed:
                 self._write_failed = True
-                warnings.warn(f"kvgguf: the prompt cache in {self.path} could not store a prompt ({e}); "
-                              "completions go on without caching what does not fit", RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"kvgguf: the prompt cache in {self.path} could not store a prompt ({e}); "
+                    "completions go on without caching what does not fit",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
             return
         self._keys[key] = name
         while self.cache_size > self.capacity_bytes and self._keys:

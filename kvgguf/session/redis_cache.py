@@ -44,9 +44,17 @@ class CompressedRedisCache(CompressedCache):
     The namespace comes from the model: kvgguf.Llama.set_cache calls attach(llm).
     """
 
-    def __init__(self, url: str = "redis://127.0.0.1:6379/0", capacity_bytes: int = 2 << 30,
-                 codec: Optional[str] = None, entropy: bool = True, *, timeout_s: float = 0.5,
-                 chunk_tokens: int = CHUNK_TOKENS, client=None):
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        capacity_bytes: int = 2 << 30,
+        codec: Optional[str] = None,
+        entropy: bool = True,
+        *,
+        timeout_s: float = 0.5,
+        chunk_tokens: int = CHUNK_TOKENS,
+        client=None,
+    ):
         super().__init__(capacity_bytes, codec, entropy)
         if chunk_tokens <= 0:
             raise ValueError(f"chunk_tokens must be > 0, got {chunk_tokens}")
@@ -68,8 +76,10 @@ class CompressedRedisCache(CompressedCache):
         from .fingerprint import ModelFingerprint
 
         codec = self.codec or (llm.kv_config.warm if llm.kv_config is not None else "default")
-        ident = json.dumps({"model": ModelFingerprint.of(llm).to_json(), "codec": str(codec),
-                            "format": container.FORMAT_VERSION}, sort_keys=True)
+        ident = json.dumps(
+            {"model": ModelFingerprint.of(llm).to_json(), "codec": str(codec), "format": container.FORMAT_VERSION},
+            sort_keys=True,
+        )
         self.namespace = hashlib.sha256(ident.encode()).hexdigest()[:24]
 
     def _key(self, *parts: str) -> str:
@@ -88,8 +98,12 @@ class CompressedRedisCache(CompressedCache):
     def _fault(self, name: str, detail: object) -> None:
         self.faults[name] = self.faults.get(name, 0) + 1
         if self.faults[name] == 1:
-            warnings.warn(f"kvgguf: the Redis prompt cache at {self.url}: {name} ({detail}); requests go on "
-                          "without it where it fails (counted in faults)", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"kvgguf: the Redis prompt cache at {self.url}: {name} ({detail}); requests go on "
+                "without it where it fails (counted in faults)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def _call(self, what: str, fn, *args, fault=None):
         """fn(*args), or `fault` after counting a fault (Redis down, slow, full, refusing)."""
@@ -209,5 +223,11 @@ class CompressedRedisCache(CompressedCache):
 
     def stats(self) -> dict:
         """What /kvgguf/memory shows of it."""
-        return {"url": self.url, "hits": self.hits, "misses": self.misses, "tokens_served": self.tokens_served,
-                "faults": dict(self.faults), "chunk_tokens": self.chunk_tokens}
+        return {
+            "url": self.url,
+            "hits": self.hits,
+            "misses": self.misses,
+            "tokens_served": self.tokens_served,
+            "faults": dict(self.faults),
+            "chunk_tokens": self.chunk_tokens,
+        }

@@ -65,6 +65,7 @@ class SessionInfo:
 
 # --- save ----------------------------------------------------------------------------------
 
+
 @dataclass
 class LiveContext:
     """What a session reads from and restores into, handed over by the facade (kvgguf.Llama):
@@ -79,8 +80,14 @@ class LiveContext:
     n_vocab: int
 
 
-def dump(live: LiveContext, *, codec: Optional[CodecSpec] = None, exact: bool = False, entropy: bool = True,
-         app: Optional[dict] = None) -> tuple[bytes, SessionInfo]:
+def dump(
+    live: LiveContext,
+    *,
+    codec: Optional[CodecSpec] = None,
+    exact: bool = False,
+    entropy: bool = True,
+    app: Optional[dict] = None,
+) -> tuple[bytes, SessionInfo]:
     """The .kvz bytes of a context (whose cache holds exactly its tokens)."""
     kv, shape, fp, ctx = live.kv, live.shape, live.fingerprint, live.ctx
     if exact:
@@ -115,7 +122,9 @@ def dump(live: LiveContext, *, codec: Optional[CodecSpec] = None, exact: bool = 
         "store": {"group_size": store.group_size, "seed": str(store.seed)} if store else None,
         "codec": described,
         # the layers of each cache record even when it holds no cells (an empty context)
-        "caches": [{"n_cells": c.n_cells, "v_trans": c.v_trans, "layers": layers} for c, layers in zip(caches, layers_of_cache)],
+        "caches": [
+            {"n_cells": c.n_cells, "v_trans": c.v_trans, "layers": layers} for c, layers in zip(caches, layers_of_cache)
+        ],
         "config": _jsonable(asdict(kv.config)) if kv is not None else None,
         "app": app,
     }
@@ -127,8 +136,15 @@ def dump(live: LiveContext, *, codec: Optional[CodecSpec] = None, exact: bool = 
     ]
     books = store.books() if store is not None and cold_layers else []
     if books:
-        sections.append((b"BOOK", b"".join(_BOOK.pack(il, kind, codecs.get(name).type, bk.size)
-                                           + bk.astype("<f4").tobytes() for il, kind, name, bk in books)))
+        sections.append(
+            (
+                b"BOOK",
+                b"".join(
+                    _BOOK.pack(il, kind, codecs.get(name).type, bk.size) + bk.astype("<f4").tobytes()
+                    for il, kind, name, bk in books
+                ),
+            )
+        )
     for il in sorted(set(hot_rows) | set(cold_layers)):
         parts = [struct.pack("<I", il)]
         for kind in Kind:
@@ -136,8 +152,9 @@ def dump(live: LiveContext, *, codec: Optional[CodecSpec] = None, exact: bool = 
             parts.append(struct.pack("<I", len(blocks)))
             for b in blocks:
                 parts += [_BLOCK.pack(b.n_rows, codecs.get(b.codec).type, b.tier, 0, len(b.data)), b.data]
-            parts.append(_encode_hot(hot_rows.get(il), kind, shape, codecs.get(choice[il, kind], **params),
-                                     sink_rows.get(il, 0)))
+            parts.append(
+                _encode_hot(hot_rows.get(il), kind, shape, codecs.get(choice[il, kind], **params), sink_rows.get(il, 0))
+            )
         sections.append((f"L{il:03d}".encode(), b"".join(parts)))
     data = container.pack(sections, entropy=entropy)
     return data, SessionInfo(n_tokens, n_cold, len(data), described, app)
@@ -188,8 +205,7 @@ def _sink_rows(cells: bytes) -> int:
     return int(np.searchsorted(pos, SINKS))
 
 
-def _encode_hot(layer: Optional[state_format.LayerRows], kind: int, shape: KVShape, codec,
-                n_sink: int) -> bytes:
+def _encode_hot(layer: Optional[state_format.LayerRows], kind: int, shape: KVShape, codec, n_sink: int) -> bytes:
     """Exact rows of one layer and kind: ggml type, count, row bytes, then segments (the
     attention sinks in f16, the rest with codec; raw bytes for quantized cache types)."""
     if layer is None:
@@ -213,6 +229,7 @@ def _encode_hot(layer: Optional[state_format.LayerRows], kind: int, shape: KVSha
 
 
 # --- load ----------------------------------------------------------------------------------
+
 
 @dataclass
 class _Restored:
@@ -328,8 +345,9 @@ def _new_store(kv: LiveCache, meta: dict, shape: KVShape, n_cold: int):
         raise SessionCorruptError("a tiered session without store parameters")
     group_size = _field(params, "group_size", int, lambda v: 0 < v < 2**31)
     seed = _field(params, "seed", str, lambda v: v.isdigit() and int(v) < 2**64)
-    store = KVStore(shape.n_layer, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v,
-                    group_size=group_size, seed=int(seed))
+    store = KVStore(
+        shape.n_layer, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v, group_size=group_size, seed=int(seed)
+    )
     live_layers = list(kv.layers)
     for il in range(shape.n_layer):
         if il not in live_layers:
@@ -341,8 +359,14 @@ def _new_store(kv: LiveCache, meta: dict, shape: KVShape, n_cold: int):
         raise SessionCorruptError("session metadata field 'blocks' is missing")
     end = 0
     for b in blocks:
-        if (not isinstance(b, list) or len(b) != 3 or not all(type(x) is int for x in b)
-                or b[0] != end or b[1] <= b[0] or b[2] not in (0, 1, 2)):
+        if (
+            not isinstance(b, list)
+            or len(b) != 3
+            or not all(type(x) is int for x in b)
+            or b[0] != end
+            or b[1] <= b[0]
+            or b[2] not in (0, 1, 2)
+        ):
             raise SessionCorruptError("session block list is not contiguous from row 0")
         end = b[1]
     if end != n_cold:
@@ -426,7 +450,8 @@ def _read_hot(take, il: int, kind: int, cache, shape: KVShape, params: dict) -> 
         if el is None or row_bytes != width * el:
             raise SessionCorruptError(f"layer {il}: exact rows of an impossible type or width")
         x = codecs.get(names[codec_id], **params).decode(
-            data, (n_rows, shape.kv_heads(il), shape.head_dim(il, kind)), kind)
+            data, (n_rows, shape.kv_heads(il), shape.head_dim(il, kind)), kind
+        )
         parts.append(x.reshape(n_rows, width).astype(np.float16 if el == 2 else np.float32).view(np.uint8))
     rows = np.concatenate(parts) if parts else np.empty((0, row_bytes), np.uint8)
     if rows.shape != (n, row_bytes):

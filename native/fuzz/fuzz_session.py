@@ -52,6 +52,7 @@ with atheris.instrument_imports(include=["kvgguf"]):
 
 # --- a made-up model and llama.cpp context ---------------------------------------------------
 
+
 @dataclass
 class FakeContext:
     """What session.py asks llama.cpp about a context, answered without llama.cpp."""
@@ -72,9 +73,11 @@ def _get_data(ctx: FakeContext, buf, n, _seq) -> int:
 
 # The two llama.cpp modules session.py calls into, for this process only.
 kvz.hooks = SimpleNamespace(layer_info=_layer_info)
-kvz.C = SimpleNamespace(llama_n_ctx=lambda ctx: ctx.n_cells,
-                        llama_state_seq_get_size=lambda ctx, _seq: len(ctx.state),
-                        llama_state_seq_get_data=_get_data)
+kvz.C = SimpleNamespace(
+    llama_n_ctx=lambda ctx: ctx.n_cells,
+    llama_state_seq_get_size=lambda ctx, _seq: len(ctx.state),
+    llama_state_seq_get_data=_get_data,
+)
 
 
 @dataclass
@@ -88,8 +91,9 @@ class Model:
     @property
     def fingerprint(self) -> ModelFingerprint:
         s = self.shape
-        return ModelFingerprint(s.arch, s.n_layer, s.n_head_kv, s.head_dim_k, s.head_dim_v, s.n_swa, self.n_vocab,
-                                "a" * 64, "b" * 64)
+        return ModelFingerprint(
+            s.arch, s.n_layer, s.n_head_kv, s.head_dim_k, s.head_dim_v, s.n_swa, self.n_vocab, "a" * 64, "b" * 64
+        )
 
     @property
     def compressed_layers(self) -> list[int]:
@@ -98,8 +102,15 @@ class Model:
     def live(self, kv=None, state: bytes = b"", tokens=()) -> kvz.LiveContext:
         if kv is None and self.tiered:
             kv = SimpleNamespace(layers=self.compressed_layers)
-        return kvz.LiveContext(FakeContext(self.layer_kind, self.n_cells, state), kv, self.shape, self.fingerprint,
-                               np.asarray(tokens, dtype=np.intc), 4096, self.n_vocab)
+        return kvz.LiveContext(
+            FakeContext(self.layer_kind, self.n_cells, state),
+            kv,
+            self.shape,
+            self.fingerprint,
+            np.asarray(tokens, dtype=np.intc),
+            4096,
+            self.n_vocab,
+        )
 
 
 def _shape(arch, n_layer, n_head_kv, dk, dv, n_swa=0, full=None) -> KVShape:
@@ -116,6 +127,7 @@ MODELS = [
 
 
 # --- starting inputs: real sessions written by session.dump --------------------------------------------
+
 
 def _cache(rng, positions, layers, dims, v_trans=False, ggml_type=state_format.GGML_F16):
     """A llama.cpp cache record of the given cell positions, K/V rows in ggml_type."""
@@ -150,8 +162,20 @@ def _store(rng, model: Model, blocks, codecs_kv) -> KVStore:
     return store
 
 
-def _session(model: Model, *, n_tokens, n_cold=0, blocks=(), codecs_kv=(), codec=None, exact=False, entropy=False,
-             v_trans=False, ggml_type=state_format.GGML_F16, seed=0) -> bytes:
+def _session(
+    model: Model,
+    *,
+    n_tokens,
+    n_cold=0,
+    blocks=(),
+    codecs_kv=(),
+    codec=None,
+    exact=False,
+    entropy=False,
+    v_trans=False,
+    ggml_type=state_format.GGML_F16,
+    seed=0,
+) -> bytes:
     rng = np.random.default_rng(seed)
     s = model.shape
     dims = (s.n_head_kv * s.head_dim_k * 1, s.n_head_kv * s.head_dim_v)
@@ -163,9 +187,13 @@ def _session(model: Model, *, n_tokens, n_cold=0, blocks=(), codecs_kv=(), codec
     kv = None
     if model.tiered:
         config = TieredConfig(hot=64, sinks=4, warm="rotq4", warm_tokens=16, archive="rotq2", block=8, group_size=16)
-        kv = SimpleNamespace(config=config, store=_store(rng, model, blocks, codecs_kv) if n_cold else None,
-                             n_cold=n_cold, layers=model.compressed_layers,
-                             blocks=[SimpleNamespace(r0=a, r1=b, tier=t) for a, b, t in blocks])
+        kv = SimpleNamespace(
+            config=config,
+            store=_store(rng, model, blocks, codecs_kv) if n_cold else None,
+            n_cold=n_cold,
+            layers=model.compressed_layers,
+            blocks=[SimpleNamespace(r0=a, r1=b, tier=t) for a, b, t in blocks],
+        )
         if kv.store is None:
             kv.store = KVStore(s.n_layer, s.n_head_kv, s.head_dim_k, s.head_dim_v, group_size=16, seed=1234)
     tokens = rng.integers(0, model.n_vocab, n_tokens)
@@ -185,19 +213,51 @@ def starting_inputs() -> list[tuple[str, int, bytes]]:
         ("stock-f32-crotq", 0, _session(stock, n_tokens=9, codec="crotq3", ggml_type=state_format.GGML_F32, seed=3)),
         ("stock-q8-raw", 0, _session(stock, n_tokens=12, ggml_type=8, seed=4)),
         ("stock-empty", 0, _session(stock, n_tokens=0, seed=5)),
-        ("tiered-rotq", 1, _session(tiered, n_tokens=28, n_cold=24, blocks=blocks,
-                                    codecs_kv=[("f16", "f16"), ("rotq4", "rotq3"), ("rotq2", "rotq1")], seed=6)),
-        ("tiered-mixed-zstd", 1, _session(tiered, n_tokens=30, n_cold=24, blocks=blocks, entropy=True,
-                                          codecs_kv=[("f16", "kivi8"), ("crotq4", "kivi4"), ("kivi2", "rotq2")],
-                                          codec="kivi3", seed=7)),
+        (
+            "tiered-rotq",
+            1,
+            _session(
+                tiered,
+                n_tokens=28,
+                n_cold=24,
+                blocks=blocks,
+                codecs_kv=[("f16", "f16"), ("rotq4", "rotq3"), ("rotq2", "rotq1")],
+                seed=6,
+            ),
+        ),
+        (
+            "tiered-mixed-zstd",
+            1,
+            _session(
+                tiered,
+                n_tokens=30,
+                n_cold=24,
+                blocks=blocks,
+                entropy=True,
+                codecs_kv=[("f16", "kivi8"), ("crotq4", "kivi4"), ("kivi2", "rotq2")],
+                codec="kivi3",
+                seed=7,
+            ),
+        ),
         ("tiered-nocold", 1, _session(tiered, n_tokens=6, seed=8)),
-        ("gemma-tiered", 2, _session(gemma, n_tokens=28, n_cold=16, blocks=[(0, 4, 0), (4, 16, 1)],
-                                     codecs_kv=[("f16", "f16"), ("crotq3", "rotq4")], seed=9)),
+        (
+            "gemma-tiered",
+            2,
+            _session(
+                gemma,
+                n_tokens=28,
+                n_cold=16,
+                blocks=[(0, 4, 0), (4, 16, 1)],
+                codecs_kv=[("f16", "f16"), ("crotq3", "rotq4")],
+                seed=9,
+            ),
+        ),
     ]
     return out
 
 
 # --- the target -------------------------------------------------------------------------------
+
 
 def recrc(data: bytes) -> bytes:
     """The same bytes with every container CRC recomputed (as far as the framing reads)."""
@@ -228,8 +288,36 @@ def test_one_input(data: bytes) -> None:
 
 
 # Values a field of the metadata is replaced by: wrong types, bounds, and numbers past every limit.
-AWKWARD = [None, True, False, 0, 1, -1, 2, 3, 255, 256, 2**31 - 1, 2**31, 2**32, 2**63, 2**64, -(2**63), 1.5,
-           float("nan"), "", "0", "18446744073709551616", "-1", "tiered", "stock", [], [0], [[0, 1, 0]], {}]
+AWKWARD = [
+    None,
+    True,
+    False,
+    0,
+    1,
+    -1,
+    2,
+    3,
+    255,
+    256,
+    2**31 - 1,
+    2**31,
+    2**32,
+    2**63,
+    2**64,
+    -(2**63),
+    1.5,
+    float("nan"),
+    "",
+    "0",
+    "18446744073709551616",
+    "-1",
+    "tiered",
+    "stock",
+    [],
+    [0],
+    [[0, 1, 0]],
+    {},
+]
 
 
 def _mutate_json(value, rng: random.Random):
