@@ -570,11 +570,11 @@ def main(argv=None) -> int:
 
     path = str(kvgguf.models.path(args.model))
     if args.codebooks == "calibration":
-        from kvgguf.evaluation import calibration
+        from kvgguf.policy import calibration_plan
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the error below says it
-            if not calibration.books_for(path):
+            if not calibration_plan.books_for(path):
                 ap.error(f"{args.model} has no calibration with codebooks: run `kvgguf calibrate {args.model}` first")
     return measure(args, argv, path, old)
 

@@ -9,6 +9,7 @@ import os
 import re
 import sys
 import threading
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence, Union
@@ -19,23 +20,22 @@ import numpy as np
 from .runtime.live_cache import FUSED_MAX_TOKENS, LiveCache
 from .runtime.memory import KVMemory, TierMemory
 from .model.gguf_file import read_metadata
+from .model.registry import calibration_path
 from .model.shape import MAX_LAYERS, KVShape
+from .policy import calibration_plan
 
-# The one import of a higher layer (tests/test_layers.py): "tiered" and "auto" read the model's
-# calibration, and "auto" measures the model on first use.
-from .evaluation import calibration
 from .bindings import codecs
 from .policy import codec_spec
-from .policy.kv_codec import parse as parse_kv_codec, parse_auto
+from .policy.kv_codec import Request, parse as parse_kv_codec, parse_auto
 from .policy.tiered import TieredConfig, sized_for_model
 from .session import session
-from .session.container import write_atomic
+from .files import write_atomic
 from .session.prompt_cache import CompressedCache
 from .session.session import SessionInfo
 from .session.fingerprint import ModelFingerprint
 from .session.state import SessionState
 from .llamacpp import hooks, support
-from .errors import UnsupportedModelError
+from .errors import CalibrationError, UnsupportedModelError
 
 # llama.cpp's own cache types, by the names its CLI uses (-ctk/-ctv).
 CACHE_TYPES = {
@@ -139,6 +139,40 @@ def _fit_codecs(
     return replace(config, **KIVI_PRESET), None
 
 
+def calibrated_config(
+    model_path: str,
+    request: Union[Request, float],
+    *,
+    base: Optional[TieredConfig] = None,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> tuple[TieredConfig, Optional[Path]]:
+    """The config a Request (or a budget: "auto:BITS") gets on this model, and the calibration
+    file it follows (None: base, the fixed preset, as it is). The model's calibration from the
+    cache folder is allocated for the budget; a required request ("auto") measures the model
+    when it has none and keeps the result; "tiered" never measures, and keeps base with a
+    warning when the model's file cannot be used."""
+    if not isinstance(request, Request):
+        request = Request(float(request))
+    base = base or TieredConfig()
+    try:
+        cal = calibration_plan.load_for(model_path)
+    except CalibrationError as e:
+        if request.required:
+            raise
+        warnings.warn(f"kv_codec='tiered' keeps the fixed preset: {e}", stacklevel=3)
+        return base, None
+    if cal is None:
+        if not request.required:
+            return base, None
+        # The one import of a higher layer (tests/test_layers.py): "auto" measures the model on
+        # first use, which runs it through this facade.
+        from .evaluation.calibration import calibrate
+
+        cal = calibrate(model_path, progress=progress)
+        cal.save(calibration_path(model_path))
+    return cal.config(request.budget, base), calibration_path(model_path)
+
+
 def _calibration_progress(model_path: str, verbose: bool):
     """A progress callback for the first use of "auto" on a model (a minute or more)."""
     bar = None
@@ -151,7 +185,7 @@ def _calibration_progress(model_path: str, verbose: bool):
             if verbose:
                 print(
                     f"kvgguf: calibrating {os.path.basename(model_path)} for kv_codec='auto' (once; kept in "
-                    f"{calibration.default_path(model_path)})",
+                    f"{calibration_path(model_path)})",
                     file=sys.stderr,
                 )
             bar = tqdm(
@@ -260,14 +294,12 @@ class Llama(llama_cpp.Llama):
         )
         calibrated = None
         if request is not None:
-            fixed = config
-            config = calibration.for_model(
+            config, calibrated = calibrated_config(
                 model_path,
                 request,
                 base=config,
                 progress=_calibration_progress(model_path, kwargs.get("verbose", True)),
             )
-            calibrated = None if config is fixed else calibration.default_path(model_path)
             if not request.required and kwargs.get("verbose", True):
                 print(
                     "kvgguf: kv_codec='tiered' "
@@ -309,7 +341,7 @@ class Llama(llama_cpp.Llama):
                 self._ctx.ctx, shape, config, fused_max_tokens=FUSED_MAX_TOKENS if kv_attention == "fused" else 0
             )
             if config.codebooks == "calibration" and self._kv.book_lists():  # pq2/vq8/vq8f: the model's
-                self._kv.use_books(calibration.books_for(model_path))
+                self._kv.use_books(calibration_plan.books_for(model_path))
         except BaseException:
             self.close()
             raise
@@ -515,9 +547,9 @@ class Llama(llama_cpp.Llama):
         self._check_open("save_session")
         budget = parse_auto(codec)
         if budget is not None:
-            codec = calibration.for_model(
+            codec = calibrated_config(
                 self.model_path, budget, progress=_calibration_progress(self.model_path, self.verbose)
-            ).warm
+            )[0].warm
         data, info = session.dump(
             self._session_view(drop_dead_rows=True), codec=codec, exact=exact, entropy=entropy, app=app
         )

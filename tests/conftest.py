@@ -40,13 +40,13 @@ CALIBRATION_TOKENS = 200  # the least the measurement takes on SmolLM2 (hot 96, 
 def smollm2_calibration(smollm2_path, tmp_path_factory):
     """SmolLM2 measured on 200 tokens of its own text through the command line, as a user runs it."""
     from kvgguf.cli.main import main
-    from kvgguf.evaluation import calibration
+    from kvgguf.policy import calibration_plan
 
     out = tmp_path_factory.mktemp("calibration") / "smollm2.json"
     assert (
         main(["calibrate", str(smollm2_path), "--tokens", str(CALIBRATION_TOKENS), "-t", "2", "--out", str(out)]) == 0
     )
-    return calibration.Calibration.load(out)
+    return calibration_plan.Calibration.load(out)
 
 
 @pytest.fixture(scope="session")
@@ -54,12 +54,11 @@ def calibrated_cache_dir(smollm2_path, smollm2_calibration, own_cache_dir, tmp_p
     """A kvgguf cache folder as a user's is after one `kvgguf calibrate` of SmolLM2: from then on
     kv_codec="tiered" follows the calibration, with per-layer codecs. Point KVGGUF_CACHE_DIR here
     (the `calibrated` fixture; child processes through their environment)."""
-    from kvgguf.evaluation import calibration
-    from kvgguf.model.registry import cache_dir
+    from kvgguf.model.registry import cache_dir, calibration_path
 
     folder = tmp_path_factory.mktemp("kvgguf-calibrated")
     (folder / "models").symlink_to(own_cache_dir / "models", target_is_directory=True)
-    smollm2_calibration.save(folder / calibration.default_path(str(smollm2_path)).relative_to(cache_dir()))
+    smollm2_calibration.save(folder / calibration_path(str(smollm2_path)).relative_to(cache_dir()))
     return folder
 
 

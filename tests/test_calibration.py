@@ -11,6 +11,8 @@ import pytest
 import kvgguf
 from kvgguf.enums import Kind, Tier
 from kvgguf.evaluation import calibration
+from kvgguf.model.registry import calibration_path
+from kvgguf.policy import calibration_plan
 from kvgguf.policy import allocation, kv_codec
 
 from conftest import CALIBRATION_TOKENS as N_TOKENS  # the measurement's text
@@ -32,7 +34,7 @@ def test_calibrate_prints_its_plans_and_inspect_shows_them(tmp_path, monkeypatch
     monkeypatch.setenv("KVGGUF_CACHE_DIR", str(tmp_path))
     assert main(["inspect", str(smollm2_path)]) == 0
     assert "calibration:  none yet" in capsys.readouterr().out
-    cal.save(calibration.default_path(str(smollm2_path)))
+    cal.save(calibration_path(str(smollm2_path)))
     assert main(["inspect", str(smollm2_path)]) == 0
     out = capsys.readouterr().out
     assert "self-written text" in out and re.search(r"\| auto:3 \| (2\.[89]\d|3\.00) \|", out), out
@@ -52,7 +54,7 @@ def test_every_list_gets_a_curve_over_every_candidate(cal):
         assert by["f16"].error == 0.0 and by["f16"].bits == 16.0
         assert by["rotq4"].bits < by["kivi4"].bits < by["kivi8"].bits
         assert by["rotq2"].error >= by["rotq4"].error >= 0.0
-    sens = [next(c.error for c in cands if c.codec == calibration.PROBE) for cands in cal.curves.values()]
+    sens = [next(c.error for c in cands if c.codec == calibration_plan.PROBE) for cands in cal.curves.values()]
     assert sum(s > 0 for s in sens) > len(sens) // 2  # the probe's KL stands clear of zero on most lists
 
 
@@ -92,10 +94,10 @@ def test_a_calibration_file_round_trips_and_another_models_is_refused(
     tmp_path, monkeypatch, smollm2_path, gemma3_path, cal
 ):
     path = cal.save(tmp_path / "cal.json")
-    assert calibration.Calibration.load(path).curves == cal.curves
-    calibration.Calibration.load(path).require_model(str(smollm2_path))
+    assert calibration_plan.Calibration.load(path).curves == cal.curves
+    calibration_plan.Calibration.load(path).require_model(str(smollm2_path))
     with pytest.raises(kvgguf.CalibrationError, match="another model"):
-        calibration.Calibration.load(path).require_model(str(gemma3_path))
+        calibration_plan.Calibration.load(path).require_model(str(gemma3_path))
 
     # Gemma-3's calibration where SmolLM2's belongs: kv_codec="auto" refuses it, the file stays
     from kvgguf.model.gguf_file import metadata_digests
@@ -103,7 +105,7 @@ def test_a_calibration_file_round_trips_and_another_models_is_refused(
     monkeypatch.setenv("KVGGUF_CACHE_DIR", str(tmp_path / "cache"))
     d = cal.to_json()
     d["model"]["metadata_sha256"], d["model"]["tokenizer_sha256"] = metadata_digests(gemma3_path)
-    slot = calibration.default_path(str(smollm2_path))
+    slot = calibration_path(str(smollm2_path))
     slot.parent.mkdir(parents=True)
     slot.write_text(json.dumps(d))
     with pytest.raises(kvgguf.CalibrationError, match="another model"):
@@ -118,19 +120,22 @@ def test_a_calibration_file_round_trips_and_another_models_is_refused(
         ('{"format": "other"}', "not a kvgguf calibration"),
         ('{"format": "kvgguf-calibration", "version": 99}', "version 99"),
         ('{"format": "kvgguf-calibration", "version": 1}', "version 1"),
-        ('{"format": "kvgguf-calibration", "version": %d, "lists": [{"layer": 0}]}' % calibration.VERSION, "malformed"),
+        (
+            '{"format": "kvgguf-calibration", "version": %d, "lists": [{"layer": 0}]}' % calibration_plan.VERSION,
+            "malformed",
+        ),
     ],
 )
 def test_broken_calibration_files_are_refused_clearly(tmp_path, body, match):
     p = tmp_path / "cal.json"
     p.write_text(body)
     with pytest.raises(kvgguf.CalibrationError, match=match):
-        calibration.Calibration.load(p)
+        calibration_plan.Calibration.load(p)
 
 
 def test_auto_reads_the_models_calibration_for_its_budget(tmp_path, monkeypatch, smollm2_path, cal, text):
     monkeypatch.setenv("KVGGUF_CACHE_DIR", str(tmp_path))
-    cal.save(calibration.default_path(str(smollm2_path)))
+    cal.save(calibration_path(str(smollm2_path)))
     prompt = text + text[1:]  # longer than the preset's hot window
     for spec, budget in (("auto", kv_codec.DEFAULT_BUDGET), ("auto:2.5", 2.5)):
         llm = kvgguf.Llama(str(smollm2_path), kv_codec=spec, n_ctx=len(prompt) + 16, n_threads=2, verbose=False)
@@ -151,7 +156,7 @@ def test_bad_budgets_are_refused(smollm2_path, kv_codec):
 
 def test_a_session_saved_with_auto_holds_the_calibrated_codecs(tmp_path, monkeypatch, smollm2_path, cal, text):
     monkeypatch.setenv("KVGGUF_CACHE_DIR", str(tmp_path))
-    cal.save(calibration.default_path(str(smollm2_path)))
+    cal.save(calibration_path(str(smollm2_path)))
     llm = kvgguf.Llama(str(smollm2_path), n_ctx=512, n_threads=2, verbose=False)
     try:
         llm.eval(text)
@@ -182,11 +187,11 @@ def test_tiered_follows_the_models_calibration_once_it_has_one(tmp_path, monkeyp
     finally:
         fixed.close()
 
-    cal.save(calibration.default_path(str(smollm2_path)))
+    cal.save(calibration_path(str(smollm2_path)))
     llm = kvgguf.Llama(str(smollm2_path), kv_codec="tiered", n_ctx=len(prompt) + 16, n_threads=2, verbose=False)
     try:
         config = llm.kv_config
-        assert llm.kv_calibration == calibration.default_path(str(smollm2_path))
+        assert llm.kv_calibration == calibration_path(str(smollm2_path))
         assert config == cal.config(kv_codec.PRESET_BUDGET, kvgguf.TieredConfig())
         assert config.archive is None and config.sinks == kvgguf.TieredConfig().sinks
         held = llm.kv_cache.codecs[Tier.WARM]
@@ -208,7 +213,7 @@ def test_tiered_keeps_the_fixed_preset_with_a_warning_when_the_calibration_is_br
     tmp_path, monkeypatch, smollm2_path
 ):
     monkeypatch.setenv("KVGGUF_CACHE_DIR", str(tmp_path))
-    slot = calibration.default_path(str(smollm2_path))
+    slot = calibration_path(str(smollm2_path))
     slot.parent.mkdir(parents=True)
     slot.write_text("not json")
     with pytest.warns(UserWarning, match="fixed preset: cannot read calibration"):
@@ -231,11 +236,11 @@ def test_calibration_trains_a_pq2_and_a_vq8_codebook_per_list_and_the_file_keeps
     assert set(cal.books) == {(il, kind, name) for il, kind in cal.curves for name in codecs.BOOK_CODECS}
     for (il, kind, name), bk in cal.books.items():
         assert bk.dtype == np.float32 and bk.shape == ((256, 4) if name == "pq2" else (256, 64))
-        if name in calibration.SAME_BOOK:  # vq8f codes with vq8's
-            assert bk is cal.books[il, kind, calibration.SAME_BOOK[name]]
+        if name in calibration_plan.SAME_BOOK:  # vq8f codes with vq8's
+            assert bk is cal.books[il, kind, calibration_plan.SAME_BOOK[name]]
         # trained (600 vectors, many repeated: layer 0)
         assert np.isfinite(bk).all() and len(np.unique(bk, axis=0)) > 16
-    loaded = calibration.Calibration.load(cal.save(tmp_path / "cal.json"))
+    loaded = calibration_plan.Calibration.load(cal.save(tmp_path / "cal.json"))
     assert {e["codec"] for e in json.loads((tmp_path / "cal.json").read_text())["books"]} == {"pq2", "vq8"}
     for key, bk in cal.books.items():  # kept as f16 on disk
         assert np.array_equal(loaded.books[key], bk.astype(np.float16).astype(np.float32)), key
@@ -243,7 +248,7 @@ def test_calibration_trains_a_pq2_and_a_vq8_codebook_per_list_and_the_file_keeps
     d = cal.to_json()
     del d["books"]
     (tmp_path / "old.json").write_text(json.dumps(d))
-    assert calibration.Calibration.load(tmp_path / "old.json").books == {}
+    assert calibration_plan.Calibration.load(tmp_path / "old.json").books == {}
 
 
 @pytest.mark.parametrize(
@@ -264,7 +269,7 @@ def test_a_damaged_codebook_in_a_calibration_file_is_refused(tmp_path, cal, dama
     damage(d["books"][0])
     (tmp_path / "cal.json").write_text(json.dumps(d))
     with pytest.raises(kvgguf.CalibrationError, match=match):
-        calibration.Calibration.load(tmp_path / "cal.json")
+        calibration_plan.Calibration.load(tmp_path / "cal.json")
 
 
 def test_pq2_starts_from_the_models_codebooks_keeps_them_across_sequences_and_counts_them(
@@ -291,7 +296,7 @@ def test_pq2_starts_from_the_models_codebooks_keeps_them_across_sequences_and_co
     finally:
         own.close()
 
-    books = calibration.Calibration.load(cal.save(calibration.default_path(str(smollm2_path)))).books
+    books = calibration_plan.Calibration.load(cal.save(calibration_path(str(smollm2_path)))).books
     plain = kvgguf.Llama(str(smollm2_path), kv_codec="pq2", **kw)  # codebooks="sequence", the default
     try:
         assert held(plain) == {}

@@ -25,14 +25,16 @@ RANK = {
     "cli": 8,
 }
 UPWARD = {
-    # "tiered" and "auto" read the model's calibration; "auto" measures the model on first use
+    # "auto" measures the model on first use (kvgguf.llama.calibrated_config), lazily
     ("kvgguf.llama", "kvgguf.evaluation"),
 }
 
 
-def imports(path: Path, package: str):
-    """(line, module) of every kvgguf import in the file, relative ones resolved."""
-    for node in ast.walk(ast.parse(path.read_text())):
+def imports(path: Path, package: str, *, top_level_only: bool = False):
+    """(line, module) of every kvgguf import in the file, relative ones resolved (top_level_only:
+    those that run when the module is imported, not inside a function)."""
+    tree = ast.parse(path.read_text())
+    for node in tree.body if top_level_only else ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
@@ -66,3 +68,13 @@ def test_the_check_sees_a_lazy_upward_import(tmp_path):
     bad = tmp_path / "tiered.py"
     bad.write_text("def f():\n    from ..runtime import live_cache\n")
     assert [t for _, t in imports(bad, "kvgguf.policy")] == ["kvgguf.runtime"]
+
+
+def test_the_one_upward_import_is_lazy():
+    """The facade's call into evaluation happens only when "auto" measures a model: importing
+    kvgguf.llama must not import the evaluation layer."""
+    root = Path(kvgguf.__file__).parent
+    for module, target in UPWARD:
+        path = root.parent.joinpath(*module.split(".")).with_suffix(".py")
+        eager = [t for _, t in imports(path, module.rsplit(".", 1)[0], top_level_only=True) if t.startswith(target)]
+        assert not eager, f"{module} imports {eager} when it is imported"

@@ -156,7 +156,7 @@ def test_small_run_gives_a_verdict_per_claim(tmp_path):
 def test_pq2_on_the_models_calibrated_codebooks_is_its_own_row(
     tmp_path, monkeypatch, smollm2_path, smollm2_calibration
 ):
-    from kvgguf.evaluation import calibration
+    from kvgguf.model.registry import calibration_path
 
     monkeypatch.setenv("KVGGUF_CACHE_DIR", str(tmp_path / "cache"))
     args = [
@@ -177,7 +177,7 @@ def test_pq2_on_the_models_calibrated_codebooks_is_its_own_row(
     ]
     with pytest.raises(SystemExit):  # no calibration yet
         lc.main(args)
-    smollm2_calibration.save(calibration.default_path(str(smollm2_path)))
+    smollm2_calibration.save(calibration_path(str(smollm2_path)))
     assert lc.main(args) == 0
     data = json.loads((tmp_path / "cal.json").read_text())
     assert data["meta"]["codebooks"] == "calibration" and set(data["rows"]) == {"rotq3", "pq2" + lc.CAL}

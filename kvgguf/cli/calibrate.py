@@ -37,9 +37,10 @@ def run(args) -> int:
     import kvgguf
 
     from ..evaluation import calibration
+    from ..model.registry import calibration_path
 
     path = str(kvgguf.models.path(args.model))
-    out = Path(args.out) if args.out else calibration.default_path(path)
+    out = Path(args.out) if args.out else calibration_path(path)
     if args.text and not Path(args.text).is_file():
         raise FileNotFoundError(f"--text {args.text} does not exist")
     from tqdm import tqdm

@@ -271,14 +271,15 @@ def calibration_lines(path) -> tuple[list[str], Optional[dict]]:
     """What kv_codec='auto' and 'tiered' would use on this model: its calibration file and the
     plans."""
     from ..errors import CalibrationError
-    from ..evaluation import calibration
+    from ..model.registry import calibration_path
+    from ..policy.calibration_plan import Calibration
     from .calibrate import plan_table
 
-    file = calibration.default_path(str(path))
+    file = calibration_path(path)
     if not file.exists():
         return [f"calibration:  none yet (`kvgguf calibrate {path}` or the first kv_codec='auto' measures it)"], None
     try:
-        cal = calibration.Calibration.load(file)
+        cal = Calibration.load(file)
         cal.require_model(str(path))
     except CalibrationError as e:
         return [f"calibration:  {file} cannot be used: {e}"], None
@@ -301,10 +302,10 @@ def run(args) -> int:
     lines, cal = calibration_lines(path)
     tiered = None
     if cal is not None:  # kv_codec="tiered" follows it (a file that cannot be used: the fixed preset)
-        from ..evaluation import calibration
+        from ..llama import calibrated_config
         from ..policy import kv_codec
 
-        tiered = calibration.for_model(str(path), kv_codec.parse("tiered")[1])
+        tiered = calibrated_config(str(path), kv_codec.parse("tiered")[1])[0]
     if args.json:
         print(
             json.dumps(

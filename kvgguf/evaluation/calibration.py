@@ -1,6 +1,8 @@
-"""Calibration: what each (layer, K/V) list's codec costs this model, and the plan for a budget.
+"""Calibration, the measurement: what each (layer, K/V) list's codec costs this model.
 
-Measured once per model, kept in kvgguf's cache folder, allocated for any budget on use:
+Measured once per model (``calibrate``), kept in kvgguf's cache folder as a
+``kvgguf.policy.calibration_plan.Calibration`` (the data and its file), allocated for any
+budget on use:
 
 1. Text. By default the model writes it itself from a few neutral prompts (seeded sampling),
    so no dataset is needed; or the user's own text file.
@@ -19,38 +21,29 @@ Measured once per model, kept in kvgguf's cache folder, allocated for any budget
 5. Codebooks. pq2 and vq8 code rows against a k-means codebook per (layer, K/V) list; the
    calibration trains them on every row of the text (exact, from the reference run) and keeps
    them; a live cache with TieredConfig(codebooks="calibration") starts from the model's
-   codebooks instead of training one on each sequence's first block (``books_for``; the live
+   codebooks instead of training one on each sequence's first block (``calibration_plan.books_for``; the live
    cache still holds and counts them).
 
-Two ways to use it: kv_codec="auto[:BITS]" (measures the model on first use) and
-kv_codec="tiered" on a model that has a calibration (the plan at PRESET_BUDGET; a model without
-one keeps the fixed preset, and "tiered" never measures: it must start at once).
+Two ways to use it: kv_codec="auto[:BITS]" (measures the model on first use: the facade's one
+call into this layer, ``kvgguf.llama.calibrated_config``) and kv_codec="tiered" on a model that
+has a calibration (the plan at PRESET_BUDGET; a model without one keeps the fixed preset, and
+"tiered" never measures: it must start at once).
 """
 
 from __future__ import annotations
 
-import base64
-import json
-import os
-import warnings
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from ..errors import CalibrationError
 from ..bindings import codecs
 from ..bindings.binding import KvgValueError
 from ..enums import Kind, Tier
 from ..policy import allocation
-from ..policy.kv_codec import DEFAULT_BUDGET, PRESET_BUDGET, Request, is_kv_codec, parse, parse_auto  # noqa: F401
+from ..policy.calibration_plan import PROBE, SAME_BOOK, Calibration
 from ..policy.tiered import TieredConfig
-from ..session.container import write_atomic
 
-FORMAT = "kvgguf-calibration"
-VERSION = 2  # 2: codec costs measured through the model (1 scaled by reconstruction error)
-PROBE = "rotq2"
 CANDIDATES = ("kivi2", "kivi3", "kivi4", "rotq2", "rotq3", "rotq4", "crotq2", "crotq3", "crotq4", "kivi8", "f16")
 PROMPTS = (
     "The history of the town begins",
@@ -59,146 +52,6 @@ PROMPTS = (
     "The following recipe serves four people.",
     "In the first chapter of the book,",
 )
-SAME_BOOK = {"vq8f": "vq8"}  # vq8f trains vq8's codebook: the file keeps it once
-
-
-@dataclass
-class Calibration:
-    """Measured curves of one model: {(layer, kind): [Candidate]} plus what they came from."""
-
-    model: dict  # ModelFingerprint.to_json()
-    curves: dict  # {(layer, kind): list[allocation.Candidate]}
-    weights: dict  # {(layer, kind): values per row}
-    text: dict  # {"source": "self" | file name, "tokens": n, "seed": s}
-    hot: int
-    block: int
-    books: dict = field(default_factory=dict)  # {(layer, kind, codec): float32 [256, S]}: pq2/vq8 codebooks
-
-    def plan(self, budget: float) -> dict[tuple[int, int], allocation.Candidate]:
-        return allocation.allocate(self.curves, self.weights, budget)
-
-    def config(self, budget: float = DEFAULT_BUDGET, base: Optional[TieredConfig] = None) -> TieredConfig:
-        """The tiered config whose compressed rows follow the plan for budget: sinks exact,
-        every older token at its list's codec (one tier: the plan already spends bits where
-        they matter), the preset's hot window."""
-        choice = self.plan(budget)
-        layers = sorted({il for il, _ in choice})
-        warm = {il: (choice[il, Kind.K].codec, choice[il, Kind.V].codec) for il in layers}
-        most = max(set(warm.values()), key=list(warm.values()).count)
-        spec = {"default": most, **{il: kv for il, kv in warm.items() if kv != most}}
-        return replace(base or TieredConfig(), warm=spec, warm_tokens=0, archive=None)
-
-    def require_model(self, model_path: str) -> None:
-        """CalibrationError unless it was measured on this GGUF (same metadata and tokenizer)."""
-        from ..model.gguf_file import metadata_digests
-
-        meta, tok = metadata_digests(model_path)
-        mine = self.model
-        if (mine.get("metadata_sha256"), mine.get("tokenizer_sha256")) == (meta, tok):
-            return
-        raise CalibrationError(
-            f"this calibration was measured on another model ({mine.get('arch')}, {mine.get('n_layer')} layers, "
-            f"metadata {str(mine.get('metadata_sha256'))[:12]}); {model_path} has metadata {meta[:12]}: "
-            f"run `kvgguf calibrate` for it"
-        )
-
-    def to_json(self) -> dict:
-        return {
-            "format": FORMAT,
-            "version": VERSION,
-            "model": dict(self.model),
-            "text": dict(self.text),
-            "hot": self.hot,
-            "block": self.block,
-            "probe": PROBE,
-            "lists": [
-                {
-                    "layer": il,
-                    "kind": Kind(kind).letter,
-                    "values_per_row": self.weights[il, kind],
-                    "candidates": [[c.codec, c.bits, c.error] for c in cands],
-                }
-                for (il, kind), cands in sorted(self.curves.items())
-            ],
-            # f16 on disk (half the bytes; the centroids are unit-scale coordinates)
-            "books": [
-                {
-                    "layer": il,
-                    "kind": Kind(kind).letter,
-                    "codec": name,
-                    "centroids": int(bk.shape[0]),
-                    "f16": base64.b64encode(bk.astype("<f2").tobytes()).decode("ascii"),
-                }
-                for (il, kind, name), bk in sorted(self.books.items())
-                if name not in SAME_BOOK
-            ],
-        }
-
-    @classmethod
-    def from_json(cls, d) -> "Calibration":
-        try:
-            if d["format"] != FORMAT:
-                raise CalibrationError(f"not a kvgguf calibration file (format {d['format']!r})")
-            if d["version"] != VERSION:
-                raise CalibrationError(
-                    f"calibration file version {d['version']}; this kvgguf reads version {VERSION}: run `kvgguf calibrate` again"
-                )
-            kinds = {k.letter: k for k in Kind}
-            curves, weights = {}, {}
-            for e in d["lists"]:
-                key = (int(e["layer"]), kinds[e["kind"]])
-                curves[key] = [allocation.Candidate(str(c), float(b), float(err)) for c, b, err in e["candidates"]]
-                weights[key] = int(e["values_per_row"])
-                for c in curves[key]:
-                    codecs.get(c.codec)
-            books = {}
-            for e in d.get("books", []):  # absent from files written before codebooks were trained
-                if e["codec"] not in codecs.BOOK_CODECS:
-                    raise ValueError(f"codebook for {e['codec']!r}, which keeps none")
-                raw = np.frombuffer(base64.b64decode(e["f16"], validate=True), dtype="<f2")
-                n = int(e["centroids"])
-                if n <= 0 or raw.size % n or not np.isfinite(raw).all():
-                    raise ValueError(
-                        f"codebook of layer {e['layer']} {e['kind']} {e['codec']}: {raw.size} values, "
-                        f"{n} centroids, or not finite"
-                    )
-                books[int(e["layer"]), kinds[e["kind"]], e["codec"]] = raw.astype(np.float32).reshape(n, -1)
-            for (il, kind, name), bk in list(books.items()):
-                books.update({(il, kind, alias): bk for alias, same in SAME_BOOK.items() if same == name})
-            return cls(dict(d["model"]), curves, weights, dict(d["text"]), int(d["hot"]), int(d["block"]), books)
-        except (KeyError, TypeError, ValueError) as e:  # binascii.Error is a ValueError
-            if isinstance(e, CalibrationError):
-                raise
-            raise CalibrationError(f"calibration file is malformed: {e!r}") from None
-
-    def save(self, path: Path) -> Path:
-        """Written whole or not at all, as session files are (write_atomic: regular files only,
-        the umask's mode, errors naming the path)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps(self.to_json(), indent=1).encode())
-        return path
-
-    @classmethod
-    def load(cls, path: Path) -> "Calibration":
-        try:
-            d = json.loads(Path(path).read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise CalibrationError(f"cannot read calibration file {path}: {e}") from None
-        return cls.from_json(d)
-
-
-def default_path(model_path: str) -> Path:
-    """Where a model's calibration lives: kvgguf's cache folder, keyed by its metadata digest
-    (the one session fingerprints carry)."""
-    from ..model.gguf_file import metadata_digests
-    from ..model.registry import cache_dir
-
-    meta, _ = metadata_digests(model_path)
-    return cache_dir() / "calibration" / f"{meta[:24]}.json"
-
-
-# --- measurement ---------------------------------------------------------------------------
 
 
 def self_text(model_path: str, n_tokens: int, seed: int = 0, threads: Optional[int] = None) -> list[int]:
@@ -440,62 +293,3 @@ def calibrate(
             vocab.close()
         text = {"source": Path(text_file).name, "tokens": len(tokens)}
     return measure(model_path, tokens, threads=threads, text=text, progress=progress)
-
-
-def books_for(model_path: str) -> dict:
-    """The codebooks of this model's calibration ({(layer, kind, codec): book}), or {} with a
-    warning when it has none (no calibration, one measured before codebooks were, or another
-    model's): pq2/vq8/vq8f then train their own per sequence."""
-    path = default_path(model_path)
-    if not path.exists():
-        warnings.warn(
-            f"kvgguf: no calibration for {os.path.basename(model_path)} (`kvgguf calibrate` measures one): "
-            "pq2/vq8/vq8f train their codebooks per sequence",
-            stacklevel=3,
-        )
-        return {}
-    try:
-        cal = Calibration.load(path)
-        cal.require_model(model_path)
-    except CalibrationError as e:
-        warnings.warn(f"kvgguf: pq2/vq8/vq8f train their codebooks per sequence: {e}", stacklevel=3)
-        return {}
-    if not cal.books:
-        warnings.warn(
-            f"kvgguf: {path} holds no codebooks (measured before kvgguf trained them; `kvgguf calibrate` "
-            "again): pq2/vq8/vq8f train their codebooks per sequence",
-            stacklevel=3,
-        )
-    return cal.books
-
-
-def for_model(
-    model_path: str,
-    request: Union[Request, float],
-    *,
-    base: Optional[TieredConfig] = None,
-    progress: Optional[Callable[[int, int], None]] = None,
-) -> TieredConfig:
-    """The config a Request (or a budget: "auto:BITS") gets on this model: its calibration from
-    the cache folder, allocated for the budget. A required request measures the model when it
-    has none (and keeps it); otherwise base (the fixed preset) is returned as it is, with a
-    warning when the model's calibration file cannot be used."""
-    if not isinstance(request, Request):
-        request = Request(float(request))
-    base = base or TieredConfig()
-    path = default_path(model_path)
-    if path.exists():
-        try:
-            cal = Calibration.load(path)
-            cal.require_model(model_path)
-        except CalibrationError as e:
-            if request.required:
-                raise
-            warnings.warn(f"kv_codec='tiered' keeps the fixed preset: {e}", stacklevel=3)
-            return base
-    elif request.required:
-        cal = calibrate(model_path, progress=progress)
-        cal.save(path)
-    else:
-        return base
-    return cal.config(request.budget, base)

@@ -19,9 +19,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..bindings import codecs
-from ..llama import CACHE_TYPES, Llama
+from ..llama import CACHE_TYPES, Llama, calibrated_config
 from ..model.shape import KVShape
-from . import calibration
 from ..policy import kv_codec
 
 DEFAULT_CONFIGS = "f16,q8_0,q5_1,q4_0,iq4_nl,kivi4,kivi2,rotq4,rotq3,rotq2,tiered"
@@ -206,10 +205,10 @@ def make_llama(
         llm = Llama(model_path, kv_codec=cfg.spec, kv_attention=kv_attention, **kw)
         return llm, llm.kv_calibration is not None
     spec = replace(spec, hot=hot, block=min(spec.block, hot // 2), codebooks=codebooks)
-    fixed = spec
+    followed = None
     if request is not None:
-        spec = calibration.for_model(model_path, request, base=spec)
-    return Llama(model_path, kv_codec=spec, kv_attention=kv_attention, **kw), spec is not fixed
+        spec, followed = calibrated_config(model_path, request, base=spec)
+    return Llama(model_path, kv_codec=spec, kv_attention=kv_attention, **kw), followed is not None
 
 
 def run_eval(

