@@ -4,8 +4,8 @@ The speed targets of the live cache are ratios against stock llama.cpp; where on
 this says which functions the time went to, for stock and for kvgguf in the same run. Each
 configuration runs in its own process (as in live_cache.py): it prefills, and perf samples the
 process (cpu-clock, all threads) during the phase asked for only. The report groups symbols:
-weight matmuls, llama.cpp's attention, kvgguf's store and attention (libkvgguf), threads waiting
-for each other, and the rest.
+llama.cpp's attention, its weight matmuls and other ops, kvgguf's store and attention
+(libkvgguf), threads waiting for each other, and the rest (llama.cpp's graph code, Python, libc, the kernel).
 
     .venv/bin/python benchmarks/profile_phase.py --model llama-3.2-3b --ctx 4096 --phase decode \\
         --caches f16:fa0,tiered --out benchmarks/results/profile/llama-3.2-3b_4k_decode
@@ -31,18 +31,27 @@ sys.path.insert(0, str(HERE))
 
 from live_cache import busy_cpus, model_path  # noqa: E402
 
-# Symbol -> group, first match wins (llama.cpp's CPU backend names, libkvgguf's kvg_ prefix).
+# Symbol -> group, first match wins. llama.cpp's CPU library is stripped of its static functions
+# (the repacked Q4_0 matmul kernels among them): its unnamed addresses count as "weights and other
+# ops", its named attention functions apart. OpenMP's library is where ggml's threads wait for
+# each other at the end of every op.
 GROUPS = (
-    ("kvgguf (store, codecs, fused attention)", re.compile(r"^kvg_|attend_|libkvgguf")),
-    ("llama.cpp attention", re.compile(r"flash_attn|soft_max|vec_dot_f16|ggml_vec_mad_f16|fp16_to_fp32|cpy_f32_f16")),
-    ("weight matmuls", re.compile(r"vec_dot_q|quantize_row_q8|gemm|gemv|mul_mat")),
-    ("threads waiting", re.compile(r"barrier|sched_yield|spin|futex|ggml_graph_compute_thread_sync")),
+    ("kvgguf (store, fused attention)", lambda dso, sym: "kvgguf" in dso),
+    ("threads waiting (OpenMP)", lambda dso, sym: "libgomp" in dso),
+    (
+        "llama.cpp attention",
+        lambda dso, sym: re.search(r"flash_attn|soft_max|vec_dot_f16|vec_mad_f16|fp16_to_fp32", sym) is not None,
+    ),
+    ("llama.cpp weights and other ops", lambda dso, sym: "ggml" in dso),
 )
 
 
-def group_of(symbol: str) -> str:
-    for name, pattern in GROUPS:
-        if pattern.search(symbol):
+ATTENTION, WEIGHTS = GROUPS[2][0], GROUPS[3][0]
+
+
+def group_of(dso: str, symbol: str) -> str:
+    for name, test in GROUPS:
+        if test(dso, symbol):
             return name
     return "other"
 
@@ -94,22 +103,32 @@ def run_one(model: str, n_ctx: int, cache: str, phase: str, n_decode: int, threa
     t3 = time.perf_counter()
     if phase == "decode":
         stop(perf)
-    report = subprocess.run(
-        ["perf", "report", "-i", data, "--stdio", "--no-children", "--sort", "dso,symbol", "--percent-limit", "0.3"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    os.unlink(data)
+
+    def report(sort: str, cut: str) -> str:
+        argv = ["perf", "report", "-i", data, "--stdio", "--no-children", "--sort", sort, "--percent-limit", cut]
+        return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+
+    # Whole libraries first (nothing cut away: a library's many small unnamed functions add up),
+    # then llama.cpp's named attention functions, taken out of its libraries' share.
+    by_dso = {}
+    for line in report("dso", "0").splitlines():
+        m = re.match(r"\s*([\d.]+)%\s+(\S+)\s*$", line)
+        if m:
+            by_dso[m.group(2)] = by_dso.get(m.group(2), 0.0) + float(m.group(1))
     symbols = []
-    for line in report.splitlines():
+    for line in report("dso,symbol", "0.05").splitlines():
         m = re.match(r"\s*([\d.]+)%\s+(\S+)\s+\[.\]\s+(.+?)\s*$", line)
         if m:
-            symbols.append((float(m.group(1)), m.group(2), m.group(3)))
+            symbols.append((float(m.group(1)), m.group(2), m.group(3).split("  ")[0].strip()))
+    os.unlink(data)
     groups: dict[str, float] = {}
-    for pct, dso, sym in symbols:
-        g = group_of(sym if "kvgguf" not in dso else "libkvgguf")
+    for dso, pct in by_dso.items():
+        g = group_of(dso, "")
         groups[g] = groups.get(g, 0.0) + pct
+    for pct, dso, sym in symbols:
+        if group_of(dso, sym) == ATTENTION and "ggml" in dso:
+            groups[ATTENTION] = groups.get(ATTENTION, 0.0) + pct
+            groups[WEIGHTS] = groups.get(WEIGHTS, 0.0) - pct
     return {
         "model": model,
         "n_ctx": n_ctx,
@@ -117,7 +136,8 @@ def run_one(model: str, n_ctx: int, cache: str, phase: str, n_decode: int, threa
         "phase": phase,
         "tok_s": n_prefill / (t1 - t0) if phase == "prefill" else n_decode / (t3 - t2),
         "groups": dict(sorted(groups.items(), key=lambda kv: -kv[1])),
-        "top": [{"pct": p, "dso": d, "symbol": s} for p, d, s in symbols[:15]],
+        "by_dso": by_dso,
+        "symbols": [{"pct": p, "dso": d, "symbol": s} for p, d, s in symbols if p >= 0.3],
     }
 
 
@@ -161,12 +181,14 @@ def main(argv=None) -> int:
         print(f"{cache}: {rows[-1]['tok_s']:.2f} tok/s, {rows[-1]['groups']}", file=sys.stderr)
     command = "benchmarks/profile_phase.py " + " ".join(argv if argv is not None else sys.argv[1:])
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({"command": command, "rows": rows}, indent=1) + "\n")
+    args.out.parent.joinpath(args.out.name + ".json").write_text(
+        json.dumps({"command": command, "rows": rows}, indent=1) + "\n"
+    )
     md = (
         f"`{command}`\n\n{args.phase} at {args.ctx} tokens on {args.model}, {args.threads} threads; "
         f"share of perf's cpu-clock samples (all threads) per group\n\n{table(rows)}\n"
     )
-    args.out.with_suffix(".md").write_text(md)
+    args.out.parent.joinpath(args.out.name + ".md").write_text(md)
     print(md)
     return 0
 

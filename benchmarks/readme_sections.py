@@ -11,6 +11,7 @@ file. What each section is made from:
 - headline: rows of benchmarks/results/preset/smollm2-135m_ctx8192x1.md (kvgguf eval),
            preset/live_cache_4k_8k.md and live_cache_4k_8k_all.md (benchmarks/live_cache.py)
 - live:    benchmarks/results/live_cache_*.md      (benchmarks/live_cache.py)
+- profile: benchmarks/results/profile/*.md         (benchmarks/profile_phase.py)
 - quality: benchmarks/results/eval/*.md            (kvgguf eval ... --out benchmarks/results/eval)
 - recall:  benchmarks/results/retrieval_*.md       (benchmarks/retrieval.py)
 - preset:  benchmarks/results/preset/*.md, retrieval_preset_*.md (kvgguf eval, benchmarks/retrieval.py
@@ -107,6 +108,10 @@ def shapes_all(here: Path) -> str:
     return folder_tables("shapes")
 
 
+def profile(here: Path) -> str:
+    return folder_tables("profile")
+
+
 # the current preset's run first, older days after
 LIVE_FIRST = ("live_cache_4k_8k_stock_best", "live_cache_4k_8k_ubatch")
 
@@ -181,6 +186,7 @@ SECTIONS = {
     "headline": ("README.md", headline),
     "shapes": ("README.md", shapes),
     "shapes_all": ("docs/benchmarks.md", shapes_all),
+    "profile": ("docs/benchmarks.md", profile),
     "live": ("docs/benchmarks.md", live),
     "window": ("docs/benchmarks.md", window),
     "quality": ("docs/quality.md", quality),

@@ -94,6 +94,15 @@ def use_compressed_prompt_caches(disk_dir: Optional[str], redis_url: Optional[st
     llama_cpp.LlamaDiskCache = disk
 
 
+def process_rss_bytes() -> Optional[int]:
+    """This process's resident memory (Linux's /proc; None elsewhere): what an operator bounds."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def memory_report(llm) -> dict:
     """What /kvgguf/memory answers for the model being served."""
     mem = llm.kv_memory()
@@ -109,6 +118,7 @@ def memory_report(llm) -> dict:
         "tiers": [{"name": t.name, "codec": t.codec, "bytes": t.bytes} for t in mem.tiers],
         "index_bytes": mem.index_bytes,
         "compute_scratch_bytes": mem.compute_bytes,
+        "process_rss_bytes": process_rss_bytes(),
         "prompt_cache": None
         if cache is None
         else {
