@@ -154,8 +154,9 @@ def calibrated_config(
     if not isinstance(request, Request):
         request = Request(float(request))
     base = base or TieredConfig()
+    path = calibration_path(model_path)  # hashes the GGUF's metadata: once per call
     try:
-        cal = calibration_plan.load_for(model_path)
+        cal = calibration_plan.load_for(model_path, path)
     except CalibrationError as e:
         if request.required:
             raise
@@ -169,8 +170,8 @@ def calibrated_config(
         from .evaluation.calibration import calibrate
 
         cal = calibrate(model_path, progress=progress)
-        cal.save(calibration_path(model_path))
-    return cal.config(request.budget, base), calibration_path(model_path)
+        cal.save(path)
+    return cal.config(request.budget, base), path
 
 
 def _calibration_progress(model_path: str, verbose: bool):

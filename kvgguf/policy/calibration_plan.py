@@ -172,10 +172,11 @@ def default_path(model_path: str) -> Path:
 # --- measurement ---------------------------------------------------------------------------
 
 
-def load_for(model_path: Union[str, os.PathLike]) -> Optional[Calibration]:
-    """The model's calibration from kvgguf's cache folder, None when it has none; a file that
-    is damaged, of another version or of another model raises CalibrationError."""
-    path = calibration_path(model_path)
+def load_for(model_path: Union[str, os.PathLike], path: Optional[Path] = None) -> Optional[Calibration]:
+    """The model's calibration from kvgguf's cache folder (path: calibration_path(model_path),
+    where the caller has it already), None when it has none; a file that is damaged, of another
+    version or of another model raises CalibrationError."""
+    path = calibration_path(model_path) if path is None else path
     if not path.exists():
         return None
     cal = Calibration.load(path)
@@ -187,8 +188,9 @@ def books_for(model_path: str) -> dict:
     """The codebooks of this model's calibration ({(layer, kind, codec): book}), or {} with a
     warning when it has none (no calibration, one measured before codebooks were, or another
     model's): pq2/vq8/vq8f then train their own per sequence."""
+    path = calibration_path(model_path)
     try:
-        cal = load_for(model_path)
+        cal = load_for(model_path, path)
     except CalibrationError as e:
         warnings.warn(f"kvgguf: pq2/vq8/vq8f train their codebooks per sequence: {e}", stacklevel=3)
         return {}
@@ -201,7 +203,7 @@ def books_for(model_path: str) -> dict:
         return {}
     if not cal.books:
         warnings.warn(
-            f"kvgguf: {calibration_path(model_path)} holds no codebooks (measured before kvgguf trained them; "
+            f"kvgguf: {path} holds no codebooks (measured before kvgguf trained them; "
             "`kvgguf calibrate` again): pq2/vq8/vq8f train their codebooks per sequence",
             stacklevel=3,
         )
