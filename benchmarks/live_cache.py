@@ -3,7 +3,9 @@
 For each logical context and cache: prefill that many tokens of WikiText-2 in batches,
 then decode tokens one at a time, and record the KV bytes held (kv_memory(): llama.cpp's
 buffers plus the store's encoded rows), the process's RSS growth, and tokens/s.
-Each configuration runs in its own process so RSS figures do not mix.
+Each configuration runs in its own process so RSS figures do not mix. With --repeats N every
+configuration runs N times, round-robin (so a slow spell of the machine hits all of them alike),
+and each speed is the median of its runs; the JSON keeps every run.
 
 Every ratio compares with stock f16 at its best, phase by phase: the faster of flash attention
 on (`f16`) and off (`f16:fa0`; llama.cpp's one-token CPU flash attention is its slow path).
@@ -21,6 +23,7 @@ import dataclasses
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -145,6 +148,22 @@ def stock_best(rows: list[dict], model: str, n_ctx: int) -> Optional[dict]:
     }
 
 
+def median_rows(runs: list[dict]) -> list[dict]:
+    """One row per (context, cache): speeds are the median of its runs, in first-seen order."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["n_ctx"], r["cache"]), []).append(r)
+    rows = []
+    for group in groups.values():
+        row = dict(group[0], runs=len(group))
+        for key in ("prefill_tok_s", "decode_tok_s"):
+            values = sorted(r[key] for r in group)
+            row[key] = statistics.median(values)
+            row[key + "_range"] = [values[0], values[-1]]
+        rows.append(row)
+    return rows
+
+
 def table(rows: list[dict]) -> str:
     head = (
         "| context | cache | KV held (kv_memory) | bits/value | vs f16 | compute scratch (peak) | RSS growth | "
@@ -187,6 +206,7 @@ def main(argv=None) -> int:
         help="prefill batch (n_batch = n_ubatch); kvgguf splits it into its config's ubatch",
     )
     p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=1, help="runs of each configuration (speeds: their median)")
     p.add_argument("--out", default=str(HERE / "results" / "live_cache"), help="output path without suffix")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -196,46 +216,48 @@ def main(argv=None) -> int:
         print(json.dumps(run_one(args.model, contexts[0], caches[0], args.decode, args.threads, args.batch)))
         return 0
     model_path(args.model)  # a real shape is written here, not inside a timed process
-    rows = []
-    for n_ctx in contexts:
-        for cache in caches:
-            cmd = [
-                sys.executable,
-                __file__,
-                "--one",
-                "--model",
-                args.model,
-                "--contexts",
-                str(n_ctx),
-                "--caches",
-                cache,
-                "--decode",
-                str(args.decode),
-                "--threads",
-                str(args.threads),
-                "--batch",
-                str(args.batch),
-            ]
-            busy = busy_cpus()
-            # llama.cpp's threads spin: anything else running makes decode several times slower.
-            note = (
-                f" ({busy:.2f} CPUs busy: the machine is not idle, speed figures are unreliable)" if busy > 0.2 else ""
-            )
-            print(f"[{time.strftime('%H:%M:%S')}] {n_ctx} {cache} ...{note}", file=sys.stderr, flush=True)
-            out = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE)
-            if out.returncode != 0:
-                raise SystemExit(f"{n_ctx} {cache} failed:\n{out.stderr[-3000:]}")
-            rows.append(dict(json.loads(out.stdout.strip().splitlines()[-1]), busy_cpus_before=busy))
-            print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    runs = []
+    for n_ctx, cache in [(n, c) for _ in range(args.repeats) for n in contexts for c in caches]:
+        cmd = [
+            sys.executable,
+            __file__,
+            "--one",
+            "--model",
+            args.model,
+            "--contexts",
+            str(n_ctx),
+            "--caches",
+            cache,
+            "--decode",
+            str(args.decode),
+            "--threads",
+            str(args.threads),
+            "--batch",
+            str(args.batch),
+        ]
+        busy = busy_cpus()
+        # llama.cpp's threads spin: anything else running makes decode several times slower.
+        note = f" ({busy:.2f} CPUs busy: the machine is not idle, speed figures are unreliable)" if busy > 0.2 else ""
+        print(f"[{time.strftime('%H:%M:%S')}] {n_ctx} {cache} ...{note}", file=sys.stderr, flush=True)
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE)
+        if out.returncode != 0:
+            raise SystemExit(f"{n_ctx} {cache} failed:\n{out.stderr[-3000:]}")
+        runs.append(dict(json.loads(out.stdout.strip().splitlines()[-1]), busy_cpus_before=busy))
+        print(table(runs[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    rows = median_rows(runs)
     result = {
         "command": "benchmarks/live_cache.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "threads": args.threads,
+        "repeats": args.repeats,
         "rows": rows,
+        "runs": runs,
     }
     Path(args.out + ".json").write_text(json.dumps(result, indent=2))
     md = (
         f"`{result['command']}` ({args.model}, {args.threads} threads; flash attention on unless the row says "
-        f"off; ratios against stock f16 at its best, per phase)\n\n{table(rows)}\n"
+        f"off; ratios against stock f16 at its best, per phase"
+        + (f"; speeds are medians of {args.repeats} runs" if args.repeats > 1 else "")
+        + f")\n\n{table(rows)}\n"
     )
     Path(args.out + ".md").write_text(md)
     print(md)

@@ -52,6 +52,8 @@ CACHE_TYPES = {
 # The preset where rotations cannot take the head dim (not a power of two: 80, 96, 100, 112):
 # KIVI's integer codes take any head dim, at the preset's bits (warm 4, archive V 2).
 KIVI_PRESET = {"warm": "kivi4", "archive": ("kivi4", "kivi2")}
+# flash_attn where the caller gives none and a kv_codec is set (see Llama.__init__)
+FLASH_ATTN_DEFAULT = True
 
 
 def cache_type(value: Union[str, int, None], name: str) -> Optional[int]:
@@ -234,6 +236,8 @@ class Llama(llama_cpp.Llama):
         hot window plus one of them) and may not exceed the hot window.
     type_k, type_v: llama.cpp's cache types, as names ("q8_0", "q4_0", ...) or ggml numbers.
         With a kv_codec they must stay f16 (the hot window is exact).
+    flash_attn: with a kv_codec it defaults to True (generation reads the hot window faster and
+        prefill needs less scratch; see FLASH_ATTN_DEFAULT); without one, to stock's False.
     kv_attention: how attention reads the compressed rows. "fused" (default): ubatches of up
         to FUSED_MAX_TOKENS tokens (generation) score and sum the rows from their codes, never
         expanding them; larger ones (prefill) expand them to f16 for llama.cpp's attention.
@@ -280,6 +284,12 @@ class Llama(llama_cpp.Llama):
         why = unsupported_setting(n_ctx=n_ctx, type_k=type_k, type_v=type_v, **kwargs)
         if why is not None:
             raise ValueError(f"{why}: pass kv_codec=None for llama.cpp's own cache")
+        # Flash attention on unless asked otherwise (llama-cpp-python's default is off): generation
+        # takes the fused path either way, but with it off llama.cpp stores V transposed, which the
+        # fused path reads strided. Measured on the Llama-3.2-1B shape, tiered with it off against
+        # on (benchmarks/results/shapes/llama-3.2-1b_fa0.md): decode 13.1 against 16.6 tok/s at 4K
+        # and 12.4 against 14.5 at 8K, prefill no faster, prefill scratch 283 against 129 MiB at 8K.
+        kwargs.setdefault("flash_attn", FLASH_ATTN_DEFAULT)
         if not os.path.isfile(model_path):  # the exception stock raises, before kvgguf reads the file
             raise ValueError(f"Model path does not exist or is not a file: {model_path}")
         preset = isinstance(kv_codec, str)

@@ -94,6 +94,17 @@ def test_the_preset_splits_long_evaluations_into_its_ubatch(smollm2_path, wiki_t
     ref.close()
 
 
+def test_a_kv_codec_turns_flash_attention_on_unless_told_otherwise(smollm2_path):
+    """With a kv_codec, flash attention defaults to on (llama.cpp then keeps V untransposed,
+    which the fused generation reads faster); an explicit flash_attn wins, and kv_codec=None keeps
+    llama-cpp-python's own default (off)."""
+    path, on, off = str(smollm2_path), llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED, llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    for kw, want in ((dict(kv_codec="tiered"), on), (dict(kv_codec="tiered", flash_attn=False), off), ({}, off)):
+        llm = Llama(path, n_ctx=512, verbose=False, n_threads=N_THREADS, **kw)
+        assert llm.context_params.flash_attn_type == want, kw
+        llm.close()
+
+
 @pytest.mark.slow
 def test_at_equal_bits_held_rotq3_beats_llama_q4_0(smollm2_path, wiki_tokens):
     """Quality at equal memory, every byte counted on both sides.
@@ -216,7 +227,7 @@ def test_sinks_stay_exact_and_warm_rows_age_into_archive(smollm2_path, wiki_toke
     llm = Llama(str(smollm2_path), kv_codec=config, n_ctx=1024, n_batch=32, verbose=False, n_threads=N_THREADS)
     llm.eval(toks)
     kv = llm.kv_cache
-    ref = stock(smollm2_path, 1024, 32, flash_attn=False)
+    ref = stock(smollm2_path, 1024, 32, flash_attn=True)  # as kvgguf.Llama defaults with a kv_codec
     ref.eval(toks[:64])
     for il in (0, 29):
         for kind in Kind:
@@ -369,7 +380,7 @@ def test_everyday_api_works_with_a_codec(smollm2_path, wiki_tokens):
 def test_embed_after_eviction_matches_stock(smollm2_path, wiki_tokens):
     """embed() clears the cache: rows already compressed must go with llama.cpp's cells, and the
     context must keep working after it."""
-    kw = dict(n_ctx=1024, embedding=True, verbose=False, n_threads=N_THREADS)
+    kw = dict(n_ctx=1024, embedding=True, flash_attn=True, verbose=False, n_threads=N_THREADS)
     config = TieredConfig(hot=64, sinks=4, warm="rotq4", warm_tokens=128, archive="rotq2", block=32)
     llm = Llama(str(smollm2_path), kv_codec=config, n_batch=64, **kw)
     llm.eval(wiki_tokens[:400])
