@@ -164,6 +164,15 @@ def median_rows(runs: list[dict]) -> list[dict]:
     return rows
 
 
+def spread(row: dict, key: str, digits: int) -> str:
+    """A speed, with the range of its runs after it where there were several."""
+    text = f"{row[key]:.{digits}f}"
+    if row.get("runs", 1) > 1:
+        lo, hi = row[key + "_range"]
+        text += f" ({lo:.{digits}f}-{hi:.{digits}f})"
+    return text
+
+
 def table(rows: list[dict]) -> str:
     head = (
         "| context | cache | KV held (kv_memory) | bits/value | vs f16 | compute scratch (peak) | RSS growth | "
@@ -178,8 +187,8 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['n_ctx'] // 1024}K | {r['cache']} | {r['kv_bytes'] / 2**20:.1f} MiB | "
             f"{r['bits_per_value']:.2f} | {ratio} | {r.get('compute_bytes', 0) / 2**20:.1f} MiB | "
-            f"{r['rss_growth_bytes'] / 2**20:.0f} MiB | {r['prefill_tok_s']:.0f} | {prefill} | "
-            f"{r['decode_tok_s']:.1f} | {speed} |"
+            f"{r['rss_growth_bytes'] / 2**20:.0f} MiB | {spread(r, 'prefill_tok_s', 0)} | {prefill} | "
+            f"{spread(r, 'decode_tok_s', 1)} | {speed} |"
         )
     return "\n".join(lines)
 
@@ -256,7 +265,7 @@ def main(argv=None) -> int:
     md = (
         f"`{result['command']}` ({args.model}, {args.threads} threads; flash attention on unless the row says "
         f"off; ratios against stock f16 at its best, per phase"
-        + (f"; speeds are medians of {args.repeats} runs" if args.repeats > 1 else "")
+        + (f"; speeds are medians of {args.repeats} runs, their range in brackets" if args.repeats > 1 else "")
         + f")\n\n{table(rows)}\n"
     )
     Path(args.out + ".md").write_text(md)
