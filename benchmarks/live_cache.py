@@ -149,7 +149,8 @@ def stock_best(rows: list[dict], model: str, n_ctx: int) -> Optional[dict]:
 
 
 def median_rows(runs: list[dict]) -> list[dict]:
-    """One row per (context, cache): speeds are the median of its runs, in first-seen order."""
+    """One row per (context, cache), in first-seen order: its speeds are the median of its runs
+    (their range beside them); memory and the other fields are its first run's."""
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
         groups.setdefault((r["n_ctx"], r["cache"]), []).append(r)

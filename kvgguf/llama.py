@@ -52,7 +52,11 @@ CACHE_TYPES = {
 # The preset where rotations cannot take the head dim (not a power of two: 80, 96, 100, 112):
 # KIVI's integer codes take any head dim, at the preset's bits (warm 4, archive V 2).
 KIVI_PRESET = {"warm": "kivi4", "archive": ("kivi4", "kivi2")}
-# flash_attn where the caller gives none and a kv_codec is set (see Llama.__init__)
+# flash_attn where a kv_codec is set and the caller gives none (llama-cpp-python's default is off).
+# Generation takes the fused path either way, but with it off llama.cpp stores V transposed, which
+# the fused path reads strided. Measured on the Llama-3.2-1B shape, tiered with it off against on
+# (benchmarks/results/shapes/llama-3.2-1b_fa0.md): decode 13.1 against 16.6 tok/s at 4K and 12.4
+# against 14.5 at 8K, prefill no faster, prefill scratch 283 against 129 MiB at 8K.
 FLASH_ATTN_DEFAULT = True
 
 
@@ -284,11 +288,6 @@ class Llama(llama_cpp.Llama):
         why = unsupported_setting(n_ctx=n_ctx, type_k=type_k, type_v=type_v, **kwargs)
         if why is not None:
             raise ValueError(f"{why}: pass kv_codec=None for llama.cpp's own cache")
-        # Flash attention on unless asked otherwise (llama-cpp-python's default is off): generation
-        # takes the fused path either way, but with it off llama.cpp stores V transposed, which the
-        # fused path reads strided. Measured on the Llama-3.2-1B shape, tiered with it off against
-        # on (benchmarks/results/shapes/llama-3.2-1b_fa0.md): decode 13.1 against 16.6 tok/s at 4K
-        # and 12.4 against 14.5 at 8K, prefill no faster, prefill scratch 283 against 129 MiB at 8K.
         kwargs.setdefault("flash_attn", FLASH_ATTN_DEFAULT)
         if not os.path.isfile(model_path):  # the exception stock raises, before kvgguf reads the file
             raise ValueError(f"Model path does not exist or is not a file: {model_path}")
