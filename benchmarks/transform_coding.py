@@ -157,16 +157,19 @@ FAMILIES = {
     "kltrv": "values as kltr, keys as rot",
     "pairk": "keys: bits water-filled on the energy of each RoPE pair (adjacent coordinates), which "
     "no position changes, then mixed as kltr; values as rot",
+    "pairk0": "as pairk without the mixing rotation",
+    "chk": "keys: bits water-filled on each coordinate's energy (no pairing, no basis), mixed as kltr; values as rot",
+    "pairkh": "as pairk, mixed by two overlapping random-signed Hadamards per set of equal bit width",
     "pair": "keys as pairk; values: bits water-filled on each coordinate's energy (no basis), mixed as kltr",
 }
 
 
 def fit_coder(family: str, kind: int, rows: np.ndarray, bits: float, seed: int, neox: bool) -> HeadCoder:
-    if family in ("pairk", "pair") and kind == Kind.K:
-        return fit_pairs(rows, bits, seed, neox)
-    if family == "pair":
+    if family in ("pairk", "pair", "pairk0", "pairkh") and kind == Kind.K:
+        return fit_pairs(rows, bits, seed, neox, mix={"pairk0": None, "pairkh": "hadamard"}.get(family, "dense"))
+    if family == "pair" or (family == "chk" and kind == Kind.K):
         return fit_channels(rows, bits, seed)
-    if family in ("rot", "pairk") or (family.endswith("v") and kind == Kind.K):
+    if family in ("rot", "pairk", "pairk0", "pairkh", "chk") or (family.endswith("v") and kind == Kind.K):
         return fit_rot(rows, bits, seed)
     return fit_klt(rows, bits, min_bits=0 if family == "klt" else 1, mixed=family.startswith("kltr"), seed=seed)
 
@@ -178,16 +181,49 @@ def rope_pairs(d: int, neox: bool) -> np.ndarray:
     return np.stack([half, half + d // 2], 1).reshape(-1) if neox else np.arange(d)
 
 
-def fit_pairs(rows: np.ndarray, bits_per_value: float, seed: int, neox: bool) -> HeadCoder:
+def hadamard(n: int) -> np.ndarray:
+    h = np.ones((1, 1))
+    while len(h) < n:
+        h = np.block([[h, h], [h, -h]])
+    return h / np.sqrt(n)
+
+
+def overlapping_mix(bits: np.ndarray, seed: int) -> np.ndarray:
+    """Per run of equal bits (contiguous): signs then a Hadamard on its first 2^k coordinates,
+    signs then one on its last 2^k (2^k the largest power of two in the run); as z = u @ mix."""
+    rng = np.random.default_rng(seed)
+    d = len(bits)
+    f = np.eye(d)
+    a = 0
+    while a < d:
+        g = 1
+        while a + g < d and bits[a + g] == bits[a]:
+            g += 1
+        p = 1 << (g.bit_length() - 1)
+        for lo in (a, a + g - p):
+            stage = np.eye(d)
+            stage[lo : lo + p, lo : lo + p] = hadamard(p) * rng.choice([-1.0, 1.0], p)[None, :]
+            f = stage @ f
+        a += g
+    return f.T
+
+
+def fit_pairs(rows: np.ndarray, bits_per_value: float, seed: int, neox: bool, mix="dense") -> HeadCoder:
     """Keys after RoPE: the energy of a pair does not depend on the position, its direction
     does, so bits go by pair energy (two at a time) and no basis is fitted."""
     d = rows.shape[1]
     order = rope_pairs(d, neox)
     energy = (rows[:, order] ** 2).mean(0).reshape(-1, 2).sum(1)
     # whole pairs: one bit more for a pair is one more for each of its two coordinates
-    bits = np.repeat(water_fill(energy, (int(round(bits_per_value * d)) - SCALE_BITS) // 2, 1), 2)
+    pair_bits = water_fill(energy, (int(round(bits_per_value * d)) - SCALE_BITS) // 2, 1)
+    if mix == "hadamard":  # runs of equal bits made contiguous
+        by = np.argsort(-pair_bits, kind="stable")
+        pair_bits, energy = pair_bits[by], energy[by]
+        order = order.reshape(-1, 2)[by].reshape(-1)
+    bits = np.repeat(pair_bits, 2)
     sigma = np.sqrt(np.repeat(energy / 2, 2))
-    return HeadCoder(np.zeros(d), np.eye(d)[:, order], np.maximum(sigma, 1e-6), bits, group_mix(bits, seed))
+    m = {"dense": group_mix(bits, seed), "hadamard": overlapping_mix(bits, seed), None: None}[mix]
+    return HeadCoder(np.zeros(d), np.eye(d)[:, order], np.maximum(sigma, 1e-6), bits, m)
 
 
 def fit_channels(rows: np.ndarray, bits_per_value: float, seed: int) -> HeadCoder:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # libkvgguf built with AddressSanitizer and UndefinedBehaviorSanitizer, and the tests that drive
-# it run against that build: codecs (delta, outliers, low-rank, QJL and PQ/VQ too), store and attention kernels directly, then the fused
+# it run against that build: codecs (delta, outliers, low-rank, QJL, PQ/VQ and wfq too), store and attention kernels directly, then the fused
 # attention op and its mass counters inside llama.cpp's decode (SmolLM2 and Gemma-3).
 #
 #   bash scripts/sanitize.sh            # after the README's test install (.venv, cmake from [test])
@@ -25,6 +25,6 @@ KVGGUF_LIB="$lib" LD_PRELOAD="$asan $ubsan" \
     ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1 \
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     .venv/bin/pytest -q -p no:cacheprovider tests/test_codecs.py tests/test_store.py tests/test_attend.py \
-    tests/test_codec_delta.py tests/test_codec_outliers.py tests/test_codec_lowrank.py tests/test_codec_qjl.py tests/test_codec_pq.py \
+    tests/test_codec_delta.py tests/test_codec_outliers.py tests/test_codec_lowrank.py tests/test_codec_qjl.py tests/test_codec_pq.py tests/test_codec_wfq.py \
     tests/test_attention_mass.py "$@"
 echo "sanitize: clean in $(( $(date +%s) - start )) s"

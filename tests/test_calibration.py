@@ -233,7 +233,7 @@ def test_tiered_keeps_the_fixed_preset_with_a_warning_when_the_calibration_is_br
 def test_calibration_trains_a_pq2_and_a_vq8_codebook_per_list_and_the_file_keeps_them(tmp_path, cal):
     from kvgguf.bindings import codecs
 
-    assert set(cal.books) == {(il, kind, name) for il, kind in cal.curves for name in codecs.BOOK_CODECS}
+    assert set(cal.books) == {(il, kind, name) for il, kind in cal.curves for name in codecs.CODEBOOK_CODECS}
     for (il, kind, name), bk in cal.books.items():
         assert bk.dtype == np.float32 and bk.shape == ((256, 4) if name == "pq2" else (256, 64))
         if name in calibration_plan.SAME_BOOK:  # vq8f codes with vq8's

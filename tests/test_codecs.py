@@ -22,7 +22,8 @@ QJL = ["qjl3", "qjl4"]
 # codecs with side data per block (issue 13); their own tests are tests/test_codec_*.py
 SIDE_DATA = DELTA + OUTL + LOWRANK + QJL
 ALL = ["f16"] + KIVI + ROTQ + CROTQ + SIDE_DATA
-BOOKED = ["pq2", "vq8", "vq8f"]  # need a trained codebook (tests/test_codec_pq.py), so not in ALL's generic tests
+# need a trained codebook or plan (tests/test_codec_pq.py, test_codec_wfq.py), so not in ALL's generic tests
+BOOKED = ["pq2", "vq8", "vq8f", "wfq2", "wfq3", "wfq4"]
 POW2_HEAD_DIM = ROTQ + CROTQ + OUTL + LOWRANK + QJL  # rotation-based: head_dim a power of two
 # Byte offset, in a (4, 2, 64) block, of an f16 field for which NaN, +-Inf and -1.0 are all
 # corrupt (a norm or a scale), for test_corrupt_header_is_detected_before_writing.
@@ -154,6 +155,9 @@ def test_codec_properties():
         2,
         8,
         8,
+        2,
+        3,
+        4,
     ]
     assert codecs.get("kivi2", group_size=64).group_size == 64
     assert codecs.get("rotq3", seed=7).seed == 7

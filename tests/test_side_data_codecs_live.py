@@ -13,6 +13,7 @@ from kvgguf.evaluation.harness import kl_top1
 from kvgguf.evaluation.text import wikitext2_test
 
 SIDE_DATA = ["delta4", "pdelta4", "outl2", "outl3", "lowrank2", "lowrank3", "qjl3", "qjl4", "pq2", "vq8", "vq8f"]
+SIDE_DATA += ["wfq2", "wfq3", "wfq4"]  # plans, not side data, fitted by the store and carried as pq's books
 # (KL, top-1) against the f16 cache over the 64 tokens after 300 (236 of them compressed):
 # bounds 3x the KL measured with the fused path and ~0.15 under its top-1 (rotq3 measured
 # 0.026, 0.89). qjl3 is that bad for real: its unbiased sketch adds noise along every
@@ -30,6 +31,11 @@ BOUNDS = {
     "pq2": (0.3, 0.7),
     "vq8": (0.6, 0.55),  # measured 0.106, 0.86 and 0.195, 0.75 (books trained on the first block)
     "vq8f": (0.6, 0.55),
+    # plans fitted on the first 32-row block (SmolLM2 gains little from water-filling: rotq3 at
+    # 3.25 bits measured 0.026, 0.89; on Gemma-3 wfq3 is 7x better than rotq3, docs/codecs.md)
+    "wfq2": (0.35, 0.68),  # measured 0.113, 0.83
+    "wfq3": (0.11, 0.66),  # measured 0.034, 0.81
+    "wfq4": (0.07, 0.75),  # measured 0.022, 0.91
 }  # measured 0.364, 0.67 (vq8 0.378, 0.67 in the same run)
 KW = dict(n_ctx=1024, n_batch=64, n_threads=2, n_threads_batch=2, verbose=False, flash_attn=True)
 

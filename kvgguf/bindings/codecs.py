@@ -69,11 +69,35 @@ __all__ = [
 # block (delta, outliers, low-rank, QJL, PQ/VQ) state their bits.
 BLOCK_ROWS = 64
 
-# Codecs whose blocks need a codebook kept beside them (per layer and kind in the store).
-BOOK_CODECS = ("pq2", "vq8", "vq8f")
+# Codecs whose blocks need a codebook kept beside them (per layer and kind in the store): k-means
+# codebooks (pq2, vq8, vq8f), and wfq's plans (bits and scales per coordinate of each KV head).
+CODEBOOK_CODECS = ("pq2", "vq8", "vq8f")
+PLAN_CODECS = ("wfq2", "wfq3", "wfq4")
+BOOK_CODECS = CODEBOOK_CODECS + PLAN_CODECS
+
+
+def book_shape(name: str, n_heads: int, head_dim: int) -> tuple[int, ...]:
+    """The shape of name's book on a list of n_heads KV heads of head_dim: [256, S] centroids for
+    pq2/vq8/vq8f, [n_heads, 3, head_dim] for a wfq plan (source coordinate, scale, bits)."""
+    if name in PLAN_CODECS:
+        return (n_heads, 3, head_dim)
+    if name in CODEBOOK_CODECS:
+        return (256, 4 if name == "pq2" else head_dim)
+    raise ValueError(f"codec {name!r} keeps no codebook; {', '.join(BOOK_CODECS)} do")
+
 
 _SIMD_LEVELS = {"scalar": 0, "avx2": 1, "neon": 2}  # enum kvg_simd
 _MAX_DIM = 1 << 56  # the library's limit on values per block
+
+
+def fits(name: str, head_dim: int, kind=Kind.K) -> bool:
+    """Whether codec name can take head vectors of head_dim (rotations need a power of two, wfq
+    16..512)."""
+    try:
+        get(name).encoded_size((1, 1, head_dim), kind)
+    except ValueError:
+        return False
+    return True
 
 
 def names() -> list[str]:
@@ -138,7 +162,7 @@ class Codec:
     bits: int  # bits per code (16 for f16)
     group_size: int  # kivi G; kept (unused) for other codecs
     seed: int  # rotq sign seed; kept (unused) for other codecs
-    book: np.ndarray | None = field(default=None, compare=False, repr=False)  # pq2/vq8: float32 [256, S]
+    book: np.ndarray | None = field(default=None, compare=False, repr=False)  # BOOK_CODECS: their book_shape
 
     @property
     def family(self) -> str:
@@ -189,6 +213,8 @@ class Codec:
             return 16.0
         if self.family in ("pq", "vq"):  # a byte per sub-vector + the norm; the codebook is the store's
             return 8 / (4 if self.family == "pq" else head_dim) + 16 / head_dim
+        if self.family == "wfq":  # the gain within: B exactly; the plan is the store's
+            return float(self.bits)
         # The side-data codecs keep side data per block (keyframes, channel lists, factors): their
         # figure is the live cache's block, 64 rows of one head.
         return self.bits_per_value((BLOCK_ROWS, 1, head_dim), kind)
@@ -293,18 +319,17 @@ def get(name: str, *, group_size: int = 32, seed: int | None = None, book=None) 
 
 
 def train_book(name: str, x, kind: str = "k", *, seed: int | None = None) -> np.ndarray:
-    """A pq2, vq8 or vq8f codebook (float32 [256, S]) trained by k-means on the block ``x``
-    ((n_tokens, n_heads, head_dim)), as the store trains one on the first rows it encodes."""
+    """The book of a BOOK_CODECS codec fitted on the block ``x`` ((n_tokens, n_heads, head_dim)),
+    as the store fits one on the first rows it encodes: a pq2, vq8 or vq8f codebook by k-means
+    (float32 [256, S]), a wfq plan by water-filling each coordinate's energy ([n_heads, 3, head_dim])."""
     c = get(name, seed=seed)
-    if name not in BOOK_CODECS:
-        raise ValueError(f"codec {name!r} keeps no codebook; {', '.join(BOOK_CODECS)} do")
     a = _as_float32(x)
     shape = _shape3(a.shape)
     ffi, lib = binding.get_ffi(), binding.get_lib()
-    s = 4 if name == "pq2" else shape[2]
-    out = np.empty((256, s), dtype=np.float32)
+    out = np.empty(book_shape(name, shape[1], shape[2]), dtype=np.float32)
+    train = lib.kvg_wfq_train if name in PLAN_CODECS else lib.kvg_pq_train
     check(
-        lib.kvg_pq_train(
+        train(
             c.type,
             _kind(kind),
             ffi.from_buffer("float[]", a),
@@ -314,7 +339,7 @@ def train_book(name: str, x, kind: str = "k", *, seed: int | None = None) -> np.
             ffi.from_buffer("float[]", out, require_writable=True),
             out.size,
         ),
-        f"{name} codebook, shape {shape}",
+        f"{name} {'plan' if name in PLAN_CODECS else 'codebook'}, shape {shape}",
     )
     return out
 

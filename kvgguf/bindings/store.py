@@ -123,7 +123,7 @@ class KVStore:
         return out
 
     def book(self, il: int, kind: int, codec: str) -> np.ndarray | None:
-        """A copy of the codebook (float32 [256, S]) pq2 or vq8 blocks of (il, kind) are coded
+        """A copy of the book (codecs.book_shape) that codec's blocks of (il, kind) are coded
         with; None until the store has trained one (on the first block it encodes there)."""
         ffi, lib = get_ffi(), get_lib()
         c, n = codecs.get(codec), ffi.new("size_t *")
@@ -136,7 +136,7 @@ class KVStore:
                 self._ptr, il, kind, c.type, ffi.from_buffer("float[]", out, require_writable=True), out.size, n
             )
         )
-        return out.reshape(256, -1)
+        return out.reshape(codecs.book_shape(codec, self.n_head_kv, self.head_dim[kind]))
 
     def set_book(self, il: int, kind: int, codec: str, book: np.ndarray) -> None:
         """Installs a codebook (a session's) before any block of that codec is appended there."""
@@ -149,16 +149,17 @@ class KVStore:
         )
 
     def books(self) -> list[tuple[int, int, str, np.ndarray]]:
-        """Every codebook held: (layer, kind, codec, book). None where the head dims are not
-        powers of two: the codebook codecs cannot take them (and the store refuses the question)."""
-        dims = self.head_dim
+        """Every book held: (layer, kind, codec, book). None for a codec that cannot take the
+        list's head dim (the store refuses the question)."""
+        fits = {
+            (kind, name): codecs.fits(name, self.head_dim[kind], kind) for kind in Kind for name in codecs.BOOK_CODECS
+        }
         return [
             (il, kind, name, bk)
             for il in range(self.n_layer)
             for kind in Kind
-            if dims[kind] & (dims[kind] - 1) == 0
             for name in codecs.BOOK_CODECS
-            if (bk := self.book(il, kind, name)) is not None
+            if fits[kind, name] and (bk := self.book(il, kind, name)) is not None
         ]
 
     def book_bytes(self) -> int:

@@ -18,6 +18,7 @@ tests/test_inspect.py holds the predictions against live contexts of both models
 from __future__ import annotations
 
 import json
+import math
 import os
 import textwrap
 from dataclasses import asdict
@@ -69,8 +70,8 @@ def fitted_config(shape: KVShape, config: TieredConfig, model_bytes: Optional[in
 
 def store_bytes(shape: KVShape, counts: dict[tuple[int, int], int], config: TieredConfig) -> int:
     """Encoded bytes of the store's blocks ({(rows, tier): how many}) on the full-attention layers,
-    each in its tier's codec, plus a float32 codebook per (layer, kind) for each codec that keeps
-    one (pq2, vq8, vq8f)."""
+    each in its tier's codec, plus a float32 book per (layer, kind) for each codec that keeps
+    one (pq2, vq8, vq8f, wfq)."""
     tables = {tier: config.table(tier, shape.n_layer) for _, tier in counts}
     total, books = 0, set()
     for (rows, tier), n_blocks in counts.items():
@@ -80,7 +81,7 @@ def store_bytes(shape: KVShape, counts: dict[tuple[int, int], int], config: Tier
                 total += n_blocks * c.encoded_size((rows, shape.n_head_kv, dim), role)
                 if c.name in codecs.BOOK_CODECS and (il, kind, c.name) not in books:
                     books.add((il, kind, c.name))
-                    total += 256 * (4 if c.name == "pq2" else dim) * 4
+                    total += math.prod(codecs.book_shape(c.name, shape.n_head_kv, dim)) * 4
     return total
 
 

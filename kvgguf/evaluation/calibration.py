@@ -190,7 +190,7 @@ def train_books(probe: Probe) -> dict:
     books = {}
     for il, kind in probe.lists:
         rows = probe.rows(il, kind)
-        for name in codecs.BOOK_CODECS:
+        for name in codecs.CODEBOOK_CODECS:  # wfq fits its plan per sequence
             try:
                 books[il, kind, name] = (
                     books[il, kind, SAME_BOOK[name]]

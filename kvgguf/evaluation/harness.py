@@ -51,10 +51,14 @@ def row_name(name: str, spec: str, llm, calibrated: Optional[bool] = None) -> st
 
 
 def parse_configs(text: str) -> list[CacheConfig]:
-    """Names in llama.cpp's CACHE_TYPES run llama.cpp's own cache; 'tiered', kvgguf codec names
-    and 'kvgguf:NAME' (e.g. kvgguf:f16) run kvgguf's live cache."""
+    """Names in llama.cpp's CACHE_TYPES run llama.cpp's own cache; 'tiered', kvgguf codec names,
+    'k:NAME,v:NAME' and 'kvgguf:NAME' (e.g. kvgguf:f16) run kvgguf's live cache."""
     out = []
-    for name in [t.strip() for t in text.split(",") if t.strip()]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    for i in range(len(names) - 1, 0, -1):  # 'k:NAME,v:NAME' is one cache (K and V apart)
+        if names[i].startswith("v:") and names[i - 1].startswith("k:"):
+            names[i - 1 : i + 1] = [f"{names[i - 1]},{names[i]}"]
+    for name in names:
         spec = name[len(KVGGUF_PREFIX) :] if name.startswith(KVGGUF_PREFIX) else name
         if not name.startswith(KVGGUF_PREFIX) and spec in CACHE_TYPES:
             out.append(CacheConfig(name, "llama.cpp", spec))

@@ -124,7 +124,7 @@ class Calibration:
                     codecs.get(c.codec)
             books = {}
             for e in d.get("books", []):  # absent from files written before codebooks were trained
-                if e["codec"] not in codecs.BOOK_CODECS:
+                if e["codec"] not in codecs.CODEBOOK_CODECS:
                     raise ValueError(f"codebook for {e['codec']!r}, which keeps none")
                 raw = np.frombuffer(base64.b64decode(e["f16"], validate=True), dtype="<f2")
                 n = int(e["centroids"])

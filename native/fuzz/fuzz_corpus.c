@@ -87,7 +87,7 @@ static int decode_corpus(const char * dir) {
                 kvg_codec_params p;
                 kvg_codec_default_params(&p);
                 p.group_size = (int32_t) shapes[s][3];
-                fz_attach_book(type, shapes[s][2], &p);  // as fz_decode_parse attaches it
+                fz_attach_book(type, shapes[s][1], shapes[s][2], &p);  // as fz_decode_parse attaches it
                 size_t    size = 0;
                 uint8_t * enc  = encode(type, kind, shapes[s][0], shapes[s][1], shapes[s][2], &p, &size);
                 if (!enc) {

@@ -82,9 +82,12 @@ typedef struct fz_decode_case {
 } fz_decode_case;
 
 // A fixed codebook for the codecs that need one (pq2, vq8, vq8f: 256 centroids of 4 or head_dim
-// floats), so their decoders are fuzzed past the codebook check; any finite values do.
-static inline void fz_attach_book(int type, int64_t head_dim, kvg_codec_params * p) {
+// floats), so their decoders are fuzzed past the codebook check; any finite values do. wfq gets a
+// valid plan (identity order, unit scales, the code bits spread as evenly as they go) for the same
+// reason.
+static inline void fz_attach_book(int type, int64_t n_heads, int64_t head_dim, kvg_codec_params * p) {
     static float book[256 * 256];
+    static float plan[4 * 3 * 256];
     if (book[1] == 0.0f) {
         for (size_t i = 0; i < sizeof(book) / sizeof(book[0]); i++) {
             book[i] = (float) ((int) (i * 2654435761u >> 24) - 128) / 64.0f;  // in [-2, 2)
@@ -94,6 +97,19 @@ static inline void fz_attach_book(int type, int64_t head_dim, kvg_codec_params *
     if (type >= KVG_CODEC_PQ2 && type <= KVG_CODEC_VQ8F && S <= 256) {
         p->book       = book;
         p->book_count = (size_t) (256 * S);
+    }
+    const int64_t bits = type - KVG_CODEC_WFQ2 + 2, total = bits * head_dim - 16;
+    if (type >= KVG_CODEC_WFQ2 && type <= KVG_CODEC_WFQ4 && n_heads <= 4 && head_dim <= 256 && total >= head_dim) {
+        for (int64_t h = 0; h < n_heads; h++) {
+            float * q = plan + h * 3 * head_dim;
+            for (int64_t i = 0; i < head_dim; i++) {
+                q[i]                = (float) i;
+                q[head_dim + i]     = 1.0f;
+                q[2 * head_dim + i] = (float) (total / head_dim + (i < total % head_dim));
+            }
+        }
+        p->book       = plan;
+        p->book_count = (size_t) (n_heads * 3 * head_dim);
     }
 }
 
@@ -110,7 +126,7 @@ static inline void fz_decode_parse(fz_reader * r, fz_decode_case * c) {
     kvg_codec_default_params(&c->p);
     c->p.group_size = (int8_t) fz_u8(r);
     c->p.seed       = fz_u64(r);
-    fz_attach_book(c->type, c->head_dim, &c->p);
+    fz_attach_book(c->type, c->n_heads, c->head_dim, &c->p);
 }
 
 static inline size_t fz_decode_header(uint8_t * out, int type, int kind, int64_t n_tokens, int64_t n_heads,

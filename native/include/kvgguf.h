@@ -50,6 +50,16 @@
 //          the largest ||y - book[code]|| (ties: the lower index). Decode takes y for them in
 //          place of the centroid. Bits per value: vq8's + 1/head_dim + 16/32 (about 0.52 more).
 //
+//   wfqB   (B = 2, 3, 4) per head vector, vector index v = t * n_heads + h:
+//          [f16 gain][codes: ceil((B * head_dim - 16) / 8) bytes, zero-padded]
+//          The plan (params.book) gives, per head and position i, a source coordinate perm_i,
+//          a scale sigma_i > 0 and a bit width b_i (0..8, sum B * head_dim - 16); positions of
+//          one width that follow each other form a set. Codes are packed position by position
+//          (b_i bits each, LSB first). Decode: z = the Gaussian Lloyd-Max levels of the codes,
+//          u = M_g^T z per set of g positions (M_g a fixed random orthogonal matrix per size),
+//          x'[perm_i] = gain * sigma_i * u_i. head_dim in [16, 512]. Bits per value: B, plus
+//          the plan's 3 * head_dim floats per (layer, kind, KV head) the store holds.
+//
 //   codes  One contiguous bitstream per block: the code of element e = (t*n_heads + h)*head_dim + i
 //          occupies bits [e*B, e*B + B) of the stream, bit k of the stream being bit (k % 8)
 //          of byte k / 8. The final byte is zero-padded.
@@ -119,7 +129,13 @@ enum kvg_codec_type {
     KVG_CODEC_VQ8 = 21,
     // vq8 with TSC part II's fp16 fallback: per block, the 1/32 of head vectors vq8 codes worst
     // are kept in f16 instead (rotated), flagged in a bitmask
-    KVG_CODEC_VQ8F = 22
+    KVG_CODEC_VQ8F = 22,
+    // water-filled quantization (issue 28): bits per coordinate by its energy, equal-bit sets
+    // mixed, Gaussian Lloyd-Max levels; B bits per value held; the plan per (layer, kind) is
+    // params.book (the store fits it on the first block it codes: kvg_wfq_train)
+    KVG_CODEC_WFQ2 = 23,
+    KVG_CODEC_WFQ3 = 24,
+    KVG_CODEC_WFQ4 = 25
 };
 
 // Which rows a block holds; the store, the codecs and llama.cpp's hooks use the same numbers.
@@ -131,7 +147,7 @@ enum kvg_kind {
 // Bumped whenever a declaration in this region changes; kvg_abi_version() returns the value the
 // library was built with, and the Python binding refuses a library and header that disagree.
 enum kvg_abi {
-    KVG_ABI_VERSION = 10
+    KVG_ABI_VERSION = 11
 };
 
 enum kvg_simd {
@@ -143,7 +159,8 @@ enum kvg_simd {
 typedef struct kvg_codec_params {
     int32_t  group_size;  // kivi: G, tokens (K) or channels (V) per group; default 32
     uint64_t seed;        // rotq: seed of the random signs; default KVG_DEFAULT_SEED
-    const float * book;   // pq2, vq8, vq8f: the codebook, [256][S] floats (S = 4, or head_dim for vq8/vq8f); default NULL
+    const float * book;   // pq2, vq8, vq8f: the codebook, [256][S] floats (S = 4, or head_dim for vq8/vq8f);
+                          // wfqB: the plan, n_heads x 3 x head_dim floats (kvg_wfq_train); default NULL
     size_t   book_count;  // floats at book
 } kvg_codec_params;
 
@@ -181,6 +198,12 @@ int kvg_decode(int type, int kind, const void * src, size_t src_bytes,
 // evenly spaced samples. Deterministic. KVG_ERR_INVALID_ARG if every vector is zero.
 int kvg_pq_train(int type, int kind, const float * src, size_t src_count, int64_t n_tokens, int64_t n_heads,
                  int64_t head_dim, const kvg_codec_params * p, float * book, size_t book_count);
+
+// Fits a wfq2, wfq3 or wfq4 plan (book_count = n_heads * 3 * head_dim floats) on a block of rows:
+// per KV head, each coordinate's mean energy, bits by reverse water-filling (at least 1, at most
+// 8, B * head_dim - 16 in all), positions ordered by bits. Deterministic.
+int kvg_wfq_train(int type, int kind, const float * src, size_t src_count, int64_t n_tokens, int64_t n_heads,
+                  int64_t head_dim, const kvg_codec_params * p, float * book, size_t book_count);
 
 // The 2^bits centroids (ascending) that rotq uses for head_dim, in units of y above.
 int kvg_rotq_codebook(int bits, int64_t head_dim, float * out, size_t out_count);

@@ -100,6 +100,9 @@ static const kvg_codec_traits k_traits[] = {
     [KVG_CODEC_PQ2]      = { "pq2",      2, kvg_pq_size,      KVG_PQ_ROW },
     [KVG_CODEC_VQ8]      = { "vq8",      8, kvg_pq_size,      KVG_PQ_ROW },
     [KVG_CODEC_VQ8F]     = { "vq8f",     8, kvg_pq_size,      KVG_PQ_ROW },
+    [KVG_CODEC_WFQ2]     = { "wfq2",     2, kvg_wfq_size,     KVG_ROWS_ROW(wfq) },
+    [KVG_CODEC_WFQ3]     = { "wfq3",     3, kvg_wfq_size,     KVG_ROWS_ROW(wfq) },
+    [KVG_CODEC_WFQ4]     = { "wfq4",     4, kvg_wfq_size,     KVG_ROWS_ROW(wfq) },
 };
 _Static_assert(sizeof(k_traits) / sizeof(k_traits[0]) == KVG_CODEC_COUNT_, "one traits row per codec type");
 

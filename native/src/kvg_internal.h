@@ -13,7 +13,7 @@
 #    pragma GCC visibility push(hidden)
 #endif
 
-#define KVG_CODEC_COUNT_ 23
+#define KVG_CODEC_COUNT_ 26
 
 // A SIMD kernel returns this when the shape is outside its fast path; the caller then
 // runs the reference. Positive, so it can never be mistaken for a public status.
@@ -339,7 +339,7 @@ int kvg_qjl_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
 int kvg_qjl_check(const kvg_job * job, const uint8_t * src);
 // pq.c: pq2, vq8 and vq8f, whose codebook comes with the job (the store's, per layer and kind).
 #define KVG_PQ_CENTROIDS 256
-#define KVG_BOOK_SLOTS   3   // codecs with a codebook: KVG_CODEC_PQ2 .. KVG_CODEC_VQ8F
+#define KVG_BOOK_SLOTS   6   // codecs with a codebook or plan: KVG_CODEC_PQ2 .. KVG_CODEC_WFQ4
 #define KVG_VQ8F_SHARE   32  // vq8f keeps 1 head vector in this many in f16
 int64_t kvg_pq_sub_len(int type, int64_t head_dim);  // S: coordinates per code
 int kvg_pq_size(const kvg_job * job, size_t * out_bytes);
@@ -349,6 +349,19 @@ int kvg_pq_check(const kvg_job * job, const uint8_t * src);
 int kvg_pq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
 int kvg_pq_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
                           const kvg_attn * a);
+
+// wfq.c: wfq2, wfq3 and wfq4, whose plan comes with the job (the store's, per layer and kind).
+#define KVG_WFQ_MAX_BITS     8
+#define KVG_WFQ_MAX_HEAD_DIM 512
+size_t kvg_wfq_book_floats(int64_t n_heads, int64_t head_dim);
+int kvg_wfq_code_bits(const kvg_job * job);
+// The job's plan: present, the right size and valid for every head (a permutation, scales > 0,
+// whole bit widths summing right); builds the mixes it needs.
+int kvg_wfq_check_book(const kvg_job * job);
+int kvg_wfq_size(const kvg_job * job, size_t * out_bytes);
+int kvg_wfq_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
+int kvg_wfq_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
+int kvg_wfq_check(const kvg_job * job, const uint8_t * src);
 
 // attend_rows.c: score/accumulate for codecs without their own kernels: decodes the block
 // (the job's whole shape) into per-thread scratch, then dots rows [t0, t0 + n) exactly as f16's
@@ -370,7 +383,7 @@ typedef struct kvg_block {
 } kvg_block;
 
 typedef struct kvg_rows {
-    float *     book[KVG_BOOK_SLOTS];  // pq2's, vq8's, vq8f's codebooks (NULL: none yet), KVG_PQ_CENTROIDS * S floats
+    float *     book[KVG_BOOK_SLOTS];  // pq2's, vq8's, vq8f's codebooks, wfq's plans (NULL: none yet)
     kvg_block * blocks;
     int64_t     n_blocks;
     int64_t     cap;

@@ -161,6 +161,9 @@ static int book_slot(int32_t codec) {  // index into kvg_rows.book, -1: the code
 }
 
 static size_t book_floats(const kvg_store * s, int32_t kind, int32_t codec) {
+    if (codec >= KVG_CODEC_WFQ2) {
+        return kvg_wfq_book_floats(s->p.n_head_kv, head_dim_of(s, kind));
+    }
     return (size_t) KVG_PQ_CENTROIDS * (size_t) kvg_pq_sub_len(codec, head_dim_of(s, kind));
 }
 
@@ -197,7 +200,8 @@ static int encode_block(const kvg_store * s, int64_t li, int32_t tier, int32_t c
         if (!bk) {
             return kvg_fail(KVG_ERR_NO_MEMORY, "codebook of %zu floats", nb);
         }
-        rc = kvg_pq_train(codec, kind, rows, count, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &s->p.codec, bk, nb);
+        rc = (codec >= KVG_CODEC_WFQ2 ? kvg_wfq_train : kvg_pq_train)(codec, kind, rows, count, n_rows, s->p.n_head_kv,
+                                                                       head_dim_of(s, kind), &s->p.codec, bk, nb);
         if (rc != KVG_OK) {
             free(bk);
             return rc;
@@ -808,7 +812,7 @@ static int check_book_args(const kvg_store * s, int32_t il, int32_t kind, int32_
         return rc;
     }
     if (book_slot(codec) < 0) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "codec %d (%s) keeps no codebook (pq2, vq8 and vq8f do)", (int) codec,
+        return kvg_fail(KVG_ERR_INVALID_ARG, "codec %d (%s) keeps no codebook (pq2, vq8, vq8f and wfq do)", (int) codec,
                         kvg_codec_name(codec) ? kvg_codec_name(codec) : "unknown");
     }
     size_t unused;
@@ -851,6 +855,18 @@ int kvg_store_set_book(kvg_store * s, int32_t il, int32_t kind, int32_t codec, c
     for (size_t i = 0; i < n; ++i) {
         if (!isfinite(book[i])) {
             return kvg_fail(KVG_ERR_NONFINITE, "codebook value %zu is not finite", i);
+        }
+    }
+    if (codec >= KVG_CODEC_WFQ2) {  // a plan must be one the codec can follow
+        kvg_codec_params p = s->p.codec;
+        p.book             = book;
+        p.book_count       = n;
+        kvg_job job;
+        size_t  unused;
+        rc = kvg_make_job(codec, kind, 1, s->p.n_head_kv, head_dim_of(s, kind), &p, &job, &unused);
+        rc = rc == KVG_OK ? kvg_wfq_check_book(&job) : rc;
+        if (rc != KVG_OK) {
+            return rc;
         }
     }
     kvg_rows * r    = &s->rows[il * 2 + kind];
