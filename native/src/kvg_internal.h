@@ -129,6 +129,19 @@ int kvg_fail(int status, const char * fmt, ...)
 
 void kvg_clear_error(void);  // every public entry point starts with this
 
+// splitmix64 (Steele, Lea & Flood 2014): the finalizer, and the generator that steps its state by
+// the golden-ratio increment first. Every random stream of the library (rotq's signs, QJL's and
+// wfq's Gaussian matrices, low-rank's start) is drawn from these.
+#define KVG_GOLDEN 0x9E3779B97F4A7C15ULL
+static inline uint64_t kvg_mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+static inline uint64_t kvg_splitmix64(uint64_t * state) {
+    return kvg_mix64(*state += KVG_GOLDEN);
+}
+
 // cpu.c
 int kvg_cpu_has_avx2_fma(void);
 

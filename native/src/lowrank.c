@@ -64,13 +64,6 @@ int kvg_lowrank_size(const kvg_job * job, size_t * out_bytes) {
 
 // ---- the factorization ---------------------------------------------------------------------
 
-static uint64_t splitmix64(uint64_t * state) {  // Steele, Lea & Flood 2014
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ULL);
-    z          = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z          = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
 // Orthonormalizes the r columns of A (m x r, row-major) in place by modified Gram-Schmidt,
 // run twice ("twice is enough", Giraud et al. 2005). A column that is (numerically) in the
 // span of the previous ones, or zero, becomes zero: R has rank < r there.
@@ -138,7 +131,7 @@ static void factorize(const kvg_job * job, const double * R, double * Q, double 
     const int64_t C     = job->n_channels;
     uint64_t      state = job->seed ^ 0x6C6F7772616E6BULL;  // "lowrank": apart from rotq's signs
     for (int64_t i = 0; i < C * r; i++) {
-        Z[i] = (double) (splitmix64(&state) >> 11) * 0x1.0p-52 - 1.0;  // uniform in [-1, 1)
+        Z[i] = (double) (kvg_splitmix64(&state) >> 11) * 0x1.0p-52 - 1.0;  // uniform in [-1, 1)
     }
     mul_rz(R, Z, Q, n, C, r);
     orthonormalize(Q, n, r);

@@ -53,12 +53,6 @@ static void            mat_unlock(void) { pthread_mutex_unlock(&g_mat_lock); }
 
 // ---- the Gaussian matrix S -----------------------------------------------------------------
 
-static uint64_t mix64(uint64_t z) {  // splitmix64 finalizer (Steele et al. 2014)
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
 // S row-major, d x d floats, or NULL if out of memory.
 static float * build_matrix(int64_t d, uint64_t seed) {
     const size_t n = (size_t) d * (size_t) d;  // even: d is a power of two >= 2
@@ -66,12 +60,10 @@ static float * build_matrix(int64_t d, uint64_t seed) {
     if (s == NULL) {
         return NULL;
     }
-    uint64_t state = mix64(seed ^ QJL_STREAM);
+    uint64_t state = kvg_mix64(seed ^ QJL_STREAM);
     for (size_t k = 0; k < n; k += 2) {
-        state += 0x9E3779B97F4A7C15ULL;
-        const uint64_t a = mix64(state);
-        state += 0x9E3779B97F4A7C15ULL;
-        const uint64_t b = mix64(state);
+        const uint64_t a = kvg_splitmix64(&state);
+        const uint64_t b = kvg_splitmix64(&state);
         // Box-Muller: u1 in (0, 1) so log never sees 0; u2 in [0, 1)
         const double u1  = ((double) (a >> 11) + 0.5) * 0x1.0p-53;
         const double u2  = (double) (b >> 11) * 0x1.0p-53;

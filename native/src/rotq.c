@@ -234,15 +234,9 @@ int kvg_rotq_codebook(int bits, int64_t head_dim, float * out, size_t out_count)
 
 // ---- signs, norm, transform ----------------------------------------------------------------
 
-static uint64_t mix64(uint64_t z) {  // splitmix64 finalizer (Steele et al. 2014)
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
 void kvg_rotq_signs(uint64_t seed, int64_t d, float * sgn) {
     for (int64_t i = 0; i < d; i++) {
-        sgn[i] = (mix64(seed + (uint64_t) (i + 1) * 0x9E3779B97F4A7C15ULL) >> 63) ? -1.0f : 1.0f;
+        sgn[i] = (kvg_mix64(seed + (uint64_t) (i + 1) * KVG_GOLDEN) >> 63) ? -1.0f : 1.0f;
     }
 }
 

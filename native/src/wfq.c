@@ -137,16 +137,9 @@ static const wfq_levels * get_levels(void) {
 static float *        g_mix[KVG_WFQ_MAX_HEAD_DIM + 1];
 static atomic_int     g_mix_ready[KVG_WFQ_MAX_HEAD_DIM + 1];
 
-static uint64_t splitmix(uint64_t z) {
-    z += 0x9E3779B97F4A7C15ULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
 static double gauss(uint64_t key) {  // a standard normal draw (Box-Muller) from a counter
-    const double u1 = ((double) (splitmix(key) >> 11) + 0.5) * 0x1.0p-53;
-    const double u2 = (double) (splitmix(key ^ 0xD1B54A32D192ED03ULL) >> 11) * 0x1.0p-53;
+    const double u1 = ((double) (kvg_mix64(key + KVG_GOLDEN) >> 11) + 0.5) * 0x1.0p-53;
+    const double u2 = (double) (kvg_mix64((key ^ 0xD1B54A32D192ED03ULL) + KVG_GOLDEN) >> 11) * 0x1.0p-53;
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586477 * u2);
 }
 
