@@ -19,10 +19,17 @@ ROTQ = ["rotq1", "rotq2", "rotq3", "rotq4"]
 CROTQ = ["crotq2", "crotq3", "crotq4"]
 # through attend_rows.c (pq2, vq8 and vq8f with the codebooks the store trains on their first block)
 SIDE_DATA = ["delta4", "pdelta4", "outl2", "outl3", "lowrank2", "lowrank3", "qjl3", "qjl4", "pq2", "vq8", "vq8f"]
-ALL = ["f16"] + KIVI + ROTQ + CROTQ + SIDE_DATA
+# scored and summed in the domain of the plan the store fits on their first block
+WFQ = ["wfq2", "wfq3", "wfq4"]
+ALL = ["f16"] + KIVI + ROTQ + CROTQ + SIDE_DATA + WFQ
 # Each K codec with the same V codec and with one from another family, so every kernel runs
-# on both sides and next to every other kind of kernel.
-PAIRS = [(k, k) for k in ALL] + [(k, ALL[(i + 6) % len(ALL)]) for i, k in enumerate(ALL)]
+# on both sides and next to every other kind of kernel; and domains that change inside one
+# call (two wfq plans, wfq's and the rotation's), whose sums must be handed over.
+PAIRS = (
+    [(k, k) for k in ALL]
+    + [(k, ALL[(i + 6) % len(ALL)]) for i, k in enumerate(ALL)]
+    + [("wfq3", "wfq4"), ("rotq4", "wfq3"), ("wfq2", "pq2")]
+)
 
 HEAD_DIMS = [64, 128, 256]
 # The side-data codecs (delta, outliers, low-rank, QJL, PQ/VQ) have no kernel of their own: the store decodes their rows (a reference decoder,
@@ -33,7 +40,7 @@ CASES = [
     for k, v in PAIRS
     for d in HEAD_DIMS
     if d == HEAD_DIMS[0] or not {k, v} & set(SIDE_DATA) or k == v == "delta4"
-]
+] + [(k, k, d) for k in WFQ for d in (96, 100)]  # wfq takes any head dim
 # (n_head_kv, n_head): no GQA and groups of 3
 HEADS = [(1, 1), (1, 3), (3, 3), (3, 9)]
 N_ROWS = 263
@@ -337,3 +344,33 @@ def test_corrupt_blocks_are_refused_when_appended_not_when_attended():
     assert store.n_rows(1, Kind.K) == N_ROWS
     m, l, acc = store.attend(1, 0, N_ROWS, np.ones((1, 9, 64), np.float32), 0.125)
     assert np.isfinite(acc).all() and (l > 0).all()
+
+
+def test_a_wfq_plan_in_any_order_of_widths_attends_like_its_decoded_rows():
+    """kvg_wfq_train orders a plan's positions by bits, widest first; a plan from elsewhere (a
+    session) may not. The SIMD kernels read 8 codes at a time and zero the lanes past a set's
+    end, which must not spill over a set already read: sets of 25, 5, 19, 13 and 2 coordinates
+    at 3, 6, 1, 4 and 0 bits."""
+    rng = np.random.default_rng(11)
+    d, n_head_kv = 64, 2
+    bits = np.array([3] * 25 + [6] * 5 + [1] * 19 + [4] * 13 + [0] * 2, np.float32)
+    assert bits.sum() == 3 * d - 16
+    store = KVStore(1, n_head_kv, d, d)
+    for kind in Kind:
+        x = kv_like(rng, (N_ROWS, n_head_kv * d))
+        heads = x.reshape(N_ROWS, n_head_kv, d)
+        plan = np.stack(
+            [
+                np.stack([rng.permutation(d).astype(np.float32), np.sqrt((heads[:, h] ** 2).mean(0)) + 0.1, bits])
+                for h in range(n_head_kv)
+            ]
+        )
+        store.set_book(0, kind, "wfq3", plan)
+        store.append(0, kind, Tier.WARM, "wfq3", x)
+    q = queries(rng, 3, 2 * n_head_kv, d)
+    m_ref, l_ref, out_ref, vmax = reference(store, 0, 0, N_ROWS, q, 0.125)
+    for level in LEVELS:
+        m, l, acc = attend_at(level, store, 0, 0, N_ROWS, q, 0.125)
+        np.testing.assert_allclose(m, m_ref, rtol=1e-5, atol=1e-5)
+        err = float(np.abs(acc / l[..., None] - out_ref).max())
+        assert err <= TOL * vmax, f"simd={level}: max error {err:.3g}"

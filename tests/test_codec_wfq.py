@@ -47,9 +47,9 @@ def test_round_trip_with_its_own_plan(name, head_dim, n_tokens):
     err = rel_mse(x, c.decode(buf, x.shape))
     # Water-filling on a skewed spectrum beats coding every coordinate alike with the same code
     # bits, on the rows the plan was fitted to, by far; at 16 coordinates wfq2 has 1 bit for each
-    # and nothing to water-fill
+    # and nothing to water-fill (its bound allows for the noise of one row of 16 values)
     equal = LLOYD_MAX[int(bits - 16 / head_dim)]
-    assert err < (0.6 if head_dim > 16 else 1.0) * equal
+    assert err < (0.6 if head_dim > 16 else 1.15) * equal
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4])

@@ -6,7 +6,7 @@
 // Gimelshein 2018, arXiv:1805.02867) folds the chunk's maximum into (m, l, acc) once, and the
 // V codec's kernel adds the weighted rows. Rotated (rotq) rows are scored against queries
 // rotated once per call and summed in the rotated domain; one inverse transform per query at
-// the end brings that sum back.
+// the end brings that sum back. wfq rows work the same way in the domain of their plan.
 //
 // Queries are regrouped by KV head inside the call, so each kernel sees the queries of one KV
 // head as one contiguous run; the caller's state is copied in, updated and copied back, which
@@ -107,6 +107,38 @@ static void cap_scores(float * sc, int64_t n, float softcap) {
     }
 }
 
+// A domain is where queries are scored and values summed: the caller's coordinates (none),
+// rotq's rotation (shared by every rotated codec of the store) or a codec's own per (layer,
+// kind), e.g. wfq's plan, named by its codec type.
+enum { DOM_NONE = -1, DOM_ROT = KVG_CODEC_COUNT_ };
+
+static int domain_of(const kvg_codec_traits * tr, int codec) {
+    return tr->rotated ? DOM_ROT : tr->prepare_q ? codec : DOM_NONE;
+}
+
+typedef struct acc_domain {
+    int                      dom;
+    const kvg_codec_traits * tr;   // the codec of an own domain, and a job of its plan
+    kvg_job                  job;
+} acc_domain;
+
+// acc += the values summed in accr's domain (rotq: s * W(accr), one transform per query).
+static int finish_acc(const kvg_store * s, const acc_domain * d, const kvg_attn * a, int64_t dv) {
+    if (d->dom == DOM_ROT) {
+        float * y = a->tmp;
+        for (int64_t jj = 0; jj < a->n_q; jj++) {
+            memcpy(y, a->accr + jj * dv, (size_t) dv * sizeof(float));
+            kvg_fwht(y, dv);
+            float * out = a->acc + jj * dv;
+            for (int64_t i = 0; i < dv; i++) {
+                out[i] += s->sgn[i] * y[i];
+            }
+        }
+        return KVG_OK;
+    }
+    return d->dom == DOM_NONE ? KVG_OK : d->tr->finish_acc(&d->job, a);
+}
+
 static int32_t attend(kvg_store * s, int32_t il, int64_t r0, int64_t r1, const float * q, int32_t n_tokens,
                       int32_t n_head, float scale, float softcap, float * m, float * l, float * acc) {
     if (!s || !q || !m || !l || !acc) {
@@ -176,10 +208,10 @@ static int32_t attend(kvg_store * s, int32_t il, int64_t r0, int64_t r1, const f
 
     kvg_attn         a     = { n_q, P, wq, wqr, wacc, waccr, tmp };
     kvg_mass_notes * notes = kvg_mass_begin(s, il, n_tokens, n_head, n_q, r0, r1);
-    const int simd        = kvg_simd_on();  // once per call: the level cannot change under a chunk
-    int       q_rotated   = 0;  // wqr holds W(s * q)
-    int       acc_rotated = 0;  // waccr is in use (zeroed)
-    int       status      = KVG_OK;
+    const int simd   = kvg_simd_on();  // once per call: the level cannot change under a chunk
+    int       q_dom  = DOM_NONE;       // the domain wqr holds the queries in
+    acc_domain vdom  = { DOM_NONE, NULL, { 0 } };  // the domain waccr sums values in (zeroed at its start)
+    int       status = KVG_OK;
 
     int64_t bk = kvg_rows_find_block(kr, r0);
     int64_t bv = kvg_rows_find_block(vr, r0);
@@ -209,7 +241,9 @@ static int32_t attend(kvg_store * s, int32_t il, int64_t r0, int64_t r1, const f
         if (st == KVG_OK && ((tk->rotated && !kvg_rotq_get_book(dk)) || (tv->rotated && !kvg_rotq_get_book(dv)))) {
             st = kvg_fail(KVG_ERR_NO_MEMORY, "attend: rotq codebook missing");  // checked blocks have it built
         }
-        if (st == KVG_OK && tk->rotated && !q_rotated) {
+        const int kd = st == KVG_OK ? domain_of(tk, kb->codec) : DOM_NONE;
+        const int vd = st == KVG_OK ? domain_of(tv, vb->codec) : DOM_NONE;
+        if (kd == DOM_ROT && q_dom != DOM_ROT) {
             for (int64_t jj = 0; jj < n_q; jj++) {
                 float * y = wqr + jj * dk;
                 for (int64_t i = 0; i < dk; i++) {
@@ -217,11 +251,18 @@ static int32_t attend(kvg_store * s, int32_t il, int64_t r0, int64_t r1, const f
                 }
                 kvg_fwht(y, dk);
             }
-            q_rotated = 1;
+            q_dom = DOM_ROT;
+        } else if (kd != DOM_NONE && kd != q_dom) {
+            q_dom = DOM_NONE;  // wqr is being overwritten
+            st    = tk->prepare_q(&jk, &a, wqr);
+            q_dom = st == KVG_OK ? kd : DOM_NONE;
         }
-        if (st == KVG_OK && tv->rotated && !acc_rotated) {
+        if (st == KVG_OK && vd != DOM_NONE && vd != vdom.dom) {
+            st = finish_acc(s, &vdom, &a, dv);  // the sum so far goes to wacc before waccr changes domain
             memset(waccr, 0, (size_t) (n_q * dv) * sizeof(float));
-            acc_rotated = 1;
+            vdom.dom = vd;
+            vdom.tr  = tv;
+            vdom.job = jv;
         }
 
         // Chunks end on multiples of KVG_MASS_ROWS too, so each lies in one granule of the mass.
@@ -237,9 +278,9 @@ static int32_t attend(kvg_store * s, int32_t il, int64_t r0, int64_t r1, const f
                 cap_scores(sc, n_q * n, softcap);
             }
             if (simd) {
-                KVG_SIMD(kvg_attn_softmax)(&a, wm, wl, sc, n, dv, acc_rotated);
+                KVG_SIMD(kvg_attn_softmax)(&a, wm, wl, sc, n, dv, vdom.dom != DOM_NONE);
             } else {
-                kvg_attn_softmax_ref(&a, wm, wl, sc, n, dv, acc_rotated);
+                kvg_attn_softmax_ref(&a, wm, wl, sc, n, dv, vdom.dom != DOM_NONE);
             }
             if (notes) {
                 kvg_mass_note(notes, c0 / KVG_MASS_ROWS, wm, sc, n);
@@ -259,16 +300,9 @@ static int32_t attend(kvg_store * s, int32_t il, int64_t r0, int64_t r1, const f
         bv += row == ve;
     }
 
-    if (acc_rotated) {  // acc += s * W(accr), one transform per query
-        float * y = tmp;
-        for (int64_t jj = 0; jj < n_q; jj++) {
-            memcpy(y, waccr + jj * dv, (size_t) dv * sizeof(float));
-            kvg_fwht(y, dv);
-            float * out = wacc + jj * dv;
-            for (int64_t d = 0; d < dv; d++) {
-                out[d] += s->sgn[d] * y[d];
-            }
-        }
+    const int fst = finish_acc(s, &vdom, &a, dv);
+    if (fst != KVG_OK && status == KVG_OK) {
+        status = fst;
     }
     for (int64_t jj = 0; jj < n_q; jj++) {
         const int64_t hk = jj / P, t = (jj % P) / gqa, g = jj % gqa;

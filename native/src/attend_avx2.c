@@ -89,6 +89,9 @@ KVG_INLINE vf8 load_lanes(int fam, int bits, const lanes * L, const uint8_t * ro
     if (fam == KVG_LANES_F16) {
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (row + 2 * i)));
     }
+    if (fam == KVG_LANES_F32) {
+        return _mm256_loadu_ps((const float *) (const void *) row + i);
+    }
     const __m256i idx = unpack8(row + (i / 8) * bits, bits, L->sh, L->mask);
     if (fam == KVG_LANES_INT) {
         return _mm256_cvtepi32_ps(idx);
@@ -97,6 +100,17 @@ KVG_INLINE vf8 load_lanes(int fam, int bits, const lanes * L, const uint8_t * ro
     if (bits == 4) {
         const __m256 hi = _mm256_permutevar8x32_ps(L->cb_hi, idx);
         v               = _mm256_blendv_ps(v, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));  // bit 3 -> sign
+    }
+    return v;
+}
+
+// Codebook lanes of 8 codes of 1..4 bits already in a word (wfq reads them at any bit).
+KVG_INLINE vf8 word_lanes(int bits, const lanes * L, uint32_t w) {
+    const __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int) w), L->sh), L->mask);
+    __m256        v   = _mm256_permutevar8x32_ps(L->cb_lo, idx);
+    if (bits == 4) {
+        const __m256 hi = _mm256_permutevar8x32_ps(L->cb_hi, idx);
+        v               = _mm256_blendv_ps(v, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
     }
     return v;
 }

@@ -86,11 +86,24 @@ KVG_INLINE vf8 load_lanes(int fam, int bits, const lanes * L, const uint8_t * ro
         const float16x8_t h = vreinterpretq_f16_u8(vld1q_u8(row + 2 * i));  // bytes: rows need no alignment
         return vf8_pair(vcvt_f32_f16(vget_low_f16(h)), vcvt_high_f32_f16(h));
     }
+    if (fam == KVG_LANES_F32) {
+        const float * f = (const float *) (const void *) row + i;
+        return vf8_pair(vld1q_f32(f), vld1q_f32(f + 4));
+    }
     const u32x8 idx = unpack8(row + (i / 8) * bits, bits, &L->c);
     if (fam == KVG_LANES_INT) {
         return vf8_pair(vcvtq_f32_u32(idx.lo), vcvtq_f32_u32(idx.hi));
     }
     return vf8_pair(book_lookup(&L->cb, idx.lo), book_lookup(&L->cb, idx.hi));
+}
+
+// Codebook lanes of 8 codes of 1..4 bits already in a word (wfq reads them at any bit).
+KVG_INLINE vf8 word_lanes(int bits, const lanes * L, uint32_t w) {
+    (void) bits;
+    const uint32x4_t v  = vdupq_n_u32(w);
+    const uint32x4_t lo = vandq_u32(vshlq_u32(v, L->c.shr_lo), L->c.mask);
+    const uint32x4_t hi = vandq_u32(vshlq_u32(v, L->c.shr_hi), L->c.mask);
+    return vf8_pair(book_lookup(&L->cb, lo), book_lookup(&L->cb, hi));
 }
 
 #else  // not an AArch64 build: the dispatcher never selects these

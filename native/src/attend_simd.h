@@ -1,5 +1,5 @@
 // attend_simd.h: the SIMD attention kernels (scores and value sums straight from the codes) for
-// f16, kivi, rotq and crotq, written once over 8-lane primitives that attend_avx2.c and
+// f16, kivi, rotq, crotq and wfq, written once over 8-lane primitives that attend_avx2.c and
 // attend_neon.c define (as ggml maps its SIMD types), then include this file. The scalar
 // oracles live with their codecs (f16.c, kivi.c, rotq.c, crotq.c); these compute the same sums
 // with fused multiply-adds in another order, so they agree to float rounding
@@ -25,6 +25,7 @@
 //   lanes, make_lanes(bits, codebook or NULL), load_lanes(fam, bits, &L, row, i)
 //                            lanes i..i+7 of the head at row: halves (KVG_LANES_F16), rotq
 //                            codebook values (KVG_LANES_CB) or the codes as floats (KVG_LANES_INT)
+//   word_lanes(bits, &L, w)  codebook values of 8 codes of 1..4 bits packed in the word w
 #ifndef KVG_SIMD_NAME
 #    error "define KVG_SIMD_NAME(name) before including attend_simd.h"
 #endif
@@ -408,6 +409,204 @@ void KVG_SIMD_NAME(kvg_attn_softmax)(const kvg_attn * a, float * m, float * l, f
     }
 }
 
+// ---- wfq -----------------------------------------------------------------------------------
+
+// A plan's sets start anywhere in a head vector's bit stream and hold any number of codes. The
+// plan of a KV head is first flattened (once per chunk) into groups of 8 positions: a group of
+// 1..4 bits is read from a 64-bit load shifted to its first bit and looked up as rotq's codebook
+// lanes are (its width's Gaussian levels), the lanes past its set's end multiplied by 0; codes
+// of more than 4 bits (a few strong coordinates) are read one at a time into a row of levels
+// whose groups are then loaded as f32 lanes. Scores dot those lanes with the queries in the
+// plan's domain (kvg_wfq_prepare_q); values are summed from rows of levels (axpy_queries).
+
+static const float k_wfq_tail[9][8] = {
+    { 0, 0, 0, 0, 0, 0, 0, 0 }, { 1, 0, 0, 0, 0, 0, 0, 0 }, { 1, 1, 0, 0, 0, 0, 0, 0 },
+    { 1, 1, 1, 0, 0, 0, 0, 0 }, { 1, 1, 1, 1, 0, 0, 0, 0 }, { 1, 1, 1, 1, 1, 0, 0, 0 },
+    { 1, 1, 1, 1, 1, 1, 0, 0 }, { 1, 1, 1, 1, 1, 1, 1, 0 }, { 1, 1, 1, 1, 1, 1, 1, 1 },
+};
+
+typedef struct wfq_group {
+    int32_t a;      // first position
+    int32_t byte;   // of its first code in the code bytes (narrow), unused (wide)
+    int32_t shift;  // of its first code in that byte
+    int32_t bits;   // 1..4: read from the codes; 0: loaded from the row of wide levels
+    int32_t valid;  // positions of the group in its set (8 but in a set's last group)
+} wfq_group;
+
+typedef struct wfq_code {  // one code of more than 4 bits
+    int32_t       pos, byte, shift, mask;
+    const float * level;
+} wfq_code;
+
+typedef struct wfq_plan {
+    wfq_group groups[KVG_WFQ_MAX_HEAD_DIM];
+    wfq_code  wide[KVG_WFQ_MAX_HEAD_DIM];
+    int       n_groups, n_wide;
+    int       has_zero;  // a set of no bits: positions no group covers
+    lanes     L[5];      // Gaussian levels of 1..4 bits as codebook lanes
+} wfq_plan;
+
+static void wfq_plan_of(const kvg_job * job, int64_t hk, wfq_plan * p) {
+    kvg_wfq_set sets[KVG_WFQ_MAX_HEAD_DIM];
+    const int   ns = kvg_wfq_sets(job, hk, sets);
+    p->n_groups = p->n_wide = p->has_zero = 0;
+    for (int k = 0; k < ns; k++) {
+        const kvg_wfq_set st = sets[k];
+        if (st.bits == 0) {
+            p->has_zero = 1;  // levels of 0: nothing to score or add
+            continue;
+        }
+        for (int32_t i = 0; i < st.n; i += 8) {
+            const uint32_t bit = st.bit + (uint32_t) (i * st.bits);
+            p->groups[p->n_groups++] = (wfq_group) { st.a + i, (int32_t) (bit >> 3), (int32_t) (bit & 7),
+                                                     st.bits <= 4 ? st.bits : 0, st.n - i < 8 ? st.n - i : 8 };
+        }
+        for (int32_t i = 0; st.bits > 4 && i < st.n; i++) {
+            const uint32_t bit = st.bit + (uint32_t) (i * st.bits);
+            p->wide[p->n_wide++] = (wfq_code) { st.a + i, (int32_t) (bit >> 3), (int32_t) (bit & 7),
+                                                (1 << st.bits) - 1, kvg_wfq_level_table(st.bits) };
+        }
+    }
+    for (int b = 1; b <= 4; b++) {
+        p->L[b] = make_lanes(b, kvg_wfq_level_table(b));
+    }
+}
+
+// The levels of a group (codes: the vector's code bytes, readable 8 bytes past any code; wide:
+// the row's levels of more than 4 bits).
+KVG_INLINE vf8 wfq_group_lanes(const wfq_plan * p, const wfq_group * gr, const uint8_t * codes, const float * wide) {
+    vf8 v;
+    if (gr->bits) {
+        uint64_t w;
+        memcpy(&w, codes + gr->byte, 8);  // little-endian (both targets)
+        v = word_lanes(gr->bits, &p->L[gr->bits], (uint32_t) (w >> gr->shift));
+    } else {
+        v = vf8_load(wide + gr->a);
+    }
+    return gr->valid == 8 ? v : vf8_mul(v, vf8_load(k_wfq_tail[gr->valid]));
+}
+
+KVG_INLINE void wfq_wide_levels(const wfq_plan * p, const uint8_t * codes, float * wide) {
+    for (int k = 0; k < p->n_wide; k++) {
+        const wfq_code * c = &p->wide[k];
+        const unsigned   w = (unsigned) codes[c->byte] | (unsigned) codes[c->byte + 1] << 8;
+        wide[c->pos]       = c->level[(w >> c->shift) & (unsigned) c->mask];
+    }
+}
+
+// The head vector of row t, KV head hk, or a copy of it padded by 8 bytes where a 64-bit load
+// at its last code could pass the end of the block.
+KVG_INLINE const uint8_t * wfq_vec(const kvg_job * job, const uint8_t * src, int64_t t, int64_t hk, size_t vb,
+                                   uint8_t * pad) {
+    const size_t    at  = (size_t) (t * job->n_heads + hk) * vb;
+    const uint8_t * vec = src + at;
+    if (at + vb + 8 > (size_t) (job->n_tokens * job->n_heads) * vb) {
+        memcpy(pad, vec, vb);
+        memset(pad + vb, 0, 8);
+        return pad;
+    }
+    return vec;
+}
+
+// res[g] = dot(q + g * QS, the levels of one head vector) for g < nq (queries padded to QS >= D + 8).
+KVG_INLINE void wfq_dot_block(int nq, const wfq_plan * p, const uint8_t * codes, const float * wide, int64_t QS,
+                              const float * q, float * res) {
+    vf8 acc[KVG_QB];
+    for (int g = 0; g < nq; g++) {
+        acc[g] = vf8_zero();
+    }
+    for (int k = 0; k < p->n_groups; k++) {
+        const wfq_group * gr = &p->groups[k];
+        const vf8         v  = wfq_group_lanes(p, gr, codes, wide);
+        for (int g = 0; g < nq; g++) {
+            acc[g] = vf8_fma(vf8_load(q + g * QS + gr->a), v, acc[g]);
+        }
+    }
+    for (int g = 0; g < nq; g++) {
+        res[g] = vf8_hsum(acc[g]);
+    }
+}
+
+int KVG_SIMD_NAME(kvg_wfq_score)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                            float * out) {
+    const int64_t D = job->head_dim, P = a->per_head, QS = D + 8;
+    float *       qpad = a->tmp;                                      // [P][QS]: a KV head's queries, 0 past D
+    float *       res  = qpad + P * QS;                               // [P]
+    float *       wide = a->tmp + a->n_q * (D + KVG_ATTN_CHUNK + 2);  // [D + 8]
+    const size_t  vb   = kvg_wfq_vec_bytes(job);
+    uint8_t       pad[2 + KVG_WFQ_MAX_HEAD_DIM + 8];
+    wfq_plan      plan;
+    memset(wide, 0, (size_t) (D + 8) * sizeof(float));  // masked lanes read it: finite, whatever the plan
+    for (int64_t hk = 0; hk < job->n_heads; hk++) {
+        wfq_plan_of(job, hk, &plan);
+        for (int64_t g = 0; g < P; g++) {
+            memcpy(qpad + g * QS, a->qr + (hk * P + g) * D, (size_t) D * sizeof(float));
+            memset(qpad + g * QS + D, 0, 8 * sizeof(float));
+        }
+        for (int64_t t = 0; t < n; t++) {
+            const uint8_t * vec = wfq_vec(job, src, t0 + t, hk, vb, pad);
+            wfq_wide_levels(&plan, vec + 2, wide);
+            for (int64_t g0 = 0; g0 < P; g0 += KVG_QB) {
+                const float * qg = qpad + g0 * QS;
+                float *       rg = res + g0;
+                switch (P - g0 < KVG_QB ? P - g0 : KVG_QB) {
+                    case 1:  wfq_dot_block(1, &plan, vec + 2, wide, QS, qg, rg); break;
+                    case 2:  wfq_dot_block(2, &plan, vec + 2, wide, QS, qg, rg); break;
+                    case 3:  wfq_dot_block(3, &plan, vec + 2, wide, QS, qg, rg); break;
+                    default: wfq_dot_block(4, &plan, vec + 2, wide, QS, qg, rg); break;
+                }
+            }
+            const float gain = half_to_float(kvg_get_u16(vec));
+            for (int64_t g = 0; g < P; g++) {
+                out[(hk * P + g) * n + t] = gain * res[g];
+            }
+        }
+    }
+    return KVG_OK;
+}
+
+int KVG_SIMD_NAME(kvg_wfq_accumulate)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                                 const kvg_attn * a) {
+    const int64_t D = job->head_dim, P = a->per_head;
+    if (D % 8 != 0) {
+        return KVG_NOT_HANDLED;  // axpy_queries takes 8 lanes at a time
+    }
+    const lanes  F    = make_lanes(1, NULL);
+    float *      w    = a->tmp;                                      // [P][n]: p * gain
+    float *      z    = a->tmp + a->n_q * (D + KVG_ATTN_CHUNK + 2);  // [n][D] levels, 8 spare
+    float *      gain = z + KVG_ATTN_CHUNK * D + 8;                  // [n]
+    float *      wide = gain + KVG_ATTN_CHUNK;                       // [D + 8]
+    const size_t vb   = kvg_wfq_vec_bytes(job);
+    uint8_t      pad[2 + KVG_WFQ_MAX_HEAD_DIM + 8];
+    wfq_plan     plan;
+    memset(wide, 0, (size_t) (D + 8) * sizeof(float));
+    for (int64_t hk = 0; hk < job->n_heads; hk++) {
+        wfq_plan_of(job, hk, &plan);
+        for (int64_t t = 0; t < n; t++) {  // rows of levels (0 where a set has no bits)
+            const uint8_t * vec = wfq_vec(job, src, t0 + t, hk, vb, pad);
+            float *         zt  = z + t * D;
+            gain[t]             = half_to_float(kvg_get_u16(vec));
+            if (plan.has_zero) {
+                memset(zt, 0, (size_t) D * sizeof(float));
+            }
+            wfq_wide_levels(&plan, vec + 2, wide);
+            // Groups in order of position: a group's masked lanes store zeros over positions of
+            // the next group (or the next row), which are stored after them.
+            for (int k = 0; k < plan.n_groups; k++) {
+                const wfq_group * gr = &plan.groups[k];
+                vf8_store(zt + gr->a, wfq_group_lanes(&plan, gr, vec + 2, wide));
+            }
+        }
+        for (int64_t g = 0; g < P; g++) {
+            for (int64_t t = 0; t < n; t++) {
+                w[g * n + t] = p[(hk * P + g) * n + t] * gain[t];
+            }
+        }
+        axpy_queries(KVG_LANES_F32, 0, &F, (const uint8_t *) z, D * (int64_t) sizeof(float), n, w, a->accr + hk * P * D, D, P);
+    }
+    return KVG_OK;
+}
+
 #else  // KVG_SIMD_STUBS: a build without this instruction set
 
 void KVG_SIMD_NAME(kvg_attn_softmax)(const kvg_attn * a, float * m, float * l, float * s, int64_t n, int64_t dv,
@@ -447,6 +646,18 @@ int KVG_SIMD_NAME(kvg_kivi_score)(const kvg_job * job, const uint8_t * src, int6
 
 int KVG_SIMD_NAME(kvg_kivi_accumulate)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
                                   const kvg_attn * a) {
+    (void) job; (void) src; (void) t0; (void) n; (void) p; (void) a;
+    return KVG_NOT_HANDLED;
+}
+
+int KVG_SIMD_NAME(kvg_wfq_score)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                            float * out) {
+    (void) job; (void) src; (void) t0; (void) n; (void) a; (void) out;
+    return KVG_NOT_HANDLED;
+}
+
+int KVG_SIMD_NAME(kvg_wfq_accumulate)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                                 const kvg_attn * a) {
     (void) job; (void) src; (void) t0; (void) n; (void) p; (void) a;
     return KVG_NOT_HANDLED;
 }

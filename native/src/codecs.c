@@ -72,6 +72,11 @@ const char * kvg_strerror(int status) {
 #define KVG_ROWS_ROW(fam) kvg_##fam##_encode_ref, kvg_##fam##_decode_ref, NULL, NULL, kvg_##fam##_check, 0, \
                           kvg_rows_score_ref, kvg_rows_accumulate_ref, NULL, NULL
 
+// wfq2/3/4: scored and summed from their codes in the domain of their plan (kvg_prepare_fn).
+#define KVG_WFQ_ROW kvg_wfq_encode_ref, kvg_wfq_decode_ref, NULL, NULL, kvg_wfq_check, 0, kvg_wfq_score_ref, \
+                    kvg_wfq_accumulate_ref, KVG_SIMD(kvg_wfq_score), KVG_SIMD(kvg_wfq_accumulate), \
+                    kvg_wfq_prepare_q, kvg_wfq_finish_acc
+
 // pq2, vq8, vq8f: scalar, scored and summed from their codes in the rotated domain (as rotq is).
 #define KVG_PQ_ROW kvg_pq_encode_ref, kvg_pq_decode_ref, NULL, NULL, kvg_pq_check, 1, kvg_pq_score_ref, \
                    kvg_pq_accumulate_ref, NULL, NULL
@@ -100,9 +105,9 @@ static const kvg_codec_traits k_traits[] = {
     [KVG_CODEC_PQ2]      = { "pq2",      2, kvg_pq_size,      KVG_PQ_ROW },
     [KVG_CODEC_VQ8]      = { "vq8",      8, kvg_pq_size,      KVG_PQ_ROW },
     [KVG_CODEC_VQ8F]     = { "vq8f",     8, kvg_pq_size,      KVG_PQ_ROW },
-    [KVG_CODEC_WFQ2]     = { "wfq2",     2, kvg_wfq_size,     KVG_ROWS_ROW(wfq) },
-    [KVG_CODEC_WFQ3]     = { "wfq3",     3, kvg_wfq_size,     KVG_ROWS_ROW(wfq) },
-    [KVG_CODEC_WFQ4]     = { "wfq4",     4, kvg_wfq_size,     KVG_ROWS_ROW(wfq) },
+    [KVG_CODEC_WFQ2]     = { "wfq2",     2, kvg_wfq_size,     KVG_WFQ_ROW },
+    [KVG_CODEC_WFQ3]     = { "wfq3",     3, kvg_wfq_size,     KVG_WFQ_ROW },
+    [KVG_CODEC_WFQ4]     = { "wfq4",     4, kvg_wfq_size,     KVG_WFQ_ROW },
 };
 _Static_assert(sizeof(k_traits) / sizeof(k_traits[0]) == KVG_CODEC_COUNT_, "one traits row per codec type");
 

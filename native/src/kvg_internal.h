@@ -71,6 +71,11 @@ typedef int (*kvg_score_fn)(const kvg_job * job, const uint8_t * src, int64_t t0
 // accumulate: acc_j += p[j * n + t] * value row t0 + t (rotated codecs: their rotated part into accr).
 typedef int (*kvg_accumulate_fn)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n,
                                  const float * p, const kvg_attn * a);
+// Codecs with a domain of their own per (layer, kind) (wfq: the plan's sets): prepare writes
+// qr[j] for every query (what the codec's score reads), finish adds the codec's accr back into
+// acc. attend.c calls them when a block's domain is not the one qr or accr holds.
+typedef int (*kvg_prepare_fn)(const kvg_job * job, const kvg_attn * a, float * qr);
+typedef int (*kvg_finish_fn)(const kvg_job * job, const kvg_attn * a);
 
 // The online-softmax step of one chunk (attend.c; SIMD in attend_simd.h): folds the chunk's
 // scores s[j * n + t] into m, l and the accumulators (rescaled when m grows; accr too when
@@ -85,6 +90,7 @@ enum {
     KVG_LANES_F16 = 0,  // stored halves
     KVG_LANES_CB  = 1,  // rotq codebook values of the codes
     KVG_LANES_INT = 2,  // the codes themselves, as floats (kivi: scale and min are folded elsewhere)
+    KVG_LANES_F32 = 3,  // floats a scalar step has decoded (wfq's levels)
 };
 
 typedef int (*kvg_size_fn)  (const kvg_job * job, size_t * out_bytes);
@@ -109,6 +115,8 @@ typedef struct kvg_codec_traits {
     kvg_accumulate_fn accumulate_ref;
     kvg_score_fn      score_simd;    // KVG_SIMD(...): may return KVG_NOT_HANDLED
     kvg_accumulate_fn accumulate_simd;
+    kvg_prepare_fn    prepare_q;     // a domain of its own (NULL: none, or rotq's when `rotated`)
+    kvg_finish_fn     finish_acc;
 } kvg_codec_traits;
 
 // codecs.c: the row of a codec type (NULL if out of range), and a job for an already valid
@@ -375,6 +383,26 @@ int kvg_wfq_size(const kvg_job * job, size_t * out_bytes);
 int kvg_wfq_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_wfq_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
 int kvg_wfq_check(const kvg_job * job, const uint8_t * src);
+int kvg_wfq_prepare_q(const kvg_job * job, const kvg_attn * a, float * qr);
+int kvg_wfq_finish_acc(const kvg_job * job, const kvg_attn * a);
+// A set of a plan: positions [a, a + n) of `bits` bits each, whose codes start `bit` bits into
+// a head vector's code bytes.
+typedef struct kvg_wfq_set {
+    int32_t  a, n, bits;
+    uint32_t bit;
+} kvg_wfq_set;
+int kvg_wfq_sets(const kvg_job * job, int64_t hk, kvg_wfq_set * sets);  // head hk's, in order; their count
+size_t kvg_wfq_vec_bytes(const kvg_job * job);
+const float * kvg_wfq_level_table(int bits);  // 2^bits levels, 256 floats readable
+// Levels of rows [t0, t0 + n) of KV head hk into z[t][head_dim], their gains into gain[t].
+void kvg_wfq_levels(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, int64_t hk, float * z,
+                    float * gain);
+int kvg_wfq_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
+int kvg_wfq_accumulate_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
+int kvg_wfq_score_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
+int kvg_wfq_accumulate_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
+int kvg_wfq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
+int kvg_wfq_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
 
 // attend_rows.c: score/accumulate for codecs without their own kernels: decodes the block
 // (the job's whole shape) into per-thread scratch, then dots rows [t0, t0 + n) exactly as f16's

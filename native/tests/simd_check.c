@@ -504,6 +504,14 @@ int main(int argc, char ** argv) {
     check_attend(simd, KVG_CODEC_ROTQ2, KVG_CODEC_ROTQ4, 4, 3, 9, 32);
     check_attend(simd, KVG_CODEC_KIVI4, KVG_CODEC_KIVI3, 24, 3, 9, 7);
     check_attend(simd, KVG_CODEC_F16, KVG_CODEC_KIVI8, 24, 3, 9, 7);
+    // wfq (the store fits its plans on the first block, cheaply): its own kernels, next to the
+    // rotation's domain, and at head dims that are not multiples of 8 (scores only)
+    for (int kc = KVG_CODEC_WFQ2; kc <= KVG_CODEC_WFQ4; kc++) {
+        check_attend(simd, kc, kc, 64, 3, 9, 32);
+        check_attend(simd, kc, KVG_CODEC_ROTQ3, 128, 1, 3, 32);
+        check_attend(simd, KVG_CODEC_ROTQ4, kc, 256, 3, 9, 32);
+        check_attend(simd, kc, kc, 100, 2, 6, 32);
+    }
 
     const double secs = (double) (clock() - t_start) / CLOCKS_PER_SEC;
     printf("simd_check: row kernels %ld checks, %ld mismatches; codecs %ld, %ld; store and attention %ld, %ld\n",
