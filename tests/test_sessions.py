@@ -21,6 +21,7 @@ from kvgguf import (
     SessionVersionError,
     TieredConfig,
 )
+from kvgguf import codecs
 from kvgguf.evaluation.harness import kl_top1
 from kvgguf.session import container
 from kvgguf.session import session as kvz
@@ -420,3 +421,37 @@ def test_prompt_cache_refuses_raw_llama_states(smollm2_path):
     state = super(Llama, llm).save_state()
     with pytest.raises(TypeError, match="SessionState"):
         CompressedRAMCache()[[1, 2, 3]] = state
+
+
+def test_exact_rows_in_a_codec_with_a_plan_carry_the_plan_they_were_coded_with(smollm2_path, text_tokens, tmp_path):
+    """A session codec with a book (wfq's plan; "auto" may choose wfq per list) fits it on the
+    exact rows it codes and writes it before their codes: the file restores on its own, more
+    bits lose less, and a segment that hides its book is refused."""
+    ctx, nxt = text_tokens[:300], text_tokens[300:364]
+    src = make(smollm2_path, n_batch=128)
+    src.eval(ctx)
+    for codec in ("wfq2", "wfq4"):
+        src.save_session(tmp_path / f"{codec}.kvz", codec=codec)
+    ref = scores(src, nxt)
+    loss = {}
+    for codec in ("wfq2", "wfq4"):
+        dst = make(smollm2_path, n_batch=128)
+        dst.load_session(tmp_path / f"{codec}.kvz")
+        loss[codec] = kl(ref, scores(dst, nxt))
+    assert 0.0 < loss["wfq4"] < loss["wfq2"] < 1.0, loss
+    assert os.path.getsize(tmp_path / "wfq2.kvz") < os.path.getsize(tmp_path / "wfq4.kvz")
+
+    sections = container.unpack((tmp_path / "wfq4.kvz").read_bytes())
+    tag, payload = sections[3]
+    assert tag == b"L000"
+    layer = bytearray(payload)
+    off = _first_segment_codec_offset(layer) - 4  # K's segments: sinks in f16, then the rest in wfq4
+    wfq = codecs.get("wfq4").type
+    while layer[off + 4] != wfq:
+        off += 16 + struct.unpack_from("<Q", layer, off + 8)[0]
+    assert layer[off + 5] == kvz.SEG_BOOK
+    layer[off + 5] = 0
+    sections[3] = (tag, bytes(layer))
+    dst = make(smollm2_path, n_batch=128)
+    with pytest.raises(SessionCorruptError, match="flags"):
+        dst._load_session_bytes(container.pack(sections, entropy=False))

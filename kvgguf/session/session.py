@@ -6,11 +6,13 @@ What a session holds, section by section (container.py frames them):
           blocks, codecs and their parameters, the layout of llama.cpp's cache records
     TOKS  the token ids (int32)
     CELL  llama.cpp's cell records (positions), verbatim
-    BOOK  (only where pq2, vq8 or vq8f rows are held) their codebooks: per (layer, kind, codec) a
-          record <IIII> (layer, kind, codec number, floats) and the float32 values
+    BOOK  (only where the store holds pq2, vq8, vq8f or wfq rows) their codebooks and plans: per
+          (layer, kind, codec) a record <IIII> (layer, kind, codec number, floats) and the
+          float32 values
     Lnnn  per model layer nnn: K then V, each = the store's compressed blocks (as held, not
           re-encoded) + the rows llama.cpp holds exactly, encoded with the session codec
-          (f16 when exact: bit for bit) or kept raw for quantized llama.cpp cache types
+          (f16 when exact: bit for bit; a codec with a book writes the book fitted on those
+          rows before their codes) or kept raw for quantized llama.cpp cache types
 
 Restoring checks and decodes everything into new objects first, then swaps them in; if
 llama.cpp still refuses, the previous state is put back. A bad file never half-applies.
@@ -46,7 +48,11 @@ RAW = 0xFF  # hot rows kept as llama.cpp's bytes (quantized cache types)
 _BLOCK = struct.Struct("<IBBHQ")  # n_rows, codec, tier, 0, n_bytes
 _BOOK = struct.Struct("<IIII")  # layer, kind, codec, floats
 _HOT = struct.Struct("<iIII")  # ggml type, n_rows, row bytes, segments
-_SEGMENT = struct.Struct("<IBBHQ")  # n_rows, codec (or RAW), 0, 0, n_bytes
+_SEGMENT = struct.Struct("<IBBHQ")  # n_rows, codec (or RAW), flags (SEG_BOOK), 0, n_bytes
+# A segment of a codec with a book (wfq's plan, pq2's codebook) starts with the book fitted on
+# its own rows (float32, codecs.book_shape), then the codes: the exact rows of a session have
+# no store list whose book they could share.
+SEG_BOOK = 1
 SINKS = 4  # first positions kept exact in every session (attention sinks)
 # Keeping the newest positions exact too was measured and dropped: on SmolLM2 at 600 tokens,
 # 128 exact recent rows moved KL from 0.030 to 0.026 for 60% more bytes.
@@ -218,13 +224,18 @@ def _encode_hot(layer: Optional[state_format.LayerRows], kind: int, shape: KVSha
         x = rows.view(dtype).astype(np.float32).reshape(n, shape.kv_heads(layer.il), shape.head_dim(layer.il, kind))
         f16 = codecs.get("f16")
         for c, part in ((f16, x[:n_sink]), (codec, x[n_sink:])):
-            if len(part):
-                segments.append((len(part), c.type, c.encode(part, kind).tobytes()))
+            if len(part) and c.name in codecs.BOOK_CODECS:
+                book = codecs.train_book(c.name, part, Kind(kind).letter, seed=c.seed)
+                c = codecs.get(c.name, group_size=c.group_size, seed=c.seed, book=book)
+                data = book.astype("<f4").tobytes() + c.encode(part, kind).tobytes()
+                segments.append((len(part), c.type, SEG_BOOK, data))
+            elif len(part):
+                segments.append((len(part), c.type, 0, c.encode(part, kind).tobytes()))
     elif n:
-        segments.append((n, RAW, rows.tobytes()))
+        segments.append((n, RAW, 0, rows.tobytes()))
     out = [b"\x01", _HOT.pack(ggml_type, n, row_bytes, len(segments))]
-    for n_rows, codec_id, data in segments:
-        out += [_SEGMENT.pack(n_rows, codec_id, 0, 0, len(data)), data]
+    for n_rows, codec_id, flags, data in segments:
+        out += [_SEGMENT.pack(n_rows, codec_id, flags, 0, len(data)), data]
     return b"".join(out)
 
 
@@ -436,10 +447,14 @@ def _read_hot(take, il: int, kind: int, cache, shape: KVShape, params: dict) -> 
     names = codecs.names()
     parts = []
     for _ in range(n_segments):
-        n_rows, codec_id, _a, _b, n_bytes = _SEGMENT.unpack(take(_SEGMENT.size))
+        n_rows, codec_id, flags, _zero, n_bytes = _SEGMENT.unpack(take(_SEGMENT.size))
         data = take(n_bytes)
         if n_rows == 0 or n_rows > n:
             raise SessionCorruptError(f"layer {il}: a part of {n_rows} exact rows")
+        if flags not in (0, SEG_BOOK) or (flags == SEG_BOOK) != (
+            codec_id < len(names) and names[codec_id] in codecs.BOOK_CODECS
+        ):
+            raise SessionCorruptError(f"layer {il}: a part of codec {codec_id} with flags {flags}")
         if codec_id == RAW:
             if n_bytes != n_rows * row_bytes:
                 raise SessionCorruptError(f"layer {il}: raw rows of the wrong size")
@@ -449,9 +464,16 @@ def _read_hot(take, il: int, kind: int, cache, shape: KVShape, params: dict) -> 
             raise SessionVersionError(f"layer {il}: codec number {codec_id} is unknown to this kvgguf")
         if el is None or row_bytes != width * el:
             raise SessionCorruptError(f"layer {il}: exact rows of an impossible type or width")
-        x = codecs.get(names[codec_id], **params).decode(
-            data, (n_rows, shape.kv_heads(il), shape.head_dim(il, kind)), kind
-        )
+        rows_shape = (n_rows, shape.kv_heads(il), shape.head_dim(il, kind))
+        book = None
+        if flags == SEG_BOOK:
+            book_shape = codecs.book_shape(names[codec_id], rows_shape[1], rows_shape[2])
+            n_book = int(np.prod(book_shape)) * 4
+            if n_book > len(data):
+                raise SessionCorruptError(f"layer {il}: a part shorter than its {names[codec_id]} book")
+            book = np.frombuffer(data, dtype="<f4", count=n_book // 4).astype(np.float32).reshape(book_shape)
+            data = data[n_book:]
+        x = codecs.get(names[codec_id], **params, book=book).decode(data, rows_shape, kind)
         parts.append(x.reshape(n_rows, width).astype(np.float16 if el == 2 else np.float32).view(np.uint8))
     rows = np.concatenate(parts) if parts else np.empty((0, row_bytes), np.uint8)
     if rows.shape != (n, row_bytes):
