@@ -394,9 +394,6 @@ typedef struct kvg_wfq_set {
 int kvg_wfq_sets(const kvg_job * job, int64_t hk, kvg_wfq_set * sets);  // head hk's, in order; their count
 size_t kvg_wfq_vec_bytes(const kvg_job * job);
 const float * kvg_wfq_level_table(int bits);  // 2^bits levels, 256 floats readable
-// Levels of rows [t0, t0 + n) of KV head hk into z[t][head_dim], their gains into gain[t].
-void kvg_wfq_levels(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, int64_t hk, float * z,
-                    float * gain);
 int kvg_wfq_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
 int kvg_wfq_accumulate_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
 int kvg_wfq_score_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);

@@ -512,16 +512,16 @@ int kvg_wfq_train(int type, int kind, const float * src, size_t src_count, int64
 // The store checked the plan when it was set or fitted and every block when it was linked, so
 // these kernels check nothing again.
 
-typedef struct wfq_run {
-    int32_t a, n, bits;  // positions [a, a + n) share `bits`
-} wfq_run;
-
-static int plan_runs(const float * bits, int64_t d, wfq_run * runs) {
-    int k = 0;
+// The sets of a head's plan (positions of one width that follow each other), in order, with
+// where each one's codes start; their count.
+static int plan_runs(const float * bits, int64_t d, kvg_wfq_set * runs) {
+    int      k   = 0;
+    uint32_t bit = 0;
     for (int64_t a = 0, n; a < d; a += n) {
         for (n = 1; a + n < d && bits[a + n] == bits[a]; n++) {
         }
-        runs[k++] = (wfq_run) { (int32_t) a, (int32_t) n, (int32_t) bits[a] };
+        runs[k++] = (kvg_wfq_set) { (int32_t) a, (int32_t) n, (int32_t) bits[a], bit };
+        bit += (uint32_t) (n * (int64_t) bits[a]);
     }
     return k;
 }
@@ -591,7 +591,7 @@ static float dot8(const float * a, const float * b, int64_t d) {
 
 int kvg_wfq_prepare_q(const kvg_job * job, const kvg_attn * a, float * qr) {
     const int64_t d = job->head_dim;
-    wfq_run       runs[KVG_WFQ_MAX_HEAD_DIM];
+    kvg_wfq_set   runs[KVG_WFQ_MAX_HEAD_DIM];
     float         u[KVG_WFQ_MAX_HEAD_DIM];
     for (int64_t hk = 0; hk < job->n_heads; hk++) {
         const float * perm = job->book + hk * 3 * d, *sigma = perm + d, *bits = perm + 2 * d;
@@ -603,7 +603,7 @@ int kvg_wfq_prepare_q(const kvg_job * job, const kvg_attn * a, float * qr) {
                 u[i] = sigma[i] * q[(int64_t) perm[i]];
             }
             for (int k = 0; k < nr; k++) {
-                const wfq_run r = runs[k];
+                const kvg_wfq_set r = runs[k];
                 const float * m = r.bits ? get_mix(r.n) : NULL;  // built when the plan was checked
                 if (r.bits && !m) {
                     return kvg_fail(KVG_ERR_NO_MEMORY, "wfq: mix of %d coordinates", (int) r.n);
@@ -619,7 +619,7 @@ int kvg_wfq_prepare_q(const kvg_job * job, const kvg_attn * a, float * qr) {
 
 int kvg_wfq_finish_acc(const kvg_job * job, const kvg_attn * a) {
     const int64_t d = job->head_dim;
-    wfq_run       runs[KVG_WFQ_MAX_HEAD_DIM];
+    kvg_wfq_set   runs[KVG_WFQ_MAX_HEAD_DIM];
     float         u[KVG_WFQ_MAX_HEAD_DIM];
     for (int64_t hk = 0; hk < job->n_heads; hk++) {
         const float * perm = job->book + hk * 3 * d, *sigma = perm + d, *bits = perm + 2 * d;
@@ -628,7 +628,7 @@ int kvg_wfq_finish_acc(const kvg_job * job, const kvg_attn * a) {
             const float * y   = a->accr + j * d;
             float *       out = a->acc + j * d;
             for (int k = 0; k < nr; k++) {
-                const wfq_run r = runs[k];
+                const kvg_wfq_set r = runs[k];
                 const float * m = r.bits ? get_mix(r.n) : NULL;
                 if (!m) {
                     continue;  // no bits, nothing was added (a missing mix failed in prepare_q)
@@ -661,19 +661,13 @@ const float * kvg_wfq_level_table(int bits) {
 }
 
 int kvg_wfq_sets(const kvg_job * job, int64_t hk, kvg_wfq_set * sets) {
-    const int64_t d = job->head_dim;
-    wfq_run       runs[KVG_WFQ_MAX_HEAD_DIM];
-    const int     nr  = plan_runs(job->book + hk * 3 * d + 2 * d, d, runs);
-    uint32_t      bit = 0;
-    for (int k = 0; k < nr; k++) {
-        sets[k] = (kvg_wfq_set) { runs[k].a, runs[k].n, runs[k].bits, bit };
-        bit += (uint32_t) (runs[k].n * runs[k].bits);
-    }
-    return nr;
+    return plan_runs(job->book + (hk * 3 + 2) * job->head_dim, job->head_dim, sets);
 }
 
-void kvg_wfq_levels(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, int64_t hk, float * z,
-                    float * gain) {
+// Levels of rows [t0, t0 + n) of KV head hk into z[t][head_dim], their gains into gain[t] (the
+// scalar kernels' first step).
+static void levels_of_rows(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, int64_t hk,
+                           float * z, float * gain) {
     const int64_t d  = job->head_dim;
     const size_t  vb = vec_bytes(job);
     wfq_layout    L;
@@ -692,7 +686,7 @@ int kvg_wfq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int6
     for (int64_t hk = 0; hk < job->n_heads; hk++) {
         for (int64_t c = 0; c < n; c += rows) {
             const int64_t m = n - c < rows ? n - c : rows;
-            kvg_wfq_levels(job, src, t0 + c, m, hk, z, gain);
+            levels_of_rows(job, src, t0 + c, m, hk, z, gain);
             for (int64_t t = 0; t < m; t++) {
                 for (int64_t j = hk * a->per_head; j < (hk + 1) * a->per_head; j++) {
                     out[j * n + c + t] = gain[t] * dot8(a->qr + j * d, z + t * d, d);
@@ -711,7 +705,7 @@ int kvg_wfq_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0,
     for (int64_t hk = 0; hk < job->n_heads; hk++) {
         for (int64_t c = 0; c < n; c += rows) {
             const int64_t m = n - c < rows ? n - c : rows;
-            kvg_wfq_levels(job, src, t0 + c, m, hk, z, gain);
+            levels_of_rows(job, src, t0 + c, m, hk, z, gain);
             for (int64_t j = hk * a->per_head; j < (hk + 1) * a->per_head; j++) {
                 float * acc = a->accr + j * d;
                 for (int64_t t = 0; t < m; t++) {
