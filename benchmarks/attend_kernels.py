@@ -1,6 +1,7 @@
 """Single-thread speed of the store's fused attention (kvg_store_hook_attend) per codec.
 
-    .venv/bin/python benchmarks/attend_kernels.py [--rows 8192] [--repeat 20] [--rounds 5] [--out FILE.json]
+    .venv/bin/python benchmarks/attend_kernels.py [--rows 8192] [--repeat 20] [--rounds 5] [--codecs f16,rotq4,rotq2]
+        [--out FILE.json]
 
 One layer of SmolLM2-135M's shape (head_dim 64, 3 KV heads, 9 query heads), one query token
 (decode), K and V both in the codec, one block of `--rows` rows, the attention mass noted and
@@ -99,13 +100,17 @@ def main() -> None:
         help="rounds over every configuration, keeping each one's best: this machine's speed drifts "
         "by tens of percent over minutes, and interleaving gives every configuration the fast phases",
     )
+    ap.add_argument("--codecs", default=",".join(CODECS), help="codecs to time, comma-separated (default: %(default)s)")
     ap.add_argument("--out", help="also write the figures to this JSON file")
     args = ap.parse_args()
+    names = [c for c in args.codecs.split(",") if c]
+    for c in names:
+        codecs.get(c)  # an unknown name fails here, before any timing
 
     levels = codecs.simd_levels()
     results = []
     for _ in range(args.rounds):
-        this = [measure(c, args.rows, args.repeat, lvl) for c in CODECS for lvl in levels]
+        this = [measure(c, args.rows, args.repeat, lvl) for c in names for lvl in levels]
         results = this if not results else [a if a["attend_us"] <= b["attend_us"] else b for a, b in zip(results, this)]
     print(
         f"head_dim {HEAD_DIM}, {N_HEAD_KV} KV heads, {N_HEAD} query heads, {N_TOKENS} query token, "

@@ -21,14 +21,15 @@ CROTQ = ["crotq2", "crotq3", "crotq4"]
 SIDE_DATA = ["delta4", "pdelta4", "outl2", "outl3", "lowrank2", "lowrank3", "qjl3", "qjl4", "pq2", "vq8", "vq8f"]
 # scored and summed in the domain of the plan the store fits on their first block
 WFQ = ["wfq2", "wfq3", "wfq4"]
-ALL = ["f16"] + KIVI + ROTQ + CROTQ + SIDE_DATA + WFQ
+TCQ = ["tcq2", "tcq3", "tcq4"]  # in rotq's rotated domain, from the windows of their codes
+ALL = ["f16"] + KIVI + ROTQ + CROTQ + SIDE_DATA + WFQ + TCQ
 # Each K codec with the same V codec and with one from another family, so every kernel runs
 # on both sides and next to every other kind of kernel; and domains that change inside one
 # call (two wfq plans, wfq's and the rotation's), whose sums must be handed over.
 PAIRS = (
     [(k, k) for k in ALL]
     + [(k, ALL[(i + 6) % len(ALL)]) for i, k in enumerate(ALL)]
-    + [("wfq3", "wfq4"), ("rotq4", "wfq3"), ("wfq2", "pq2")]
+    + [("wfq3", "wfq4"), ("rotq4", "wfq3"), ("wfq2", "pq2"), ("tcq3", "wfq3"), ("wfq4", "tcq2")]
 )
 
 HEAD_DIMS = [64, 128, 256]

@@ -21,10 +21,12 @@ LOWRANK = ["lowrank2", "lowrank3"]
 QJL = ["qjl3", "qjl4"]
 # codecs with side data per block (issue 13); their own tests are tests/test_codec_*.py
 SIDE_DATA = DELTA + OUTL + LOWRANK + QJL
-ALL = ["f16"] + KIVI + ROTQ + CROTQ + SIDE_DATA
+TCQ = ["tcq2", "tcq3", "tcq4"]  # their own tests: tests/test_codec_tcq.py
+ALL = ["f16"] + KIVI + ROTQ + CROTQ + SIDE_DATA + TCQ
 # need a trained codebook or plan (tests/test_codec_pq.py, test_codec_wfq.py), so not in ALL's generic tests
 BOOKED = ["pq2", "vq8", "vq8f", "wfq2", "wfq3", "wfq4"]
-POW2_HEAD_DIM = ROTQ + CROTQ + OUTL + LOWRANK + QJL  # rotation-based: head_dim a power of two
+ENUM_ORDER = ["f16"] + KIVI + ROTQ + CROTQ + SIDE_DATA + BOOKED + TCQ
+POW2_HEAD_DIM = ROTQ + CROTQ + OUTL + LOWRANK + QJL + TCQ  # rotation-based: head_dim a power of two
 # Byte offset, in a (4, 2, 64) block, of an f16 field for which NaN, +-Inf and -1.0 are all
 # corrupt (a norm or a scale), for test_corrupt_header_is_detected_before_writing.
 SEED_HEADER_OFFSET = {
@@ -127,11 +129,11 @@ def rotq_reference_decode(buf, shape, bits, seed):
 
 
 def test_names_in_enum_order():
-    assert codecs.names() == ALL + BOOKED
+    assert codecs.names() == ENUM_ORDER
 
 
 def test_codec_properties():
-    assert [codecs.get(n).bits for n in ALL + BOOKED] == [
+    assert [codecs.get(n).bits for n in ENUM_ORDER] == [
         16,
         2,
         3,
@@ -155,6 +157,9 @@ def test_codec_properties():
         2,
         8,
         8,
+        2,
+        3,
+        4,
         2,
         3,
         4,
@@ -398,6 +403,9 @@ def test_nominal_bits_per_value(name):
         "crotq2": 2.25,
         "crotq3": 3.25,
         "crotq4": 4.25,
+        "tcq2": 2.125,
+        "tcq3": 3.125,
+        "tcq4": 4.125,
     }[name]
     assert c.nominal_bits_per_value(128) == expected
     assert codecs.get("kivi4", group_size=128).nominal_bits_per_value(128) == 4.25

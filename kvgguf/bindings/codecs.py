@@ -18,6 +18,9 @@ Codecs (see native/include/kvgguf.h for the byte layouts):
 - ``rotq1..4`` (TurboQuant, Zandieh et al. 2025): random-sign Hadamard rotation, Lloyd-Max
   codes, one f16 norm per head vector; B + 16/head_dim bits per value. head_dim must be a
   power of two in [2, 4096].
+- ``tcq2/3/4``: rotq's rotation and norm, then a bitshift trellis code: B bits per value of a
+  stream where each value is the trained level of the 8-bit window ending with its own bits,
+  chosen per head vector by a Viterbi search; B + 16/head_dim bits per value, as rotq.
 - ``pq2``, ``vq8``: rotq's rotation and norm, then one byte per sub-vector naming the nearest
   of 256 centroids of a trained codebook (:func:`train_book`; the store trains one per layer
   and kind): pq2 codes 4 coordinates per byte (2 bits per value), vq8 a whole head vector.
@@ -62,6 +65,7 @@ __all__ = [
     "simd_level",
     "simd_levels",
     "simd_max_level",
+    "tcq_levels",
     "train_book",
 ]
 
@@ -205,7 +209,7 @@ class Codec:
         self.encoded_size((1, 1, head_dim), kind)  # validates head_dim (rotq: power of two)
         if self.family == "kivi":
             return self.bits + 32 / self.group_size
-        if self.family == "rotq":
+        if self.family in ("rotq", "tcq"):
             return self.bits + 16 / head_dim
         if self.family == "crotq":  # + an f16 mean per channel per 128 tokens
             return self.bits + 16 / head_dim + 16 / 128
@@ -380,6 +384,16 @@ def rotq_codebook(bits: int, head_dim: int) -> np.ndarray:
             int(bits), int(head_dim), ffi.from_buffer("float[]", out, require_writable=True), out.size
         )
     )
+    return out
+
+
+def tcq_levels(bits: int) -> np.ndarray:
+    """The 256 trained levels tcqB reads by window (unit-variance coordinates, as rotq's)."""
+    ffi, lib = binding.get_ffi(), binding.get_lib()
+    if isinstance(bits, bool) or not isinstance(bits, numbers.Integral) or not 2 <= bits <= 4:
+        raise ValueError(f"bits must be 2..4, got {bits!r}")
+    out = np.empty(256, dtype=np.float32)
+    check(lib.kvg_tcq_table(int(bits), ffi.from_buffer("float[]", out, require_writable=True), out.size))
     return out
 
 

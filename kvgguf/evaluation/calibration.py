@@ -48,7 +48,7 @@ from ..policy.tiered import TieredConfig
 # cost here includes a plan fitted on little text.
 CANDIDATES = (
     "kivi2", "kivi3", "kivi4", "rotq2", "rotq3", "rotq4", "crotq2", "crotq3", "crotq4",
-    "wfq2", "wfq3", "wfq4", "kivi8", "f16",
+    "wfq2", "wfq3", "wfq4", "tcq2", "tcq3", "tcq4", "kivi8", "f16",
 )  # fmt: skip
 PROMPTS = (
     "The history of the town begins",

@@ -60,6 +60,14 @@
 //          x'[perm_i] = gain * sigma_i * u_i. head_dim in [16, 512]. Bits per value: B, plus
 //          the plan's 3 * head_dim floats per (layer, kind, KV head) the store holds.
 //
+//   tcqB   (B = 2, 3, 4) rotq's layout: [norms] [codes], the same norms and y. The codes are a
+//          bitshift trellis code of y: value i of a head vector reads the 8 bits of the
+//          stream that end with its own B bits (bits [e*B + B - 8, e*B + B), those before the
+//          vector's first bit read as 0) as a window w, bit j of w being stream bit start + j,
+//          and takes level[w] (kvg_tcq_levels: 256 per B). Decode: x' = s * W(c) * n / head_dim
+//          as rotq. The encoder picks each vector's codes by a Viterbi search over the windows.
+//          Bits per value: B + 16/head_dim.
+//
 //   codes  One contiguous bitstream per block: the code of element e = (t*n_heads + h)*head_dim + i
 //          occupies bits [e*B, e*B + B) of the stream, bit k of the stream being bit (k % 8)
 //          of byte k / 8. The final byte is zero-padded.
@@ -135,7 +143,14 @@ enum kvg_codec_type {
     // params.book (the store fits it on the first block it codes: kvg_wfq_train)
     KVG_CODEC_WFQ2 = 23,
     KVG_CODEC_WFQ3 = 24,
-    KVG_CODEC_WFQ4 = 25
+    KVG_CODEC_WFQ4 = 25,
+    // rotq's rotation and norm, then a bitshift trellis code (issue 28): B bits per value of a
+    // stream in which value i is the level of the 8-bit window ending with its own B bits
+    // (bits before a vector's first read as 0; levels: 256 trained per B, tcq_tables.h);
+    // B + 16/head_dim bits per value, as rotq
+    KVG_CODEC_TCQ2 = 26,
+    KVG_CODEC_TCQ3 = 27,
+    KVG_CODEC_TCQ4 = 28
 };
 
 // Which rows a block holds; the store, the codecs and llama.cpp's hooks use the same numbers.
@@ -147,7 +162,7 @@ enum kvg_kind {
 // Bumped whenever a declaration in this region changes; kvg_abi_version() returns the value the
 // library was built with, and the Python binding refuses a library and header that disagree.
 enum kvg_abi {
-    KVG_ABI_VERSION = 11
+    KVG_ABI_VERSION = 12
 };
 
 enum kvg_simd {
@@ -207,6 +222,9 @@ int kvg_wfq_train(int type, int kind, const float * src, size_t src_count, int64
 
 // The 2^bits centroids (ascending) that rotq uses for head_dim, in units of y above.
 int kvg_rotq_codebook(int bits, int64_t head_dim, float * out, size_t out_count);
+
+// The 256 levels (by window) that tcqB uses, in units of y above; out_count must be 256.
+int kvg_tcq_table(int bits, float * out, size_t out_count);
 
 int kvg_simd_level(void);            // the level in use: KVG_SIMD_SCALAR, _AVX2 or _NEON
 int kvg_simd_max_level(void);        // the best level this CPU and build support

@@ -106,6 +106,16 @@ KVG_INLINE vf8 word_lanes(int bits, const lanes * L, uint32_t w) {
     return vf8_pair(book_lookup(&L->cb, lo), book_lookup(&L->cb, hi));
 }
 
+// T[(w >> (bits * j)) & 255] for lanes j = 0..7 (tcq's windows): NEON has no gather, so eight
+// loads.
+KVG_INLINE vf8 window_lanes(int bits, const float * T, uint64_t w) {
+    float f[8];
+    for (int j = 0; j < 8; j++) {
+        f[j] = T[(w >> (bits * j)) & 255];
+    }
+    return vf8_load(f);
+}
+
 #else  // not an AArch64 build: the dispatcher never selects these
 #    define KVG_SIMD_STUBS
 #endif

@@ -26,6 +26,7 @@
 //                            lanes i..i+7 of the head at row: halves (KVG_LANES_F16), rotq
 //                            codebook values (KVG_LANES_CB) or the codes as floats (KVG_LANES_INT)
 //   word_lanes(bits, &L, w)  codebook values of 8 codes of 1..4 bits packed in the word w
+//   window_lanes(bits, T, w) T[(w >> (bits * j)) & 255] for lanes j (tcq's windows)
 #ifndef KVG_SIMD_NAME
 #    error "define KVG_SIMD_NAME(name) before including attend_simd.h"
 #endif
@@ -607,6 +608,128 @@ int KVG_SIMD_NAME(kvg_wfq_accumulate)(const kvg_job * job, const uint8_t * src, 
     return KVG_OK;
 }
 
+// ---- tcq -----------------------------------------------------------------------------------
+
+// The levels of values i..i+7 (i a multiple of 8) of a head vector whose codes start at byte
+// codes: value i's window starts bits - 8 bits before byte bits * i / 8, so a 64-bit load from
+// the byte before, shifted by bits, starts at the first window; the first group has no byte
+// before it in the vector and reads zeros there instead.
+KVG_INLINE vf8 tcq_lanes(int bits, const float * T, const uint8_t * codes, int64_t i) {
+    uint64_t w;
+    if (i == 0) {
+        memcpy(&w, codes, 8);  // little-endian (both targets)
+        w <<= 8 - bits;
+    } else {
+        memcpy(&w, codes + bits * i / 8 - 1, 8);
+        w >>= bits;
+    }
+    return window_lanes(bits, T, w);
+}
+
+// The code bytes of the head vector of row t, KV head hk, or a copy of them padded by 8 bytes
+// where the 64-bit loads could pass the end of the block.
+KVG_INLINE const uint8_t * tcq_vec(const kvg_job * job, const uint8_t * codes, int64_t t, int64_t hk, uint8_t * pad) {
+    const size_t vb = (size_t) (job->head_dim / 8) * (size_t) job->bits;
+    const size_t at = (size_t) (t * job->n_heads + hk) * vb;
+    if (at + vb + 8 > (size_t) (job->n_tokens * job->n_heads) * vb) {
+        memcpy(pad, codes + at, vb);
+        memset(pad + vb, 0, 8);
+        return pad;
+    }
+    return codes + at;
+}
+
+// res[g] = dot(q + g * D, the levels of one head vector) for g < nq.
+KVG_INLINE void tcq_dot_block(int bits, int nq, const float * T, const uint8_t * vec, int64_t D, const float * q,
+                              float * res) {
+    vf8 acc[KVG_QB];
+    for (int g = 0; g < nq; g++) {
+        acc[g] = vf8_zero();
+    }
+    for (int64_t i = 0; i < D; i += 8) {
+        const vf8 v = tcq_lanes(bits, T, vec, i);
+        for (int g = 0; g < nq; g++) {
+            acc[g] = vf8_fma(vf8_load(q + g * D + i), v, acc[g]);
+        }
+    }
+    for (int g = 0; g < nq; g++) {
+        res[g] = vf8_hsum(acc[g]);
+    }
+}
+
+KVG_INLINE void tcq_score_bits(int bits, const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n,
+                               const kvg_attn * a, float * out) {
+    const int64_t   D = job->head_dim, H = job->n_heads, P = a->per_head;
+    const uint8_t * codes = src + (size_t) (job->n_tokens * H) * 2;
+    const float *   T     = kvg_tcq_levels(bits);
+    const float     inv_d = 1.0f / (float) D;
+    float *         res   = a->tmp;
+    uint8_t         pad[KVG_ROTQ_MAX_HEAD_DIM / 2 + 8];
+    for (int64_t t = 0; t < n; t++) {
+        for (int64_t hk = 0; hk < H; hk++) {
+            const uint8_t * vec = tcq_vec(job, codes, t0 + t, hk, pad);
+            const float *   q   = a->qr + hk * P * D;
+            for (int64_t g0 = 0; g0 < P; g0 += KVG_QB) {
+                switch (P - g0 < KVG_QB ? P - g0 : KVG_QB) {
+                    case 1:  tcq_dot_block(bits, 1, T, vec, D, q + g0 * D, res + g0); break;
+                    case 2:  tcq_dot_block(bits, 2, T, vec, D, q + g0 * D, res + g0); break;
+                    case 3:  tcq_dot_block(bits, 3, T, vec, D, q + g0 * D, res + g0); break;
+                    default: tcq_dot_block(bits, 4, T, vec, D, q + g0 * D, res + g0); break;
+                }
+            }
+            const float f = half_to_float(kvg_get_u16(src + 2 * ((t0 + t) * H + hk))) * inv_d;
+            for (int64_t g = 0; g < P; g++) {
+                out[(hk * P + g) * n + t] = f * res[g];
+            }
+        }
+    }
+}
+
+int KVG_SIMD_NAME(kvg_tcq_score)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                            float * out) {
+    if (job->head_dim % 8 != 0) {
+        return KVG_NOT_HANDLED;
+    }
+    switch (job->bits) {
+        case 2:  tcq_score_bits(2, job, src, t0, n, a, out); break;
+        case 3:  tcq_score_bits(3, job, src, t0, n, a, out); break;
+        case 4:  tcq_score_bits(4, job, src, t0, n, a, out); break;
+        default: return KVG_NOT_HANDLED;
+    }
+    return KVG_OK;
+}
+
+// Values: each row's levels once (rows of z), then summed for every query as f32 lanes.
+int KVG_SIMD_NAME(kvg_tcq_accumulate)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                                 const kvg_attn * a) {
+    const int64_t D = job->head_dim, H = job->n_heads, P = a->per_head;
+    const int     bits = job->bits;
+    if (D % 8 != 0 || bits < 2 || bits > 4) {
+        return KVG_NOT_HANDLED;
+    }
+    const uint8_t * codes = src + (size_t) (job->n_tokens * H) * 2;
+    const float *   T     = kvg_tcq_levels(bits);
+    const float     inv_d = 1.0f / (float) D;
+    const lanes     F     = make_lanes(1, NULL);
+    float *         w     = a->tmp;                                      // [P][n]: p * norm / D
+    float *         z     = a->tmp + a->n_q * (D + KVG_ATTN_CHUNK + 2);  // [n][D] levels
+    uint8_t         pad[KVG_ROTQ_MAX_HEAD_DIM / 2 + 8];
+    for (int64_t hk = 0; hk < H; hk++) {
+        for (int64_t t = 0; t < n; t++) {
+            const uint8_t * vec = tcq_vec(job, codes, t0 + t, hk, pad);
+            for (int64_t i = 0; i < D; i += 8) {
+                vf8_store(z + t * D + i, tcq_lanes(bits, T, vec, i));
+            }
+            const float f = half_to_float(kvg_get_u16(src + 2 * ((t0 + t) * H + hk))) * inv_d;
+            for (int64_t g = 0; g < P; g++) {
+                w[g * n + t] = p[(hk * P + g) * n + t] * f;
+            }
+        }
+        axpy_queries(KVG_LANES_F32, 0, &F, (const uint8_t *) z, D * (int64_t) sizeof(float), n, w, a->accr + hk * P * D, D, P);
+    }
+    return KVG_OK;
+}
+
 #else  // KVG_SIMD_STUBS: a build without this instruction set
 
 void KVG_SIMD_NAME(kvg_attn_softmax)(const kvg_attn * a, float * m, float * l, float * s, int64_t n, int64_t dv,
@@ -657,6 +780,18 @@ int KVG_SIMD_NAME(kvg_wfq_score)(const kvg_job * job, const uint8_t * src, int64
 }
 
 int KVG_SIMD_NAME(kvg_wfq_accumulate)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                                 const kvg_attn * a) {
+    (void) job; (void) src; (void) t0; (void) n; (void) p; (void) a;
+    return KVG_NOT_HANDLED;
+}
+
+int KVG_SIMD_NAME(kvg_tcq_score)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                            float * out) {
+    (void) job; (void) src; (void) t0; (void) n; (void) a; (void) out;
+    return KVG_NOT_HANDLED;
+}
+
+int KVG_SIMD_NAME(kvg_tcq_accumulate)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
                                  const kvg_attn * a) {
     (void) job; (void) src; (void) t0; (void) n; (void) p; (void) a;
     return KVG_NOT_HANDLED;

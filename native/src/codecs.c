@@ -81,6 +81,11 @@ const char * kvg_strerror(int status) {
 #define KVG_PQ_ROW kvg_pq_encode_ref, kvg_pq_decode_ref, NULL, NULL, kvg_pq_check, 1, kvg_pq_score_ref, \
                    kvg_pq_accumulate_ref, NULL, NULL
 
+// tcq2/3/4: encoded by a Viterbi search per head vector (in vectors of 8 lanes under AVX2 and
+// NEON); scored and summed from their codes in rotq's rotated domain.
+#define KVG_TCQ_ROW kvg_tcq_encode_ref, kvg_tcq_decode_ref, KVG_SIMD(kvg_tcq_encode), NULL, kvg_rotq_check, 1, \
+                    kvg_tcq_score_ref, kvg_tcq_accumulate_ref, KVG_SIMD(kvg_tcq_score), KVG_SIMD(kvg_tcq_accumulate)
+
 static const kvg_codec_traits k_traits[] = {
     [KVG_CODEC_F16]    = { "f16",    16, kvg_f16_size,   kvg_f16_encode_ref, kvg_f16_decode_ref, NULL, NULL, KVG_F16_ROW },
     [KVG_CODEC_KIVI2]  = { "kivi2",   2, kvg_kivi_size,  KVG_KIVI_ROW },
@@ -108,6 +113,9 @@ static const kvg_codec_traits k_traits[] = {
     [KVG_CODEC_WFQ2]     = { "wfq2",     2, kvg_wfq_size,     KVG_WFQ_ROW },
     [KVG_CODEC_WFQ3]     = { "wfq3",     3, kvg_wfq_size,     KVG_WFQ_ROW },
     [KVG_CODEC_WFQ4]     = { "wfq4",     4, kvg_wfq_size,     KVG_WFQ_ROW },
+    [KVG_CODEC_TCQ2]     = { "tcq2",     2, kvg_rotq_size,    KVG_TCQ_ROW },
+    [KVG_CODEC_TCQ3]     = { "tcq3",     3, kvg_rotq_size,    KVG_TCQ_ROW },
+    [KVG_CODEC_TCQ4]     = { "tcq4",     4, kvg_rotq_size,    KVG_TCQ_ROW },
 };
 _Static_assert(sizeof(k_traits) / sizeof(k_traits[0]) == KVG_CODEC_COUNT_, "one traits row per codec type");
 

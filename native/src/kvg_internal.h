@@ -13,7 +13,7 @@
 #    pragma GCC visibility push(hidden)
 #endif
 
-#define KVG_CODEC_COUNT_ 26
+#define KVG_CODEC_COUNT_ 29
 
 // A SIMD kernel returns this when the shape is outside its fast path; the caller then
 // runs the reference. Positive, so it can never be mistaken for a public status.
@@ -370,6 +370,28 @@ int kvg_pq_check(const kvg_job * job, const uint8_t * src);
 int kvg_pq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
 int kvg_pq_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
                           const kvg_attn * a);
+
+// tcq.c: tcq2, tcq3 and tcq4 (rotq's rotation and norms, checked by kvg_rotq_check).
+#define KVG_TCQ_WINDOW 8  // bits a value's level is read from: 256 levels per B (tcq_tables.h)
+#define KVG_TCQ_LANES  8  // head vectors one Viterbi search codes at once
+const float * kvg_tcq_levels(int bits);  // the 256 levels of a B-bit code, by window
+// The search (tcq_viterbi.h): codes q[i * LANES + l] for the rotated, normalized values
+// y[i * LANES + l] of LANES head vectors of d values; back: d * 2^(8 - B) * LANES scratch.
+typedef void (*kvg_tcq_viterbi_fn)(const float * y, int64_t d, int bits, const float * T, uint32_t * back, uint8_t * q);
+int kvg_tcq_encode_with(const kvg_job * job, const float * src, uint8_t * dst, kvg_tcq_viterbi_fn viterbi);
+int kvg_tcq_encode_avx2(const kvg_job * job, const float * src, uint8_t * dst);
+int kvg_tcq_encode_neon(const kvg_job * job, const float * src, uint8_t * dst);
+// Levels of values [0, d) of the vector whose codes start at bit b0 of codes.
+void kvg_tcq_levels_of(const uint8_t * codes, uint64_t b0, int64_t d, int bits, float * out);
+int kvg_tcq_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
+int kvg_tcq_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
+int kvg_tcq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
+int kvg_tcq_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                           const kvg_attn * a);
+int kvg_tcq_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
+int kvg_tcq_accumulate_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
+int kvg_tcq_score_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
+int kvg_tcq_accumulate_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
 
 // wfq.c: wfq2, wfq3 and wfq4, whose plan comes with the job (the store's, per layer and kind).
 #define KVG_WFQ_MAX_BITS     8

@@ -479,6 +479,17 @@ int main(int argc, char ** argv) {
             }
         }
     }
+    // tcq: the Viterbi search in vectors of 8 lanes against its plain loops (the largest shape
+    // left out: a search costs 256 states a value, slow under qemu)
+    for (int type = KVG_CODEC_TCQ2; type <= KVG_CODEC_TCQ4; type++) {
+        for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+            for (int kind = 0; kind < 2 && shapes[si][0] * shapes[si][1] * shapes[si][2] < 50000; kind++) {
+                for (int pattern = 0; pattern < VALS_COUNT; pattern++) {
+                    check_codec(simd, type, kind, shapes[si][0], shapes[si][1], shapes[si][2], 32, pattern);
+                }
+            }
+        }
+    }
     const long codec_checks = g_checks - rows_checks, codec_bad = g_bad - rows_bad;
 
     // every codec with itself and with one of another family (tests/test_attend.py's PAIRS), but
@@ -511,6 +522,12 @@ int main(int argc, char ** argv) {
         check_attend(simd, kc, KVG_CODEC_ROTQ3, 128, 1, 3, 32);
         check_attend(simd, KVG_CODEC_ROTQ4, kc, 256, 3, 9, 32);
         check_attend(simd, kc, kc, 100, 2, 6, 32);
+    }
+    // tcq, in the rotation's domain beside rotq and wfq's
+    for (int kc = KVG_CODEC_TCQ2; kc <= KVG_CODEC_TCQ4; kc++) {
+        check_attend(simd, kc, kc, 64, 3, 9, 32);
+        check_attend(simd, kc, KVG_CODEC_ROTQ3, 128, 1, 3, 32);
+        check_attend(simd, KVG_CODEC_WFQ4, kc, 256, 3, 9, 32);
     }
 
     const double secs = (double) (clock() - t_start) / CLOCKS_PER_SEC;
