@@ -151,12 +151,14 @@ def calibrated_config(
     *,
     base: Optional[TieredConfig] = None,
     progress: Optional[Callable[[int, int], None]] = None,
+    context: Optional[int] = None,
 ) -> tuple[TieredConfig, Optional[Path]]:
     """The config a Request (or a budget: "auto:BITS") gets on this model, and the calibration
     file it follows (None: base, the fixed preset, as it is). The model's calibration from the
-    cache folder is allocated for the budget; a required request ("auto") measures the model
-    when it has none and keeps the result; "tiered" never measures, and keeps base with a
-    warning when the model's file cannot be used."""
+    cache folder is allocated for the budget, codecs with a plan paying for it over `context`
+    tokens (the Llama's n_ctx; None: calibration_plan.PLAN_CONTEXT); a required request
+    ("auto") measures the model when it has none and keeps the result; "tiered" never
+    measures, and keeps base with a warning when the model's file cannot be used."""
     if not isinstance(request, Request):
         request = Request(float(request))
     base = base or TieredConfig()
@@ -177,7 +179,7 @@ def calibrated_config(
 
         cal = calibrate(model_path, progress=progress)
         cal.save(path)
-    return cal.config(request.budget, base), path
+    return cal.config(request.budget, base, context), path
 
 
 def _calibration_progress(model_path: str, verbose: bool):
@@ -309,6 +311,7 @@ class Llama(llama_cpp.Llama):
                 request,
                 base=config,
                 progress=_calibration_progress(model_path, kwargs.get("verbose", True)),
+                context=n_ctx,
             )
             if not request.required and kwargs.get("verbose", True):
                 print(
@@ -558,7 +561,10 @@ class Llama(llama_cpp.Llama):
         budget = parse_auto(codec)
         if budget is not None:
             codec = calibrated_config(
-                self.model_path, budget, progress=_calibration_progress(self.model_path, self.verbose)
+                self.model_path,
+                budget,
+                progress=_calibration_progress(self.model_path, self.verbose),
+                context=max(self.n_tokens, 1),  # a session's exact rows fit a plan of their own
             )[0].warm
         data, info = session.dump(
             self._session_view(drop_dead_rows=True), codec=codec, exact=exact, entropy=entropy, app=app

@@ -41,3 +41,30 @@ def test_more_budget_never_raises_the_summed_error():
 def test_a_budget_below_the_cheapest_plan_is_refused():
     with pytest.raises(ValueError, match="below the cheapest plan"):
         allocate({"a": curve((2, 1.0))}, {"a": 1}, 1.5)
+
+
+def test_a_plan_codec_pays_for_its_plan_over_the_context():
+    """wfq's plan (3 float32 per coordinate of each KV head, one per sequence) costs 96 / context
+    bits per value: over 4,096 tokens wfq3 fits a budget it cannot fit over 256."""
+    from kvgguf.enums import Kind
+    from kvgguf.policy.calibration_plan import Calibration, plan_bits
+
+    cands = [
+        Candidate("rotq2", 2.25, 0.05),
+        Candidate("wfq3", 3.0, 0.008),
+        Candidate("rotq3", 3.25, 0.01),
+        Candidate("rotq4", 4.25, 0.004),
+        Candidate("f16", 16.0, 0.0),
+    ]
+    keys = [(0, Kind.K), (0, Kind.V)]
+    cal = Calibration({}, {k: list(cands) for k in keys}, {k: 192 for k in keys}, {}, 96, 32)
+    assert plan_bits("wfq3", 4096) == 96 / 4096 and plan_bits("rotq3", 64) == 0.0
+    long = cal.plan(3.05, context=4096)
+    assert [c.codec for c in long.values()] == ["wfq3", "wfq3"]
+    assert average_bits(long, cal.weights) == pytest.approx(3.0 + 96 / 4096)
+    short = cal.plan(3.05, context=256)
+    assert [c.codec for c in short.values()] != ["wfq3", "wfq3"]
+    assert average_bits(short, cal.weights) <= 3.05
+    assert cal.plan(3.05) == long  # the context a plan assumes when it is not told: 4,096 tokens
+    with pytest.raises(ValueError, match="context"):
+        cal.plan(3.05, context=-1)

@@ -38,6 +38,7 @@ def run(args) -> int:
 
     from ..evaluation import calibration
     from ..model.registry import calibration_path
+    from ..policy import calibration_plan
 
     path = str(kvgguf.models.path(args.model))
     out = Path(args.out) if args.out else calibration_path(path)
@@ -65,7 +66,8 @@ def run(args) -> int:
     text = "its own text, seed %d" % args.seed if not args.text else Path(args.text).name
     print(
         f"`{command}` ({Path(path).name}, {cal.text['tokens']} tokens of {text}; predicted KL: the sum over "
-        f"(layer, K/V) lists of each one's measured cost, see docs/calibration.md)\n"
+        f"(layer, K/V) lists of each one's measured cost, see docs/calibration.md; wfq's plans counted over "
+        f"{calibration_plan.PLAN_CONTEXT} tokens)\n"
     )
     print("\n".join(plan_table(cal, sorted(set(BUDGETS + ((args.budget,) if args.budget else ()))))))
     print(f"calibration: {out} (kv_codec='auto' or 'auto:BITS' reads it)", file=sys.stderr)

@@ -211,7 +211,7 @@ def make_llama(
     spec = replace(spec, hot=hot, block=min(spec.block, hot // 2), codebooks=codebooks)
     followed = None
     if request is not None:
-        spec, followed = calibrated_config(model_path, request, base=spec)
+        spec, followed = calibrated_config(model_path, request, base=spec, context=kw.get("n_ctx"))
     return Llama(model_path, kv_codec=spec, kv_attention=kv_attention, **kw), followed is not None
 
 

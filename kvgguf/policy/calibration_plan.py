@@ -33,6 +33,15 @@ FORMAT = "kvgguf-calibration"
 VERSION = 2  # 2: codec costs measured through the model (1 scaled by reconstruction error)
 PROBE = "rotq2"  # the codec every list's sensitivity is measured at (the curves are relative to it)
 SAME_BOOK = {"vq8f": "vq8"}  # vq8f trains vq8's codebook: the file keeps it once
+# Tokens a sequence's plans are spread over where the context is not known (`kvgguf calibrate`'s
+# table): a wfq plan is 3 float32 per coordinate of each KV head, so 96 / context bits per value.
+PLAN_CONTEXT = 4096
+
+
+def plan_bits(codec: str, context: int) -> float:
+    """Bits per value a list's book adds at a context of that many tokens (the store holds one
+    per sequence): wfq's plans; 0 for codecs without one among the candidates."""
+    return 96.0 / context if codec in codecs.PLAN_CODECS else 0.0
 
 
 @dataclass
@@ -47,14 +56,26 @@ class Calibration:
     block: int
     books: dict = field(default_factory=dict)  # {(layer, kind, codec): float32 [256, S]}: pq2/vq8 codebooks
 
-    def plan(self, budget: float) -> dict[tuple[int, int], allocation.Candidate]:
-        return allocation.allocate(self.curves, self.weights, budget)
+    def plan(self, budget: float, context: Optional[int] = None) -> dict[tuple[int, int], allocation.Candidate]:
+        """The cheapest-error codec per list for an average of budget bits per compressed value,
+        each codec's bits counting its plan over a context of that many tokens (PLAN_CONTEXT
+        when None or 0)."""
+        context = context or PLAN_CONTEXT
+        if context < 1:
+            raise ValueError(f"context must be a number of tokens >= 1, got {context}")
+        curves = {
+            key: [replace(c, bits=c.bits + plan_bits(c.codec, context)) for c in cands]
+            for key, cands in self.curves.items()
+        }
+        return allocation.allocate(curves, self.weights, budget)
 
-    def config(self, budget: float = DEFAULT_BUDGET, base: Optional[TieredConfig] = None) -> TieredConfig:
-        """The tiered config whose compressed rows follow the plan for budget: sinks exact,
-        every older token at its list's codec (one tier: the plan already spends bits where
-        they matter), the preset's hot window."""
-        choice = self.plan(budget)
+    def config(
+        self, budget: float = DEFAULT_BUDGET, base: Optional[TieredConfig] = None, context: Optional[int] = None
+    ) -> TieredConfig:
+        """The tiered config whose compressed rows follow the plan for budget (at context
+        tokens, see plan): sinks exact, every older token at its list's codec (one tier: the
+        plan already spends bits where they matter), the preset's hot window."""
+        choice = self.plan(budget, context)
         layers = sorted({il for il, _ in choice})
         warm = {il: (choice[il, Kind.K].codec, choice[il, Kind.V].codec) for il in layers}
         most = max(set(warm.values()), key=list(warm.values()).count)
