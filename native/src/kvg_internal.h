@@ -381,8 +381,6 @@ typedef void (*kvg_tcq_viterbi_fn)(const float * y, int64_t d, int bits, const f
 int kvg_tcq_encode_with(const kvg_job * job, const float * src, uint8_t * dst, kvg_tcq_viterbi_fn viterbi);
 int kvg_tcq_encode_avx2(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_tcq_encode_neon(const kvg_job * job, const float * src, uint8_t * dst);
-// Levels of values [0, d) of the vector whose codes start at bit b0 of codes.
-void kvg_tcq_levels_of(const uint8_t * codes, uint64_t b0, int64_t d, int bits, float * out);
 int kvg_tcq_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_tcq_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
 int kvg_tcq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);

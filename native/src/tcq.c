@@ -57,7 +57,8 @@ static inline unsigned tcq_window(const uint8_t * codes, uint64_t b0, int64_t i,
     return (w << lost) & (TCQ_STATES - 1);
 }
 
-void kvg_tcq_levels_of(const uint8_t * codes, uint64_t b0, int64_t d, int bits, float * out) {
+// Levels of values [0, d) of the vector whose codes start at bit b0 of codes.
+static void levels_of(const uint8_t * codes, uint64_t b0, int64_t d, int bits, float * out) {
     const float * T = kvg_tcq_levels(bits);
     for (int64_t i = 0; i < d; i++) {
         out[i] = T[tcq_window(codes, b0, i, bits)];
@@ -166,7 +167,7 @@ int kvg_tcq_decode_ref(const kvg_job * job, const uint8_t * src, float * dst) {
             memset(out, 0, (size_t) d * sizeof(float));
             continue;
         }
-        kvg_tcq_levels_of(codes, (uint64_t) (v * d) * (uint64_t) bits, d, bits, out);
+        levels_of(codes, (uint64_t) (v * d) * (uint64_t) bits, d, bits, out);
         kvg_fwht_ref(out, d);
         const float f = kvg_f16_to_f32(n16) * (1.0f / (float) d);  // W W = d I
         for (int64_t i = 0; i < d; i++) {
@@ -182,20 +183,27 @@ int kvg_tcq_decode_ref(const kvg_job * job, const uint8_t * src, float * dst) {
 // In rotq's rotated domain (attend.c's DOM_ROT): keys are scored as (n / d) * qr . levels and
 // values add (n / d) * p * levels into accr, exactly as rotq's codes do with their centroids.
 
+// The levels of row t's head hk into lv, and its norm / D (0 for a zero vector: lv untouched).
+static float row_levels(const kvg_job * job, const uint8_t * src, int64_t t, int64_t hk, float * lv) {
+    const int64_t v = t * job->n_heads + hk;
+    const float   f = kvg_f16_to_f32(kvg_get_u16(src + 2 * v)) * (1.0f / (float) job->head_dim);
+    if (f != 0.0f) {
+        const uint8_t * codes = src + (size_t) (job->n_tokens * job->n_heads) * 2;
+        levels_of(codes, (uint64_t) (v * job->head_dim) * (uint64_t) job->bits, job->head_dim, job->bits, lv);
+    }
+    return f;
+}
+
 int kvg_tcq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out) {
-    const int64_t   D     = job->head_dim;
-    const int64_t   H     = job->n_heads;
-    const int       bits  = job->bits;
-    const uint8_t * codes = src + (size_t) (job->n_tokens * H) * 2;
-    float *         lv    = a->tmp;
+    const int64_t D  = job->head_dim;
+    float *       lv = a->tmp;
     for (int64_t t = t0; t < t0 + n; t++) {
-        for (int64_t hk = 0; hk < H; hk++) {
-            const float f = kvg_f16_to_f32(kvg_get_u16(src + 2 * (t * H + hk))) * (1.0f / (float) D);
-            kvg_tcq_levels_of(codes, (uint64_t) (t * H + hk) * (uint64_t) D * (uint64_t) bits, D, bits, lv);
+        for (int64_t hk = 0; hk < job->n_heads; hk++) {
+            const float f = row_levels(job, src, t, hk, lv);
             for (int64_t j = hk * a->per_head; j < (hk + 1) * a->per_head; j++) {
                 const float * qr = a->qr + j * D;
                 float         s  = 0.0f;
-                for (int64_t i = 0; i < D; i++) {
+                for (int64_t i = 0; i < D && f != 0.0f; i++) {
                     s += qr[i] * lv[i];
                 }
                 out[j * n + (t - t0)] = f * s;
@@ -207,18 +215,14 @@ int kvg_tcq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int6
 
 int kvg_tcq_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
                            const kvg_attn * a) {
-    const int64_t   D     = job->head_dim;
-    const int64_t   H     = job->n_heads;
-    const int       bits  = job->bits;
-    const uint8_t * codes = src + (size_t) (job->n_tokens * H) * 2;
-    float *         lv    = a->tmp;
+    const int64_t D  = job->head_dim;
+    float *       lv = a->tmp;
     for (int64_t t = t0; t < t0 + n; t++) {
-        for (int64_t hk = 0; hk < H; hk++) {
-            const float f = kvg_f16_to_f32(kvg_get_u16(src + 2 * (t * H + hk))) * (1.0f / (float) D);
+        for (int64_t hk = 0; hk < job->n_heads; hk++) {
+            const float f = row_levels(job, src, t, hk, lv);
             if (f == 0.0f) {
                 continue;  // a zero vector adds nothing
             }
-            kvg_tcq_levels_of(codes, (uint64_t) (t * H + hk) * (uint64_t) D * (uint64_t) bits, D, bits, lv);
             for (int64_t j = hk * a->per_head; j < (hk + 1) * a->per_head; j++) {
                 const float w   = p[j * n + (t - t0)] * f;
                 float *     acc = a->accr + j * D;
