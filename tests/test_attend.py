@@ -29,7 +29,7 @@ ALL = ["f16"] + KIVI + ROTQ + CROTQ + SIDE_DATA + WFQ + TCQ
 PAIRS = (
     [(k, k) for k in ALL]
     + [(k, ALL[(i + 6) % len(ALL)]) for i, k in enumerate(ALL)]
-    + [("wfq3", "wfq4"), ("rotq4", "wfq3"), ("wfq2", "pq2"), ("tcq3", "wfq3"), ("wfq4", "tcq2")]
+    + [("wfq3", "wfq4"), ("rotq4", "wfq3"), ("wfq2", "pq2"), ("tcq3", "wfq3"), ("wfq4", "tcq2"), ("rotq3", "tcq4")]
 )
 
 HEAD_DIMS = [64, 128, 256]
