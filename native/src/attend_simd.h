@@ -495,10 +495,11 @@ KVG_INLINE void wfq_wide_levels(const wfq_plan * p, const uint8_t * codes, float
     }
 }
 
-// The head vector of row t, KV head hk, or a copy of it padded by 8 bytes where a 64-bit load
-// at its last code could pass the end of the block.
-KVG_INLINE const uint8_t * wfq_vec(const kvg_job * job, const uint8_t * src, int64_t t, int64_t hk, size_t vb,
-                                   uint8_t * pad) {
+// The head vector of row t, KV head hk, in a region of vb bytes per head vector (wfq: the whole
+// block; tcq: its codes), or a copy of it padded by 8 bytes where a 64-bit load at its last
+// code could pass the end of the region.
+KVG_INLINE const uint8_t * padded_vec(const kvg_job * job, const uint8_t * src, int64_t t, int64_t hk, size_t vb,
+                                      uint8_t * pad) {
     const size_t    at  = (size_t) (t * job->n_heads + hk) * vb;
     const uint8_t * vec = src + at;
     if (at + vb + 8 > (size_t) (job->n_tokens * job->n_heads) * vb) {
@@ -545,7 +546,7 @@ int KVG_SIMD_NAME(kvg_wfq_score)(const kvg_job * job, const uint8_t * src, int64
             memset(qpad + g * QS + D, 0, 8 * sizeof(float));
         }
         for (int64_t t = 0; t < n; t++) {
-            const uint8_t * vec = wfq_vec(job, src, t0 + t, hk, vb, pad);
+            const uint8_t * vec = padded_vec(job, src, t0 + t, hk, vb, pad);
             wfq_wide_levels(&plan, vec + 2, wide);
             for (int64_t g0 = 0; g0 < P; g0 += KVG_QB) {
                 const float * qg = qpad + g0 * QS;
@@ -584,7 +585,7 @@ int KVG_SIMD_NAME(kvg_wfq_accumulate)(const kvg_job * job, const uint8_t * src, 
     for (int64_t hk = 0; hk < job->n_heads; hk++) {
         wfq_plan_of(job, hk, &plan);
         for (int64_t t = 0; t < n; t++) {  // rows of levels (0 where a set has no bits)
-            const uint8_t * vec = wfq_vec(job, src, t0 + t, hk, vb, pad);
+            const uint8_t * vec = padded_vec(job, src, t0 + t, hk, vb, pad);
             float *         zt  = z + t * D;
             gain[t]             = half_to_float(kvg_get_u16(vec));
             if (plan.has_zero) {
@@ -626,19 +627,6 @@ KVG_INLINE vf8 tcq_lanes(int bits, const float * T, const uint8_t * codes, int64
     return window_lanes(bits, T, w);
 }
 
-// The code bytes of the head vector of row t, KV head hk, or a copy of them padded by 8 bytes
-// where the 64-bit loads could pass the end of the block.
-KVG_INLINE const uint8_t * tcq_vec(const kvg_job * job, const uint8_t * codes, int64_t t, int64_t hk, uint8_t * pad) {
-    const size_t vb = (size_t) (job->head_dim / 8) * (size_t) job->bits;
-    const size_t at = (size_t) (t * job->n_heads + hk) * vb;
-    if (at + vb + 8 > (size_t) (job->n_tokens * job->n_heads) * vb) {
-        memcpy(pad, codes + at, vb);
-        memset(pad + vb, 0, 8);
-        return pad;
-    }
-    return codes + at;
-}
-
 // res[g] = dot(q + g * D, the levels of one head vector) for g < nq.
 KVG_INLINE void tcq_dot_block(int bits, int nq, const float * T, const uint8_t * vec, int64_t D, const float * q,
                               float * res) {
@@ -663,11 +651,12 @@ KVG_INLINE void tcq_score_bits(int bits, const kvg_job * job, const uint8_t * sr
     const uint8_t * codes = src + (size_t) (job->n_tokens * H) * 2;
     const float *   T     = kvg_tcq_levels(bits);
     const float     inv_d = 1.0f / (float) D;
+    const size_t    vb    = (size_t) (D / 8) * (size_t) bits;  // code bytes per head vector
     float *         res   = a->tmp;
     uint8_t         pad[KVG_ROTQ_MAX_HEAD_DIM / 2 + 8];
     for (int64_t t = 0; t < n; t++) {
         for (int64_t hk = 0; hk < H; hk++) {
-            const uint8_t * vec = tcq_vec(job, codes, t0 + t, hk, pad);
+            const uint8_t * vec = padded_vec(job, codes, t0 + t, hk, vb, pad);
             const float *   q   = a->qr + hk * P * D;
             for (int64_t g0 = 0; g0 < P; g0 += KVG_QB) {
                 switch (P - g0 < KVG_QB ? P - g0 : KVG_QB) {
@@ -711,12 +700,13 @@ int KVG_SIMD_NAME(kvg_tcq_accumulate)(const kvg_job * job, const uint8_t * src, 
     const float *   T     = kvg_tcq_levels(bits);
     const float     inv_d = 1.0f / (float) D;
     const lanes     F     = make_lanes(1, NULL);
+    const size_t    vb    = (size_t) (D / 8) * (size_t) bits;            // code bytes per head vector
     float *         w     = a->tmp;                                      // [P][n]: p * norm / D
     float *         z     = a->tmp + a->n_q * (D + KVG_ATTN_CHUNK + 2);  // [n][D] levels
     uint8_t         pad[KVG_ROTQ_MAX_HEAD_DIM / 2 + 8];
     for (int64_t hk = 0; hk < H; hk++) {
         for (int64_t t = 0; t < n; t++) {
-            const uint8_t * vec = tcq_vec(job, codes, t0 + t, hk, pad);
+            const uint8_t * vec = padded_vec(job, codes, t0 + t, hk, vb, pad);
             for (int64_t i = 0; i < D; i += 8) {
                 vf8_store(z + t * D + i, tcq_lanes(bits, T, vec, i));
             }

@@ -279,6 +279,9 @@ void  kvg_rotq_signs(uint64_t seed, int64_t d, float * sgn);  // +-1.0f per coor
 // ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)), the order an AVX2 register reduction takes (and the
 // NEON kernel copies), so every path computes the same norm.
 float kvg_rotq_sumsq_ref(const float * x, int64_t d);
+// y = W(s * x) / n, n the f16 norm of x into *n16 (y untouched when it is 0); KVG_ERR_RANGE
+// "<name>: vector norm ..." when n does not fit in f16.
+int   kvg_rotq_rotate(const char * name, const float * x, int64_t d, const float * sgn, float * y, uint16_t * n16);
 void  kvg_fwht_ref(float * x, int64_t d);  // unnormalized, in place, d a power of two
 void  kvg_fwht_avx2(float * x, int64_t d);  // simd_avx2.c; the same butterflies, d >= 8
 void  kvg_fwht_neon(float * x, int64_t d);  // simd_neon.c; likewise

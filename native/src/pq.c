@@ -135,27 +135,6 @@ int kvg_pq_check(const kvg_job * job, const uint8_t * src) {
     return KVG_OK;  // every code byte names a centroid
 }
 
-// y = W(s * x) / n for the f16-rounded norm n (0: the vector is stored as zero).
-static int rotate(const float * x, int64_t d, const float * sgn, float * y, uint16_t * n16) {
-    const float norm = sqrtf(kvg_rotq_sumsq_ref(x, d));
-    *n16             = kvg_f32_to_f16(norm);
-    if (!kvg_f16_is_finite(*n16)) {
-        return kvg_fail(KVG_ERR_RANGE, "pq: vector norm %g does not fit in f16 (<= 65504)", (double) norm);
-    }
-    if (*n16 == 0) {
-        return KVG_OK;
-    }
-    const float inv = 1.0f / kvg_f16_to_f32(*n16);
-    for (int64_t i = 0; i < d; i++) {
-        y[i] = x[i] * sgn[i];
-    }
-    kvg_fwht_ref(y, d);
-    for (int64_t i = 0; i < d; i++) {
-        y[i] *= inv;
-    }
-    return KVG_OK;
-}
-
 // Index of the centroid nearest to v (the lowest on ties); *out_dist (may be NULL) its squared distance.
 static uint8_t nearest_dist(const float * book, const float * v, int64_t S, float * out_dist) {
     int   best   = 0;
@@ -212,7 +191,7 @@ int kvg_pq_encode_ref(const kvg_job * job, const float * src, uint8_t * dst) {
     uint8_t * codes = dst + l.codes;
     for (int64_t v = 0; v < l.nv; v++) {
         uint16_t n16;
-        rc = rotate(src + v * d, d, sgn, y, &n16);
+        rc = kvg_rotq_rotate("pq", src + v * d, d, sgn, y, &n16);
         if (rc != KVG_OK) {
             free(errs);
             return rc;
@@ -242,7 +221,7 @@ int kvg_pq_encode_ref(const kvg_job * job, const float * src, uint8_t * dst) {
                 continue;
             }
             uint16_t n16;
-            rotate(src + v * d, d, sgn, y, &n16);  // succeeded above
+            kvg_rotq_rotate("pq", src + v * d, d, sgn, y, &n16);  // succeeded above
             for (int64_t i = 0; i < d; i++) {
                 kvg_put_u16(dst + l.fallback + 2 * (k * d + i), n16 ? kvg_f32_to_f16(y[i]) : 0);
             }
@@ -326,7 +305,7 @@ int kvg_pq_train(int type, int kind, const float * src, size_t src_count, int64_
     int64_t n = 0;  // sub-vectors of non-zero vectors, every step-th
     for (int64_t v = 0; v < nv; v++) {
         uint16_t n16;
-        rc = rotate(src + v * d, d, sgn, y, &n16);
+        rc = kvg_rotq_rotate("pq", src + v * d, d, sgn, y, &n16);
         if (rc != KVG_OK) {
             goto done;
         }

@@ -271,30 +271,39 @@ void kvg_fwht(float * x, int64_t d) {
 
 // ---- scalar vector kernels (the oracle) ----------------------------------------------------
 
+// y = W(s * x) / n for the f16-rounded norm n of x (*n16; 0: the vector is stored as zero and y
+// is left as it was): unit variance per coordinate, normalized by the stored norm so that
+// decoding multiplies by exactly what was divided by. rotq, pq/vq and tcq code this y.
+int kvg_rotq_rotate(const char * name, const float * x, int64_t d, const float * sgn, float * y, uint16_t * n16) {
+    const float norm = sqrtf(kvg_rotq_sumsq_ref(x, d));
+    *n16             = kvg_f32_to_f16(norm);
+    if (!kvg_f16_is_finite(*n16)) {
+        return kvg_fail(KVG_ERR_RANGE, "%s: vector norm %g does not fit in f16 (<= 65504)", name, (double) norm);
+    }
+    if (*n16 == 0) {
+        return KVG_OK;
+    }
+    const float inv = 1.0f / kvg_f16_to_f32(*n16);
+    for (int64_t i = 0; i < d; i++) {
+        y[i] = x[i] * sgn[i];
+    }
+    kvg_fwht_ref(y, d);
+    for (int64_t i = 0; i < d; i++) {
+        y[i] *= inv;
+    }
+    return KVG_OK;
+}
+
 static int encode_vec_ref(const float * x, int64_t d, const float * sgn, const kvg_rotq_book * book, int bits,
                           float * tmp, uint8_t * q, uint8_t * codes, uint64_t bit_off, uint16_t * norm16) {
-    const float    norm = sqrtf(kvg_rotq_sumsq_ref(x, d));
-    const uint16_t n16  = kvg_f32_to_f16(norm);
-    if (!kvg_f16_is_finite(n16)) {
-        return kvg_fail(KVG_ERR_RANGE, "rotq: vector norm %g does not fit in f16 (<= 65504)", (double) norm);
+    const int st = kvg_rotq_rotate("rotq", x, d, sgn, tmp, norm16);
+    if (st != KVG_OK || *norm16 == 0) {
+        return st;  // a zero vector (or below f16 resolution) decodes to zeros
     }
-    *norm16 = n16;
-    if (n16 == 0) {
-        return KVG_OK;  // zero (or below f16 resolution): decodes to zeros
-    }
-    // Normalize by the stored norm, so decoding multiplies by exactly what we divided by.
-    const float   inv = 1.0f / kvg_f16_to_f32(n16);
     const float * bnd = book->boundary[bits];
     const int     nb  = (1 << bits) - 1;
-    for (int64_t i = 0; i < d; i++) {
-        tmp[i] = x[i] * sgn[i];
-    }
-    kvg_fwht_ref(tmp, d);
     // code = number of boundaries below y; boundary-major loops so compilers vectorize them
-    for (int64_t i = 0; i < d; i++) {
-        tmp[i] = tmp[i] * inv;
-        q[i]   = 0;
-    }
+    memset(q, 0, (size_t) d);
     for (int k = 0; k < nb; k++) {
         const float b = bnd[k];
         for (int64_t i = 0; i < d; i++) {

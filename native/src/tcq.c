@@ -91,37 +91,24 @@ int kvg_tcq_encode_with(const kvg_job * job, const float * src, uint8_t * dst, k
 
     int st = KVG_OK;
     for (int64_t v0 = 0; v0 < nv && st == KVG_OK; v0 += TCQ_LANES) {
+        memset(y, 0, sizeof(float) * lanes_f);  // lanes past the last vector search zeros
         int live = 0;  // lanes whose vector has a norm: the others are coded as zeros
-        for (int l = 0; l < TCQ_LANES; l++) {
-            const int64_t v = v0 + l;
-            float         inv = 0.0f;
-            if (v < nv) {
-                const float *  x    = src + v * d;
-                const float    norm = sqrtf(kvg_rotq_sumsq_ref(x, d));
-                const uint16_t n16  = kvg_f32_to_f16(norm);
-                if (!kvg_f16_is_finite(n16)) {
-                    st = kvg_fail(KVG_ERR_RANGE,
-                                  "%s: vector norm %g does not fit in f16 (<= 65504), at token %lld, head %lld",
-                                  kvg_codec_name(job->type), (double) norm, (long long) (v / job->n_heads),
-                                  (long long) (v % job->n_heads));
-                    break;
-                }
-                kvg_put_u16(norms + 2 * v, n16);
-                if (n16 != 0) {
-                    inv = 1.0f / kvg_f16_to_f32(n16);  // unit variance per coordinate, as the tables expect
-                    live |= 1 << l;
-                }
+        for (int l = 0; l < TCQ_LANES && v0 + l < nv; l++) {
+            const int64_t v   = v0 + l;
+            float *       yl  = (float *) q;  // d floats of scratch: q is not needed until the search is done
+            uint16_t      n16 = 0;
+            st                = kvg_rotq_rotate(kvg_codec_name(job->type), src + v * d, d, sgn, yl, &n16);
+            if (st != KVG_OK) {
+                char msg[192];
+                snprintf(msg, sizeof(msg), "%s", kvg_last_error());
+                kvg_fail(st, "%s, at token %lld, head %lld", msg, (long long) (v / job->n_heads),
+                         (long long) (v % job->n_heads));
+                break;
             }
-            float * yl = (float *) q;  // d floats of scratch: q is not needed until the search is done
-            if (live >> l & 1) {
-                const float * x = src + (v0 + l) * d;
-                for (int64_t i = 0; i < d; i++) {
-                    yl[i] = x[i] * sgn[i];
-                }
-                kvg_fwht_ref(yl, d);
-            }
+            kvg_put_u16(norms + 2 * v, n16);
+            live |= (n16 != 0) << l;
             for (int64_t i = 0; i < d; i++) {
-                y[i * TCQ_LANES + l] = live >> l & 1 ? yl[i] * inv : 0.0f;
+                y[i * TCQ_LANES + l] = n16 != 0 ? yl[i] : 0.0f;
             }
         }
         if (st != KVG_OK || live == 0) {
@@ -146,36 +133,24 @@ int kvg_tcq_encode_ref(const kvg_job * job, const float * src, uint8_t * dst) {
     return kvg_tcq_encode_with(job, src, dst, tcq_viterbi_ref);
 }
 
+// Decodes one vector whose f16 norm is the finite, positive nf (kvg_rotq_decode_with's loop):
+// its levels in place of rotq's centroids, then rotq's inverse rotation.
+static void decode_vec(const uint8_t * codes, uint64_t bit_off, int64_t d, int bits, const kvg_rotq_book * book,
+                       const float * sgn, float nf, float * out, uint8_t * q) {
+    (void) book;
+    (void) q;
+    levels_of(codes, bit_off, d, bits, out);
+    kvg_fwht_ref(out, d);
+    const float f = nf * (1.0f / (float) d);  // W W = d I
+    for (int64_t i = 0; i < d; i++) {
+        out[i] = (out[i] * f) * sgn[i];
+    }
+}
+
+static const kvg_rotq_ops k_tcq_ops = { NULL, decode_vec };  // encoding searches 8 vectors at once instead
+
 int kvg_tcq_decode_ref(const kvg_job * job, const uint8_t * src, float * dst) {
-    const int64_t d    = job->head_dim;
-    const int64_t nv   = job->n_tokens * job->n_heads;
-    const int     bits = job->bits;
-    const int     st   = kvg_rotq_check(job, src);  // the same norms; validate before writing anything
-    if (st != KVG_OK) {
-        return st;
-    }
-    const uint8_t * codes = src + (size_t) nv * 2;
-    float *         sgn   = (float *) malloc((size_t) d * sizeof(float));
-    if (sgn == NULL) {
-        return kvg_fail(KVG_ERR_NO_MEMORY, "%s: cannot allocate scratch", kvg_codec_name(job->type));
-    }
-    kvg_rotq_signs(job->seed, d, sgn);
-    for (int64_t v = 0; v < nv; v++) {
-        const uint16_t n16 = kvg_get_u16(src + 2 * v);
-        float *        out = dst + v * d;
-        if (n16 == 0) {
-            memset(out, 0, (size_t) d * sizeof(float));
-            continue;
-        }
-        levels_of(codes, (uint64_t) (v * d) * (uint64_t) bits, d, bits, out);
-        kvg_fwht_ref(out, d);
-        const float f = kvg_f16_to_f32(n16) * (1.0f / (float) d);  // W W = d I
-        for (int64_t i = 0; i < d; i++) {
-            out[i] = (out[i] * f) * sgn[i];
-        }
-    }
-    free(sgn);
-    return KVG_OK;
+    return kvg_rotq_decode_with(job, src, dst, &k_tcq_ops);
 }
 
 // ---- attention (scalar oracle) -------------------------------------------------------------
