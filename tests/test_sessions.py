@@ -423,21 +423,28 @@ def test_prompt_cache_refuses_raw_llama_states(smollm2_path):
         CompressedRAMCache()[[1, 2, 3]] = state
 
 
+def session_losses(path, text_tokens, tmp_path, names, **save) -> dict:
+    """300 tokens saved as tmp_path/NAME.kvz with each session codec, each restored into a new
+    Llama: the KL of the next 64 tokens' logits against the context never saved, per codec."""
+    ctx, nxt = text_tokens[:300], text_tokens[300:364]
+    src = make(path, n_batch=128)
+    src.eval(ctx)
+    for codec in names:
+        src.save_session(tmp_path / f"{codec}.kvz", codec=codec, **save)
+    ref = scores(src, nxt)
+    loss = {}
+    for codec in names:
+        dst = make(path, n_batch=128)
+        dst.load_session(tmp_path / f"{codec}.kvz")
+        loss[codec] = kl(ref, scores(dst, nxt))
+    return loss
+
+
 def test_exact_rows_in_a_codec_with_a_plan_carry_the_plan_they_were_coded_with(smollm2_path, text_tokens, tmp_path):
     """A session codec with a book (wfq's plan; "auto" may choose wfq per list) fits it on the
     exact rows it codes and writes it before their codes: the file restores on its own, more
     bits lose less, and a segment that hides its book is refused."""
-    ctx, nxt = text_tokens[:300], text_tokens[300:364]
-    src = make(smollm2_path, n_batch=128)
-    src.eval(ctx)
-    for codec in ("wfq2", "wfq4"):
-        src.save_session(tmp_path / f"{codec}.kvz", codec=codec)
-    ref = scores(src, nxt)
-    loss = {}
-    for codec in ("wfq2", "wfq4"):
-        dst = make(smollm2_path, n_batch=128)
-        dst.load_session(tmp_path / f"{codec}.kvz")
-        loss[codec] = kl(ref, scores(dst, nxt))
+    loss = session_losses(smollm2_path, text_tokens, tmp_path, ("wfq2", "wfq4"))
     assert 0.0 < loss["wfq4"] < loss["wfq2"] < 1.0, loss
     assert os.path.getsize(tmp_path / "wfq2.kvz") < os.path.getsize(tmp_path / "wfq4.kvz")
 
@@ -462,17 +469,7 @@ def test_a_trellis_codec_saves_in_rotq_s_bytes_and_restores(smollm2_path, text_t
     the context about as closely: over one context of 300 tokens the KL of the next 64 is noisy
     (three contexts measured 0.032 / 0.014 / 0.016 against rotq3's 0.030 / 0.018 / 0.021), so
     this asserts no more than that; tests/test_codec_tcq.py and `kvgguf eval` compare them."""
-    ctx, nxt = text_tokens[:300], text_tokens[300:364]
-    src = make(smollm2_path, n_batch=128)
-    src.eval(ctx)
-    for codec in ("rotq3", "tcq3"):
-        src.save_session(tmp_path / f"{codec}.kvz", codec=codec, entropy=False)
-    ref = scores(src, nxt)
-    loss = {}
-    for codec in ("rotq3", "tcq3"):
-        dst = make(smollm2_path, n_batch=128)
-        dst.load_session(tmp_path / f"{codec}.kvz")
-        loss[codec] = kl(ref, scores(dst, nxt))
+    loss = session_losses(smollm2_path, text_tokens, tmp_path, ("rotq3", "tcq3"), entropy=False)
     rows = {c: [p for t, p in container.unpack((tmp_path / f"{c}.kvz").read_bytes()) if t[:1] == b"L"] for c in loss}
     assert [len(p) for p in rows["tcq3"]] == [len(p) for p in rows["rotq3"]]  # the metadata names the codec
     assert 0.0 < loss["tcq3"] < 1.25 * loss["rotq3"], loss
