@@ -143,6 +143,43 @@ def test_attend_matches_softmax_over_decoded_rows(k_codec, v_codec, head_dim):
                     )
 
 
+# Many queries per KV head (a prefill's ubatch: KVG_DENSE_MIN_QUERIES = 16 in attend.c): f16,
+# rotq and tcq rows are decoded once per chunk and multiplied as dense tiles, beside codecs that
+# keep their kernels (kivi, wfq) in the same call. 7 tokens of groups of 3 give 21 queries per KV
+# head (a tail of 5 after the tiles of 8); 16 without GQA, exactly two tiles.
+DENSE_PAIRS = [
+    ("f16", "f16"),
+    ("rotq3", "rotq2"),
+    ("tcq3", "tcq4"),
+    ("rotq4", "kivi2"),
+    ("kivi4", "tcq2"),
+    ("wfq3", "rotq1"),
+]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("k_codec,v_codec", DENSE_PAIRS)
+def test_dense_tiles_for_many_queries_match_the_softmax(k_codec, v_codec, head_dim):
+    rng = np.random.default_rng(11)
+    scale = 1.0 / np.sqrt(head_dim)
+    for (n_head_kv, n_head), n_tokens in (((3, 9), 7), ((1, 1), 16), ((1, 3), 2)):
+        store = build(k_codec, v_codec, head_dim, n_head_kv)
+        q = queries(rng, n_tokens, n_head, head_dim)
+        for r0, r1 in ((0, N_ROWS), (61, 250)):
+            m_ref, l_ref, out_ref, vmax = reference(store, 1, r0, r1, q, scale)
+            outs = []
+            for level in LEVELS:
+                m, l, acc = attend_at(level, store, 1, r0, r1, q, scale)
+                out = acc / l[..., None]
+                where = f"{k_codec}/{v_codec} d={head_dim} T={n_tokens} heads={n_head_kv}/{n_head} simd={level}"
+                np.testing.assert_allclose(m, m_ref, rtol=1e-5, atol=1e-5, err_msg=where)
+                np.testing.assert_allclose(l, l_ref, rtol=1e-4, err_msg=where)
+                assert float(np.abs(out - out_ref).max()) <= TOL * vmax, where
+                outs.append(out)
+            if len(outs) == 2:
+                assert float(np.abs(outs[0] - outs[1]).max()) <= TOL_SIMD * vmax, where
+
+
 def merge(a, b):
     """Two online-softmax states over disjoint rows, merged in log-sum-exp form."""
     (m1, l1, acc1), (m2, l2, acc2) = a, b

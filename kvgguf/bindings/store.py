@@ -313,6 +313,12 @@ class KVStore:
         """Address of the C entry point of llama.cpp's fused attention (llama_kvgguf_attend_fn)."""
         return int(get_ffi().cast("uintptr_t", get_lib().kvg_store_hook_attend_capped))
 
+    @staticmethod
+    def attend_f16_function() -> int:
+        """Address of kvg_attend_f16, which llama.cpp's fused path calls for its hot cells
+        (llama_kvgguf_attend_f16_fn): f16 rows under the mask, with the store's SIMD kernels."""
+        return int(get_ffi().cast("uintptr_t", get_lib().kvg_attend_f16))
+
     # --- attention mass: the softmax weight cold rows receive, per granule of MASS_ROWS rows ---
 
     def mass_function(self) -> int:

@@ -62,6 +62,9 @@ n_errors = _bind("llama_kvgguf_n_errors", [C.llama_context_p_ctypes], ctypes.c_i
 set_attend = _bind(
     "llama_kvgguf_set_attend", [C.llama_context_p_ctypes, ctypes.c_void_p, ctypes.c_int32], ctypes.c_int32
 )
+# The fused path's hot cells through libkvgguf's SIMD kernels (attend_f16: a C function address,
+# llama_kvgguf_attend_f16_fn; 0: llama.cpp's own loop, built without the CPU's vector extensions).
+set_attend_f16 = _bind("llama_kvgguf_set_attend_f16", [C.llama_context_p_ctypes, ctypes.c_void_p], ctypes.c_int32)
 # The fused path's final softmax max and sum per query, once per layer and ubatch (mass: a C function
 # address, llama_kvgguf_mass_fn; 0: off), from which the store counts each cold granule's attention mass.
 set_mass = _bind("llama_kvgguf_set_mass", [C.llama_context_p_ctypes, ctypes.c_void_p], ctypes.c_int32)

@@ -14,10 +14,11 @@ from importlib import resources
 from pathlib import Path
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # its vendored llama.cpp (0c1e570) is what patches/ target
-PATCH_VERSION = 9  # LLAMA_KVGGUF_PATCH_VERSION in patches/ (0001 added it, 0002 the cold-row hooks, 0003 compute bytes,
+# LLAMA_KVGGUF_PATCH_VERSION in patches/ (0001 added it, 0002 the cold-row hooks, 0003 compute bytes,
 # 0004 fused attention over cold rows, 0005 its softmax normalizers for the attention mass, 0006 the logical context,
 # 0007 each layer's attention path, 0008 soft-capping and sinks on the fused path, 0009 the fused path's
-# threads each take a share of the cold rows and of the hot cells)
+# threads each take a share of the cold rows and of the hot cells, 0010 the hot cells through libkvgguf's kernels)
+PATCH_VERSION = 10
 
 _ENV_OVERRIDE = "KVGGUF_LLAMA_LIB_DIR"
 

@@ -28,11 +28,11 @@ from ..policy.tiered import TieredConfig
 
 SEQ = 0  # one sequence per context (n_seq_max = 1)
 # Ubatches of at most this many tokens attend over the store's rows fused (scored from their
-# codes); larger ones expand the rows to f16 for llama.cpp's kernels, whose tiled flash attention
-# takes over from 64 query rows. Measured (benchmarks/results/fused_switch.md, SmolLM2 at 8K):
-# fused 0.13x of expand's time per ubatch at 1-4 tokens, 0.17x at 32, 0.92x at 64; prefill
-# ubatches of 256 stay on the expanding path.
-FUSED_MAX_TOKENS = 64
+# codes, the hot cells through kvg_attend_f16); larger ones expand the rows to f16 for llama.cpp's
+# kernels. With many queries per KV head the store decodes each chunk of rows once and multiplies
+# dense tiles, so prefill ubatches (256 on the 1-3B presets, llama-cpp-python's default 512) are
+# fused too: benchmarks/results/fused_switch.md, benchmarks/results/shapes/*_fused_prefill.md.
+FUSED_MAX_TOKENS = 512
 
 
 class LiveCache:
@@ -74,6 +74,7 @@ class LiveCache:
             raise ValueError("llama.cpp refused kvgguf's hooks: this context's memory is not a KV cache")
         fused = self.fused_max_tokens > 0
         hooks.set_attend(self.ctx, store.attend_function() if fused else None, self.fused_max_tokens)
+        hooks.set_attend_f16(self.ctx, store.attend_f16_function() if fused else None)
         # The fused path also counts the attention mass of cold rows (one add per row and query).
         store.set_mass(fused)
         hooks.set_mass(self.ctx, store.mass_function() if fused else None)

@@ -162,7 +162,7 @@ enum kvg_kind {
 // Bumped whenever a declaration in this region changes; kvg_abi_version() returns the value the
 // library was built with, and the Python binding refuses a library and header that disagree.
 enum kvg_abi {
-    KVG_ABI_VERSION = 12
+    KVG_ABI_VERSION = 13
 };
 
 enum kvg_simd {
@@ -364,6 +364,21 @@ int32_t kvg_store_hook_attend(void * user, int32_t il, int64_t r0, int64_t r1,
 int32_t kvg_store_hook_attend_capped(void * user, int32_t il, int64_t r0, int64_t r1,
                                      const float * q, int32_t n_tokens, int32_t n_head, float scale,
                                      float softcap, float * m, float * l, float * acc);
+
+// Attention over f16 rows outside the store, under a mask, into the same state (q, m, l, acc,
+// scale, softcap as kvg_store_hook_attend_capped): llama.cpp's hot cells on the fused path
+// (llama_kvgguf_attend_f16_fn of patches/0010). Cells [c0, c1) of n_head_kv KV heads: element i
+// of KV head hk of cell c is the f16 at k + i * k_nb[0] + hk * k_nb[1] + c * k_nb[2] (bytes; v
+// likewise, so a transposed V is a matter of strides). mask, when not NULL, is added to the
+// scores of query token t: the f32 (or f16, mask_f16 != 0) at mask + t * mask_nb1 + c * its size;
+// -INFINITY hides a cell, and a query that sees no cell of the range keeps its state. Returns
+// KVG_OK, or KVG_ERR_INVALID_ARG / KVG_ERR_NO_MEMORY with the state unchanged. Takes no locks;
+// allocates nothing once a thread's scratch has grown to the shape.
+int32_t kvg_attend_f16(const float * q, int32_t n_tokens, int32_t n_head, int32_t n_head_kv,
+                       int64_t head_dim_k, int64_t head_dim_v, const void * k, const size_t * k_nb,
+                       const void * v, const size_t * v_nb, int64_t c0, int64_t c1, const void * mask,
+                       int32_t mask_f16, size_t mask_nb1, float scale, float softcap, float * m, float * l,
+                       float * acc);
 
 // Failed reads on llama.cpp's paths since the store was made: KVG_READ_DECODE counts hook_decode
 // calls that failed (rows llama.cpp expanded are then zeros: kvgguf drops that ubatch), and

@@ -385,6 +385,10 @@ void KVG_SIMD_NAME(kvg_attn_softmax)(const kvg_attn * a, float * m, float * l, f
         for (; t < n; t++) {
             mx = sj[t] > mx ? sj[t] : mx;
         }
+        if (mx == -INFINITY) {  // every score masked (kvg_attend_f16): nothing to fold in
+            memset(sj, 0, (size_t) n * sizeof(float));
+            continue;
+        }
         if (mx > m[j]) {
             const float corr = expf(m[j] - mx);  // 0 while m is -inf
             l[j] *= corr;
@@ -720,6 +724,148 @@ int KVG_SIMD_NAME(kvg_tcq_accumulate)(const kvg_job * job, const uint8_t * src, 
     return KVG_OK;
 }
 
+// ---- dense tiles: many queries per KV head (a prefill's ubatch) ---------------------------
+//
+// With P queries per KV head the kernels above dequantize each row's lanes P / KVG_QB times
+// and reduce one sum per query and row. attend.c instead decodes a chunk's rows of one KV head
+// once into f32 (kvg_dense_rows, in the domain the kernels score in) and multiplies small
+// matrices: scores with 8 keys in the lanes (the rows transposed), value sums with 8 output
+// dimensions in the lanes, 8 queries' accumulators in registers either way. Same sums in
+// another order: they agree with the kernels to float rounding.
+
+// Rows [t0, t0 + n) of KV head hk as the score/accumulate kernels see them: f16 as is, rotq
+// and tcq in the rotated domain times norm / D. KVG_NOT_HANDLED (nothing written) for other
+// codecs and for head dims that are not a multiple of 8.
+int KVG_SIMD_NAME(kvg_dense_rows)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, int64_t hk,
+                                  float * out) {
+    const int64_t D = job->head_dim, H = job->n_heads;
+    const int     bits = job->bits;
+    if (D % 8 != 0) {
+        return KVG_NOT_HANDLED;
+    }
+    if (job->type == KVG_CODEC_F16) {
+        const lanes L = make_lanes(1, NULL);
+        for (int64_t t = 0; t < n; t++) {
+            const uint8_t * row = src + 2 * ((t0 + t) * job->n_channels + hk * D);
+            for (int64_t i = 0; i < D; i += 8) {
+                vf8_store(out + t * D + i, load_lanes(KVG_LANES_F16, 16, &L, row, i));
+            }
+        }
+        return KVG_OK;
+    }
+    const int rotq = job->type >= KVG_CODEC_ROTQ1 && job->type <= KVG_CODEC_ROTQ4;
+    const int tcq  = job->type >= KVG_CODEC_TCQ2 && job->type <= KVG_CODEC_TCQ4;
+    if (!rotq && !tcq) {
+        return KVG_NOT_HANDLED;
+    }
+    const uint8_t * codes = src + (size_t) (job->n_tokens * H) * 2;
+    const float     inv_d = 1.0f / (float) D;
+    const size_t    vb    = (size_t) (D / 8) * (size_t) bits;  // code bytes per head vector
+    uint8_t         pad[KVG_ROTQ_MAX_HEAD_DIM / 2 + 8];
+    const lanes     L     = make_lanes(rotq ? bits : 1, rotq ? kvg_rotq_get_book(D)->centroid[bits] : NULL);
+    for (int64_t t = 0; t < n; t++) {
+        const int64_t v = (t0 + t) * H + hk;
+        const vf8     f = vf8_set1(half_to_float(kvg_get_u16(src + 2 * v)) * inv_d);
+        float *       o = out + t * D;
+        if (rotq) {
+            const uint8_t * row = codes + (size_t) v * vb;
+            for (int64_t i = 0; i < D; i += 8) {
+                vf8 x;
+                switch (bits) {  // constant bits: the unpacking is inlined for each
+                    case 1:  x = load_lanes(KVG_LANES_CB, 1, &L, row, i); break;
+                    case 2:  x = load_lanes(KVG_LANES_CB, 2, &L, row, i); break;
+                    case 3:  x = load_lanes(KVG_LANES_CB, 3, &L, row, i); break;
+                    default: x = load_lanes(KVG_LANES_CB, 4, &L, row, i); break;
+                }
+                vf8_store(o + i, vf8_mul(x, f));
+            }
+        } else {
+            const float *   T   = kvg_tcq_levels(bits);
+            const uint8_t * vec = padded_vec(job, codes, t0 + t, hk, vb, pad);
+            for (int64_t i = 0; i < D; i += 8) {
+                vf8_store(o + i, vf8_mul(tcq_lanes(bits, T, vec, i), f));
+            }
+        }
+    }
+    return KVG_OK;
+}
+
+// out[g * ldo + t] = dot(q + g * D, keys + t * D) for g < nq (<= 8) and the 8 keys t0..t0+7 of
+// kt (the keys transposed: kt[i * nk + t], nk a multiple of 8).
+KVG_INLINE void dense_score_block(int nq, const float * q, int64_t D, const float * kt, int64_t nk, int64_t t0,
+                                  float * res) {
+    vf8 acc[8];
+    for (int g = 0; g < nq; g++) {
+        acc[g] = vf8_zero();
+    }
+    for (int64_t i = 0; i < D; i++) {
+        const vf8 k = vf8_load(kt + i * nk + t0);
+        for (int g = 0; g < nq; g++) {
+            acc[g] = vf8_fma(vf8_set1(q[g * D + i]), k, acc[g]);
+        }
+    }
+    for (int g = 0; g < nq; g++) {
+        vf8_store(res + g * 8, acc[g]);
+    }
+}
+
+void KVG_SIMD_NAME(kvg_dense_score)(const float * q, int64_t P, const float * keys, int64_t n, int64_t D, float * kt,
+                                    float * out, int64_t ldo) {
+    const int64_t nk = (n + 7) / 8 * 8;
+    for (int64_t i = 0; i < D; i++) {
+        for (int64_t t = 0; t < nk; t++) {
+            kt[i * nk + t] = t < n ? keys[t * D + i] : 0.0f;
+        }
+    }
+    float res[64];
+    for (int64_t t0 = 0; t0 < nk; t0 += 8) {
+        const int64_t m = n - t0 < 8 ? n - t0 : 8;
+        for (int64_t g0 = 0; g0 < P; g0 += 8) {
+            const int nq = P - g0 < 8 ? (int) (P - g0) : 8;
+            if (nq == 8) {
+                dense_score_block(8, q + g0 * D, D, kt, nk, t0, res);  // constant: held in registers
+            } else {
+                dense_score_block(nq, q + g0 * D, D, kt, nk, t0, res);
+            }
+            for (int g = 0; g < nq; g++) {
+                memcpy(out + (g0 + g) * ldo + t0, res + g * 8, (size_t) m * sizeof(float));
+            }
+        }
+    }
+}
+
+// acc[g * D + i..i+7] += sum over t < n of w[g * ldw + t] * rows[t * D + i..i+7], for g < nq (<= 8).
+KVG_INLINE void dense_axpy_block(int nq, const float * w, int64_t ldw, const float * rows, int64_t n, int64_t D,
+                                 int64_t i, float * acc) {
+    vf8 a[8];
+    for (int g = 0; g < nq; g++) {
+        a[g] = vf8_load(acc + g * D + i);
+    }
+    for (int64_t t = 0; t < n; t++) {
+        const vf8 v = vf8_load(rows + t * D + i);
+        for (int g = 0; g < nq; g++) {
+            a[g] = vf8_fma_s(a[g], v, w[g * ldw + t]);
+        }
+    }
+    for (int g = 0; g < nq; g++) {
+        vf8_store(acc + g * D + i, a[g]);
+    }
+}
+
+void KVG_SIMD_NAME(kvg_dense_accumulate)(const float * w, int64_t ldw, int64_t P, const float * rows, int64_t n,
+                                         int64_t D, float * acc) {
+    for (int64_t g0 = 0; g0 < P; g0 += 8) {
+        const int nq = P - g0 < 8 ? (int) (P - g0) : 8;
+        for (int64_t i = 0; i < D; i += 8) {
+            if (nq == 8) {
+                dense_axpy_block(8, w + g0 * ldw, ldw, rows, n, D, i, acc + g0 * D);
+            } else {
+                dense_axpy_block(nq, w + g0 * ldw, ldw, rows, n, D, i, acc + g0 * D);
+            }
+        }
+    }
+}
+
 #else  // KVG_SIMD_STUBS: a build without this instruction set
 
 void KVG_SIMD_NAME(kvg_attn_softmax)(const kvg_attn * a, float * m, float * l, float * s, int64_t n, int64_t dv,
@@ -785,6 +931,22 @@ int KVG_SIMD_NAME(kvg_tcq_accumulate)(const kvg_job * job, const uint8_t * src, 
                                  const kvg_attn * a) {
     (void) job; (void) src; (void) t0; (void) n; (void) p; (void) a;
     return KVG_NOT_HANDLED;
+}
+
+int KVG_SIMD_NAME(kvg_dense_rows)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, int64_t hk,
+                                  float * out) {
+    (void) job; (void) src; (void) t0; (void) n; (void) hk; (void) out;
+    return KVG_NOT_HANDLED;
+}
+
+void KVG_SIMD_NAME(kvg_dense_score)(const float * q, int64_t P, const float * keys, int64_t n, int64_t D, float * kt,
+                                    float * out, int64_t ldo) {
+    (void) q; (void) P; (void) keys; (void) n; (void) D; (void) kt; (void) out; (void) ldo;
+}
+
+void KVG_SIMD_NAME(kvg_dense_accumulate)(const float * w, int64_t ldw, int64_t P, const float * rows, int64_t n,
+                                         int64_t D, float * acc) {
+    (void) w; (void) ldw; (void) P; (void) rows; (void) n; (void) D; (void) acc;
 }
 
 #endif  // KVG_SIMD_STUBS

@@ -84,6 +84,30 @@ void kvg_attn_softmax_ref(const kvg_attn * a, float * m, float * l, float * s, i
 void kvg_attn_softmax_avx2(const kvg_attn * a, float * m, float * l, float * s, int64_t n, int64_t dv, int rotated);
 void kvg_attn_softmax_neon(const kvg_attn * a, float * m, float * l, float * s, int64_t n, int64_t dv, int rotated);
 
+// Queries per KV head from which attend.c and attend_f16.c decode a chunk's rows once and
+// multiply dense tiles; a decode step's few queries keep the per-row kernels, which measured
+// faster below it (benchmarks/attend_kernels.py --tokens). A build with
+// CMAKE_ARGS="-DCMAKE_C_FLAGS=-DKVG_DENSE_MIN_QUERIES=1000000" times the per-row kernels alone.
+#ifndef KVG_DENSE_MIN_QUERIES
+#    define KVG_DENSE_MIN_QUERIES 16
+#endif
+
+// Dense tiles (attend_simd.h) for many queries per KV head, a prefill's ubatch: attend.c decodes
+// a chunk's rows of one KV head once (rows: out[t * D + i], in the domain the kernels score in;
+// KVG_NOT_HANDLED for codecs other than f16, rotq and tcq), then scores them as one small
+// matrix product (out[g * ldo + t] = q_g . row t; kt: scratch of D * (n rounded up to 8)) and
+// sums values as another (acc[g * D + i] += sum_t w[g * ldw + t] * row t). SIMD builds only.
+int  kvg_dense_rows_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, int64_t hk, float * out);
+int  kvg_dense_rows_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, int64_t hk, float * out);
+void kvg_dense_score_avx2(const float * q, int64_t P, const float * keys, int64_t n, int64_t D, float * kt,
+                          float * out, int64_t ldo);
+void kvg_dense_score_neon(const float * q, int64_t P, const float * keys, int64_t n, int64_t D, float * kt,
+                          float * out, int64_t ldo);
+void kvg_dense_accumulate_avx2(const float * w, int64_t ldw, int64_t P, const float * rows, int64_t n, int64_t D,
+                               float * acc);
+void kvg_dense_accumulate_neon(const float * w, int64_t ldw, int64_t P, const float * rows, int64_t n, int64_t D,
+                               float * acc);
+
 // What the 8 lanes that attend_simd.h's kernels load at a time (load_lanes of attend_avx2.c and
 // attend_neon.c) are made of.
 enum {
@@ -502,7 +526,7 @@ int64_t kvg_rows_find_block(const kvg_rows * r, int64_t row);
 
 // ---- scratch.c: per-thread scratch, grown and never shrunk, freed when the thread ends --------
 
-enum { KVG_SCRATCH_STORE = 0, KVG_SCRATCH_ATTEND = 1, KVG_SCRATCH_ROWS = 2, KVG_SCRATCH_SLOTS = 3 };
+enum { KVG_SCRATCH_STORE = 0, KVG_SCRATCH_ATTEND = 1, KVG_SCRATCH_ROWS = 2, KVG_SCRATCH_DENSE = 3, KVG_SCRATCH_SLOTS = 4 };
 float * kvg_thread_scratch(int slot, size_t n_floats);  // NULL when out of memory
 
 // ---- store.c: failure injection (kvg_debug_fail_after) -------------------------------------

@@ -344,7 +344,15 @@ static int attend_at(int level, kvg_store * s, int64_t r0, int64_t r1, const flo
     return kvg_store_hook_attend(s, 1, r0, r1, q, nt, nh, scale, o->m, o->l, o->acc);
 }
 
+// Query tokens of check_attend: a decode step, a small batch and, where many > 0, a batch whose
+// queries per KV head take attend.c's dense tiles (KVG_DENSE_MIN_QUERIES).
+static void check_attend_tokens(int simd, int kc, int vc, int64_t D, int32_t hkv, int32_t nh, int32_t G, int32_t many);
+
 static void check_attend(int simd, int kc, int vc, int64_t D, int32_t hkv, int32_t nh, int32_t G) {
+    check_attend_tokens(simd, kc, vc, D, hkv, nh, G, 0);
+}
+
+static void check_attend_tokens(int simd, int kc, int vc, int64_t D, int32_t hkv, int32_t nh, int32_t G, int32_t many) {
     set_level(KVG_SIMD_SCALAR);
     kvg_store *   s = build_store(kc, vc, D, hkv, G);
     const int64_t W = hkv * D;
@@ -372,7 +380,9 @@ static void check_attend(int simd, int kc, int vc, int64_t D, int32_t hkv, int32
     }
 
     const float scale = (float) (1.0 / sqrt((double) D));
-    for (int32_t nt = 1; nt <= 3; nt += 2) {
+    const int32_t tokens[3] = { 1, 3, many };
+    for (int ti = 0; ti < 3 && tokens[ti] > 0; ti++) {
+        const int32_t nt = tokens[ti];
         const int64_t nq = (int64_t) nt * nh;
         float *       q  = xmalloc((size_t) (nq * D) * sizeof(float));
         for (int64_t i = 0; i < nq * D; i++) {
@@ -528,6 +538,16 @@ int main(int argc, char ** argv) {
         check_attend(simd, kc, kc, 64, 3, 9, 32);
         check_attend(simd, kc, KVG_CODEC_ROTQ3, 128, 1, 3, 32);
         check_attend(simd, KVG_CODEC_WFQ4, kc, 256, 3, 9, 32);
+    }
+
+    // many queries per KV head: f16, rotq and tcq rows as dense tiles, beside kernels (7 tokens
+    // of groups of 3: 21 queries, a tail after the tiles of 8; 16 without GQA: two whole tiles)
+    static const int32_t dense_pairs[][2] = { { KVG_CODEC_F16, KVG_CODEC_F16 },     { KVG_CODEC_ROTQ3, KVG_CODEC_ROTQ2 },
+                                              { KVG_CODEC_TCQ3, KVG_CODEC_TCQ4 },   { KVG_CODEC_ROTQ4, KVG_CODEC_KIVI2 },
+                                              { KVG_CODEC_KIVI4, KVG_CODEC_TCQ2 },  { KVG_CODEC_ROTQ1, KVG_CODEC_F16 } };
+    for (size_t i = 0; i < sizeof(dense_pairs) / sizeof(dense_pairs[0]); i++) {
+        check_attend_tokens(simd, dense_pairs[i][0], dense_pairs[i][1], 64, 3, 9, 32, 7);
+        check_attend_tokens(simd, dense_pairs[i][0], dense_pairs[i][1], 128, 1, 1, 32, 16);
     }
 
     const double secs = (double) (clock() - t_start) / CLOCKS_PER_SEC;
