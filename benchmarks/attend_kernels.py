@@ -1,10 +1,11 @@
 """Single-thread speed of the store's fused attention (kvg_store_hook_attend) per codec.
 
     .venv/bin/python benchmarks/attend_kernels.py [--rows 8192] [--repeat 20] [--rounds 5] [--codecs f16,rotq4,rotq2]
-        [--out FILE.json]
+        [--tokens 1] [--out FILE.json]
 
-One layer of SmolLM2-135M's shape (head_dim 64, 3 KV heads, 9 query heads), one query token
-(decode), K and V both in the codec, one block of `--rows` rows, the attention mass noted and
+One layer of SmolLM2-135M's shape (head_dim 64, 3 KV heads, 9 query heads), `--tokens` query
+tokens (1: a decode step; 32: the SmolLM2 preset's prefill ubatch, 96 queries per KV head, which
+take the dense tiles), K and V both in the codec, one block of `--rows` rows, the attention mass noted and
 brought in as in the live cache. Reports, at each SIMD level,
 the time of one call and the encoded K+V bytes it reads per second on one core; for reference,
 the time of expanding the same rows to f16 (kvg_store_decode_f16 on K and V, the path the
@@ -25,7 +26,7 @@ from kvgguf.bindings.binding import get_ffi, get_lib
 from kvgguf.enums import Kind, Tier
 from kvgguf.bindings.store import KVStore
 
-HEAD_DIM, N_HEAD_KV, N_HEAD, N_TOKENS = 64, 3, 9, 1
+HEAD_DIM, N_HEAD_KV, N_HEAD = 64, 3, 9
 CODECS = ("f16", "rotq4", "rotq2")
 
 
@@ -40,7 +41,7 @@ def best_of(fn, repeat: int) -> float:
     return best
 
 
-def measure(codec: str, n_rows: int, repeat: int, level: int) -> dict:
+def measure(codec: str, n_rows: int, repeat: int, level: int, n_tokens: int) -> dict:
     rng = np.random.default_rng(0)
     store = KVStore(1, N_HEAD_KV, HEAD_DIM, HEAD_DIM)
     width = N_HEAD_KV * HEAD_DIM
@@ -49,10 +50,10 @@ def measure(codec: str, n_rows: int, repeat: int, level: int) -> dict:
     encoded = store.held().bytes
 
     ffi, lib = get_ffi(), get_lib()
-    q = rng.standard_normal((N_TOKENS, N_HEAD, HEAD_DIM)).astype(np.float32)
-    m = np.empty(N_TOKENS * N_HEAD, np.float32)
+    q = rng.standard_normal((n_tokens, N_HEAD, HEAD_DIM)).astype(np.float32)
+    m = np.empty(n_tokens * N_HEAD, np.float32)
     l = np.empty_like(m)
-    acc = np.empty(N_TOKENS * N_HEAD * HEAD_DIM, np.float32)
+    acc = np.empty(n_tokens * N_HEAD * HEAD_DIM, np.float32)
     pq, pm, pl, pacc = (ffi.from_buffer("float[]", x) for x in (q, m, l, acc))
     scale = 1.0 / np.sqrt(HEAD_DIM)
     store.set_mass(True)  # as in the live cache: the call also notes the attention mass
@@ -61,9 +62,9 @@ def measure(codec: str, n_rows: int, repeat: int, level: int) -> dict:
         m.fill(-np.inf)
         l.fill(0.0)
         acc.fill(0.0)
-        st = lib.kvg_store_hook_attend(store._ptr, 0, 0, n_rows, pq, N_TOKENS, N_HEAD, scale, pm, pl, pacc)
+        st = lib.kvg_store_hook_attend(store._ptr, 0, 0, n_rows, pq, n_tokens, N_HEAD, scale, pm, pl, pacc)
         assert st == 0, st
-        st = lib.kvg_store_hook_mass(store._ptr, 0, N_TOKENS, N_HEAD, pm, pl)  # what the merge op calls
+        st = lib.kvg_store_hook_mass(store._ptr, 0, n_tokens, N_HEAD, pm, pl)  # what the merge op calls
         assert st == 0, st
 
     f16 = np.empty((n_rows, width), np.float16)
@@ -81,6 +82,7 @@ def measure(codec: str, n_rows: int, repeat: int, level: int) -> dict:
         "codec": codec,
         "simd": ("scalar", "avx2", "neon")[level],
         "rows": n_rows,
+        "tokens": n_tokens,
         "encoded_bytes": encoded,
         "attend_us": t_attend * 1e6,
         "attend_gb_s": encoded / t_attend / 1e9,
@@ -101,6 +103,7 @@ def main() -> None:
         "by tens of percent over minutes, and interleaving gives every configuration the fast phases",
     )
     ap.add_argument("--codecs", default=",".join(CODECS), help="codecs to time, comma-separated (default: %(default)s)")
+    ap.add_argument("--tokens", type=int, default=1, help="query tokens per call (default: %(default)s)")
     ap.add_argument("--out", help="also write the figures to this JSON file")
     args = ap.parse_args()
     names = [c for c in args.codecs.split(",") if c]
@@ -110,10 +113,10 @@ def main() -> None:
     levels = codecs.simd_levels()
     results = []
     for _ in range(args.rounds):
-        this = [measure(c, args.rows, args.repeat, lvl) for c in names for lvl in levels]
+        this = [measure(c, args.rows, args.repeat, lvl, args.tokens) for c in names for lvl in levels]
         results = this if not results else [a if a["attend_us"] <= b["attend_us"] else b for a, b in zip(results, this)]
     print(
-        f"head_dim {HEAD_DIM}, {N_HEAD_KV} KV heads, {N_HEAD} query heads, {N_TOKENS} query token, "
+        f"head_dim {HEAD_DIM}, {N_HEAD_KV} KV heads, {N_HEAD} query heads, {args.tokens} query tokens, "
         f"{args.rows} rows of K and V, one thread ({platform.processor() or platform.machine()})"
     )
     print(
@@ -130,7 +133,7 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(
                 {
-                    "shape": {"head_dim": HEAD_DIM, "n_head_kv": N_HEAD_KV, "n_head": N_HEAD, "n_tokens": N_TOKENS},
+                    "shape": {"head_dim": HEAD_DIM, "n_head_kv": N_HEAD_KV, "n_head": N_HEAD, "n_tokens": args.tokens},
                     "results": results,
                 },
                 f,
