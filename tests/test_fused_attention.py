@@ -111,30 +111,34 @@ def test_fused_matches_expanding_path_gemma3(gemma3_path, codec, flash_attn):
     assert top1 >= 0.75
 
 
+def prefill_scores(path, tokens, attention, *, fused_limit=None):
+    """Logits of 640 tokens prefilled in batches of 128, f16 cold rows behind a hot window of 256;
+    fused_limit: the fused path's ubatch limit (llama_kvgguf_set_attend), else FUSED_MAX_TOKENS."""
+    llm = Llama(
+        str(path),
+        kv_codec=uniform("f16", hot=256),
+        kv_attention=attention,
+        n_ctx=1024,
+        n_batch=128,
+        logits_all=True,
+        flash_attn=True,
+        verbose=False,
+        n_threads=N_THREADS,
+    )
+    if fused_limit is not None:
+        hooks.set_attend(llm._ctx.ctx, llm.kv_cache.store.attend_function(), fused_limit)
+    llm.eval(tokens[:640])
+    assert llm.kv_cache.n_cold > 0
+    out = np.array(llm.scores[:640])
+    llm.close()
+    return out
+
+
 def test_batches_above_the_fused_limit_take_the_expanding_path(smollm2_path, tokens):
-    """A batch larger than the fused path's limit (llama_kvgguf_set_attend's max_tokens, here
-    lowered to 64) expands cold rows: f16 cold rows then give the very logits of
-    kv_attention="expand"."""
-    cfg = uniform("f16", hot=256)
-    out = {}
-    for attention in ("fused", "expand"):
-        llm = Llama(
-            str(smollm2_path),
-            kv_codec=cfg,
-            kv_attention=attention,
-            n_ctx=1024,
-            n_batch=128,
-            logits_all=True,
-            flash_attn=True,
-            verbose=False,
-            n_threads=N_THREADS,
-        )
-        if attention == "fused":
-            hooks.set_attend(llm._ctx.ctx, llm.kv_cache.store.attend_function(), 64)
-        llm.eval(tokens[:640])
-        out[attention] = np.array(llm.scores[:640])
-        llm.close()
-    assert np.array_equal(out["fused"], out["expand"])
+    """A batch larger than the fused path's limit (here lowered to 64) expands cold rows: f16 cold
+    rows then give the very logits of kv_attention="expand"."""
+    fused = prefill_scores(smollm2_path, tokens, "fused", fused_limit=64)
+    assert np.array_equal(fused, prefill_scores(smollm2_path, tokens, "expand"))
 
 
 def test_prefill_batches_take_the_fused_path(smollm2_path, tokens):
@@ -142,24 +146,7 @@ def test_prefill_batches_take_the_fused_path(smollm2_path, tokens):
     kvg_attend_f16: with f16 cold rows the logits stay within the fused path's stated bound of
     the expanding path's, and differ from them (the fused path ran)."""
     assert FUSED_MAX_TOKENS >= 256
-    cfg = uniform("f16", hot=256)
-    out = {}
-    for attention in ("fused", "expand"):
-        llm = Llama(
-            str(smollm2_path),
-            kv_codec=cfg,
-            kv_attention=attention,
-            n_ctx=1024,
-            n_batch=128,
-            logits_all=True,
-            flash_attn=True,
-            verbose=False,
-            n_threads=N_THREADS,
-        )
-        llm.eval(tokens[:640])
-        assert llm.kv_cache.n_cold > 0
-        out[attention] = np.array(llm.scores[:640])
-        llm.close()
+    out = {attention: prefill_scores(smollm2_path, tokens, attention) for attention in ("fused", "expand")}
     assert np.array_equal(out["fused"][:256], out["expand"][:256])  # no cold rows yet: stock attention
     kl, top1 = kl_top1(out["expand"][384:], out["fused"][384:])
     assert 0 < kl < KL_TOLERANCE and top1 >= 0.9

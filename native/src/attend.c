@@ -41,10 +41,11 @@ static int run_score(const kvg_codec_traits * tr, int simd, const kvg_job * job,
     return tr->score_ref(job, src, t0, n, a, out);
 }
 
-// Scores of a chunk as dense tiles; KVG_NOT_HANDLED (nothing written) for a codec or shape the
-// tiles do not take, or when the scratch cannot grow (the kernels then run, needing none).
-static int dense_score(const kvg_codec_traits * tr, const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n,
-                       const kvg_attn * a, float * out) {
+// A chunk as dense tiles: keys scored into s (KVG_KIND_K), or values summed with the weights in s
+// (KVG_KIND_V). KVG_NOT_HANDLED (nothing written) for a codec or shape the tiles do not take, or
+// when the scratch cannot grow (the kernels then run, needing none).
+static int dense_chunk(int kind, const kvg_codec_traits * tr, const kvg_job * job, const uint8_t * src, int64_t t0,
+                       int64_t n, const kvg_attn * a, float * s) {
     const int64_t D = job->head_dim, P = a->per_head;
     float *       rows = kvg_thread_scratch(KVG_SCRATCH_DENSE, (size_t) (2 * KVG_ATTN_CHUNK * D));
     if (!rows) {
@@ -55,25 +56,12 @@ static int dense_score(const kvg_codec_traits * tr, const kvg_job * job, const u
         if (st != KVG_OK) {
             return st;  // at hk = 0: it depends on the codec and the shape only
         }
-        KVG_SIMD(kvg_dense_score)((tr->rotated ? a->qr : a->q) + hk * P * D, P, rows, n, D, rows + KVG_ATTN_CHUNK * D,
-                                  out + hk * P * n, n);
-    }
-    return KVG_OK;
-}
-
-static int dense_accumulate(const kvg_codec_traits * tr, const kvg_job * job, const uint8_t * src, int64_t t0,
-                            int64_t n, const float * p, const kvg_attn * a) {
-    const int64_t D = job->head_dim, P = a->per_head;
-    float *       rows = kvg_thread_scratch(KVG_SCRATCH_DENSE, (size_t) (2 * KVG_ATTN_CHUNK * D));
-    if (!rows) {
-        return KVG_NOT_HANDLED;
-    }
-    for (int64_t hk = 0; hk < job->n_heads; hk++) {
-        const int st = KVG_SIMD(kvg_dense_rows)(job, src, t0, n, hk, rows);
-        if (st != KVG_OK) {
-            return st;
+        if (kind == KVG_KIND_K) {
+            KVG_SIMD(kvg_dense_score)((tr->rotated ? a->qr : a->q) + hk * P * D, P, rows, n, D,
+                                      rows + KVG_ATTN_CHUNK * D, s + hk * P * n, n);
+        } else {
+            KVG_SIMD(kvg_dense_accumulate)(s + hk * P * n, n, P, rows, n, D, (tr->rotated ? a->accr : a->acc) + hk * P * D);
         }
-        KVG_SIMD(kvg_dense_accumulate)(p + hk * P * n, n, P, rows, n, D, (tr->rotated ? a->accr : a->acc) + hk * P * D);
     }
     return KVG_OK;
 }
@@ -127,6 +115,34 @@ void kvg_attn_softmax_ref(const kvg_attn * a, float * m, float * l, float * s, i
 
 static int32_t attend(kvg_store * s, int32_t il, int64_t r0, int64_t r1, const float * q, int32_t n_tokens,
                       int32_t n_head, float scale, float softcap, float * m, float * l, float * acc);
+
+// Internal query jj = (hk * n_tokens + t) * gqa + g is the caller's j = t * n_head + hk * gqa + g:
+// the queries of one KV head lie together, each kernel sees them as one run.
+void kvg_attn_gather(const float * q, const float * m, const float * l, const float * acc, int64_t n_tokens,
+                     int64_t n_head, int64_t gqa, int64_t dk, int64_t dv, float scale, float * wq, float * wm, float * wl,
+                     float * wacc) {
+    const int64_t P = n_tokens * gqa;
+    for (int64_t jj = 0; jj < n_tokens * n_head; jj++) {
+        const int64_t j = ((jj % P) / gqa) * n_head + (jj / P) * gqa + jj % gqa;
+        for (int64_t i = 0; i < dk; i++) {
+            wq[jj * dk + i] = scale * q[j * dk + i];
+        }
+        memcpy(wacc + jj * dv, acc + j * dv, (size_t) dv * sizeof(float));
+        wm[jj] = m[j];
+        wl[jj] = l[j];
+    }
+}
+
+void kvg_attn_scatter(const float * wm, const float * wl, const float * wacc, int64_t n_tokens, int64_t n_head,
+                      int64_t gqa, int64_t dv, float * m, float * l, float * acc) {
+    const int64_t P = n_tokens * gqa;
+    for (int64_t jj = 0; jj < n_tokens * n_head; jj++) {
+        const int64_t j = ((jj % P) / gqa) * n_head + (jj / P) * gqa + jj % gqa;
+        memcpy(acc + j * dv, wacc + jj * dv, (size_t) dv * sizeof(float));
+        m[j] = wm[jj];
+        l[j] = wl[jj];
+    }
+}
 
 int32_t kvg_store_hook_attend_capped(void * user, int32_t il, int64_t r0, int64_t r1, const float * q,
                                      int32_t n_tokens, int32_t n_head, float scale, float softcap, float * m,
@@ -240,17 +256,7 @@ static int32_t attend(kvg_store * s, int32_t il, int64_t r0, int64_t r1, const f
     float * sc    = wl + n_q;               // [n_q][CHUNK] scores, then weights
     float * tmp   = sc + n_q * KVG_ATTN_CHUNK;
 
-    // Internal query jj = (hk * n_tokens + t) * gqa + g is the caller's j = t * n_head + hk * gqa + g.
-    for (int64_t jj = 0; jj < n_q; jj++) {
-        const int64_t hk = jj / P, t = (jj % P) / gqa, g = jj % gqa;
-        const int64_t j  = t * n_head + hk * gqa + g;
-        for (int64_t i = 0; i < dk; i++) {
-            wq[jj * dk + i] = scale * q[j * dk + i];
-        }
-        memcpy(wacc + jj * dv, acc + j * dv, (size_t) dv * sizeof(float));
-        wm[jj] = m[j];
-        wl[jj] = l[j];
-    }
+    kvg_attn_gather(q, m, l, acc, n_tokens, n_head, gqa, dk, dv, scale, wq, wm, wl, wacc);
 
     kvg_attn         a     = { n_q, P, wq, wqr, wacc, waccr, tmp };
     kvg_mass_notes * notes = kvg_mass_begin(s, il, n_tokens, n_head, n_q, r0, r1);
@@ -317,7 +323,7 @@ static int32_t attend(kvg_store * s, int32_t il, int64_t r0, int64_t r1, const f
         for (int64_t c0 = row, n; st == KVG_OK && c0 < e; c0 += n) {
             n  = KVG_ATTN_CHUNK - c0 % KVG_ATTN_CHUNK;
             n  = e - c0 < n ? e - c0 : n;
-            st = dense ? dense_score(tk, &jk, kb->data, c0 - kb->row0, n, &a, sc) : KVG_NOT_HANDLED;
+            st = dense ? dense_chunk(KVG_KIND_K, tk, &jk, kb->data, c0 - kb->row0, n, &a, sc) : KVG_NOT_HANDLED;
             if (st == KVG_NOT_HANDLED) {
                 st = run_score(tk, simd, &jk, kb->data, c0 - kb->row0, n, &a, sc);
             }
@@ -337,7 +343,7 @@ static int32_t attend(kvg_store * s, int32_t il, int64_t r0, int64_t r1, const f
             }
             // Kernels fail only on shapes that append refused; a failure here would leave the
             // chunk's weights in l without its values, so it is reported all the same.
-            st = dense ? dense_accumulate(tv, &jv, vb->data, c0 - vb->row0, n, sc, &a) : KVG_NOT_HANDLED;
+            st = dense ? dense_chunk(KVG_KIND_V, tv, &jv, vb->data, c0 - vb->row0, n, &a, sc) : KVG_NOT_HANDLED;
             if (st == KVG_NOT_HANDLED) {
                 st = run_accumulate(tv, simd, &jv, vb->data, c0 - vb->row0, n, sc, &a);
             }
@@ -357,12 +363,6 @@ static int32_t attend(kvg_store * s, int32_t il, int64_t r0, int64_t r1, const f
     if (fst != KVG_OK && status == KVG_OK) {
         status = fst;
     }
-    for (int64_t jj = 0; jj < n_q; jj++) {
-        const int64_t hk = jj / P, t = (jj % P) / gqa, g = jj % gqa;
-        const int64_t j  = t * n_head + hk * gqa + g;
-        memcpy(acc + j * dv, wacc + jj * dv, (size_t) dv * sizeof(float));
-        m[j] = wm[jj];
-        l[j] = wl[jj];
-    }
+    kvg_attn_scatter(wm, wl, wacc, n_tokens, n_head, gqa, dv, m, l, acc);
     return status;
 }

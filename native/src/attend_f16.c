@@ -94,17 +94,7 @@ int32_t kvg_attend_f16(const float * q, int32_t n_tokens, int32_t n_head, int32_
     float * mk   = sc + n_q * KVG_ATTN_CHUNK;  // [n_tokens][CHUNK] the chunk's mask, f32
     float * tmp  = mk + n_tokens * KVG_ATTN_CHUNK;
 
-    // Internal query jj = (hk * n_tokens + t) * gqa + g is the caller's j = t * n_head + hk * gqa + g.
-    for (int64_t jj = 0; jj < n_q; jj++) {
-        const int64_t hk = jj / P, t = (jj % P) / gqa, g = jj % gqa;
-        const int64_t j  = t * n_head + hk * gqa + g;
-        for (int64_t i = 0; i < dk; i++) {
-            wq[jj * dk + i] = scale * q[j * dk + i];
-        }
-        memcpy(wacc + jj * dv, acc + j * dv, (size_t) dv * sizeof(float));
-        wm[jj] = m[j];
-        wl[jj] = l[j];
-    }
+    kvg_attn_gather(q, m, l, acc, n_tokens, n_head, gqa, dk, dv, scale, wq, wm, wl, wacc);
 
     const int       simd = kvg_simd_on();
     const kvg_attn  a    = { n_q, P, wq, wq, wacc, wacc, tmp };
@@ -182,12 +172,6 @@ int32_t kvg_attend_f16(const float * q, int32_t n_tokens, int32_t n_head, int32_
         }
     }
 
-    for (int64_t jj = 0; jj < n_q; jj++) {
-        const int64_t hk = jj / P, t = (jj % P) / gqa, g = jj % gqa;
-        const int64_t j  = t * n_head + hk * gqa + g;
-        memcpy(acc + j * dv, wacc + jj * dv, (size_t) dv * sizeof(float));
-        m[j] = wm[jj];
-        l[j] = wl[jj];
-    }
+    kvg_attn_scatter(wm, wl, wacc, n_tokens, n_head, gqa, dv, m, l, acc);
     return KVG_OK;
 }

@@ -81,6 +81,14 @@ typedef int (*kvg_finish_fn)(const kvg_job * job, const kvg_attn * a);
 // scores s[j * n + t] into m, l and the accumulators (rescaled when m grows; accr too when
 // `rotated`), and turns the scores into the weights exp(s - m) the values are summed with.
 void kvg_attn_softmax_ref(const kvg_attn * a, float * m, float * l, float * s, int64_t n, int64_t dv, int rotated);
+
+// attend.c: the caller's queries (times scale) and state into the internal order, by KV head
+// (kvg_attn), and the state back; shared by the store's attend and kvg_attend_f16.
+void kvg_attn_gather(const float * q, const float * m, const float * l, const float * acc, int64_t n_tokens,
+                     int64_t n_head, int64_t gqa, int64_t dk, int64_t dv, float scale, float * wq, float * wm, float * wl,
+                     float * wacc);
+void kvg_attn_scatter(const float * wm, const float * wl, const float * wacc, int64_t n_tokens, int64_t n_head,
+                      int64_t gqa, int64_t dv, float * m, float * l, float * acc);
 void kvg_attn_softmax_avx2(const kvg_attn * a, float * m, float * l, float * s, int64_t n, int64_t dv, int rotated);
 void kvg_attn_softmax_neon(const kvg_attn * a, float * m, float * l, float * s, int64_t n, int64_t dv, int rotated);
 
