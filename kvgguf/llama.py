@@ -655,8 +655,8 @@ class Llama(llama_cpp.Llama):
         """How much attention the compressed rows get: a float64 array [n_layer, granules] whose
         entry [il, g] is the softmax weight that cold rows (positions) [64 g, 64 g + 64) of layer
         il received, summed over query heads and over the tokens evaluated on the fused path
-        (generation; prefill ubatches of more than 64 tokens expand rows instead and are not
-        counted) since the cache was made, cleared or last reset. Each token adds at most n_head
+        (generation, and prefill ubatches of up to FUSED_MAX_TOKENS = 512 tokens; larger ones
+        expand rows instead and are not counted) since the cache was made, cleared or last reset. Each token adds at most n_head
         per layer, shared between these rows and the hot window. Layers without cold rows
         (sliding-window ones) read 0. ``reset=True`` zeroes the counters after reading."""
         self._check_open("kv_attention_mass")

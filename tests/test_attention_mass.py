@@ -155,8 +155,8 @@ def test_live_mass_finds_the_token_the_model_looks_back_at(smollm2_path, attenti
         str(smollm2_path), kv_codec=cfg, kv_attention=attention, n_ctx=1024, n_batch=128, verbose=False, n_threads=2
     )
     try:
-        llm.eval(context)  # ubatches of 128: the expanding path, not counted
-        assert not llm.kv_attention_mass().any()
+        llm.eval(context)  # ubatches of 128: fused (counted) up to FUSED_MAX_TOKENS, as generation is
+        assert llm.kv_attention_mass(reset=True).any() == (attention == "fused")
         steps = 0
         for t in ask:
             llm.eval([t])
