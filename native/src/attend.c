@@ -163,7 +163,7 @@ int32_t kvg_store_hook_attend(void * user, int32_t il, int64_t r0, int64_t r1, c
 
 // Soft-capping as llama.cpp's flash attention does it: the kernels score with scale / softcap,
 // then each score becomes softcap * tanh(score).
-static void cap_scores(float * sc, int64_t n, float softcap) {
+void kvg_attn_cap_scores(float * sc, int64_t n, float softcap) {
     for (int64_t i = 0; i < n; i++) {
         sc[i] = softcap * tanhf(sc[i]);
     }
@@ -331,7 +331,7 @@ static int32_t attend(kvg_store * s, int32_t il, int64_t r0, int64_t r1, const f
                 break;  // these rows are left out; the state has not seen them
             }
             if (softcap > 0.0f) {
-                cap_scores(sc, n_q * n, softcap);
+                kvg_attn_cap_scores(sc, n_q * n, softcap);
             }
             if (simd) {
                 KVG_SIMD(kvg_attn_softmax)(&a, wm, wl, sc, n, dv, vdom.dom != DOM_NONE);

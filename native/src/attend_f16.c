@@ -129,9 +129,7 @@ int32_t kvg_attend_f16(const float * q, int32_t n_tokens, int32_t n_head, int32_
             }
         }
         if (softcap > 0.0f) {
-            for (int64_t x = 0; x < n_q * n; x++) {
-                sc[x] = softcap * tanhf(sc[x]);
-            }
+            kvg_attn_cap_scores(sc, n_q * n, softcap);
         }
         if (mb) {  // the mask depends on the token alone: converted once per chunk
             for (int64_t t = 0; t < n_tokens; t++) {

@@ -87,6 +87,9 @@ void kvg_attn_softmax_ref(const kvg_attn * a, float * m, float * l, float * s, i
 void kvg_attn_gather(const float * q, const float * m, const float * l, const float * acc, int64_t n_tokens,
                      int64_t n_head, int64_t gqa, int64_t dk, int64_t dv, float scale, float * wq, float * wm, float * wl,
                      float * wacc);
+// attend.c: soft-capping as llama.cpp's flash attention does it, on scores already taken with
+// scale / softcap: each becomes softcap * tanh(score).
+void kvg_attn_cap_scores(float * sc, int64_t n, float softcap);
 void kvg_attn_scatter(const float * wm, const float * wl, const float * wacc, int64_t n_tokens, int64_t n_head,
                       int64_t gqa, int64_t dv, float * m, float * l, float * acc);
 void kvg_attn_softmax_avx2(const kvg_attn * a, float * m, float * l, float * s, int64_t n, int64_t dv, int rotated);
