@@ -119,6 +119,59 @@ def load(base: str, doc: str, clients: int, seconds: float) -> dict:
     }
 
 
+def redis_bytes(client) -> dict:
+    """What kvgguf's entries hold in Redis now: entries, pieces, the bytes kvgguf counts."""
+    held = {"entries": 0, "pieces": 0, "bytes": 0}
+    for key in client.keys("kvgguf:*:sizes"):
+        for field, size in client.hgetall(key).items():
+            held["pieces" if field.startswith(b"b:") else "entries"] += 1
+            held["bytes"] += int(size)
+    return held
+
+
+def chunk_sizes(model: str, tokens: list, url: str, sizes: list[int], threads: int) -> list[dict]:
+    """The index's chunk size: per size, the index keys Redis holds for the document's entry and
+    their bytes (MEMORY USAGE), and the time to find and assemble the entry for a question on
+    the document (median of 5). The shortest prefix the index finds is one chunk."""
+    import kvgguf
+    import redis
+    from kvgguf.session.prompt_cache import kvz_tokens
+    from kvgguf.session.redis_cache import CompressedRedisCache
+
+    llm = kvgguf.Llama(model, kv_codec="tiered", n_ctx=len(tokens) + 512, n_threads=threads, verbose=False)
+    served = CompressedRedisCache(url)  # keyed as the servers key their entries
+    served.attach(llm)
+    client = redis.Redis.from_url(url)
+    newest = client.zrange(served._key("lru"), -1, -1)
+    if not newest:
+        print("no entry in Redis under this Llama's namespace: chunk sizes not measured", flush=True)
+        return []
+    entry = kvz_tokens(client.get(served._key("e", newest[0].decode()))).tolist()
+    state = served[entry]
+    prompt = entry + llm.tokenize(QUESTIONS[2].encode(), add_bos=False)
+    rows = []
+    for size in sizes:
+        cache = CompressedRedisCache(url, chunk_tokens=size)
+        cache.attach(llm)
+        cache[tuple(entry)] = state  # its pieces are held: the skeleton and the index
+        keys = cache._chunk_keys(prompt)
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            cache[prompt]
+            times.append(time.perf_counter() - t0)
+        rows.append(
+            {
+                "chunk_tokens": size,
+                "index_keys": len(keys),
+                "index_bytes": sum(int(client.memory_usage(k) or 0) for k in keys),
+                "lookup_s": float(np.median(times)),
+            }
+        )
+        client.delete(*keys)
+    return rows
+
+
 def raw_state_bytes(model: str, tokens: list, threads: int) -> int:
     """llama.cpp's own state of these tokens in a stock f16 context (sequence 0)."""
     import llama_cpp
@@ -141,6 +194,7 @@ def main(argv=None) -> int:
     p.add_argument("--clients", default="1,4,8")
     p.add_argument("--seconds", type=float, default=60.0, help="seconds of load per client count")
     p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("--chunks", default="16,32,64,128,256", help="index chunk sizes to time (tokens)")
     p.add_argument("--out", default=str(HERE / "results" / "shared_cache"))
     args = p.parse_args(argv)
 
@@ -169,8 +223,10 @@ def main(argv=None) -> int:
         server = RedisServer(binary, tmp)
         try:
             shared = common + ["--prompt-cache", server.url]
+            client = redis.Redis(port=server.port)
             with kvgguf_serve(shared, Path(tmp) / "a.log", {}) as a:
                 results["ttft"]["cold"] = ttft(a, doc + QUESTIONS[0])
+            results["redis_one_entry"] = redis_bytes(client)
             with kvgguf_serve(common + ["--prompt-cache", "ram"], Path(tmp) / "c.log", {}) as c:
                 ttft(c, doc + QUESTIONS[0])
                 ttft(c, "Hello there,")
@@ -179,19 +235,18 @@ def main(argv=None) -> int:
                 results["ttft"]["warm, Redis"] = ttft(b, doc + QUESTIONS[1])
                 mem = get_json(b + "/kvgguf/memory")
                 results["prompt_cache"] = mem["prompt_cache"]
-                client = redis.Redis(port=server.port)
-                sizes = [int(v) for k in client.keys("kvgguf:*:sizes") for v in client.hvals(k)]
-                results["redis"] = {
-                    "entries": len(sizes),
-                    "entry_bytes": sizes,
-                    "used_memory": int(client.info("memory")["used_memory"]),
-                }
+                results["redis"] = {**redis_bytes(client), "used_memory": int(client.info("memory")["used_memory"])}
                 port = int(b.rsplit(":", 1)[1])
                 rss0 = _rss_kib(port)
                 for n in (int(x) for x in args.clients.split(",")):
                     print(f"[{time.strftime('%H:%M:%S')}] load: {n} clients for {args.seconds:.0f} s", flush=True)
                     results["load"].append(load(b, doc, n, args.seconds))
                 results["rss_kib"] = {"before_load": rss0, "after_load": _rss_kib(port)}
+                results["redis_after_load"] = redis_bytes(client)
+            sizes = [int(x) for x in args.chunks.split(",") if x]
+            if sizes:
+                print(f"[{time.strftime('%H:%M:%S')}] index chunk sizes {sizes}", flush=True)
+                results["chunks"] = chunk_sizes(model, tokens, server.url, sizes, args.threads)
         finally:
             server.stop()
     results["raw_state_bytes"] = raw_state_bytes(model, tokens, args.threads)
@@ -203,7 +258,8 @@ def main(argv=None) -> int:
 
 def markdown(r: dict) -> str:
     n = r["doc_tokens"]
-    entry = max(r["redis"]["entry_bytes"]) if r["redis"]["entry_bytes"] else 0
+    entry = r["redis_one_entry"]["bytes"]
+    second = r["redis"]["bytes"] - entry
     raw = r["raw_state_bytes"]
     cmd = "benchmarks/shared_cache.py " + " ".join(sys.argv[1:]) if sys.argv[1:] else "benchmarks/shared_cache.py"
     lines = [
@@ -222,7 +278,9 @@ def markdown(r: dict) -> str:
         "",
         f"| cache entry | bytes per token | {n:,}-token documents per GiB |",
         "|---|---|---|",
-        f"| kvgguf `.kvz` in Redis (largest entry) | {entry / n:,.0f} | {gib // entry if entry else 0:,} |",
+        f"| kvgguf `.kvz` in Redis (server A's entry: skeleton and {r['redis_one_entry']['pieces']} pieces) "
+        f"| {entry / n:,.0f} | {gib // entry if entry else 0:,} |",
+        f"| a second question's entry on the same document (server B: what it adds) | {second / n:,.0f} | |",
         f"| llama.cpp's own state (f16, same tokens) | {raw / n:,.0f} | {gib // raw:,} |",
         "",
         "| clients | requests | errors | requests/min | p50 | p99 |",
@@ -238,10 +296,23 @@ def markdown(r: dict) -> str:
         "",
         f"Server B's RSS: {rss['before_load'] / 1024:.0f} MiB before the load, "
         f"{rss['after_load'] / 1024:.0f} MiB after. Redis held {r['redis']['entries']} entries "
-        f"({r['redis']['used_memory'] / 2**20:.1f} MiB used_memory) before the load; server B's prompt "
+        f"({r['redis']['used_memory'] / 2**20:.1f} MiB used_memory) before the load, "
+        f"{r['redis_after_load']['entries']} entries in {r['redis_after_load']['bytes'] / 2**20:.1f} MiB "
+        f"({r['redis_after_load']['pieces']} pieces) after it; server B's prompt "
         f"cache: {r['prompt_cache'].get('hits')} hit(s), {r['prompt_cache'].get('tokens_served')} tokens "
         f"served, faults {r['prompt_cache'].get('faults') or 'none'}.",
     ]
+    if r.get("chunks"):
+        lines += [
+            "",
+            "| index chunk (tokens) | index keys | index bytes in Redis | per cached token | find and assemble |",
+            "|---|---|---|---|---|",
+        ]
+        for c in r["chunks"]:
+            lines.append(
+                f"| {c['chunk_tokens']} | {c['index_keys']} | {c['index_bytes']:,} | "
+                f"{c['index_bytes'] / n:.1f} | {1000 * c['lookup_s']:.0f} ms |"
+            )
     return "\n".join(lines)
 
 

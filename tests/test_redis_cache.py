@@ -15,6 +15,9 @@ import pytest
 
 from kvgguf import Llama
 from kvgguf.evaluation.text import wikitext2_test
+from kvgguf.errors import SessionCorruptError
+from kvgguf.session import container, pieces
+from kvgguf.session.prompt_cache import CompressedRAMCache
 from kvgguf.session.redis_cache import CompressedRedisCache
 
 from servers import RedisServer, get_json, kvgguf_serve, redis_server_binary
@@ -140,7 +143,7 @@ def test_two_servers_share_one_redis(smollm2_path, flushed, tmp_path):
     the first one's document evaluating only what follows the cached chunks (its memory
     endpoint shows it, and the Redis hit)."""
     openai = pytest.importorskip("openai")
-    doc = wikitext2_test()[:4000]  # about 900 tokens: three chunks of 256
+    doc = wikitext2_test()[:4000]  # about 900 tokens: fourteen chunks of 64
     args = [
         str(smollm2_path),
         "--model_alias",
@@ -169,6 +172,62 @@ def test_two_servers_share_one_redis(smollm2_path, flushed, tmp_path):
     assert after["prompt_cache"]["hits"] == 1 and after["prompt_cache"]["tokens_served"] >= 768
     assert 0 < evaluated < 200, f"{evaluated} tokens evaluated: the shared prefix was not used"
     assert after["prompt_cache"]["type"] == "CompressedRedisCache" and not after["prompt_cache"]["faults"]
+
+
+def test_a_session_cut_into_pieces_joins_back_whole_and_refuses_another_piece(smollm2_path, document):
+    """No Redis: pieces.split/join on a tiered session with compressed blocks."""
+    llm = Llama(str(smollm2_path), kv_codec="tiered", **KW)
+    llm.eval(document)
+    data = llm.save_state().llama_state
+    skeleton, parts = pieces.split(data)
+    assert len(parts) == len(llm.kv_cache.blocks) >= 2 and len(skeleton) < len(data) - sum(map(len, parts)) / 2
+    assert container.unpack(pieces.join(skeleton, parts)) == container.unpack(data)
+    with pytest.raises(SessionCorruptError, match="not the one"):
+        pieces.join(skeleton, parts[:-1] + [parts[-1][:-1] + b"x"])
+    with pytest.raises(SessionCorruptError, match="not the one"):
+        pieces.join(skeleton, parts[:-1])
+    stock = Llama(str(smollm2_path), **KW)
+    stock.set_cache(CompressedRAMCache())  # its states are .kvz too, without blocks
+    stock.eval(document[:50])
+    whole = stock.save_state().llama_state
+    assert pieces.split(whole) == (whole, []) and pieces.join(whole, []) == whole
+
+
+def test_prompts_sharing_a_document_hold_its_blocks_once(smollm2_path, flushed, vocab, document):
+    """A second server restores the first one's entry and writes its own: the document's
+    blocks are held once, and each entry still loads after the other is dropped."""
+    first, cache = _serve(smollm2_path, flushed.url)
+    _answer(first, document + vocab.tokenize(b" Summary:", add_bos=False))
+    one = cache.cache_size
+    second, cache2 = _serve(smollm2_path, flushed.url)
+    question = document + vocab.tokenize(b" The question: who", add_bos=False)
+    _answer(second, question)
+    stats = cache2.stats()
+    assert cache2.hits == 1 and stats["entries"] == 2 and stats["shared_pieces"] >= 1
+    assert one < cache2.cache_size < 2 * one  # the shared blocks are counted once
+    cache2.capacity_bytes = cache2.cache_size - 1  # the least recently used (the first) goes
+    cache2._evict()
+    assert cache2.stats()["entries"] == 1 and 0 < cache2.cache_size <= cache2.capacity_bytes
+    third, cache3 = _serve(smollm2_path, flushed.url)
+    _, evaluated = _answer(third, question)
+    assert cache3.hits == 1 and evaluated < len(question) - 256 and cache3.faults == {}
+
+
+def test_a_damaged_or_evicted_piece_is_a_miss_and_drops_its_entry(smollm2_path, flushed, document):
+    first, cache = _serve(smollm2_path, flushed.url)
+    _answer(first, document)
+    client = redis.Redis(port=flushed.port)
+    keys = sorted(client.keys(f"kvgguf:{cache.namespace}:b:*"))
+    data = bytearray(client.get(keys[0]))
+    data[-3] ^= 0x01
+    client.set(keys[0], bytes(data))
+    second, cache2 = _serve(smollm2_path, flushed.url)
+    _, evaluated = _answer(second, document)
+    assert evaluated >= len(document) and cache2.faults.get("damaged entry") == 1
+    client.delete(sorted(client.keys(f"kvgguf:{cache.namespace}:b:*"))[-1])  # as maxmemory would
+    third, cache3 = _serve(smollm2_path, flushed.url)
+    _, evaluated = _answer(third, document)
+    assert evaluated >= len(document) and cache3.faults.get("piece evicted by Redis") == 1
 
 
 def test_capacity_counts_the_bytes_held_and_drops_the_least_recently_used(smollm2_path, flushed, document):

@@ -1,19 +1,24 @@
 """A compressed prompt cache on Redis (or Valkey), shared by every server that points at it.
 
-Each cached prompt is one .kvz session (as CompressedDiskCache keeps them), stored once under
-its entry key. Its tokens are also indexed by chunks of CHUNK_TOKENS: the key of chunk k chains
-the hash of chunk k-1's key with the chunk's tokens, as LMCache keys its chunks, and holds the
-newest entry that starts with those k chunks. A request then finds, in one MGET, the longest
-prefix any server cached, at chunk granularity, without listing entries.
+Each cached prompt is one .kvz session (as CompressedDiskCache keeps them), stored as a skeleton
+under its entry key and one piece per block of compressed tokens (pieces.py), each piece under
+its SHA-256: prompts that share a document hold its blocks once, counted once, and an entry
+lets go of its pieces (a reference count) when it leaves. Its tokens are also indexed by chunks
+of CHUNK_TOKENS: the key of chunk k chains the hash of chunk k-1's key with the chunk's tokens,
+as LMCache keys its chunks, and holds the newest entry that starts with those k chunks. A
+request then finds, in one MGET, the longest prefix any server cached, at chunk granularity,
+without listing entries.
 
 Every key starts with a namespace of the model's fingerprint, the codec and the .kvz format
 version, so servers with another model, codec or kvgguf never read each other's entries.
+Writing and dropping an entry are each one Lua script, so servers sharing the store never see
+half an entry or lose a piece another entry holds.
 
-Bounded twice: kvgguf evicts the least recently used entries past capacity_bytes (the .kvz
-bytes it wrote), and Redis's own maxmemory with an LRU policy is the outer bound. Redis being
-down, slow (timeout_s), full or holding a damaged entry is a miss: the request prefills as if
-there were no cache, the fault is counted (`faults`) and warned about once per fault, and a
-damaged entry is deleted.
+Bounded twice: kvgguf evicts the least recently used entries past capacity_bytes (the bytes it
+wrote: skeletons and pieces), and Redis's own maxmemory with an LRU policy is the outer bound.
+Redis being down, slow (timeout_s), full or holding a damaged entry or piece is a miss: the
+request prefills as if there were no cache, the fault is counted (`faults`) and warned about
+once per fault, and a damaged entry is deleted.
 """
 
 from __future__ import annotations
@@ -27,12 +32,76 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..errors import SessionError
-from . import container
+from . import container, pieces
 from .prompt_cache import CompressedCache, Key, kvz_tokens, token_digest
 from .state import SessionState
 
-CHUNK_TOKENS = 256  # LMCache's chunk; a prefix shorter than one chunk is not looked up
+# How entries lie in Redis; in the namespace, so servers of another layout never read them.
+# 1: one whole .kvz per entry. 2: a skeleton and shared pieces (pieces.py).
+LAYOUT = 2
+# The index's chunk: a prefix shorter than one chunk is not looked up. Measured
+# (benchmarks/shared_cache.py, a 4K-token entry): 64 costs 2.6 index bytes per cached token
+# (the entry holds 5,785) and 161 ms to find and assemble the entry against 129 ms at LMCache's
+# 256, and finds shared prefixes (a system prompt) of 64-255 tokens that 256 misses.
+CHUNK_TOKENS = 64
 _FAULT = object()  # what _call returns after a fault where None is an answer (GET of a missing key)
+
+# Both scripts take the namespace's key prefix as ARGV[1]: one Redis, not a cluster.
+# release(p, id, members): each piece of members loses a reference; at none it goes.
+_RELEASE = """
+local function release(p, members)
+  for i = 1, #members, 64 do
+    local d = string.sub(members, i, i + 63)
+    if redis.call('HINCRBY', p .. 'refs', d, -1) <= 0 then
+      redis.call('DEL', p .. 'b:' .. d)
+      redis.call('HDEL', p .. 'refs', d)
+      redis.call('HDEL', p .. 'sizes', 'b:' .. d)
+    end
+  end
+end
+"""
+# ARGV: prefix, id, skeleton, time, n, then n pairs (hex digest, piece or "" where held).
+# Returns 0, or i when piece i was sent empty and is no longer held (the caller sends it).
+_PUT = (
+    _RELEASE
+    + """
+local p, id, n = ARGV[1], ARGV[2], tonumber(ARGV[5])
+for i = 1, n do
+  if ARGV[5 + 2 * i] == '' and redis.call('EXISTS', p .. 'b:' .. ARGV[4 + 2 * i]) == 0 then
+    return i
+  end
+end
+local old = redis.call('GET', p .. 'm:' .. id) or ''
+local members = {}
+for i = 1, n do
+  local d, v = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
+  if v ~= '' and redis.call('EXISTS', p .. 'b:' .. d) == 0 then
+    redis.call('SET', p .. 'b:' .. d, v)
+    redis.call('HSET', p .. 'sizes', 'b:' .. d, #v)
+  end
+  redis.call('HINCRBY', p .. 'refs', d, 1)
+  members[i] = d
+end
+release(p, old)
+redis.call('SET', p .. 'e:' .. id, ARGV[3])
+redis.call('SET', p .. 'm:' .. id, table.concat(members))
+redis.call('HSET', p .. 'sizes', id, #ARGV[3])
+redis.call('ZADD', p .. 'lru', ARGV[4], id)
+return 0
+"""
+)
+# ARGV: prefix, id.
+_DROP = (
+    _RELEASE
+    + """
+local p, id = ARGV[1], ARGV[2]
+release(p, redis.call('GET', p .. 'm:' .. id) or '')
+redis.call('DEL', p .. 'e:' .. id, p .. 'm:' .. id)
+redis.call('HDEL', p .. 'sizes', id)
+redis.call('ZREM', p .. 'lru', id)
+return 0
+"""
+)
 
 
 class CompressedRedisCache(CompressedCache):
@@ -68,6 +137,7 @@ class CompressedRedisCache(CompressedCache):
         self.namespace: Optional[str] = None
         self.faults: dict[str, int] = {}
         self.hits = self.misses = self.tokens_served = 0
+        self._scripts: dict[str, object] = {}
 
     # --- namespace ------------------------------------------------------------------------
 
@@ -77,7 +147,12 @@ class CompressedRedisCache(CompressedCache):
 
         codec = self.codec or (llm.kv_config.warm if llm.kv_config is not None else "default")
         ident = json.dumps(
-            {"model": ModelFingerprint.of(llm).to_json(), "codec": str(codec), "format": container.FORMAT_VERSION},
+            {
+                "model": ModelFingerprint.of(llm).to_json(),
+                "codec": str(codec),
+                "format": container.FORMAT_VERSION,
+                "layout": LAYOUT,
+            },
             sort_keys=True,
         )
         self.namespace = hashlib.sha256(ident.encode()).hexdigest()[:24]
@@ -134,7 +209,7 @@ class CompressedRedisCache(CompressedCache):
         return None if found is None else found[0]
 
     def _lookup(self, tokens: Key) -> Optional[tuple[Key, bytes, str]]:
-        """(the entry's tokens, its .kvz bytes, its id) of the longest cached prefix of tokens."""
+        """(the entry's tokens, its skeleton, its id) of the longest cached prefix of tokens."""
         if self.namespace is None:
             return None
         keys = self._chunk_keys(tokens)
@@ -172,14 +247,40 @@ class CompressedRedisCache(CompressedCache):
 
     def __getitem__(self, key: Sequence[int]) -> SessionState:
         found = self._lookup(tuple(key))
-        if found is None:
+        data = None if found is None else self._assemble(found[1], found[2])
+        if data is None:
             self.misses += 1
             raise KeyError("no cached prefix")
-        entry, data, entry_id = found
+        entry, _, entry_id = found
         self.hits += 1
         self.tokens_served += min(len(entry), len(key))
         self._call("touch", self.client.zadd, self._key("lru"), {entry_id: time.time()})
         return SessionState(np.asarray(entry, dtype=np.intc), data, None)
+
+    def _assemble(self, skeleton: bytes, entry_id: str) -> Optional[bytes]:
+        """The .kvz of an entry: its skeleton and its pieces, or None (a miss) when a piece is
+        gone or damaged (the entry is then dropped) or Redis failed."""
+        try:
+            names = pieces.digests(skeleton)
+        except SessionError as e:
+            self._fault("damaged entry", e)
+            self._delete(entry_id)
+            return None
+        if not names:
+            return skeleton
+        stored = self._call("read", self.client.mget, [self._key("b", d.hex()) for d in names])
+        if stored is None:
+            return None
+        if any(v is None for v in stored):  # Redis's maxmemory took it: the entry cannot be whole
+            self._fault("piece evicted by Redis", "raise Redis's maxmemory or lower the byte budget")
+            self._delete(entry_id)
+            return None
+        try:
+            return pieces.join(skeleton, [dict(container.unpack(v))[pieces.PIECES] for v in stored])
+        except (SessionError, KeyError) as e:
+            self._fault("damaged entry", e)
+            self._delete(entry_id)
+            return None
 
     def __setitem__(self, key: Sequence[int], value: SessionState) -> None:
         value = self._check_state(value)
@@ -187,43 +288,66 @@ class CompressedRedisCache(CompressedCache):
             self._fault("not attached to a model", "use kvgguf.Llama.set_cache")
             return
         key = tuple(key)
-        entry_id, data = token_digest(key), value.llama_state
+        entry_id = token_digest(key)
+        skeleton, parts = pieces.split(value.llama_state)
+        names = [pieces.digest(p).hex() for p in parts]
+        held = self._call("read", self.client.hmget, self._key("refs"), names) if names else []
+        if held is None:
+            return
+        send = [h is None or int(h) <= 0 for h in held]
+        for _attempt in range(2):
+            args = [self._key(""), entry_id, skeleton, time.time(), len(parts)]
+            for name, part, must in zip(names, parts, send):
+                args += [name, container.pack([(pieces.PIECES, part)], entropy=self.entropy) if must else b""]
+            missing = self._call("write", self._script("put"), [], args)
+            if missing is None:
+                return
+            if missing == 0:
+                break
+            send = [True] * len(parts)  # a piece went between the two calls: send them all
+        else:
+            return
         pipe = self.client.pipeline(transaction=True)
-        pipe.set(self._key("e", entry_id), data)
-        pipe.hset(self._key("sizes"), entry_id, len(data))
-        pipe.zadd(self._key("lru"), {entry_id: time.time()})
         for chunk_key in self._chunk_keys(key):
             pipe.set(chunk_key, entry_id)
         if self._call("write", pipe.execute) is None:
             return
         self._evict()
 
+    def _script(self, name: str):
+        if name not in self._scripts:
+            self._scripts[name] = self.client.register_script(_PUT if name == "put" else _DROP)
+        return self._scripts[name]
+
     # --- bounds ---------------------------------------------------------------------------
 
     def _evict(self) -> None:
-        sizes = self._call("size", self.client.hgetall, self._key("sizes")) or {}
-        total = sum(int(v) for v in sizes.values())
+        """Drops the least recently used entries until the bytes held fit capacity_bytes (a
+        piece that another entry holds stays, so each drop is measured again)."""
+        total = self.cache_size
         if total <= self.capacity_bytes:
             return
         oldest = self._call("lru", self.client.zrange, self._key("lru"), 0, -1) or []
         for raw in oldest:
+            self._delete(raw.decode())
+            total = self.cache_size
             if total <= self.capacity_bytes:
                 break
-            entry_id = raw.decode()
-            total -= int(sizes.get(raw, 0))
-            self._delete(entry_id)
 
     def _delete(self, entry_id: str) -> None:
-        """Drops an entry; its chunk keys lapse on their next lookup (they point at nothing)."""
-        pipe = self.client.pipeline(transaction=True)
-        pipe.delete(self._key("e", entry_id))
-        pipe.hdel(self._key("sizes"), entry_id)
-        pipe.zrem(self._key("lru"), entry_id)
-        self._call("delete", pipe.execute)
+        """Drops an entry and its references to its pieces; its chunk keys lapse on their next
+        lookup (they point at nothing)."""
+        self._call("delete", self._script("drop"), [], [self._key(""), entry_id])
 
     def stats(self) -> dict:
-        """What /kvgguf/memory shows of it."""
+        """What /kvgguf/memory shows of it: the counters of this process, and what the shared
+        store holds (entries; pieces, and those that more than one entry holds)."""
+        refs = (self._call("size", self.client.hvals, self._key("refs")) or []) if self.namespace else []
+        entries = (self._call("size", self.client.zcard, self._key("lru")) or 0) if self.namespace else 0
         return {
+            "entries": entries,
+            "pieces": len(refs),
+            "shared_pieces": sum(int(r) > 1 for r in refs),
             "url": self.url,
             "hits": self.hits,
             "misses": self.misses,
