@@ -38,8 +38,9 @@ def uniform(codec: str, hot: int = 128) -> TieredConfig:
     return TieredConfig(hot=hot, sinks=4, warm=codec, warm_tokens=0, archive=None, block=32)
 
 
-def decode_logits(path, config, attention, toks, *, flash_attn=True, n_ctx=1024):
-    llm = Llama(
+def open_llama(path, config, attention="fused", *, flash_attn=True, n_ctx=1024) -> Llama:
+    """The context every test here builds: batches of 128, every position's logits kept."""
+    return Llama(
         str(path),
         kv_codec=config,
         kv_attention=attention,
@@ -50,6 +51,10 @@ def decode_logits(path, config, attention, toks, *, flash_attn=True, n_ctx=1024)
         verbose=False,
         n_threads=N_THREADS,
     )
+
+
+def decode_logits(path, config, attention, toks, *, flash_attn=True, n_ctx=1024):
+    llm = open_llama(path, config, attention, flash_attn=flash_attn, n_ctx=n_ctx)
     # Both prefill on the expanding path (batches of 128 over the fused path's limit, lowered to
     # 64 here), so the two contexts hold the same rows and the decode steps compare the paths alone:
     # qjl3's rows, prefilled fused, differ by KL 0.08 after 900 tokens (its estimator's noise,
@@ -114,17 +119,7 @@ def test_fused_matches_expanding_path_gemma3(gemma3_path, codec, flash_attn):
 def prefill_scores(path, tokens, attention, *, fused_limit=None):
     """Logits of 640 tokens prefilled in batches of 128, f16 cold rows behind a hot window of 256;
     fused_limit: the fused path's ubatch limit (llama_kvgguf_set_attend), else FUSED_MAX_TOKENS."""
-    llm = Llama(
-        str(path),
-        kv_codec=uniform("f16", hot=256),
-        kv_attention=attention,
-        n_ctx=1024,
-        n_batch=128,
-        logits_all=True,
-        flash_attn=True,
-        verbose=False,
-        n_threads=N_THREADS,
-    )
+    llm = open_llama(path, uniform("f16", hot=256), attention)
     if fused_limit is not None:
         hooks.set_attend(llm._ctx.ctx, llm.kv_cache.store.attend_function(), fused_limit)
     llm.eval(tokens[:640])
@@ -173,16 +168,7 @@ def test_attend_failure_warns_after_decode_and_cache_stays_usable(smollm2_path, 
     llama.cpp and reported in Python after llama_decode (a RuntimeWarning: the rows were masked,
     test_live_failures); with the store's hook back, the same context decodes as a fresh one does."""
     cfg = uniform("rotq4")
-    llm = Llama(
-        str(smollm2_path),
-        kv_codec=cfg,
-        n_ctx=1024,
-        n_batch=128,
-        logits_all=True,
-        flash_attn=True,
-        verbose=False,
-        n_threads=N_THREADS,
-    )
+    llm = open_llama(smollm2_path, cfg)
     llm.eval(tokens[:N_PREFILL])
     failing = ATTEND(lambda *args: -1)
     hooks.set_attend(llm._ctx.ctx, ctypes.cast(failing, ctypes.c_void_p).value, FUSED_MAX_TOKENS)
@@ -194,16 +180,7 @@ def test_attend_failure_warns_after_decode_and_cache_stays_usable(smollm2_path, 
         llm.eval([t])
     got = np.array(llm.scores[N_PREFILL : N_PREFILL + 4])
 
-    fresh = Llama(
-        str(smollm2_path),
-        kv_codec=cfg,
-        n_ctx=1024,
-        n_batch=128,
-        logits_all=True,
-        flash_attn=True,
-        verbose=False,
-        n_threads=N_THREADS,
-    )
+    fresh = open_llama(smollm2_path, cfg)
     fresh.eval(tokens[:N_PREFILL])
     for t in tokens[N_PREFILL : N_PREFILL + 4]:
         fresh.eval([t])
