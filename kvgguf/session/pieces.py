@@ -56,8 +56,11 @@ def split(data: bytes) -> tuple[bytes, list[bytes]]:
 
 def digests(skeleton: bytes) -> list[bytes]:
     """The digests of the pieces a skeleton names, in order (none for a whole session)."""
-    sections = dict(container.unpack(skeleton))
-    names = sections.get(PIECES, b"")
+    return _names(container.unpack(skeleton))
+
+
+def _names(sections: list[tuple[bytes, bytes]]) -> list[bytes]:
+    names = dict(sections).get(PIECES, b"")
     if len(names) % _DIGEST:
         raise SessionCorruptError("the piece list is not a whole number of digests")
     return [names[i : i + _DIGEST] for i in range(0, len(names), _DIGEST)]
@@ -69,7 +72,7 @@ def join(skeleton: bytes, pieces: list[bytes]) -> bytes:
     sections = container.unpack(skeleton)
     if not sections or sections[-1][0] != PIECES:
         return skeleton  # a whole session
-    names = digests(skeleton)
+    names = _names(sections)
     if len(names) != len(pieces) or any(digest(p) != d for p, d in zip(pieces, names)):
         raise SessionCorruptError("a piece of the cached session is not the one its skeleton names")
     cursor = [0] * len(pieces)
