@@ -179,7 +179,7 @@ def calibrated_config(
 
         cal = calibrate(model_path, progress=progress)
         cal.save(path)
-    return cal.config(request.budget, base, context), path
+    return cal.config(request.budget, base, context, request.exclude), path
 
 
 def _calibration_progress(model_path: str, verbose: bool):

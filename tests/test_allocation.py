@@ -68,3 +68,17 @@ def test_a_plan_codec_pays_for_its_plan_over_the_context():
     assert cal.plan(3.05) == long  # the context a plan assumes when it is not told: 4,096 tokens
     with pytest.raises(ValueError, match="context"):
         cal.plan(3.05, context=-1)
+
+
+def test_a_plan_can_leave_codec_families_out():
+    """The calibrated "tiered" plans without tcq and wfq (kv_codec.PRESET_SLOW_FAMILIES)."""
+    from kvgguf.enums import Kind
+    from kvgguf.policy.calibration_plan import Calibration
+
+    cands = [Candidate("rotq2", 2.25, 0.05), Candidate("tcq3", 3.25, 0.006), Candidate("rotq3", 3.25, 0.01)]
+    keys = [(0, Kind.K), (0, Kind.V)]
+    cal = Calibration({}, {k: list(cands) for k in keys}, {k: 192 for k in keys}, {}, 96, 32)
+    assert [c.codec for c in cal.plan(3.25).values()] == ["tcq3", "tcq3"]
+    assert [c.codec for c in cal.plan(3.25, exclude=("tcq", "wfq")).values()] == ["rotq3", "rotq3"]
+    with pytest.raises(ValueError, match="no codec"):
+        cal.plan(3.25, exclude=("rotq", "tcq"))

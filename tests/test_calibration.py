@@ -192,12 +192,14 @@ def test_tiered_follows_the_models_calibration_once_it_has_one(tmp_path, monkeyp
     try:
         config = llm.kv_config
         assert llm.kv_calibration == calibration_path(str(smollm2_path))
-        assert config == cal.config(kv_codec.PRESET_BUDGET, kvgguf.TieredConfig())
+        slow = kv_codec.PRESET_SLOW_FAMILIES
+        assert config == cal.config(kv_codec.PRESET_BUDGET, kvgguf.TieredConfig(), len(prompt) + 16, slow)
         assert config.archive is None and config.sinks == kvgguf.TieredConfig().sinks
         held = llm.kv_cache.codecs[Tier.WARM]
-        plan = cal.plan(kv_codec.PRESET_BUDGET)
+        plan = cal.plan(kv_codec.PRESET_BUDGET, len(prompt) + 16, slow)
         assert all(held[key] == c.codec for key, c in plan.items())
         assert len(set(held.values())) > 1  # a plan, not one codec
+        assert not [c for c in held.values() if c.startswith(slow)]  # the preset decodes on the fast kernels
         llm.eval(prompt)
         assert llm.kv_cache.n_cold > 0
     finally:

@@ -15,10 +15,11 @@ def plan_table(cal, budgets=BUDGETS) -> list[str]:
     from ..policy import allocation, kv_codec
 
     lines = ["| kv_codec | bits/value (compressed rows) | predicted KL | K | V |", "|---|---|---|---|---|"]
-    rows = [(f"auto:{b:g}", b) for b in budgets] + [("tiered", kv_codec.PRESET_BUDGET)]
-    for name, budget in rows:
+    rows = [(f"auto:{b:g}", b, ()) for b in budgets]
+    rows.append(("tiered", kv_codec.PRESET_BUDGET, kv_codec.PRESET_SLOW_FAMILIES))
+    for name, budget, exclude in rows:
         try:
-            choice = cal.plan(budget)
+            choice = cal.plan(budget, exclude=exclude)
         except ValueError as e:
             lines.append(f"| {name} | {e} | | | |")
             continue

@@ -56,26 +56,39 @@ class Calibration:
     block: int
     books: dict = field(default_factory=dict)  # {(layer, kind, codec): float32 [256, S]}: pq2/vq8 codebooks
 
-    def plan(self, budget: float, context: Optional[int] = None) -> dict[tuple[int, int], allocation.Candidate]:
+    def plan(
+        self, budget: float, context: Optional[int] = None, exclude: tuple[str, ...] = ()
+    ) -> dict[tuple[int, int], allocation.Candidate]:
         """The cheapest-error codec per list for an average of budget bits per compressed value,
         each codec's bits counting its plan over a context of that many tokens (PLAN_CONTEXT
-        when None or 0)."""
+        when None or 0), codecs whose names start with one of exclude left out."""
         context = context or PLAN_CONTEXT
         if context < 1:
             raise ValueError(f"context must be a number of tokens >= 1, got {context}")
         curves = {
-            key: [replace(c, bits=c.bits + plan_bits(c.codec, context)) for c in cands]
+            key: [
+                replace(c, bits=c.bits + plan_bits(c.codec, context))
+                for c in cands
+                if not (exclude and c.codec.startswith(tuple(exclude)))
+            ]
             for key, cands in self.curves.items()
         }
+        if any(not cands for cands in curves.values()):
+            raise ValueError(f"leaving out {', '.join(exclude)} leaves a list of this calibration no codec")
         return allocation.allocate(curves, self.weights, budget)
 
     def config(
-        self, budget: float = DEFAULT_BUDGET, base: Optional[TieredConfig] = None, context: Optional[int] = None
+        self,
+        budget: float = DEFAULT_BUDGET,
+        base: Optional[TieredConfig] = None,
+        context: Optional[int] = None,
+        exclude: tuple[str, ...] = (),
     ) -> TieredConfig:
         """The tiered config whose compressed rows follow the plan for budget (at context
-        tokens, see plan): sinks exact, every older token at its list's codec (one tier: the
-        plan already spends bits where they matter), the preset's hot window."""
-        choice = self.plan(budget, context)
+        tokens, without the exclude families, see plan): sinks exact, every older token at its
+        list's codec (one tier: the plan already spends bits where they matter), the preset's
+        hot window."""
+        choice = self.plan(budget, context, exclude)
         layers = sorted({il for il, _ in choice})
         warm = {il: (choice[il, Kind.K].codec, choice[il, Kind.V].codec) for il in layers}
         most = max(set(warm.values()), key=list(warm.values()).count)

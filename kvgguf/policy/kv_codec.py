@@ -13,6 +13,11 @@ from .tiered import TieredConfig
 
 DEFAULT_BUDGET = 3.0  # bits per value over the compressed rows (docs/calibration.md: what the budgets measured)
 PRESET_BUDGET = 4.0  # "tiered" on a calibrated model: recall like f16's at 5K where 3.5 lost it (docs/recall.md)
+# Codec families the calibrated "tiered" leaves out: their fused decode reads a table per value
+# (tcq) or per set (wfq), 0.65-0.8x rotq's speed; with tcq keys the preset decoded SmolLM2 at 8K
+# at 0.92x of stock f16's best, the fixed preset at 1.26x (benchmarks/results/preset/
+# live_cache_8k_tcq). "auto:BITS" weighs quality per bit alone and keeps them.
+PRESET_SLOW_FAMILIES = ("tcq", "wfq")
 
 
 def parse_auto(kv_codec) -> Optional[float]:
@@ -33,11 +38,13 @@ def parse_auto(kv_codec) -> Optional[float]:
 
 @dataclass(frozen=True)
 class Request:
-    """A kv_codec that a model's calibration decides: the plan for budget; required: measure the
-    model when it has no calibration ("auto"), else keep the fixed preset ("tiered")."""
+    """A kv_codec that a model's calibration decides: the plan for budget among the codecs not
+    in exclude; required: measure the model when it has no calibration ("auto"), else keep the
+    fixed preset ("tiered")."""
 
     budget: float
     required: bool = True
+    exclude: tuple[str, ...] = ()  # codec families (name prefixes) the plan may not use
 
 
 def parse(kv_codec) -> tuple[TieredConfig, Optional[Request]]:
@@ -49,7 +56,7 @@ def parse(kv_codec) -> tuple[TieredConfig, Optional[Request]]:
     if budget is not None:
         return TieredConfig(), Request(budget)
     if kv_codec == "tiered":
-        return TieredConfig(), Request(PRESET_BUDGET, required=False)
+        return TieredConfig(), Request(PRESET_BUDGET, required=False, exclude=PRESET_SLOW_FAMILIES)
     return TieredConfig.parse(kv_codec), None
 
 
