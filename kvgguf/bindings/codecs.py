@@ -104,6 +104,11 @@ def fits(name: str, head_dim: int, kind=Kind.K) -> bool:
     return True
 
 
+def family(name: str) -> str:
+    """A codec name's family: the name without its bit width (``"rotq3"`` -> ``"rotq"``), ``"f16"`` itself."""
+    return name.rstrip("0123456789") if name != "f16" else "f16"
+
+
 def names() -> list[str]:
     """Codec names in the order of ``enum kvg_codec_type``."""
     ffi, lib = binding.get_ffi(), binding.get_lib()
@@ -172,7 +177,7 @@ class Codec:
     def family(self) -> str:
         """``"f16"``, ``"kivi"``, ``"rotq"``, ``"crotq"`` or the family of a codec with side data per block (``"delta"``,
         ``"pdelta"``, ``"outl"``, ``"lowrank"``, ``"qjl"``)."""
-        return self.name.rstrip("0123456789") if self.name != "f16" else "f16"
+        return family(self.name)
 
     def __post_init__(self):
         # The C pointer into book, made once: it stays valid as long as this Codec holds book.

@@ -61,7 +61,7 @@ class Calibration:
     ) -> dict[tuple[int, int], allocation.Candidate]:
         """The cheapest-error codec per list for an average of budget bits per compressed value,
         each codec's bits counting its plan over a context of that many tokens (PLAN_CONTEXT
-        when None or 0), codecs whose names start with one of exclude left out."""
+        when None or 0), codecs of the exclude families (codecs.family) left out."""
         context = context or PLAN_CONTEXT
         if context < 1:
             raise ValueError(f"context must be a number of tokens >= 1, got {context}")
@@ -69,7 +69,7 @@ class Calibration:
             key: [
                 replace(c, bits=c.bits + plan_bits(c.codec, context))
                 for c in cands
-                if not (exclude and c.codec.startswith(tuple(exclude)))
+                if codecs.family(c.codec) not in exclude
             ]
             for key, cands in self.curves.items()
         }

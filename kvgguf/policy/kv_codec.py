@@ -44,7 +44,7 @@ class Request:
 
     budget: float
     required: bool = True
-    exclude: tuple[str, ...] = ()  # codec families (name prefixes) the plan may not use
+    exclude: tuple[str, ...] = ()  # codec families (codecs.family) the plan may not use
 
 
 def parse(kv_codec) -> tuple[TieredConfig, Optional[Request]]:
