@@ -230,6 +230,29 @@ def test_tiered_keeps_the_fixed_preset_with_a_warning_when_the_calibration_is_br
     assert slot.read_text() == "not json"
 
 
+def test_a_calibration_from_before_newer_candidates_loads_and_says_what_it_lacks(
+    tmp_path, monkeypatch, smollm2_path, cal
+):
+    """A file kept from an older kvgguf (no wfq or tcq costs) still plans, and says why its plans
+    can be poorer than a new measurement's."""
+    from dataclasses import replace
+
+    from kvgguf.llama import calibrated_config
+
+    monkeypatch.setenv("KVGGUF_CACHE_DIR", str(tmp_path))
+    assert cal.unmeasured() == []
+    old = replace(
+        cal, curves={k: [c for c in v if codecs.family(c.codec) not in ("wfq", "tcq")] for k, v in cal.curves.items()}
+    )
+    assert old.unmeasured() == [c for c in calibration.CANDIDATES if codecs.family(c) in ("wfq", "tcq")]
+    old.save(calibration_path(str(smollm2_path)))
+    with pytest.warns(UserWarning, match=r"measured before wfq2, wfq3, wfq4, tcq2, tcq3, tcq4 joined"):
+        config, path = calibrated_config(str(smollm2_path), kv_codec.Request(3.0))
+    assert path == calibration_path(str(smollm2_path))
+    assert config == old.config(3.0, kvgguf.TieredConfig())
+    assert not [c for c in old.plan(3.0).values() if codecs.family(c.codec) in ("wfq", "tcq")]
+
+
 # --- pq2/vq8 codebooks --------------------------------------------------------------------
 
 

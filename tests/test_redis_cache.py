@@ -186,6 +186,10 @@ def test_a_session_cut_into_pieces_joins_back_whole_and_refuses_another_piece(sm
         pieces.join(skeleton, parts[:-1] + [parts[-1][:-1] + b"x"])
     with pytest.raises(SessionCorruptError, match="not the one"):
         pieces.join(skeleton, parts[:-1])
+    sections = container.unpack(skeleton)  # what a hit unpacks once: the same session back
+    assert container.unpack(pieces.join_sections(sections, parts)) == container.unpack(data)
+    with pytest.raises(SessionCorruptError, match="not its last section"):
+        pieces.join_sections(sections[-1:] + sections[:-1], parts)
     stock = Llama(str(smollm2_path), **KW)
     stock.set_cache(CompressedRAMCache())  # its states are .kvz too, without blocks
     stock.eval(document[:50])

@@ -41,15 +41,9 @@ from ..bindings import codecs
 from ..bindings.binding import KvgValueError
 from ..enums import Kind, Tier
 from ..policy import allocation
-from ..policy.calibration_plan import PROBE, SAME_BOOK, Calibration
+from ..policy.calibration_plan import CANDIDATES, PROBE, SAME_BOOK, Calibration
 from ..policy.tiered import TieredConfig
 
-# wfq fits its plan on each sequence's first block of the list (as the live cache will), so its
-# cost here includes a plan fitted on little text.
-CANDIDATES = (
-    "kivi2", "kivi3", "kivi4", "rotq2", "rotq3", "rotq4", "crotq2", "crotq3", "crotq4",
-    "wfq2", "wfq3", "wfq4", "tcq2", "tcq3", "tcq4", "kivi8", "f16",
-)  # fmt: skip
 PROMPTS = (
     "The history of the town begins",
     "Here is a short explanation of how it works.",

@@ -32,6 +32,13 @@ from .tiered import TieredConfig
 FORMAT = "kvgguf-calibration"
 VERSION = 2  # 2: codec costs measured through the model (1 scaled by reconstruction error)
 PROBE = "rotq2"  # the codec every list's sensitivity is measured at (the curves are relative to it)
+# The codecs `kvgguf calibrate` measures on every list. wfq fits its plan on each sequence's
+# first block of the list (as the live cache will), so its cost includes a plan fitted on little
+# text. A file measured before a codec joined lacks its cost: Calibration.unmeasured() names it.
+CANDIDATES = (
+    "kivi2", "kivi3", "kivi4", "rotq2", "rotq3", "rotq4", "crotq2", "crotq3", "crotq4",
+    "wfq2", "wfq3", "wfq4", "tcq2", "tcq3", "tcq4", "kivi8", "f16",
+)  # fmt: skip
 SAME_BOOK = {"vq8f": "vq8"}  # vq8f trains vq8's codebook: the file keeps it once
 # Tokens a sequence's plans are spread over where the context is not known (`kvgguf calibrate`'s
 # table): a wfq plan is 3 float32 per coordinate of each KV head, so 96 / context bits per value.
@@ -138,6 +145,12 @@ class Calibration:
                 if name not in SAME_BOOK
             ],
         }
+
+    def unmeasured(self) -> list[str]:
+        """Today's candidates this file has no cost for (it was measured before they joined
+        calibration): its plans cannot choose them until the model is measured again."""
+        have = {c.codec for cands in self.curves.values() for c in cands}
+        return [c for c in CANDIDATES if c not in have]
 
     @classmethod
     def from_json(cls, d) -> "Calibration":

@@ -56,14 +56,15 @@ def split(data: bytes) -> tuple[bytes, list[bytes]]:
 
 def digests(skeleton: bytes) -> list[bytes]:
     """The digests of the pieces a skeleton names, in order (none for a whole session)."""
-    return _names(container.unpack(skeleton))
+    return names(container.unpack(skeleton))
 
 
-def _names(sections: list[tuple[bytes, bytes]]) -> list[bytes]:
-    names = dict(sections).get(PIECES, b"")
-    if len(names) % _DIGEST:
+def names(sections: list[tuple[bytes, bytes]]) -> list[bytes]:
+    """digests() of a skeleton already unpacked (a shared cache unpacks it once per hit)."""
+    listed = dict(sections).get(PIECES, b"")
+    if len(listed) % _DIGEST:
         raise SessionCorruptError("the piece list is not a whole number of digests")
-    return [names[i : i + _DIGEST] for i in range(0, len(names), _DIGEST)]
+    return [listed[i : i + _DIGEST] for i in range(0, len(listed), _DIGEST)]
 
 
 def join(skeleton: bytes, pieces: list[bytes]) -> bytes:
@@ -72,8 +73,15 @@ def join(skeleton: bytes, pieces: list[bytes]) -> bytes:
     sections = container.unpack(skeleton)
     if not sections or sections[-1][0] != PIECES:
         return skeleton  # a whole session
-    names = _names(sections)
-    if len(names) != len(pieces) or any(digest(p) != d for p, d in zip(pieces, names)):
+    return join_sections(sections, pieces)
+
+
+def join_sections(sections: list[tuple[bytes, bytes]], pieces: list[bytes]) -> bytes:
+    """join() of a skeleton already unpacked, whose last section names its pieces."""
+    if not sections or sections[-1][0] != PIECES:
+        raise SessionCorruptError("the cached session's piece list is not its last section")
+    named = names(sections)
+    if len(named) != len(pieces) or any(digest(p) != d for p, d in zip(pieces, named)):
         raise SessionCorruptError("a piece of the cached session is not the one its skeleton names")
     cursor = [0] * len(pieces)
 

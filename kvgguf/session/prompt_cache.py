@@ -31,7 +31,12 @@ def token_digest(tokens: Sequence[int]) -> str:
 
 def kvz_tokens(data: bytes) -> np.ndarray:
     """The token ids a .kvz holds (its CRCs checked); SessionError or KeyError if damaged."""
-    return np.frombuffer(dict(container.unpack(data))[b"TOKS"], dtype="<i4")
+    return section_tokens(container.unpack(data))
+
+
+def section_tokens(sections: list[tuple[bytes, bytes]]) -> np.ndarray:
+    """kvz_tokens() of a .kvz already unpacked; KeyError without a token section."""
+    return np.frombuffer(dict(sections)[b"TOKS"], dtype="<i4")
 
 
 class CompressedCache(BaseLlamaCache):

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import SessionError
 from . import container, pieces
-from .prompt_cache import CompressedCache, Key, kvz_tokens, token_digest
+from .prompt_cache import CompressedCache, Key, section_tokens, token_digest
 from .state import SessionState
 
 # How entries lie in Redis; in the namespace, so servers of another layout never read them.
@@ -208,8 +208,9 @@ class CompressedRedisCache(CompressedCache):
         found = self._lookup(key)
         return None if found is None else found[0]
 
-    def _lookup(self, tokens: Key) -> Optional[tuple[Key, bytes, str]]:
-        """(the entry's tokens, its skeleton, its id) of the longest cached prefix of tokens."""
+    def _lookup(self, tokens: Key) -> Optional[tuple[Key, bytes, list, str]]:
+        """(the entry's tokens, its skeleton, the skeleton's sections, its id) of the longest
+        cached prefix of tokens; the skeleton is unpacked here once for the whole hit."""
         if self.namespace is None:
             return None
         keys = self._chunk_keys(tokens)
@@ -230,7 +231,8 @@ class CompressedRedisCache(CompressedCache):
                 self._delete(entry_id)
                 continue
             try:
-                entry = tuple(kvz_tokens(data).tolist())
+                sections = container.unpack(data)
+                entry = tuple(section_tokens(sections).tolist())
             except (SessionError, KeyError) as e:
                 self._fault("damaged entry", e)
                 self._delete(entry_id)
@@ -239,7 +241,7 @@ class CompressedRedisCache(CompressedCache):
                 self._fault("index pointing at another prompt", entry_id)
                 self._call("drop", self.client.delete, keys[k])
                 continue
-            return entry, data, entry_id
+            return entry, data, sections, entry_id
         return None
 
     def __contains__(self, key: Sequence[int]) -> bool:
@@ -247,21 +249,21 @@ class CompressedRedisCache(CompressedCache):
 
     def __getitem__(self, key: Sequence[int]) -> SessionState:
         found = self._lookup(tuple(key))
-        data = None if found is None else self._assemble(found[1], found[2])
+        data = None if found is None else self._assemble(*found[1:])
         if data is None:
             self.misses += 1
             raise KeyError("no cached prefix")
-        entry, _, entry_id = found
+        entry, _, _, entry_id = found
         self.hits += 1
         self.tokens_served += min(len(entry), len(key))
         self._call("touch", self.client.zadd, self._key("lru"), {entry_id: time.time()})
         return SessionState(np.asarray(entry, dtype=np.intc), data, None)
 
-    def _assemble(self, skeleton: bytes, entry_id: str) -> Optional[bytes]:
-        """The .kvz of an entry: its skeleton and its pieces, or None (a miss) when a piece is
-        gone or damaged (the entry is then dropped) or Redis failed."""
+    def _assemble(self, skeleton: bytes, sections: list, entry_id: str) -> Optional[bytes]:
+        """The .kvz of an entry: its skeleton (and its sections, unpacked) and its pieces, or
+        None (a miss) when a piece is gone or damaged (the entry is then dropped) or Redis failed."""
         try:
-            names = pieces.digests(skeleton)
+            names = pieces.names(sections)
         except SessionError as e:
             self._fault("damaged entry", e)
             self._delete(entry_id)
@@ -276,7 +278,7 @@ class CompressedRedisCache(CompressedCache):
             self._delete(entry_id)
             return None
         try:
-            return pieces.join(skeleton, [dict(container.unpack(v))[pieces.PIECES] for v in stored])
+            return pieces.join_sections(sections, [dict(container.unpack(v))[pieces.PIECES] for v in stored])
         except (SessionError, KeyError) as e:
             self._fault("damaged entry", e)
             self._delete(entry_id)
