@@ -13,6 +13,7 @@ file. What each section is made from:
 - live:    benchmarks/results/live_cache_*.md      (benchmarks/live_cache.py)
 - profile: benchmarks/results/profile/*.md         (benchmarks/profile_phase.py)
 - quality: benchmarks/results/eval/*.md            (kvgguf eval ... --out benchmarks/results/eval)
+- curves:  benchmarks/results/curves/kl_*.md and .png (benchmarks/kl_curves.py over kvgguf eval runs)
 - recall:  benchmarks/results/retrieval_*.md       (benchmarks/retrieval.py)
 - preset:  benchmarks/results/preset/*.md, retrieval_preset_*.md (kvgguf eval, benchmarks/retrieval.py
            with tiered:fixed and tiered)
@@ -146,6 +147,12 @@ def quality(here: Path) -> str:
     return with_plots(sorted((RESULTS / "eval").glob("*.md")), here)
 
 
+def curves(here: Path) -> str:
+    """KL against bits per model and context, every codec family beside llama.cpp's types."""
+    mds = sorted((RESULTS / "curves").glob("kl_*.md"), key=lambda md: ("gemma" in md.stem, md.stem))
+    return with_plots(mds, here)
+
+
 def recall(here: Path) -> str:
     return "\n\n".join(
         md.read_text().strip()
@@ -198,6 +205,7 @@ SECTIONS = {
     "live": ("docs/benchmarks.md", live),
     "window": ("docs/benchmarks.md", window),
     "quality": ("docs/quality.md", quality),
+    "curves": ("docs/quality.md", curves),
     "recall": ("docs/recall.md", recall),
     "preset": ("docs/recall.md", preset),
     "keep": ("docs/recall.md", keep),
