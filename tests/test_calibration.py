@@ -251,6 +251,10 @@ def test_a_calibration_from_before_newer_candidates_loads_and_says_what_it_lacks
     assert path == calibration_path(str(smollm2_path))
     assert config == old.config(3.0, kvgguf.TieredConfig())
     assert not [c for c in old.plan(3.0).values() if codecs.family(c.codec) in ("wfq", "tcq")]
+    from kvgguf.cli.inspect import calibration_lines
+
+    lines, _ = calibration_lines(smollm2_path)
+    assert "measured before wfq2, wfq3, wfq4, tcq2, tcq3, tcq4 joined" in lines[1]
 
 
 # --- pq2/vq8 codebooks --------------------------------------------------------------------
