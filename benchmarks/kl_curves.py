@@ -54,13 +54,15 @@ def merge(paths: list[Path]) -> tuple[dict, list[str], list[dict]]:
     order = list(dict.fromkeys(r["family"] for r in rows if r["source"] == "llama.cpp"))
     order += list(dict.fromkeys(f for _, f in FAMILIES))
     rows.sort(key=lambda r: (order.index(r["family"]) if r["family"] in order else len(order), r["bits_per_value"]))
-    return meta, [run["command"] for run in runs], rows
+    # the f16 reference's perplexity per run: equal when the runs scored the same logits
+    refs = [next((r["ppl_ref"] for r in run["results"] if r.get("ppl_ref")), None) for run in runs]
+    return meta, [f"`{run['command']}` (reference ppl {ref:.2f})" for run, ref in zip(runs, refs)], rows
 
 
 def markdown(meta: dict, commands: list[str], rows: list[dict], made_by: str) -> str:
     head = [f"`{made_by}` over the `kvgguf eval` results below."]
     head += [f"{meta['model']}, ctx {meta['ctx']} x {meta['chunks']} chunks, batches of {meta['batch']}."]
-    head += [f"[{i}] `{c}`" for i, c in enumerate(commands, 1)] if len(commands) > 1 else [f"`{commands[0]}`"]
+    head += [f"[{i}] {c}" for i, c in enumerate(commands, 1)] if len(commands) > 1 else commands
     lines = [
         "| family | cache | bits/value held | of which cold rows | KL mean | KL p99 | top-1 | ppl | run |",
         "|---|---|---|---|---|---|---|---|---|",
