@@ -179,13 +179,9 @@ def calibrated_config(
 
         cal = calibrate(model_path, progress=progress)
         cal.save(path)
-    unmeasured = cal.unmeasured()
-    if unmeasured:  # a file kept from an older kvgguf: it loads, but its plans miss newer codecs
-        warnings.warn(
-            f"kvgguf: the calibration {path} was measured before {', '.join(unmeasured)} joined its "
-            f"candidates, so its plans cannot use them: `kvgguf calibrate {model_path}` measures the model again",
-            stacklevel=3,
-        )
+    note = cal.unmeasured_note(model_path)
+    if note:  # a file kept from an older kvgguf: it loads, but its plans miss newer codecs
+        warnings.warn(f"kvgguf: the calibration {path} was {note}", stacklevel=3)
     return cal.config(request.budget, base, context, request.exclude), path
 
 

@@ -289,12 +289,9 @@ def calibration_lines(path) -> tuple[list[str], Optional[dict]]:
         f"calibration:  {file} ({text.get('tokens')} tokens of "
         f"{'self-written text' if text.get('source') == 'self' else text.get('source')})"
     ]
-    unmeasured = cal.unmeasured()
-    if unmeasured:
-        lines.append(
-            f"  measured before {', '.join(unmeasured)} joined calibration's candidates: its plans "
-            f"cannot use them until `kvgguf calibrate {path}` measures the model again"
-        )
+    note = cal.unmeasured_note(path)
+    if note:
+        lines.append("  " + note)
     lines += ["  " + row for row in plan_table(cal)]
     return lines, cal.to_json()
 

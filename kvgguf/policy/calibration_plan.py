@@ -152,6 +152,17 @@ class Calibration:
         have = {c.codec for cands in self.curves.values() for c in cands}
         return [c for c in CANDIDATES if c not in have]
 
+    def unmeasured_note(self, model_path) -> Optional[str]:
+        """What a user is told of unmeasured() (the warning of "auto" / "tiered", `kvgguf
+        inspect`), or None when the file measured every candidate."""
+        missing = self.unmeasured()
+        if not missing:
+            return None
+        return (
+            f"measured before {', '.join(missing)} joined calibration's candidates, so its plans cannot "
+            f"use them: `kvgguf calibrate {model_path}` measures the model again"
+        )
+
     @classmethod
     def from_json(cls, d) -> "Calibration":
         try:
