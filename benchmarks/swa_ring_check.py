@@ -1,0 +1,94 @@
+"""Where llama.cpp's sliding-window ring leaves its full-size cache (Gemma-3): position by position.
+
+Stock llama.cpp decodes the same WikiText-2 tokens twice, with swa_full on (the window layers
+hold the whole context: what `kvgguf eval` takes as its reference) and off (they hold a ring of
+n_swa + batch cells, padded to 256, whose cells are reused once it is full: the layout kvgguf's
+live cache keeps for those layers). Prints the mean KL and the largest logit difference per
+stretch of 128 positions and the first position whose logits differ.
+
+    .venv/bin/python benchmarks/swa_ring_check.py --ctx 1024 --batch 256 --out benchmarks/results/floor/swa_ring_b256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+STRETCH = 128
+
+
+def logits(path: str, ctx: int, batch: int, flash: bool, cells: str, swa_full: bool) -> np.ndarray:
+    import kvgguf
+    from kvgguf.evaluation.text import wikitext2_test
+
+    llm = kvgguf.Llama(
+        path,
+        n_ctx=ctx,
+        n_batch=batch,
+        n_ubatch=batch,
+        n_threads=1,
+        n_threads_batch=1,
+        flash_attn=flash,
+        type_k=cells,
+        type_v=cells,
+        swa_full=swa_full,
+        verbose=False,
+    )
+    try:
+        tokens = llm.tokenize(wikitext2_test().encode())[:ctx]
+        return np.concatenate([lg.astype(np.float64) for _, lg in llm.eval_logits(tokens)])
+    finally:
+        llm.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="gemma3-270m")
+    ap.add_argument("--ctx", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--no-flash", action="store_true", help="flash attention off")
+    ap.add_argument("--cells", default="f16", help="llama.cpp cache type of both runs (f16, f32)")
+    ap.add_argument("--out", type=Path, required=True, help="path without suffix for the .md and .json")
+    args = ap.parse_args()
+    from kvgguf import models
+
+    path = str(models.path(args.model))
+    runs = {full: logits(path, args.ctx, args.batch, not args.no_flash, args.cells, full) for full in (True, False)}
+
+    def log_softmax(x: np.ndarray) -> np.ndarray:
+        x = x - x.max(-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+    a, b = log_softmax(runs[True]), log_softmax(runs[False])
+    kl = (np.exp(a) * (a - b)).sum(-1)
+    differ = np.nonzero(np.abs(runs[True] - runs[False]).max(-1) > 0)[0]
+    first = int(differ[0]) if len(differ) else None
+    stretches = [
+        dict(start=s, kl=float(kl[s : s + STRETCH].mean()), max_logit_diff=float(np.abs(a - b)[s : s + STRETCH].max()))
+        for s in range(0, args.ctx, STRETCH)
+    ]
+    command = " ".join([".venv/bin/python benchmarks/swa_ring_check.py", *sys.argv[1:]])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(
+        json.dumps(dict(command=command, first_differing_position=first, stretches=stretches), indent=1) + "\n"
+    )
+    lines = [
+        f"`{command}` ({args.model}, batches of {args.batch}, flash attention {'off' if args.no_flash else 'on'}, "
+        f"{args.cells} cells): swa_full on against off; first position whose logits differ: {first}",
+        "",
+        "| positions | KL mean | largest log-probability difference |",
+        "|---|---|---|",
+    ]
+    lines += [
+        f"| {s['start']}-{s['start'] + STRETCH - 1} | {s['kl']:.5f} | {s['max_logit_diff']:.3f} |" for s in stretches
+    ]
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
