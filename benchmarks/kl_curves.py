@@ -27,6 +27,7 @@ FAMILIES = (  # (pattern on the cache name, family); the first match wins
     (r"^kivi\d$", "kivi"),
 )
 SAME_RUN = ("model", "ctx", "chunks", "batch")
+FLOOR = "kvgguf:f16"  # every cold row exact: what the arithmetic alone reads
 
 
 def family(result: dict) -> str:
@@ -91,8 +92,13 @@ def plot(meta: dict, rows: list[dict], path: Path, target: Optional[tuple[float,
         (axes[0], "bits_per_value", "bits per value held (f16 hot buffer included)"),
         (axes[1], "cold_bits_per_value", "bits per compressed value (llama.cpp: per value)"),
     ):
+        for r in rows:  # every row exact: the floor of the measurement, a line rather than a point far right
+            if r["name"] == FLOOR and r["kl_mean"] > 0:
+                ax.axhline(r["kl_mean"], color="grey", linestyle="--", linewidth=1, label=f"{FLOOR} (floor)")
         for fam in dict.fromkeys(r["family"] for r in rows):
-            pts = [r for r in rows if r["family"] == fam and r["kl_mean"] > 0 and r[key] is not None]
+            pts = [
+                r for r in rows if r["family"] == fam and r["name"] != FLOOR and r["kl_mean"] > 0 and r[key] is not None
+            ]
             if not pts:  # f16 has no place on a log scale
                 continue
             lined = not fam.startswith("llama.cpp") and fam != "preset"
