@@ -14,6 +14,7 @@ file. What each section is made from:
 - profile: benchmarks/results/profile/*.md         (benchmarks/profile_phase.py)
 - quality: benchmarks/results/eval/*.md            (kvgguf eval ... --out benchmarks/results/eval)
 - curves:  benchmarks/results/curves/kl_*.md and .png (benchmarks/kl_curves.py over kvgguf eval runs)
+- floor:   benchmarks/results/floor/*.md            (benchmarks/arithmetic_floor.py, swa_ring_check.py)
 - recall:  benchmarks/results/retrieval_*.md       (benchmarks/retrieval.py)
 - preset:  benchmarks/results/preset/*.md, retrieval_preset_*.md (kvgguf eval, benchmarks/retrieval.py
            with tiered:fixed and tiered)
@@ -153,6 +154,12 @@ def curves(here: Path) -> str:
     return with_plots(mds, here)
 
 
+def floor(here: Path) -> str:
+    """KL between exact caches that sum in another order: the floor under every eval row."""
+    mds = sorted((RESULTS / "floor").glob("*.md"), key=lambda md: ("swa_ring" in md.stem, "gemma" in md.stem, md.stem))
+    return "\n\n".join(md.read_text().strip() for md in mds)
+
+
 def recall(here: Path) -> str:
     return "\n\n".join(
         md.read_text().strip()
@@ -206,6 +213,7 @@ SECTIONS = {
     "window": ("docs/benchmarks.md", window),
     "quality": ("docs/quality.md", quality),
     "curves": ("docs/quality.md", curves),
+    "floor": ("docs/quality.md", floor),
     "recall": ("docs/recall.md", recall),
     "preset": ("docs/recall.md", preset),
     "keep": ("docs/recall.md", keep),

@@ -54,14 +54,11 @@ def main() -> None:
     ap.add_argument("--cells", default="f16", help="llama.cpp cache type of both runs (f16, f32)")
     ap.add_argument("--out", type=Path, required=True, help="path without suffix for the .md and .json")
     args = ap.parse_args()
+    from arithmetic_floor import log_softmax  # benchmarks/, beside this script
     from kvgguf import models
 
     path = str(models.path(args.model))
     runs = {full: logits(path, args.ctx, args.batch, not args.no_flash, args.cells, full) for full in (True, False)}
-
-    def log_softmax(x: np.ndarray) -> np.ndarray:
-        x = x - x.max(-1, keepdims=True)
-        return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
     a, b = log_softmax(runs[True]), log_softmax(runs[False])
     kl = (np.exp(a) * (a - b)).sum(-1)
