@@ -33,6 +33,7 @@ WINDOW = "stock f16, swa window (Gemma-3)"  # llama.cpp's ring of n_swa + batch 
 
 def second_half(model: str, ctx: int, threads: int, n_batch: int, kw: dict) -> np.ndarray:
     from kvgguf import Llama, models
+    from kvgguf.evaluation.harness import kept_half
     from kvgguf.evaluation.text import wikitext2_test
 
     llm = Llama(
@@ -46,22 +47,9 @@ def second_half(model: str, ctx: int, threads: int, n_batch: int, kw: dict) -> n
         **kw,
     )
     try:
-        tokens = llm.tokenize(wikitext2_test().encode())[:ctx]
-        half = ctx // 2
-        out = np.empty((ctx - half, llm.n_vocab()), np.float32)
-        for start, logits in llm.eval_logits(tokens):
-            lo = max(start, half)
-            if lo < start + len(logits):
-                out[lo - half : start + len(logits) - half] = logits[lo - start :]
-        return out
+        return kept_half(llm, llm.tokenize(wikitext2_test().encode())[:ctx], ctx // 2)
     finally:
         llm.close()
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    x -= x.max(-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
 def main() -> None:
@@ -72,6 +60,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True, help="path without suffix for the .md and .json")
     args = ap.parse_args()
     from kvgguf import models
+    from kvgguf.evaluation.harness import kl_top1
     from kvgguf.model.shape import KVShape
 
     variants = dict(VARIANTS)
@@ -79,12 +68,12 @@ def main() -> None:
         variants = {k: (b, {**kw, "swa_full": True}) for k, (b, kw) in variants.items() if "kvgguf" not in k}
         variants[WINDOW] = (256, dict(flash_attn=True, swa_full=False))
         variants["kvgguf:f16 (fused, batch 32)"] = VARIANTS["kvgguf:f16 (fused, batch 32)"]
-    logp = {}
+    logits = {}  # float32, as kvgguf eval keeps its reference; KL in float64 slices (kl_top1)
     for name, (n_batch, kw) in variants.items():
         print(f"[arithmetic_floor] {name}", file=sys.stderr, flush=True)
-        logp[name] = log_softmax(second_half(args.model, args.ctx, args.threads, n_batch, kw))
-    names = list(logp)
-    kl = [[float((np.exp(logp[a]) * (logp[a] - logp[b])).sum(-1).mean()) for b in names] for a in names]
+        logits[name] = second_half(args.model, args.ctx, args.threads, n_batch, kw)
+    names = list(logits)
+    kl = [[kl_top1(logits[a], logits[b])[0] for b in names] for a in names]
     command = " ".join([".venv/bin/python benchmarks/arithmetic_floor.py", *sys.argv[1:]])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(

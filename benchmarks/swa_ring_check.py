@@ -40,7 +40,7 @@ def logits(path: str, ctx: int, batch: int, flash: bool, cells: str, swa_full: b
     )
     try:
         tokens = llm.tokenize(wikitext2_test().encode())[:ctx]
-        return np.concatenate([lg.astype(np.float64) for _, lg in llm.eval_logits(tokens)])
+        return np.concatenate([lg.copy() for _, lg in llm.eval_logits(tokens)])
     finally:
         llm.close()
 
@@ -54,20 +54,19 @@ def main() -> None:
     ap.add_argument("--cells", default="f16", help="llama.cpp cache type of both runs (f16, f32)")
     ap.add_argument("--out", type=Path, required=True, help="path without suffix for the .md and .json")
     args = ap.parse_args()
-    from arithmetic_floor import log_softmax  # benchmarks/, beside this script
     from kvgguf import models
+    from kvgguf.evaluation.harness import log_softmax, score
 
     path = str(models.path(args.model))
     runs = {full: logits(path, args.ctx, args.batch, not args.no_flash, args.cells, full) for full in (True, False)}
 
-    a, b = log_softmax(runs[True]), log_softmax(runs[False])
-    kl = (np.exp(a) * (a - b)).sum(-1)
+    kl = score(runs[True], runs[False], np.full(args.ctx, -1))[0]
     differ = np.nonzero(np.abs(runs[True] - runs[False]).max(-1) > 0)[0]
     first = int(differ[0]) if len(differ) else None
-    stretches = [
-        dict(start=s, kl=float(kl[s : s + STRETCH].mean()), max_logit_diff=float(np.abs(a - b)[s : s + STRETCH].max()))
-        for s in range(0, args.ctx, STRETCH)
-    ]
+    stretches = []
+    for s in range(0, args.ctx, STRETCH):
+        gap = np.abs(log_softmax(runs[True][s : s + STRETCH]) - log_softmax(runs[False][s : s + STRETCH])).max()
+        stretches.append(dict(start=s, kl=float(kl[s : s + STRETCH].mean()), max_logprob_diff=float(gap)))
     command = " ".join([".venv/bin/python benchmarks/swa_ring_check.py", *sys.argv[1:]])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(
@@ -81,7 +80,7 @@ def main() -> None:
         "|---|---|---|",
     ]
     lines += [
-        f"| {s['start']}-{s['start'] + STRETCH - 1} | {s['kl']:.5f} | {s['max_logit_diff']:.3f} |" for s in stretches
+        f"| {s['start']}-{s['start'] + STRETCH - 1} | {s['kl']:.5f} | {s['max_logprob_diff']:.3f} |" for s in stretches
     ]
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

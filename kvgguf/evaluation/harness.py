@@ -138,6 +138,17 @@ def score(ref_logits: np.ndarray, test_logits: np.ndarray, next_tokens: np.ndarr
     return np.concatenate(kl), np.concatenate(agree), np.concatenate(nll_ref), np.concatenate(nll_test)
 
 
+def kept_half(llm, tokens: Sequence[int], half: int) -> np.ndarray:
+    """The logits of positions [half, len(tokens)) as float32, the tokens evaluated in llm's
+    batches from where its cache stands: a reference's scored half, the rest never kept."""
+    kept = np.empty((len(tokens) - half, llm.n_vocab()), dtype=np.float32)
+    for start, logits in llm.eval_logits(tokens):
+        lo = max(start, half)
+        if lo < start + len(logits):
+            kept[lo - half : start + len(logits) - half] = logits[lo - start :]
+    return kept
+
+
 def kl_top1(ref_logits: np.ndarray, test_logits: np.ndarray) -> tuple[float, float]:
     """Mean KL(p_ref || p_test) and top-1 agreement over the rows of two logit arrays."""
     kl, agree, _, _ = score(ref_logits, test_logits, np.full(len(ref_logits), -1))
@@ -249,12 +260,7 @@ def run_eval(
     for c, part in enumerate(parts):
         _progress(f"reference f16, chunk {c + 1}/{chunks}")
         ref_llm.reset()
-        kept = np.empty((ctx - half, ref_llm.n_vocab()), dtype=np.float32)
-        for start, logits in ref_llm.eval_logits(part.tolist()):
-            lo = max(start, half)
-            if lo < start + len(logits):
-                kept[lo - half : start + len(logits) - half] = logits[lo - start :]
-        refs.append(kept)
+        refs.append(kept_half(ref_llm, part.tolist(), half))
     ref_llm.close()
 
     results = []
