@@ -15,6 +15,8 @@ Layers, top to bottom (each imports only those below it; docs/data-path.md follo
 - ``kvgguf.llamacpp``: the patched llama.cpp (ctypes); ``kvgguf.bindings``: libkvgguf (cffi).
 """
 
+import sys as _sys
+
 from .llamacpp.library import bind as _bind
 
 _bind()
@@ -31,6 +33,11 @@ from .llamacpp.library import library_path as llama_library_path  # noqa: E402
 from .llamacpp.library import patch_version as llama_patch_version  # noqa: E402
 from .installer import install, uninstall  # noqa: E402
 from .installer import install_from_environment as _install_from_environment  # noqa: E402
+
+# The documented short names are modules too, so `import kvgguf.codecs` and
+# `from kvgguf.models import path` work as they read (as `os.path` names posixpath).
+_sys.modules[__name__ + ".codecs"] = codecs
+_sys.modules[__name__ + ".models"] = models
 
 _install_from_environment()  # KVGGUF_KV_CODEC=tiered: every llama_cpp.Llama gets the compressed cache
 

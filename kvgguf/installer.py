@@ -9,9 +9,8 @@ still gets it. Scope, exactly:
   stock, and `kvgguf.Llama` keeps taking its arguments as given;
 - the caller's keyword arguments win over the installed defaults (a `kv_codec=None` passed
   explicitly means llama.cpp's own cache);
-- `n_batch` larger than the config's hot window is replaced by kvgguf's own batch, the config's
-  ubatch (llama-cpp-python splits evaluation into n_batch chunks, so callers see no difference;
-  its default is 512, which would make llama.cpp's f16 buffer hot + 512 cells);
+- `n_batch` is taken as kvgguf.Llama takes it: one longer than the hot window (llama-cpp-python's
+  default is 512) is split into the config's ubatch (`kvgguf.llama.decode_batch`);
 - a model or a setting the compressed cache does not support (a model kvgguf.Llama refuses:
   recurrent, MLA, ...; `vocab_only`, a quantized `type_k`/`type_v`, `embedding=True`, `n_ctx=0`) falls back
   to llama.cpp's own cache with a RuntimeWarning and a line on stderr that say why;
@@ -75,12 +74,6 @@ class InstalledLlama(Llama):
             if why is not None:
                 _say_stock(model_path, why)
                 kwargs["kv_codec"] = None
-            else:
-                # a batch larger than the hot window would be refused: kvgguf then takes its own
-                # ubatch, which follows the model's size (policy.tiered.sized_for_model)
-                hot = parse_kv_codec(kwargs["kv_codec"])[0].hot
-                if kwargs.get("n_batch") is not None and kwargs["n_batch"] > hot:
-                    kwargs["n_batch"] = None
         try:
             super().__init__(model_path, **kwargs)
         except ValueError as e:

@@ -17,6 +17,7 @@ from typing import Callable, Iterator, Optional, Sequence, Union
 import llama_cpp
 import numpy as np
 
+from .runtime.call_lock import CallLock, holding
 from .runtime.live_cache import FUSED_MAX_TOKENS, LiveCache
 from .runtime.memory import KVMemory, TierMemory
 from .model.gguf_file import read_metadata
@@ -80,8 +81,14 @@ def unsupported_setting(
         return f"n_ctx={n_ctx} holds no logical context (a kv_codec needs n_ctx > 0)"
     for name, t in (("type_k", type_k), ("type_v", type_v)):
         if cache_type(t, name) not in (None, llama_cpp.GGML_TYPE_F16):
-            return f"kv_codec keeps llama.cpp's hot window in f16; {name} must be f16 or None (got {t!r})"
+            return f"kv_codec keeps llama.cpp's hot window in f16; {name} must be f16 or None (got {_type_name(t)!r})"
     return None
+
+
+def _type_name(value: Union[str, int]) -> Union[str, int]:
+    """A cache type as the user knows it: its name where a ggml number has one in CACHE_TYPES."""
+    names = {number: name for name, number in CACHE_TYPES.items()}
+    return names.get(value, value) if isinstance(value, int) else value
 
 
 def _config_for_model(config: TieredConfig, preset: bool, model_path: str) -> tuple[TieredConfig, KVShape]:
@@ -186,37 +193,78 @@ def calibrated_config(
 
 
 def _calibration_progress(model_path: str, verbose: bool):
-    """A progress callback for the first use of "auto" on a model (a minute or more)."""
-    bar = None
+    """A progress callback for the first use of "auto" on a model (minutes): a bar on a terminal,
+    and where stderr is not one (a server's log, a notebook) a line at every tenth of the lists."""
+    bar, said = None, -1
 
     def progress(done: int, total: int) -> None:
-        nonlocal bar
-        if bar is None:
-            from tqdm import tqdm
-
-            if verbose:
-                print(
-                    f"kvgguf: calibrating {os.path.basename(model_path)} for kv_codec='auto' (once; kept in "
-                    f"{calibration_path(model_path)})",
-                    file=sys.stderr,
-                )
-            bar = tqdm(
-                total=total, desc="calibrating", unit="list", disable=not (verbose and sys.stderr.isatty()), leave=False
+        nonlocal bar, said
+        if not verbose:
+            return
+        if bar is None and said < 0:
+            print(
+                f"kvgguf: calibrating {os.path.basename(model_path)} for kv_codec='auto' (once; kept in "
+                f"{calibration_path(model_path)})",
+                file=sys.stderr,
+                flush=True,
             )
-        bar.update(done - bar.n)
-        if done >= total:
-            bar.close()
+            said = 0
+            if sys.stderr.isatty():
+                from tqdm import tqdm
+
+                bar = tqdm(total=total, desc="calibrating", unit="list", leave=False)
+        if bar is not None:
+            bar.update(done - bar.n)
+            if done >= total:
+                bar.close()
+            return
+        tenth = 10 * done // max(total, 1)
+        if tenth > said:
+            said = tenth
+            print(f"kvgguf: calibrating: {done}/{total} lists measured ({10 * tenth}%)", file=sys.stderr, flush=True)
 
     return progress
 
 
+def decode_batch(n_batch: Optional[int], n_ctx: int, config: TieredConfig, verbose: bool = False) -> int:
+    """Tokens per llama_decode call with a kv_codec: the caller's n_batch where it fits the hot
+    window, else the config's ubatch. A longer batch (llama-cpp-python's default is 512) is
+    split, never refused: llama.cpp's f16 cells hold the hot window plus one decode batch, so
+    decoding 512 at a time would make them hot + 512."""
+    if n_batch is None:
+        return min(config.ubatch, n_ctx)
+    if n_batch <= config.hot:
+        return n_batch
+    if verbose:
+        print(
+            f"kvgguf: n_batch={n_batch} is longer than the hot window ({config.hot} tokens): evaluations "
+            f"reach llama.cpp in batches of {min(config.ubatch, n_ctx)} tokens",
+            file=sys.stderr,
+        )
+    return min(config.ubatch, n_ctx)
+
+
 def _serialized(method):
-    """Runs a method of Llama holding its _kv_lock (one batch or cache change at a time)."""
+    """Runs a method of Llama as one call (its _calls lock: other threads' calls wait) that
+    changes or reads the cache (its _kv_lock: close() waits for it)."""
 
     @functools.wraps(method)
     def run(self, *args, **kwargs):
-        with self._kv_lock:
+        with self._calls, self._kv_lock:
             return method(self, *args, **kwargs)
+
+    return run
+
+
+def _one_call(method):
+    """Runs a method of Llama as one call: another thread's calls wait until it returns, or,
+    where it returns a generator (a stream), until the generator ends or is closed."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self._calls:
+            out = method(self, *args, **kwargs)
+        return holding(self._calls, out) if isinstance(out, Iterator) else out
 
     return run
 
@@ -240,9 +288,10 @@ class Llama(llama_cpp.Llama):
         folder: see ``kvgguf calibrate``); or a :class:`TieredConfig`.
     n_ctx: the logical context. With a kv_codec, llama.cpp's own f16 cache holds only the
         hot window plus one batch; older tokens live compressed in kvgguf's store.
-    n_batch: tokens per llama_decode call; with a kv_codec it defaults to TieredConfig.ubatch
-        (longer evaluations are split into such batches, so llama.cpp's f16 buffer holds the
-        hot window plus one of them) and may not exceed the hot window.
+    n_batch: tokens per llama_decode call. With a kv_codec it defaults to TieredConfig.ubatch, and
+        a value longer than the hot window (llama-cpp-python's 512, say) is split into batches of
+        TieredConfig.ubatch (said on stderr when verbose), so llama.cpp's f16 buffer holds the hot
+        window plus one batch: ``self.n_batch`` is the batch llama.cpp gets (decode_batch).
     type_k, type_v: llama.cpp's cache types, as names ("q8_0", "q4_0", ...) or ggml numbers.
         With a kv_codec they must stay f16 (the hot window is exact).
     flash_attn: with a kv_codec it defaults to True (generation reads the hot window faster and
@@ -271,6 +320,9 @@ class Llama(llama_cpp.Llama):
         # reset, close): ctypes lets other threads run during llama_decode, and a session load
         # from one of them must wait rather than free rows llama.cpp's threads are reading.
         self._kv_lock = threading.RLock()
+        # Held for the whole of each public call that uses the context (a completion is many
+        # batches plus sampling; two interleaved ones abort llama.cpp): runtime/call_lock.py.
+        self._calls = CallLock()
         type_k, type_v = cache_type(type_k, "type_k"), cache_type(type_v, "type_v")
         model_path = os.fspath(model_path)  # a pathlib.Path too (stock wants a str)
         self._kv: Optional[LiveCache] = None
@@ -326,11 +378,13 @@ class Llama(llama_cpp.Llama):
                     ),
                     file=sys.stderr,
                 )
-        n_batch = min(config.ubatch, n_ctx) if n_batch is None else n_batch
-        if n_batch > config.hot:
-            raise ValueError(
-                f"the hot window ({config.hot} tokens) is smaller than a batch (n_batch={n_batch}); "
-                f"lower n_batch or raise TieredConfig.hot"
+        n_batch = decode_batch(n_batch, n_ctx, config, verbose=kwargs.get("verbose", True))
+        if not preset and config.hot >= n_ctx:
+            warnings.warn(
+                f"kvgguf: the hot window ({config.hot} tokens) covers the whole context (n_ctx={n_ctx}): every "
+                f"token stays f16 in llama.cpp's cells and nothing is compressed; lower TieredConfig.hot, or "
+                f"use kv_codec=None for llama.cpp's own cache",
+                stacklevel=2,
             )
         # llama.cpp's cells: the hot window plus one batch (it pads this to a multiple of 256;
         # LiveCache evicts against config.hot, not against the padded size). Sliding-window
@@ -412,8 +466,12 @@ class Llama(llama_cpp.Llama):
         return super().__getstate__()
 
     def _create_completion(self, *args, **kwargs):
-        """llama-cpp-python's, with its context-window error naming the logical n_ctx (its message
-        reads llama.cpp's physical one, the hot window plus a batch)."""
+        """llama-cpp-python's, holding the Llama from its first step to its end (a stream: until
+        the consumer finishes or closes it), with its context-window error naming the logical n_ctx
+        (its message reads llama.cpp's physical one, the hot window plus a batch)."""
+        return holding(self._calls, self._completion(*args, **kwargs))
+
+    def _completion(self, *args, **kwargs):
         try:
             return (yield from super()._create_completion(*args, **kwargs))
         except ValueError as e:
@@ -429,6 +487,7 @@ class Llama(llama_cpp.Llama):
         if self._kv is not None:
             self._kv.truncate(self.n_tokens)
 
+    @_one_call
     def eval(self, tokens: Sequence[int]):
         self._check_open("eval")
         if self._kv is not None and self._kv.wants_logits:
@@ -480,8 +539,12 @@ class Llama(llama_cpp.Llama):
     def eval_logits(self, tokens: Sequence[int]) -> Iterator[tuple[int, np.ndarray]]:
         """Evaluates tokens in batches of n_batch, yielding (position of the batch's first
         token, its logits [n, n_vocab]) per batch, without keeping them (llama.cpp's buffer,
-        valid until the next batch). For scoring long texts with large vocabularies."""
+        valid until the next batch). For scoring long texts with large vocabularies. Holds
+        the Llama (other threads' calls wait) until the generator ends or is closed."""
         self._check_open("eval_logits")
+        return holding(self._calls, self._eval_logits(tokens))
+
+    def _eval_logits(self, tokens: Sequence[int]) -> Iterator[tuple[int, np.ndarray]]:
         with self._kv_lock:
             self._begin_eval(len(tokens))
             self.tokens_evaluated += len(tokens)
@@ -507,6 +570,19 @@ class Llama(llama_cpp.Llama):
         if self._kv is not None:
             self._kv.clear()
 
+    @_one_call
+    def generate(self, *args, **kwargs):
+        return super().generate(*args, **kwargs)
+
+    @_one_call
+    def create_chat_completion(self, *args, **kwargs):
+        return super().create_chat_completion(*args, **kwargs)
+
+    @_one_call
+    def create_embedding(self, *args, **kwargs):
+        return super().create_embedding(*args, **kwargs)
+
+    @_one_call
     def sample(self, *args, **kwargs):
         """llama_cpp.Llama.sample, with the sampler chain it builds for one call freed when the
         call returns. llama-cpp-python's LlamaSampler keeps itself in a reference cycle (its

@@ -29,7 +29,7 @@ def test_plain_llama_evicts_into_the_store_after_install(smollm2_path, installed
     try:
         assert isinstance(llm, kvgguf.Llama) and isinstance(llm, llama_cpp.Llama)
         assert llm.kv_config.warm == "rotq4"
-        assert llm.n_batch == llm.kv_config.ubatch  # lowered from 512 to the config's ubatch
+        assert llm.n_batch == llm.kv_config.ubatch  # 512 is split into the config's ubatch
         toks = llm.tokenize(wikitext2_test()[:4000].encode())[:600]
         llm.eval(toks)
         mem = llm.kv_memory()

@@ -170,3 +170,43 @@ def test_a_body_that_is_not_json_gets_400(server):
         urllib.request.urlopen(req, timeout=30)
     assert e.value.code == 400
     assert "not valid JSON" in json.loads(e.value.read())["error"]["message"]
+
+
+@pytest.mark.parametrize("route", ["completions", "chat"])
+def test_a_streamed_prompt_longer_than_the_context_gets_400_before_the_stream(client, route):
+    """llama_cpp.server answered 200 and an empty event stream, with no error and no [DONE]; the
+    same request without stream gets 400 (issue 46)."""
+    with pytest.raises(openai.BadRequestError) as e:
+        if route == "completions":
+            client.completions.create(model="smollm2-135m", prompt="word " * 3000, max_tokens=2, stream=True)
+        else:
+            messages = [{"role": "user", "content": "word " * 3000}]
+            client.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=2, stream=True)
+    assert e.value.code == "context_length_exceeded"
+    assert "maximum context length is 2048 tokens" in e.value.message
+    stream = client.completions.create(model="smollm2-135m", prompt="The sky is", max_tokens=3, stream=True)
+    assert "".join(c.choices[0].text for c in stream if c.choices)  # the server keeps serving
+
+
+@pytest.mark.parametrize(
+    "route, body, param",
+    [
+        ("chat/completions", {"messages": "hi"}, "messages"),
+        ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": "many"}, "max_tokens"),
+        ("completions", {"prompt": "hi", "temperature": [1]}, "temperature"),
+        ("chat/completions", ["not", "an", "object"], None),
+    ],
+)
+def test_a_body_of_the_wrong_shape_gets_400_naming_the_field(server, route, body, param):
+    req = urllib.request.Request(
+        f"{server[0]}/v1/{route}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert e.value.code == 400
+    error = json.loads(e.value.read())["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert ".py" not in error["message"], "no server file paths in answers"

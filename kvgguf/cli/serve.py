@@ -130,10 +130,81 @@ def memory_report(llm) -> dict:
     }
 
 
-class RefuseUnknownModels:
-    """ASGI middleware: a POST to /v1/... naming a model this server does not serve gets 404 (as
-    OpenAI answers), where llama_cpp.server would silently answer with its default model; one
-    whose body is not JSON gets 400. The body is read once and replayed to the app."""
+# The request type of each route whose body kvgguf checks before llama_cpp.server sees it.
+BODY_TYPES = {
+    "/v1/completions": "CreateCompletionRequest",
+    "/v1/engines/copilot-codex/completions": "CreateCompletionRequest",
+    "/v1/chat/completions": "CreateChatCompletionRequest",
+    "/v1/embeddings": "CreateEmbeddingRequest",
+}
+
+
+def _error(status: int, message: str, param: Optional[str], code: Optional[str], kind="invalid_request_error"):
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status)
+
+
+def _shape_error(path: str, request):
+    """A 400 naming the first field of a JSON body of the wrong shape for its route (llama_cpp.server
+    answers 500, with its own source path in the message), or None when the body fits."""
+    name = BODY_TYPES.get(path)
+    if name is None:
+        return None
+    if not isinstance(request, dict):
+        return _error(
+            400, f"The request body must be a JSON object, got {type(request).__name__}", None, "invalid_type"
+        )
+    import pydantic
+    from llama_cpp.server import types
+
+    try:
+        getattr(types, name).model_validate(request)
+    except pydantic.ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return _error(400, f"Invalid value for '{where}': {first['msg']}", str(first["loc"][0]), "invalid_value")
+    return None
+
+
+def _first_error(e: BaseException) -> BaseException:
+    """The error under the task groups a streamed response runs in (ExceptionGroup)."""
+    while getattr(e, "exceptions", None):
+        e = e.exceptions[0]
+    return e
+
+
+def _stream_error(path: str, request: dict, e: BaseException):
+    """A streamed request that failed before its first event, answered as llama_cpp.server answers
+    the same request without stream (its own formatters: 400 context_length_exceeded, ...)."""
+    from llama_cpp.server import types
+    from llama_cpp.server.errors import RouteErrorHandler
+
+    e = _first_error(e)
+    body = getattr(types, BODY_TYPES[path]).model_validate(request)
+    for pattern, formatter in RouteErrorHandler.pattern_and_formatters.items():
+        match = pattern.search(str(e))
+        if match is not None:
+            status, error = formatter(body, match)
+            return _error(status, error["message"], error["param"], error["code"], error["type"])
+    print(f"kvgguf serve: a streamed request failed before its first event: {e!r}", file=sys.stderr)
+    return _error(500, str(e), None, None, "internal_server_error")
+
+
+class CheckRequests:
+    """ASGI middleware for POST /v1/...: answers what llama_cpp.server would answer wrongly.
+
+    - A body that is not JSON gets 400 (llama_cpp.server: 500).
+    - A body of the wrong shape ({"messages": "hi"}) gets 400 naming the field (llama_cpp.server:
+      500 with its source file's path).
+    - A model this server does not serve gets 404, as OpenAI answers (llama_cpp.server answers with
+      its default model).
+    - A streamed request that fails before its first event (a prompt longer than n_ctx) gets the
+      error a request without stream gets (400 context_length_exceeded). llama_cpp.server sends
+      the 200 and the stream's headers before the model runs, then an empty stream with no error
+      and no [DONE]: the response start is held here until the first event.
+
+    The body is read once and replayed to the app."""
 
     def __init__(self, app, aliases):
         self.app = app
@@ -151,28 +222,19 @@ class RefuseUnknownModels:
             body += message.get("body", b"")
             if not message.get("more_body", False):
                 break
-        from starlette.responses import JSONResponse
-
         try:
             request = json.loads(body)
-        except ValueError as e:  # llama_cpp.server answers a plain 500; the client's mistake is a 400
-            error = {
-                "message": f"The request body is not valid JSON: {e}",
-                "type": "invalid_request_error",
-                "param": None,
-                "code": "invalid_json",
-            }
-            return await JSONResponse({"error": error}, status_code=400)(scope, receive, send)
-        model = request.get("model") if isinstance(request, dict) else None  # else the app's validation answers
+        except ValueError as e:
+            answer = _error(400, f"The request body is not valid JSON: {e}", None, "invalid_json")
+            return await answer(scope, receive, send)
+        answer = _shape_error(scope["path"], request)
+        if answer is not None:
+            return await answer(scope, receive, send)
+        model = request.get("model") if isinstance(request, dict) else None
         served = list(self.aliases())
         if isinstance(model, str) and model not in served:
-            error = {
-                "message": f"The model '{model}' does not exist here; this server serves: {', '.join(served)}",
-                "type": "invalid_request_error",
-                "param": "model",
-                "code": "model_not_found",
-            }
-            return await JSONResponse({"error": error}, status_code=404)(scope, receive, send)
+            message = f"The model '{model}' does not exist here; this server serves: {', '.join(served)}"
+            return await _error(404, message, "model", "model_not_found")(scope, receive, send)
         pending = iter(messages)
 
         async def replay():
@@ -180,7 +242,32 @@ class RefuseUnknownModels:
                 return message
             return await receive()
 
-        return await self.app(scope, replay, send)
+        if not (isinstance(request, dict) and request.get("stream") is True and scope["path"] in BODY_TYPES):
+            return await self.app(scope, replay, send)
+        return await self._stream(scope, replay, send, request)
+
+    async def _stream(self, scope, receive, send, request):
+        held, flowing = [], False
+
+        async def send_after_first_event(message):
+            nonlocal flowing
+            if flowing:
+                return await send(message)
+            held.append(message)
+            if message["type"] == "http.response.body" and message.get("body"):
+                flowing = True
+                for m in held:
+                    await send(m)
+                held.clear()
+
+        try:
+            await self.app(scope, receive, send_after_first_event)
+        except Exception as e:
+            if flowing:
+                raise
+            return await _stream_error(scope["path"], request, e)(scope, receive, send)
+        for m in held:  # a stream that ended without an event and without an error
+            await send(m)
 
 
 def add_memory_route(app) -> None:
@@ -261,7 +348,7 @@ def run(args) -> int:
     add_memory_route(app)
     from llama_cpp.server import app as server_app
 
-    app.add_middleware(RefuseUnknownModels, aliases=lambda: server_app._llama_proxy._model_settings_dict.keys())
+    app.add_middleware(CheckRequests, aliases=lambda: server_app._llama_proxy._model_settings_dict.keys())
     llm = server_app._llama_proxy()  # loaded by create_app
     print(
         f"kvgguf serve: {llm.model_path}, KV cache {memory_report(llm)['kv_codec'] or 'llama.cpp f16'}; "

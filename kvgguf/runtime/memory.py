@@ -56,7 +56,8 @@ class KVMemory:
 
     def __str__(self) -> str:
         parts = ", ".join(f"{t.name} {t.codec} {t.bytes / MIB:.2f}" for t in self.tiers)
-        bpv = f"{self.bits_per_value:.2f}" if self.n_tokens else "n/a"
+        # n/a without tokens, or on a recurrent model (a state per sequence, no K/V values per token)
+        bpv = f"{self.bits_per_value:.2f}" if self.n_tokens * self.values_per_token else "n/a"
         return (
             f"kv cache: size = {self.total_bytes / MIB:.2f} MiB ({parts}), {bpv} bits/value over "
             f"{self.n_tokens} tokens; compute scratch {self.compute_bytes / MIB:.2f} MiB (peak)"
