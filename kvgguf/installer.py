@@ -29,7 +29,8 @@ from typing import Optional, Union
 
 import llama_cpp
 
-from .llama import Llama, unsupported_setting
+from .llama import Llama
+from .policy.resolve import unsupported_setting
 from .model.gguf_file import read_metadata
 from .policy.kv_codec import parse as parse_kv_codec
 from .policy.tiered import TieredConfig

@@ -241,7 +241,7 @@ def test_a_calibration_from_before_newer_candidates_loads_and_says_what_it_lacks
     can be poorer than a new measurement's."""
     from dataclasses import replace
 
-    from kvgguf.llama import calibrated_config
+    from kvgguf.policy.resolve import calibrated_config
 
     monkeypatch.setenv("KVGGUF_CACHE_DIR", str(tmp_path))
     assert cal.unmeasured() == []

@@ -150,9 +150,9 @@ def test_a_hot_window_covering_the_context_says_nothing_is_compressed(smollm2_pa
 
 
 def test_calibration_progress_prints_lines_into_a_log(capsys, smollm2_path):
-    from kvgguf.llama import _calibration_progress
+    from kvgguf.policy.resolve import calibration_progress
 
-    progress = _calibration_progress(str(smollm2_path), verbose=True)
+    progress = calibration_progress(str(smollm2_path), verbose=True)
     for done in range(0, 61, 3):
         progress(done, 60)
     err = capsys.readouterr().err  # captured: not a terminal, as under a server or in a notebook log
@@ -160,7 +160,7 @@ def test_calibration_progress_prints_lines_into_a_log(capsys, smollm2_path):
     lines = [line for line in err.splitlines() if "lists measured" in line]
     assert lines[0].endswith("6/60 lists measured (10%)") and lines[-1].endswith("60/60 lists measured (100%)")
     assert len(lines) == 10
-    quiet = _calibration_progress(str(smollm2_path), verbose=False)
+    quiet = calibration_progress(str(smollm2_path), verbose=False)
     quiet(30, 60)
     assert capsys.readouterr().err == ""
 

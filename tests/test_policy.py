@@ -171,3 +171,15 @@ def test_the_presets_widen_the_hot_window_and_batch_only_where_weights_dominate(
     assert (wide.hot, wide.ubatch) == (WIDE_HOT, WIDE_UBATCH) and wide.warm == preset.warm
     # a hot window already wider (Gemma 3's sliding window) stays as wide
     assert sized_for_model(TieredConfig(hot=576), 32768, 699_359_456).hot == 576
+
+
+def test_cache_type_numbers_are_ggmls():
+    """policy.resolve names llama.cpp's cache types by ggml's numbers without importing llama_cpp."""
+    import llama_cpp
+
+    from kvgguf.policy.resolve import CACHE_TYPES
+
+    for name, number in CACHE_TYPES.items():
+        constant = getattr(llama_cpp, f"GGML_TYPE_{name.upper()}", None)
+        assert constant is None or constant == number, name
+    assert CACHE_TYPES["bf16"] == 30 and CACHE_TYPES["q8_0"] == llama_cpp.GGML_TYPE_Q8_0

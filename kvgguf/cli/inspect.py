@@ -306,7 +306,7 @@ def run(args) -> int:
     lines, cal = calibration_lines(path)
     tiered = None
     if cal is not None:  # kv_codec="tiered" follows it (a file that cannot be used: the fixed preset)
-        from ..llama import calibrated_config
+        from ..policy.resolve import calibrated_config
         from ..policy import kv_codec
 
         tiered = calibrated_config(str(path), kv_codec.parse("tiered")[1])[0]

@@ -14,7 +14,7 @@ def _run(command: str, args) -> int:
 
 
 def _cache_type(value: str) -> str:
-    from ..llama import CACHE_TYPES
+    from ..policy.resolve import CACHE_TYPES
 
     if value not in CACHE_TYPES:
         raise argparse.ArgumentTypeError(f"'{value}' is not a cache type; choose one of: {', '.join(CACHE_TYPES)}")

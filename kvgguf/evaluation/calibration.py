@@ -25,7 +25,7 @@ budget on use:
    cache still holds and counts them).
 
 Two ways to use it: kv_codec="auto[:BITS]" (measures the model on first use: the facade's one
-call into this layer, ``kvgguf.llama.calibrated_config``) and kv_codec="tiered" on a model that
+call into this layer, ``kvgguf.llama._calibrate``, through ``kvgguf.policy.resolve``) and kv_codec="tiered" on a model that
 has a calibration (the plan at PRESET_BUDGET; a model without one keeps the fixed preset, and
 "tiered" never measures: it must start at once).
 """

@@ -1,4 +1,4 @@
-"""`kvgguf eval`: the evaluation protocol of DESIGN.md, kvgguf's codecs beside llama.cpp's own cache types.
+"""`kvgguf eval`: the evaluation protocol of docs/design.md, kvgguf's codecs beside llama.cpp's own cache types.
 
 Text: WikiText-2's test split, shipped with kvgguf (or --text), tokenized by the model, cut into chunks of C tokens. Each chunk is
 decoded from an empty cache in batches of B tokens, flash attention on. The reference is stock
@@ -19,7 +19,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..bindings import codecs
-from ..llama import CACHE_TYPES, Llama, calibrated_config
+from ..llama import Llama
+from ..policy.resolve import CACHE_TYPES, calibrated_config
 from ..model.shape import KVShape
 from ..policy import kv_codec
 
@@ -222,7 +223,11 @@ def make_llama(
     spec = replace(spec, hot=hot, block=min(spec.block, hot // 2), codebooks=codebooks)
     followed = None
     if request is not None:
-        spec, followed = calibrated_config(model_path, request, base=spec, context=kw.get("n_ctx"))
+        from .calibration import calibrate  # "auto" on a model without a calibration measures it
+
+        spec, followed = calibrated_config(
+            model_path, request, base=spec, context=kw.get("n_ctx"), calibrate=lambda path, progress: calibrate(path)
+        )
     return Llama(model_path, kv_codec=spec, kv_attention=kv_attention, **kw), followed is not None
 
 

@@ -15,8 +15,9 @@ finishes, is closed, or is garbage collected half-way.
 
 from __future__ import annotations
 
+import functools
 import threading
-from typing import Generator, Optional, TypeVar
+from typing import Callable, Generator, Iterator, Optional, TypeVar
 
 T = TypeVar("T")
 
@@ -94,3 +95,47 @@ def holding(lock: CallLock, gen: Generator[T, object, object]) -> Generator[T, o
             gen.close()  # gen's own clean-up runs while the lock is still held
         finally:
             lock.release()
+
+
+# Decorators for kvgguf.Llama's methods, written where each method is defined. The object has
+# _calls (a CallLock), _kv_lock (held around each batch; close() takes it) and _check_open(name),
+# which raises once the Llama is closed: llama.cpp's model and context are freed then, and calling
+# into them would crash the process.
+
+
+def open_only(method: Callable) -> Callable:
+    """Refuses the call on a closed Llama (a method that takes no lock: tokenize, n_vocab, ...)."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        self._check_open(method.__name__)
+        return method(self, *args, **kwargs)
+
+    return run
+
+
+def one_call(method: Callable) -> Callable:
+    """Runs the method as one call: other threads' calls wait until it returns, or, where it
+    returns a generator (a stream), until the generator ends or is closed."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self._calls:
+            self._check_open(method.__name__)
+            out = method(self, *args, **kwargs)
+        return holding(self._calls, out) if isinstance(out, Iterator) else out
+
+    return run
+
+
+def serialized(method: Callable) -> Callable:
+    """Runs the method as one call that changes or reads the cache: close() from another thread
+    waits for it too (the _kv_lock)."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self._calls, self._kv_lock:
+            self._check_open(method.__name__)
+            return method(self, *args, **kwargs)
+
+    return run

@@ -1,0 +1,272 @@
+"""From what a user passes to `kvgguf.Llama` (kv_codec, n_ctx, n_batch, cache types) to the
+TieredConfig its cache runs, decided from the GGUF's metadata and the model's calibration before
+llama.cpp loads anything: `resolve`. The facade (kvgguf/llama.py) calls it and builds the
+context; install() shares its refusals (`unsupported_setting`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Optional, Union
+
+from ..bindings import codecs
+from ..errors import CalibrationError, UnsupportedModelError
+from ..model.gguf_file import read_metadata
+from ..model.registry import calibration_path
+from ..model.shape import MAX_LAYERS, KVShape
+from . import calibration_plan, codec_spec
+from .kv_codec import Request, parse as parse_kv_codec
+from .tiered import TieredConfig, sized_for_model
+
+# llama.cpp's own cache types, by the names its CLI uses (-ctk/-ctv), and their ggml numbers
+# (ggml.h's enum ggml_type, append-only).
+CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q5_1": 7, "q5_0": 6, "q4_1": 3, "q4_0": 2, "iq4_nl": 20}
+F16 = CACHE_TYPES["f16"]
+# The preset where rotations cannot take the head dim (not a power of two: 80, 96, 100, 112):
+# KIVI's integer codes take any head dim, at the preset's bits (warm 4, archive V 2).
+KIVI_PRESET = {"warm": "kivi4", "archive": ("kivi4", "kivi2")}
+
+# Measures a model's calibration ("auto" on first use): evaluation.calibration.calibrate, passed
+# in by the facade, which may import the evaluation layer (tests/test_layers.py).
+Calibrate = Callable[[str, Callable[[int, int], None]], calibration_plan.Calibration]
+
+
+def cache_type(value: Union[str, int, None], name: str) -> Optional[int]:
+    """A llama.cpp cache type from its name ("q8_0") or its ggml type number."""
+    if value is None or isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value in CACHE_TYPES:
+        return CACHE_TYPES[value]
+    raise ValueError(f"{name} {value!r} is unknown; choose one of: {', '.join(CACHE_TYPES)}")
+
+
+def type_name(value: Union[str, int]) -> Union[str, int]:
+    """A cache type as the user knows it: its name where a ggml number has one in CACHE_TYPES."""
+    names = {number: name for name, number in CACHE_TYPES.items()}
+    return names.get(value, value) if isinstance(value, int) else value
+
+
+def unsupported_setting(
+    *, n_ctx: int = 512, type_k=None, type_v=None, vocab_only: bool = False, **_other
+) -> Optional[str]:
+    """Why llama_cpp.Llama settings cannot take a kv_codec, or None: the one rule that the facade
+    (which refuses them) and install() (which falls back to stock) share."""
+    if vocab_only:
+        return "vocab_only loads no KV cache to compress"
+    if n_ctx <= 0:
+        return f"n_ctx={n_ctx} holds no logical context (a kv_codec needs n_ctx > 0)"
+    for name, t in (("type_k", type_k), ("type_v", type_v)):
+        if cache_type(t, name) not in (None, F16):
+            return f"kv_codec keeps llama.cpp's hot window in f16; {name} must be f16 or None (got {type_name(t)!r})"
+    return None
+
+
+def refusal(model_path: str, arch: str, why: str) -> UnsupportedModelError:
+    return UnsupportedModelError(
+        f"kv_codec cannot hold the cache of {model_path} ('{arch}'): {why}. "
+        "Use kv_codec=None for llama.cpp's own cache."
+    )
+
+
+def decode_batch(n_batch: Optional[int], n_ctx: int, config: TieredConfig, verbose: bool = False) -> int:
+    """Tokens per llama_decode call with a kv_codec: the caller's n_batch where it fits the hot
+    window, else the config's ubatch. A longer batch (llama-cpp-python's default is 512) is
+    split, never refused: llama.cpp's f16 cells hold the hot window plus one decode batch, so
+    decoding 512 at a time would make them hot + 512."""
+    if n_batch is None:
+        return min(config.ubatch, n_ctx)
+    if n_batch <= config.hot:
+        return n_batch
+    if verbose:
+        print(
+            f"kvgguf: n_batch={n_batch} is longer than the hot window ({config.hot} tokens): evaluations "
+            f"reach llama.cpp in batches of {min(config.ubatch, n_ctx)} tokens",
+            file=sys.stderr,
+        )
+    return min(config.ubatch, n_ctx)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What a Llama with a kv_codec runs: its config, the model's KV shape, the calibration file
+    the config follows (None: none), and the batch llama.cpp gets."""
+
+    config: TieredConfig
+    shape: KVShape
+    calibrated: Optional[Path]
+    n_batch: int
+
+
+def resolve(
+    model_path: str,
+    kv_codec: Union[str, TieredConfig],
+    *,
+    n_ctx: int,
+    n_batch: Optional[int],
+    verbose: bool,
+    calibrate: Calibrate,
+) -> Resolved:
+    """The cache a kv_codec asks for on this model, checked against its shape and head dims;
+    "auto" and "tiered" are allocated from its calibration (measured by `calibrate` for "auto"
+    when it has none)."""
+    preset = isinstance(kv_codec, str)
+    config, request = parse_kv_codec(kv_codec)  # request: "auto[:BITS]" or "tiered", calibration decides
+    config, shape = _config_for_model(config, preset, model_path)
+    if preset:  # the presets' hot window and batch follow the model's size (policy.tiered.WIDE_SHARE)
+        config = sized_for_model(config, 2 * shape.values_per_token, os.path.getsize(model_path))
+    tiered_preset = preset and kv_codec.split(":")[0] == "tiered"  # "tiered", "tiered:fixed", "tiered:keep=..."
+    config, request = _fit_codecs(
+        config, shape, model_path, tiered_preset=tiered_preset, request=request, verbose=verbose
+    )
+    calibrated = None
+    if request is not None:
+        progress = calibration_progress(model_path, verbose)
+        config, calibrated = calibrated_config(
+            model_path, request, base=config, progress=progress, context=n_ctx, calibrate=calibrate
+        )
+        if not request.required and verbose:
+            said = (
+                f"follows this model's calibration ({calibrated})"
+                if calibrated
+                else "holds the fixed preset (no calibration for this model: `kvgguf calibrate` measures one)"
+            )
+            print(f"kvgguf: kv_codec='tiered' {said}", file=sys.stderr)
+    n_batch = decode_batch(n_batch, n_ctx, config, verbose)
+    if not preset and config.hot >= n_ctx:
+        warnings.warn(
+            f"kvgguf: the hot window ({config.hot} tokens) covers the whole context (n_ctx={n_ctx}): every "
+            f"token stays f16 in llama.cpp's cells and nothing is compressed; lower TieredConfig.hot, or "
+            f"use kv_codec=None for llama.cpp's own cache",
+            stacklevel=3,
+        )
+    return Resolved(config, shape, calibrated, n_batch)
+
+
+def _config_for_model(config: TieredConfig, preset: bool, model_path: str) -> tuple[TieredConfig, KVShape]:
+    """The config fitted to the model's sliding window, and the model's KV shape (one read of
+    the GGUF's metadata for both)."""
+    meta = read_metadata(model_path, max_array=MAX_LAYERS)
+    try:
+        shape = KVShape.from_metadata(meta, model_path)
+    # keys an attention model has are missing (a recurrent model), or a layout kvgguf cannot read
+    except ValueError as e:
+        raise refusal(model_path, meta.get("general.architecture", "?"), str(e)) from None
+    try:
+        return config.fit_window(shape.n_swa, strict=not preset), shape
+    except ValueError as e:
+        raise ValueError(f"{model_path}: {e}") from None
+
+
+def _unfit(shape: KVShape, *specs) -> dict[str, str]:
+    """The codecs of these specs that this model's head dims cannot take ({codec: why})."""
+    out = {}
+    for spec in specs:
+        if spec is not None:
+            out.update(codec_spec.unfit(spec, shape.n_layer, shape.full_layers, shape.head_dim))
+    return out
+
+
+def _fit_codecs(
+    config: TieredConfig, shape: KVShape, model_path: str, *, tiered_preset: bool, request, verbose: bool
+) -> tuple[TieredConfig, Optional[Request]]:
+    """Config and calibration request as this model's head dims allow, decided before any token:
+    the presets switch to KIVI_PRESET (a calibration measures rotations, so "tiered" skips it and
+    "auto" is refused); a codec the user named that cannot take them is refused, naming why."""
+    unfit = _unfit(shape, config.warm, config.archive)
+    if request is not None and request.required and _unfit(shape, "rotq4"):
+        raise ValueError(
+            f"{model_path}: kv_codec='auto' calibrates codecs that rotate rows, and this model's head dims "
+            f"(K {shape.head_dim_k}, V {shape.head_dim_v}) are not powers of two; use 'tiered' "
+            f"(KIVI on this model) or a kivi codec"
+        )
+    if not unfit:
+        return config, request
+    if not tiered_preset:
+        fitting = [name for name in codecs.names() if not _unfit(shape, name)]
+        raise ValueError(
+            f"{model_path}: {'; '.join(unfit.values())}. Codecs this model's head dims take: {', '.join(fitting)}"
+        )
+    if verbose:
+        print(
+            f"kvgguf: {os.path.basename(model_path)} has head dims K {shape.head_dim_k} / V {shape.head_dim_v}, "
+            f"which rotations cannot take: the tiered preset holds warm {KIVI_PRESET['warm']}, archive "
+            f"K {KIVI_PRESET['archive'][0]} / V {KIVI_PRESET['archive'][1]} on this model",
+            file=sys.stderr,
+        )
+    return replace(config, **KIVI_PRESET), None
+
+
+def calibrated_config(
+    model_path: str,
+    request: Union[Request, float],
+    *,
+    base: Optional[TieredConfig] = None,
+    progress: Optional[Callable[[int, int], None]] = None,
+    context: Optional[int] = None,
+    calibrate: Optional[Calibrate] = None,
+) -> tuple[TieredConfig, Optional[Path]]:
+    """The config a Request (or a budget: "auto:BITS") gets on this model, and the calibration
+    file it follows (None: base, the fixed preset, as it is). The model's calibration from the
+    cache folder is allocated for the budget, codecs with a plan paying for it over `context`
+    tokens (the Llama's n_ctx; None: calibration_plan.PLAN_CONTEXT); a required request
+    ("auto") measures the model with `calibrate` when it has none and keeps the result;
+    "tiered" never measures, and keeps base with a warning when the model's file cannot be used."""
+    if not isinstance(request, Request):
+        request = Request(float(request))
+    base = base or TieredConfig()
+    path = calibration_path(model_path)  # hashes the GGUF's metadata: once per call
+    try:
+        cal = calibration_plan.load_for(model_path, path)
+    except CalibrationError as e:
+        if request.required:
+            raise
+        warnings.warn(f"kv_codec='tiered' keeps the fixed preset: {e}", stacklevel=3)
+        return base, None
+    if cal is None:
+        if not request.required:
+            return base, None
+        if calibrate is None:
+            raise CalibrationError(f"{model_path} has no calibration yet: `kvgguf calibrate {model_path}` measures one")
+        cal = calibrate(model_path, progress or (lambda done, total: None))
+        cal.save(path)
+    note = cal.unmeasured_note(model_path)
+    if note:  # a file kept from an older kvgguf: it loads, but its plans miss newer codecs
+        warnings.warn(f"kvgguf: the calibration {path} was {note}", stacklevel=3)
+    return cal.config(request.budget, base, context, request.exclude), path
+
+
+def calibration_progress(model_path: str, verbose: bool) -> Callable[[int, int], None]:
+    """A progress callback for the first use of "auto" on a model (minutes): a bar on a terminal,
+    and where stderr is not one (a server's log, a notebook) a line at every tenth of the lists."""
+    bar, said = None, -1
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar, said
+        if not verbose:
+            return
+        if bar is None and said < 0:
+            print(
+                f"kvgguf: calibrating {os.path.basename(model_path)} for kv_codec='auto' (once; kept in "
+                f"{calibration_path(model_path)})",
+                file=sys.stderr,
+                flush=True,
+            )
+            said = 0
+            if sys.stderr.isatty():
+                from tqdm import tqdm
+
+                bar = tqdm(total=total, desc="calibrating", unit="list", leave=False)
+        if bar is not None:
+            bar.update(done - bar.n)
+            if done >= total:
+                bar.close()
+            return
+        tenth = 10 * done // max(total, 1)
+        if tenth > said:
+            said = tenth
+            print(f"kvgguf: calibrating: {done}/{total} lists measured ({10 * tenth}%)", file=sys.stderr, flush=True)
+
+    return progress
