@@ -3,16 +3,18 @@
 Importing kvgguf makes llama-cpp-python use kvgguf's patched llama.cpp, so import it
 before llama_cpp.
 
-Layers, top to bottom (each imports only those below it; docs/data-path.md follows a token):
+Layers, top to bottom (each imports only those below it; docs/design.md is their one
+description, docs/data-path.md follows a token through them):
 
+- ``kvgguf.cli``: the ``kvgguf`` command; ``kvgguf.evaluation``: the quality harness and calibration.
 - ``kvgguf.llama``: the facade, ``Llama`` (a drop-in ``llama_cpp.Llama``); ``kvgguf.installer``:
-  ``install()``/``uninstall()``, the same cache for every ``llama_cpp.Llama`` a library builds;
-  ``kvgguf.cli``: the command; ``kvgguf.evaluation``: the quality harness;
-  ``kvgguf.session``: .kvz session files and compressed prompt caches.
-- ``kvgguf.policy``: which token lives in which tier (pure Python).
-- ``kvgguf.runtime``: carries plans out against llama.cpp; memory reports.
+  ``install()``/``uninstall()``, the same cache for every ``llama_cpp.Llama`` a library builds.
+- ``kvgguf.session``: .kvz session files and compressed prompt caches.
+- ``kvgguf.runtime``: carries plans out against llama.cpp; memory reports; the call lock.
+- ``kvgguf.llamacpp``: the patched llama.cpp (ctypes).
+- ``kvgguf.policy``: which token lives in which tier, with which codec (pure Python).
 - ``kvgguf.model``: model files, GGUF metadata, KV shape.
-- ``kvgguf.llamacpp``: the patched llama.cpp (ctypes); ``kvgguf.bindings``: libkvgguf (cffi).
+- ``kvgguf.bindings``: libkvgguf (cffi); ``kvgguf.enums``, ``kvgguf.errors``, ``kvgguf.files``.
 """
 
 import sys as _sys

@@ -1,7 +1,7 @@
-"""kvgguf's layers import downward only: bindings, enums and errors, then model, policy, llamacpp,
-runtime, session, the facade (llama.py, installer.py), evaluation, cli. Any import at any depth
-(a function's lazy import too) of a higher layer fails this test, but for the one named in
-UPWARD, which says why it stays."""
+"""kvgguf's layers import downward only, in the order docs/design.md's layer table gives (read
+here as RANK). Any import at any depth (a function's lazy import too) of a higher layer fails this
+test, but for the one named in UPWARD, which says why it stays; every module of the package belongs
+to a documented layer, and the package docstring names them in the same order."""
 
 from __future__ import annotations
 
@@ -10,22 +10,25 @@ from pathlib import Path
 
 import kvgguf
 
-RANK = {
-    "bindings": 0,
-    "enums": 0,
-    "errors": 0,
-    "model": 1,
-    "policy": 2,
-    "llamacpp": 3,
-    "runtime": 4,
-    "session": 5,
-    "llama": 6,
-    "installer": 6,
-    "evaluation": 7,
-    "cli": 8,
-}
+DESIGN = Path(__file__).resolve().parent.parent / "docs" / "design.md"
+
+
+def documented_ranks() -> dict[str, int]:
+    """{layer: rank} from docs/design.md's layer table, the one description of the layers."""
+    text = DESIGN.read_text()
+    table = text[text.index("<!-- layers:begin -->") : text.index("<!-- layers:end -->")]
+    ranks = {}
+    for row in table.splitlines():
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        if len(cells) == 4 and cells[0].isdigit():
+            for name in cells[1].split(","):
+                ranks[name.strip()] = int(cells[0])
+    return ranks
+
+
+RANK = documented_ranks()
 UPWARD = {
-    # "auto" measures the model on first use (kvgguf.llama.calibrated_config), lazily
+    # "auto" measures the model on first use (kvgguf.llama._calibrate, which policy.resolve calls), lazily
     ("kvgguf.llama", "kvgguf.evaluation"),
 }
 
@@ -78,3 +81,21 @@ def test_the_one_upward_import_is_lazy():
         path = root.parent.joinpath(*module.split(".")).with_suffix(".py")
         eager = [t for _, t in imports(path, module.rsplit(".", 1)[0], top_level_only=True) if t.startswith(target)]
         assert not eager, f"{module} imports {eager} when it is imported"
+
+
+def test_every_module_belongs_to_a_documented_layer():
+    root = Path(kvgguf.__file__).parent
+    top = {p.stem for p in root.glob("*.py") if p.stem != "__init__"} | {
+        p.name for p in root.iterdir() if p.is_dir() and (p / "__init__.py").exists()
+    }
+    assert RANK, "docs/design.md lost its layer table"
+    assert top - set(RANK) == set(), f"undocumented layers: {sorted(top - set(RANK))}"
+    assert set(RANK) - top == set(), f"documented layers that do not exist: {sorted(set(RANK) - top)}"
+
+
+def test_the_package_docstring_names_the_layers_in_the_documented_order():
+    doc = kvgguf.__doc__
+    named = [name for name in sorted(RANK, key=RANK.get, reverse=True) if f"``kvgguf.{name}``" in doc]
+    assert set(named) == set(RANK), f"missing from kvgguf's docstring: {sorted(set(RANK) - set(named))}"
+    positions = [doc.index(f"``kvgguf.{name}``") for name in named]
+    assert positions == sorted(positions), "kvgguf's docstring lists the layers in another order than design.md"

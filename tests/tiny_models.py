@@ -1,5 +1,5 @@
 """Tiny random-weight GGUF models of llama.cpp's architectures, written with the `gguf` package
-(DESIGN.md, "Models"): a few layers, small widths, SmolLM2's tokenizer copied so that text
+(docs/design.md, "Which models"): a few layers, small widths, SmolLM2's tokenizer copied so that text
 tokenizes as it does for the real model. Random weights prove the mechanism (the cache must give
 stock llama.cpp's logits), not quality. Nothing here is committed as a model file: tests write
 them into their temporary folders.

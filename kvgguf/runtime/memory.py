@@ -22,7 +22,7 @@ class KVMemory:
     the other tiers are the store's encoded rows (and "books", the codebooks pq2 and vq8 rows
     are coded with, where they are used); ``index_bytes`` is the store's
     bookkeeping. ``bits_per_value`` divides all of it by the K/V values of the tokens held
-    (DESIGN.md: tokens x layers x (n_embd_k_gqa + n_embd_v_gqa)).
+    (docs/design.md, "The yardstick": tokens x layers x (n_embd_k_gqa + n_embd_v_gqa)).
 
     ``compute_bytes`` stands beside the total, not in it: llama.cpp's compute buffers, the
     transient scratch of its graphs at their peak so far (with cold rows, the f16 rows the
