@@ -1,15 +1,28 @@
-"""Files written whole or not at all: sessions, prompt caches, calibrations.
+"""Files written whole or not at all (sessions, prompt caches, calibrations), and the files the
+build installed beside the package (its libraries and header).
 
 Imports nothing from kvgguf: every layer that writes a file uses it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import stat
 import tempfile
 from pathlib import Path
 from typing import Union
+
+
+def installed_file(*parts: str) -> Path:
+    """A file the build installed into the package (``lib``, ``include``). A regular install has
+    one package folder; an editable one (``pip install -e .``) has two, the installed files in
+    site-packages and the Python sources in the checkout: the first folder that holds the file
+    wins, else the path in the first folder (for the caller's message)."""
+    spec = importlib.util.find_spec("kvgguf")
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    candidates = [Path(folder).joinpath(*parts) for folder in folders] or [Path(__file__).parent.joinpath(*parts)]
+    return next((c for c in candidates if c.exists()), candidates[0])
 
 
 def write_atomic(path: Union[str, os.PathLike], data: bytes) -> None:

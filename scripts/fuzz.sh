@@ -146,7 +146,13 @@ for t in $targets; do
     [ "$rc" != 0 ] && [ "$crashes" = 0 ] && crashes=1  # died without leaving an input: still a failure
     files=$(find "$corpus" -type f | wc -l)
     bytes=$(du -sb "$corpus" | cut -f1)
-    cov=$(grep -o 'cov: [0-9]* ft: [0-9]*' "$log" | tail -n 1 | sed 's/cov: \([0-9]*\) ft: \([0-9]*\)/\1 \2/')
+    cov=$(grep -o 'cov: [0-9]* ft: [0-9]*' "$log" | tail -n 1 | sed 's/cov: \([0-9]*\) ft: \([0-9]*\)/\1 \2/' || true)
+    if [ -z "$cov" ] && [ "$rc" = 0 ]; then
+        # libFuzzer saw no coverage at all: the target was not instrumented. For the session target
+        # that is an editable install (pip install -e .), whose import hook atheris cannot see through.
+        echo "fuzz: $t ran without coverage (not instrumented); the session target needs a regular install (pip install .)"
+        failed=1
+    fi
     printf 'fuzz: %-8s %9s inputs, %s crashes, %7.1f s, corpus %s files (%s bytes), cov/ft %s\n' \
         "$t" "${inputs:-0}" "$crashes" "$secs" "$files" "$bytes" "${cov:-? ?}"
     if [ -n "$json" ]; then

@@ -18,8 +18,9 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from importlib import resources
 from pathlib import Path
+
+from ..files import installed_file
 
 __all__ = [
     "KvgError",
@@ -96,7 +97,7 @@ _lib = None
 
 
 def _package_file(*parts: str) -> Path:
-    return Path(str(resources.files("kvgguf").joinpath(*parts)))
+    return installed_file(*parts)
 
 
 def header_path() -> Path:

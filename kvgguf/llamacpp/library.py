@@ -10,8 +10,9 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-from importlib import resources
 from pathlib import Path
+
+from ..files import installed_file
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # its vendored llama.cpp (0c1e570) is what patches/ target
 # LLAMA_KVGGUF_PATCH_VERSION in patches/ (0001 added it, 0002 the cold-row hooks, 0003 compute bytes,
@@ -28,7 +29,7 @@ def library_dir() -> Path:
     override = os.environ.get(_ENV_OVERRIDE)
     if override:
         return Path(override)
-    return Path(str(resources.files("kvgguf").joinpath("lib")))
+    return installed_file("lib")
 
 
 def _loaded_library(llama_cpp_module) -> Path:
