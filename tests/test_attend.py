@@ -14,15 +14,12 @@ from kvgguf.bindings.binding import get_ffi, get_lib
 from kvgguf.enums import Kind, Tier
 from kvgguf.bindings.store import EncodedBlock, KVStore
 
-KIVI = ["kivi2", "kivi3", "kivi4", "kivi8"]
-ROTQ = ["rotq1", "rotq2", "rotq3", "rotq4"]
-CROTQ = ["crotq2", "crotq3", "crotq4"]
-# through attend_rows.c (pq2, vq8 and vq8f with the codebooks the store trains on their first block)
-SIDE_DATA = ["delta4", "pdelta4", "outl2", "outl3", "lowrank2", "lowrank3", "qjl3", "qjl4", "pq2", "vq8", "vq8f"]
+ALL = codecs.names()
+# No SIMD kernels (codecs.info): decoded through attend_rows.c (the side-data codecs), or pq2,
+# vq8 and vq8f's scalar kernels over the codebooks the store trains on their first block.
+SCALAR_ONLY = [n for n in ALL if not codecs.info(n).simd_ops]
 # scored and summed in the domain of the plan the store fits on their first block
-WFQ = ["wfq2", "wfq3", "wfq4"]
-TCQ = ["tcq2", "tcq3", "tcq4"]  # in rotq's rotated domain, from the windows of their codes
-ALL = ["f16"] + KIVI + ROTQ + CROTQ + SIDE_DATA + WFQ + TCQ
+WFQ = list(codecs.PLAN_CODECS)
 # Each K codec with the same V codec and with one from another family, so every kernel runs
 # on both sides and next to every other kind of kernel; and domains that change inside one
 # call (two wfq plans, wfq's and the rotation's), whose sums must be handed over.
@@ -33,14 +30,15 @@ PAIRS = (
 )
 
 HEAD_DIMS = [64, 128, 256]
-# The side-data codecs (delta, outliers, low-rank, QJL, PQ/VQ) have no kernel of their own: the store decodes their rows (a reference decoder,
-# the same at every level) and the rows kernels attend over them. The rows kernels meet the wider
-# heads through delta4 alone; the others at 64 (qjl4 at 256 took 43 s under the sanitizers).
+# The side-data codecs (delta, outliers, low-rank, QJL) have no kernel of their own: the store
+# decodes their rows (a reference decoder, the same at every level) and the rows kernels attend
+# over them; PQ/VQ's kernels are scalar. These meet the wider heads through delta4 alone; the
+# others at 64 (qjl4 at 256 took 43 s under the sanitizers).
 CASES = [
     (k, v, d)
     for k, v in PAIRS
     for d in HEAD_DIMS
-    if d == HEAD_DIMS[0] or not {k, v} & set(SIDE_DATA) or k == v == "delta4"
+    if d == HEAD_DIMS[0] or not {k, v} & set(SCALAR_ONLY) or k == v == "delta4"
 ] + [(k, k, d) for k in WFQ for d in (96, 100)]  # wfq takes any head dim
 # (n_head_kv, n_head): no GQA and groups of 3
 HEADS = [(1, 1), (1, 3), (3, 3), (3, 9)]

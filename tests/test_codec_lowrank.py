@@ -10,7 +10,7 @@ import pytest
 from kvgguf import codecs
 from kvgguf.bindings.codecs import KvgCorruptError
 
-NAMES = ["lowrank2", "lowrank3"]
+NAMES = [n for n in codecs.names() if codecs.family(n) == "lowrank"]
 ROTQ_OF = {"lowrank2": "rotq2", "lowrank3": "rotq3"}
 RANK = 4
 F16_EPS = 2.0**-11  # f16's relative rounding error

@@ -7,7 +7,7 @@ import pytest
 from kvgguf import codecs
 from kvgguf.bindings.codecs import KvgCorruptError, KvgError
 
-NAMES = ["outl2", "outl3"]
+NAMES = [n for n in codecs.names() if codecs.family(n) == "outl"]
 ROTQ_OF = {"outl2": "rotq2", "outl3": "rotq3"}
 # rotq's bound on N(0, 1)-like rows: 1.25x the Lloyd-Max MSE (tests/test_codecs.py)
 LLOYD_MAX_GAUSS = {2: 0.1175, 3: 0.03454}

@@ -10,7 +10,7 @@ from kvgguf.bindings.codecs import KvgCorruptError, KvgError
 from kvgguf.enums import Kind, Tier
 from kvgguf.bindings.store import KVStore
 
-NAMES = ["pq2", "vq8", "vq8f"]
+NAMES = list(codecs.CODEBOOK_CODECS)
 # rotq2's bound on N(0, 1) rows (tests/test_codecs.py): 1.25x the Lloyd-Max MSE at 2 bits
 ROTQ2_BOUND = 1.25 * 0.1175
 

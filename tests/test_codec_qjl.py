@@ -18,7 +18,7 @@ import pytest
 from kvgguf import codecs
 from kvgguf.bindings.codecs import KvgCorruptError, KvgError
 
-NAMES = ["qjl3", "qjl4"]
+NAMES = [n for n in codecs.names() if codecs.family(n) == "qjl"]
 ROTQ_OF = {"qjl3": "rotq2", "qjl4": "rotq3"}
 BITS = {"qjl3": 3, "qjl4": 4}
 DEFAULT_SEED = 0x6B766767756630  # KVG_DEFAULT_SEED

@@ -13,7 +13,7 @@ from kvgguf.bindings.codecs import KvgCorruptError
 
 from test_codecs import hadamard, rotq_signs, unpack_codes
 
-NAMES = ["tcq2", "tcq3", "tcq4"]
+NAMES = [n for n in codecs.names() if codecs.family(n) == "tcq"]
 WINDOW = 8
 
 

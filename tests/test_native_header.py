@@ -137,6 +137,35 @@ def test_header_compiles_cleanly(tmp_path, lang, compiler, std):
     assert r.returncode == 0, r.stderr
 
 
+def test_struct_layouts_match_the_compiler(tmp_path):
+    """cffi lays out the header's structs itself (ABI mode): every size and field offset must be
+    the C compiler's, or a call would read the fields of another layout."""
+    exe = shutil.which("cc") or shutil.which("gcc")
+    if exe is None:
+        pytest.skip("no C compiler on PATH")
+    ffi = _native.get_ffi()
+    structs = re.findall(r"typedef struct (\w+) \{", strip_comments(region()))
+    assert "kvg_codec_info" in structs and "kvg_codec_params" in structs
+    lines, want = [], []
+    for s in structs:
+        lines.append(f'printf("%zu\\n", sizeof({s}));')
+        want.append(ffi.sizeof(s))
+        for f, _ in ffi.typeof(s).fields:
+            lines.append(f'printf("%zu\\n", offsetof({s}, {f}));')
+            want.append(ffi.offsetof(s, f))
+    src = tmp_path / "layout.c"
+    body = "\n    ".join(lines)
+    src.write_text(f'#include <stddef.h>\n#include <stdio.h>\n#include "kvgguf.h"\nint main(void) {{\n    {body}\n}}\n')
+    r = subprocess.run(
+        [exe, "-std=c11", f"-I{_native.header_path().parent}", str(src), "-o", str(tmp_path / "layout")],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    got = subprocess.run([str(tmp_path / "layout")], capture_output=True, text=True, check=True).stdout.split()
+    assert [int(v) for v in got] == want
+
+
 def test_library_and_header_agree_on_the_abi_version():
     lib = _native.get_lib()
     assert lib.kvg_abi_version() == lib.KVG_ABI_VERSION >= 2

@@ -12,8 +12,9 @@ from kvgguf import Llama, TieredConfig, codecs
 from kvgguf.evaluation.harness import kl_top1
 from kvgguf.evaluation.text import wikitext2_test
 
-SIDE_DATA = ["delta4", "pdelta4", "outl2", "outl3", "lowrank2", "lowrank3", "qjl3", "qjl4", "pq2", "vq8", "vq8f"]
-SIDE_DATA += ["wfq2", "wfq3", "wfq4"]  # plans, not side data, fitted by the store and carried as pq's books
+# Side data per block, or a book the store trains (wfq's plans: not side data, but fitted by the
+# store and carried as pq's books).
+SIDE_DATA = [n for n in codecs.names() if codecs.info(n).block_side_data or codecs.info(n).book]
 # (KL, top-1) against the f16 cache over the 64 tokens after 300 (236 of them compressed):
 # bounds 3x the KL measured with the fused path and ~0.15 under its top-1 (rotq3 measured
 # 0.026, 0.89). qjl3 is that bad for real: its unbiased sketch adds noise along every

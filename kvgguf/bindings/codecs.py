@@ -37,6 +37,7 @@ ValueError; corrupt encoded bytes raise :class:`KvgCorruptError`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import numbers
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
@@ -49,6 +50,7 @@ from .binding import KvgCorruptError, KvgError, KvgUnsupportedError, KvgValueErr
 
 __all__ = [
     "Codec",
+    "CodecInfo",
     "KvgCorruptError",
     "KvgError",
     "KvgUnsupportedError",
@@ -60,6 +62,7 @@ __all__ = [
     "encoded_size",
     "force_simd",
     "get",
+    "info",
     "names",
     "rotq_codebook",
     "simd_level",
@@ -73,21 +76,32 @@ __all__ = [
 # block (delta, outliers, low-rank, QJL, PQ/VQ) state their bits.
 BLOCK_ROWS = 64
 
-# Codecs whose blocks need a codebook kept beside them (per layer and kind in the store): k-means
-# codebooks (pq2, vq8, vq8f), and wfq's plans (bits and scales per coordinate of each KV head).
-CODEBOOK_CODECS = ("pq2", "vq8", "vq8f")
-PLAN_CODECS = ("wfq2", "wfq3", "wfq4")
-BOOK_CODECS = CODEBOOK_CODECS + PLAN_CODECS
+# Codecs whose blocks need a book kept beside them (per layer and kind in the store), in enum
+# order, read from the library (CodecInfo.book) on first use: CODEBOOK_CODECS hold k-means
+# codebooks (pq2, vq8, vq8f), PLAN_CODECS wfq's plans (bits and scales per coordinate of each KV
+# head), BOOK_CODECS both.
+_BOOK_LISTS = {"CODEBOOK_CODECS": ("codebook",), "PLAN_CODECS": ("plan",), "BOOK_CODECS": ("codebook", "plan")}
+
+
+def __getattr__(attr: str):
+    # Lazily, so that importing kvgguf does not load the library.
+    if attr in _BOOK_LISTS:
+        value = tuple(n for n in names() if info(n).book in _BOOK_LISTS[attr])
+        globals()[attr] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
 
 
 def book_shape(name: str, n_heads: int, head_dim: int) -> tuple[int, ...]:
     """The shape of name's book on a list of n_heads KV heads of head_dim: [256, S] centroids for
     pq2/vq8/vq8f, [n_heads, 3, head_dim] for a wfq plan (source coordinate, scale, bits)."""
-    if name in PLAN_CODECS:
+    book = info(name).book
+    if book == "plan":
         return (n_heads, 3, head_dim)
-    if name in CODEBOOK_CODECS:
+    if book == "codebook":
         return (256, 4 if name == "pq2" else head_dim)
-    raise ValueError(f"codec {name!r} keeps no codebook; {', '.join(BOOK_CODECS)} do")
+    books = [n for n in names() if info(n).book]
+    raise ValueError(f"codec {name!r} keeps no codebook; {', '.join(books)} do")
 
 
 _SIMD_LEVELS = {"scalar": 0, "avx2": 1, "neon": 2}  # enum kvg_simd
@@ -105,8 +119,72 @@ def fits(name: str, head_dim: int, kind=Kind.K) -> bool:
 
 
 def family(name: str) -> str:
-    """A codec name's family: the name without its bit width (``"rotq3"`` -> ``"rotq"``), ``"f16"`` itself."""
-    return name.rstrip("0123456789") if name != "f16" else "f16"
+    """A codec's family: the name without its bit width (``"rotq3"`` -> ``"rotq"``), ``"f16"`` itself."""
+    return info(name).family
+
+
+@dataclass(frozen=True)
+class CodecInfo:
+    """What the library's table says about a codec (``kvg_codec_info`` in kvgguf.h says more)."""
+
+    name: str
+    family: str
+    bits: int  # the B of the name: bits per code (f16: 16; vq8, vq8f: 8 per head vector)
+    rotated: bool  # coded as rotq's rotated head vectors (the fused attention rotates the queries)
+    book: str | None  # None, "codebook" (pq2, vq8, vq8f) or "plan" (wfq)
+    head_dim_pow2: bool
+    head_dim_min: int
+    head_dim_max: int | None  # None: no bound of its own
+    # Bits per value of a long sequence: value_bits + vector_bits / head_dim + group_bits / G
+    # (G: group_values, or the codec's group_size where that is 0); with block_side_data, a block's.
+    value_bits: int
+    vector_bits: int
+    group_bits: int
+    group_values: int
+    block_side_data: bool
+    fused_codes: bool  # the fused attention scores the codes (False: it decodes the block first)
+    simd_levels: tuple[int, ...]  # enum kvg_simd levels with kernels for it (0: scalar)
+    simd_ops: frozenset[str]  # of "encode", "decode", "score", "accumulate": those with SIMD kernels
+
+    def takes_head_dim(self, head_dim: int) -> bool:
+        """Whether head vectors of head_dim are a shape the codec takes (else KVG_ERR_SHAPE)."""
+        return (
+            head_dim >= self.head_dim_min
+            and (self.head_dim_max is None or head_dim <= self.head_dim_max)
+            and (not self.head_dim_pow2 or head_dim & (head_dim - 1) == 0)
+        )
+
+
+def _enum_names(ffi, enum: str, prefix: str) -> dict[int, str]:
+    """{value: name} of a header enum, names lower-cased without their prefix."""
+    return {v: n[len(prefix) :].lower() for v, n in ffi.typeof(f"enum {enum}").elements.items()}
+
+
+@functools.lru_cache(maxsize=None)
+def info(name: str) -> CodecInfo:
+    """The facts of codec ``name`` (``kvg_codec_describe``); ValueError for an unknown name."""
+    ffi, lib = binding.get_ffi(), binding.get_lib()
+    c = ffi.new("kvg_codec_info *")
+    check(lib.kvg_codec_describe(get(name).type, c))
+    ops = _enum_names(ffi, "kvg_codec_op", "KVG_OP_")
+    return CodecInfo(
+        name=ffi.string(c.name).decode(),
+        family=ffi.string(c.family).decode(),
+        bits=int(c.bits),
+        rotated=bool(c.rotated),
+        book=None if c.book == lib.KVG_BOOK_NONE else _enum_names(ffi, "kvg_book", "KVG_BOOK_")[c.book],
+        head_dim_pow2=bool(c.head_dim_pow2),
+        head_dim_min=int(c.head_dim_min),
+        head_dim_max=int(c.head_dim_max) or None,
+        value_bits=int(c.value_bits),
+        vector_bits=int(c.vector_bits),
+        group_bits=int(c.group_bits),
+        group_values=int(c.group_values),
+        block_side_data=bool(c.block_side_data),
+        fused_codes=bool(c.fused_codes),
+        simd_levels=tuple(lv for lv in sorted(_enum_names(ffi, "kvg_simd", "KVG_SIMD_")) if c.simd_levels >> lv & 1),
+        simd_ops=frozenset(op for bit, op in ops.items() if c.simd_ops & bit),
+    )
 
 
 def names() -> list[str]:
@@ -174,10 +252,14 @@ class Codec:
     book: np.ndarray | None = field(default=None, compare=False, repr=False)  # BOOK_CODECS: their book_shape
 
     @property
+    def info(self) -> CodecInfo:
+        """What the library says about the codec: :func:`info`."""
+        return info(self.name)
+
+    @property
     def family(self) -> str:
-        """``"f16"``, ``"kivi"``, ``"rotq"``, ``"crotq"`` or the family of a codec with side data per block (``"delta"``,
-        ``"pdelta"``, ``"outl"``, ``"lowrank"``, ``"qjl"``)."""
-        return family(self.name)
+        """The name without its bit width (``"rotq"`` for rotq3): :attr:`CodecInfo.family`."""
+        return self.info.family
 
     def __post_init__(self):
         # The C pointer into book, made once: it stays valid as long as this Codec holds book.
@@ -209,24 +291,16 @@ class Codec:
         return self.encoded_size(shape, kind) * 8 / (t * h * d)
 
     def nominal_bits_per_value(self, head_dim: int, kind: str = "k") -> float:
-        """Bits per value for long sequences: kivi B + 32/G, rotq B + 16/head_dim, f16 16; the
-        side-data codecs' at a 64-row block of one head."""
+        """Bits per value for long sequences, by the library's rule (:class:`CodecInfo`): kivi
+        B + 32/G, rotq B + 16/head_dim, f16 16, a book codec's without its book (the store's);
+        the side-data codecs' at a 64-row block of one head."""
         self.encoded_size((1, 1, head_dim), kind)  # validates head_dim (rotq: power of two)
-        if self.family == "kivi":
-            return self.bits + 32 / self.group_size
-        if self.family in ("rotq", "tcq"):
-            return self.bits + 16 / head_dim
-        if self.family == "crotq":  # + an f16 mean per channel per 128 tokens
-            return self.bits + 16 / head_dim + 16 / 128
-        if self.family == "f16":
-            return 16.0
-        if self.family in ("pq", "vq"):  # a byte per sub-vector + the norm; the codebook is the store's
-            return 8 / (4 if self.family == "pq" else head_dim) + 16 / head_dim
-        if self.family == "wfq":  # the gain within: B exactly; the plan is the store's
-            return float(self.bits)
-        # The side-data codecs keep side data per block (keyframes, channel lists, factors): their
-        # figure is the live cache's block, 64 rows of one head.
-        return self.bits_per_value((BLOCK_ROWS, 1, head_dim), kind)
+        i = self.info
+        if i.block_side_data:
+            # Side data per block (keyframes, channel lists, factors): the live cache's block, 64
+            # rows of one head.
+            return self.bits_per_value((BLOCK_ROWS, 1, head_dim), kind)
+        return i.value_bits + i.vector_bits / head_dim + i.group_bits / (i.group_values or self.group_size)
 
     def encode(self, x, kind: str = "k") -> np.ndarray:
         """Encodes a (n_tokens, n_heads, head_dim) or (n_tokens, head_dim) block; returns uint8 bytes."""
@@ -336,7 +410,8 @@ def train_book(name: str, x, kind: str = "k", *, seed: int | None = None) -> np.
     shape = _shape3(a.shape)
     ffi, lib = binding.get_ffi(), binding.get_lib()
     out = np.empty(book_shape(name, shape[1], shape[2]), dtype=np.float32)
-    train = lib.kvg_wfq_train if name in PLAN_CODECS else lib.kvg_pq_train
+    plan = info(name).book == "plan"
+    train = lib.kvg_wfq_train if plan else lib.kvg_pq_train
     check(
         train(
             c.type,
@@ -348,7 +423,7 @@ def train_book(name: str, x, kind: str = "k", *, seed: int | None = None) -> np.
             ffi.from_buffer("float[]", out, require_writable=True),
             out.size,
         ),
-        f"{name} {'plan' if name in PLAN_CODECS else 'codebook'}, shape {shape}",
+        f"{name} {'plan' if plan else 'codebook'}, shape {shape}",
     )
     return out
 

@@ -32,9 +32,12 @@ from .tiered import TieredConfig
 FORMAT = "kvgguf-calibration"
 VERSION = 2  # 2: codec costs measured through the model (1 scaled by reconstruction error)
 PROBE = "rotq2"  # the codec every list's sensitivity is measured at (the curves are relative to it)
-# The codecs `kvgguf calibrate` measures on every list. wfq fits its plan on each sequence's
-# first block of the list (as the live cache will), so its cost includes a plan fitted on little
-# text. A file measured before a codec joined lacks its cost: Calibration.unmeasured() names it.
+# The codecs `kvgguf calibrate` measures on every list, in the order of its curves: a policy, not
+# a codec fact (each costs two model runs). Every one is a codec the fused attention scores from
+# its codes with SIMD kernels (codecs.info: fused_codes, simd_ops; tests/test_codec_info.py holds
+# that); rotq1 is left out for its 1 bit. wfq fits its plan on each sequence's first block of the
+# list (as the live cache will), so its cost includes a plan fitted on little text. A file
+# measured before a codec joined lacks its cost: Calibration.unmeasured() names it.
 CANDIDATES = (
     "kivi2", "kivi3", "kivi4", "rotq2", "rotq3", "rotq4", "crotq2", "crotq3", "crotq4",
     "wfq2", "wfq3", "wfq4", "tcq2", "tcq3", "tcq4", "kivi8", "f16",

@@ -162,7 +162,7 @@ enum kvg_kind {
 // Bumped whenever a declaration in this region changes; kvg_abi_version() returns the value the
 // library was built with, and the Python binding refuses a library and header that disagree.
 enum kvg_abi {
-    KVG_ABI_VERSION = 13
+    KVG_ABI_VERSION = 14
 };
 
 enum kvg_simd {
@@ -191,6 +191,57 @@ int          kvg_codec_count(void);
 const char * kvg_codec_name(int type);  // NULL if out of range
 int          kvg_codec_from_name(const char * name, int * out_type);
 int          kvg_codec_bits(int type, int * out_bits);  // bits per code (16 for f16)
+
+// ---- what a codec is: the facts of its row in the library's table (kvg_codec_describe) ----
+
+// What params.book must hold for a codec.
+enum kvg_book {
+    KVG_BOOK_NONE     = 0,
+    KVG_BOOK_CODEBOOK = 1,  // pq2, vq8, vq8f: 256 centroids of S coordinates (kvg_pq_train)
+    KVG_BOOK_PLAN     = 2   // wfqB: a plan per KV head (kvg_wfq_train)
+};
+
+// Bits of kvg_codec_info.simd_ops.
+enum kvg_codec_op {
+    KVG_OP_ENCODE     = 1,
+    KVG_OP_DECODE     = 2,
+    KVG_OP_SCORE      = 4,  // fused attention: scores of queries against the coded keys
+    KVG_OP_ACCUMULATE = 8   // fused attention: weighted sums of the coded values
+};
+
+typedef struct kvg_codec_info {
+    const char * name;
+    const char * family;     // the name without its bit width ("rotq3": "rotq"; "vq8f" is its own)
+    int32_t bits;            // the B of the name: bits per code (f16: 16; vq8 and vq8f: 8 per head vector)
+    int32_t rotated;         // 1: coded as rotq's rotated head vectors, which the fused attention scores
+                             // against rotated queries (rotq, crotq, pq/vq, tcq); outl, lowrank and qjl
+                             // rotate inside their blocks but are read decoded (0)
+    int32_t book;            // enum kvg_book
+    // head_dim must be at least head_dim_min, at most head_dim_max (0: no bound of its own) and a
+    // power of two if head_dim_pow2; kvg_encoded_size says KVG_ERR_SHAPE otherwise.
+    int32_t head_dim_pow2;
+    int64_t head_dim_min;
+    int64_t head_dim_max;
+    // Bits per value of a long sequence in whole groups:
+    //   value_bits + vector_bits / head_dim + group_bits / G,
+    // G = group_values, or params.group_size where group_values is 0 (kivi). A codec with
+    // block_side_data keeps data per block whose share depends on the block's shape (keyframes,
+    // channel lists, factors, fallback vectors): its figure is a block's, measured, and the
+    // terms above count its codes alone.
+    int32_t value_bits;      // per value: its code (0 where a code stands for a whole head vector)
+    int32_t vector_bits;     // per head vector: its f16 norm (rotq), vq8's code
+    int32_t group_bits;      // per group: kivi's f16 min and scale, crotq's f16 channel mean
+    int32_t group_values;
+    int32_t block_side_data;
+    int32_t fused_codes;     // 1: the fused attention scores and sums the codes themselves; 0: it
+                             // decodes each block and takes exact dots of the rows
+    int32_t simd_levels;     // bit (1 << level) per enum kvg_simd level with kernels for the codec:
+                             // scalar always; AVX2 and NEON together (every SIMD kernel has both)
+    int32_t simd_ops;        // enum kvg_codec_op bits: the operations that have SIMD kernels
+} kvg_codec_info;
+
+// KVG_ERR_UNKNOWN_CODEC for a type out of range. The strings are the library's, never freed.
+int kvg_codec_describe(int type, kvg_codec_info * out);
 
 int kvg_encoded_size(int type, int kind, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                      const kvg_codec_params * p, size_t * out_bytes);

@@ -54,68 +54,111 @@ const char * kvg_strerror(int status) {
 
 // ---- the traits table ----------------------------------------------------------------------
 
-// The columns after encoded_size, the same for every bit width of a family. The SIMD columns
-// hold this build's kernels (KVG_SIMD: AVX2 on x86-64, NEON on AArch64).
-#define KVG_F16_ROW  kvg_f16_check, 0, kvg_f16_score_ref, kvg_f16_accumulate_ref, \
-                     KVG_SIMD(kvg_f16_score), KVG_SIMD(kvg_f16_accumulate)
-#define KVG_KIVI_ROW kvg_kivi_encode_ref, kvg_kivi_decode_ref, KVG_SIMD(kvg_kivi_encode), KVG_SIMD(kvg_kivi_decode), \
-                     kvg_kivi_check, 0, kvg_kivi_score_ref, kvg_kivi_accumulate_ref, \
-                     KVG_SIMD(kvg_kivi_score), KVG_SIMD(kvg_kivi_accumulate)
-#define KVG_ROTQ_ROW kvg_rotq_encode_ref, kvg_rotq_decode_ref, KVG_SIMD(kvg_rotq_encode), KVG_SIMD(kvg_rotq_decode), \
-                     kvg_rotq_check, 1, kvg_rotq_score_ref, kvg_rotq_accumulate_ref, \
-                     KVG_SIMD(kvg_rotq_score), KVG_SIMD(kvg_rotq_accumulate)
-#define KVG_CROTQ_ROW kvg_crotq_encode_ref, kvg_crotq_decode_ref, KVG_SIMD(kvg_crotq_encode), KVG_SIMD(kvg_crotq_decode), \
-                      kvg_crotq_check, 1, kvg_crotq_score_ref, kvg_crotq_accumulate_ref, \
-                      KVG_SIMD(kvg_crotq_score), KVG_SIMD(kvg_crotq_accumulate)
+// What every row of a family holds beside its name and bits: the family's facts (kvgguf.h's
+// kvg_codec_info), then its kernels. The SIMD kernels are this build's (KVG_SIMD: AVX2 on x86-64,
+// NEON on AArch64).
 
-// Codecs with side data per block (delta, outliers, low-rank, QJL, PQ/VQ): scalar encode/decode, attention through attend_rows.c's decode-and-dot.
-#define KVG_ROWS_ROW(fam) kvg_##fam##_encode_ref, kvg_##fam##_decode_ref, NULL, NULL, kvg_##fam##_check, 0, \
-                          kvg_rows_score_ref, kvg_rows_accumulate_ref, NULL, NULL
+// The head dims of rotq's rotation (a Walsh-Hadamard transform).
+#define KVG_ROTQ_HEAD_DIM .head_dim_pow2 = 1, .head_dim_min = 2, .head_dim_max = KVG_ROTQ_MAX_HEAD_DIM
 
-// wfq2/3/4: scored and summed from their codes in the domain of their plan (kvg_prepare_fn).
-#define KVG_WFQ_ROW kvg_wfq_encode_ref, kvg_wfq_decode_ref, NULL, NULL, kvg_wfq_check, 0, kvg_wfq_score_ref, \
-                    kvg_wfq_accumulate_ref, KVG_SIMD(kvg_wfq_score), KVG_SIMD(kvg_wfq_accumulate), \
-                    kvg_wfq_prepare_q, kvg_wfq_finish_acc
+#define KVG_F16_ROW .family = "f16", \
+                    .encoded_size = kvg_f16_size, .encode_ref = kvg_f16_encode_ref, \
+                    .decode_ref = kvg_f16_decode_ref, .check = kvg_f16_check, .score_ref = kvg_f16_score_ref, \
+                    .accumulate_ref = kvg_f16_accumulate_ref, .score_simd = KVG_SIMD(kvg_f16_score), \
+                    .accumulate_simd = KVG_SIMD(kvg_f16_accumulate)
 
-// pq2, vq8, vq8f: scalar, scored and summed from their codes in the rotated domain (as rotq is).
-#define KVG_PQ_ROW kvg_pq_encode_ref, kvg_pq_decode_ref, NULL, NULL, kvg_pq_check, 1, kvg_pq_score_ref, \
-                   kvg_pq_accumulate_ref, NULL, NULL
+// an f16 min and scale per group of params.group_size values
+#define KVG_KIVI_ROW .family = "kivi", .group_bits = 32, .group_values = 0, \
+                     .encoded_size = kvg_kivi_size, .encode_ref = kvg_kivi_encode_ref, \
+                     .decode_ref = kvg_kivi_decode_ref, .encode_simd = KVG_SIMD(kvg_kivi_encode), \
+                     .decode_simd = KVG_SIMD(kvg_kivi_decode), .check = kvg_kivi_check, \
+                     .score_ref = kvg_kivi_score_ref, .accumulate_ref = kvg_kivi_accumulate_ref, \
+                     .score_simd = KVG_SIMD(kvg_kivi_score), .accumulate_simd = KVG_SIMD(kvg_kivi_accumulate)
 
-// tcq2/3/4: encoded by a Viterbi search per head vector (in vectors of 8 lanes under AVX2 and
-// NEON); scored and summed from their codes in rotq's rotated domain.
-#define KVG_TCQ_ROW kvg_tcq_encode_ref, kvg_tcq_decode_ref, KVG_SIMD(kvg_tcq_encode), NULL, kvg_rotq_check, 1, \
-                    kvg_tcq_score_ref, kvg_tcq_accumulate_ref, KVG_SIMD(kvg_tcq_score), KVG_SIMD(kvg_tcq_accumulate)
+// an f16 norm per head vector
+#define KVG_ROTQ_ROW .family = "rotq", KVG_ROTQ_HEAD_DIM, .vector_bits = 16, \
+                     .rotated = 1, .encoded_size = kvg_rotq_size, .encode_ref = kvg_rotq_encode_ref, \
+                     .decode_ref = kvg_rotq_decode_ref, .encode_simd = KVG_SIMD(kvg_rotq_encode), \
+                     .decode_simd = KVG_SIMD(kvg_rotq_decode), .check = kvg_rotq_check, \
+                     .score_ref = kvg_rotq_score_ref, .accumulate_ref = kvg_rotq_accumulate_ref, \
+                     .score_simd = KVG_SIMD(kvg_rotq_score), .accumulate_simd = KVG_SIMD(kvg_rotq_accumulate)
+
+// rotq's f16 norm per head vector, and an f16 mean per channel per KVG_CROTQ_TOKENS tokens
+#define KVG_CROTQ_ROW .family = "crotq", KVG_ROTQ_HEAD_DIM, .vector_bits = 16, .group_bits = 16, \
+                      .group_values = KVG_CROTQ_TOKENS, \
+                      .rotated = 1, .encoded_size = kvg_crotq_size, .encode_ref = kvg_crotq_encode_ref, \
+                      .decode_ref = kvg_crotq_decode_ref, .encode_simd = KVG_SIMD(kvg_crotq_encode), \
+                      .decode_simd = KVG_SIMD(kvg_crotq_decode), .check = kvg_crotq_check, \
+                      .score_ref = kvg_crotq_score_ref, .accumulate_ref = kvg_crotq_accumulate_ref, \
+                      .score_simd = KVG_SIMD(kvg_crotq_score), .accumulate_simd = KVG_SIMD(kvg_crotq_accumulate)
+
+// Codecs with side data per block (delta, outliers, low-rank, QJL): scalar encode/decode,
+// attention through attend_rows.c's decode-and-dot.
+#define KVG_ROWS_ROW(fam) .family = #fam, .block_side_data = 1, \
+                          .encoded_size = kvg_##fam##_size, .encode_ref = kvg_##fam##_encode_ref, \
+                          .decode_ref = kvg_##fam##_decode_ref, .check = kvg_##fam##_check, \
+                          .score_ref = kvg_rows_score_ref, .accumulate_ref = kvg_rows_accumulate_ref
+
+// pq2, vq8, vq8f: a codebook per (layer, kind), rotq's f16 norm per head vector; scalar, scored
+// and summed from their codes in the rotated domain (as rotq is).
+#define KVG_PQ_ROW .book = KVG_BOOK_CODEBOOK, .head_dim_pow2 = 1, .head_dim_min = 4, \
+                   .head_dim_max = KVG_ROTQ_MAX_HEAD_DIM, .vector_bits = 16, \
+                   .rotated = 1, .encoded_size = kvg_pq_size, .encode_ref = kvg_pq_encode_ref, \
+                   .decode_ref = kvg_pq_decode_ref, .check = kvg_pq_check, .score_ref = kvg_pq_score_ref, \
+                   .accumulate_ref = kvg_pq_accumulate_ref
+
+// wfq2/3/4: a plan per (layer, kind), the gain inside the B bits; scored and summed from their
+// codes in the domain of their plan (kvg_prepare_fn).
+#define KVG_WFQ_ROW .family = "wfq", .book = KVG_BOOK_PLAN, .head_dim_min = 16, \
+                    .head_dim_max = KVG_WFQ_MAX_HEAD_DIM, \
+                    .encoded_size = kvg_wfq_size, .encode_ref = kvg_wfq_encode_ref, \
+                    .decode_ref = kvg_wfq_decode_ref, .check = kvg_wfq_check, .score_ref = kvg_wfq_score_ref, \
+                    .accumulate_ref = kvg_wfq_accumulate_ref, .score_simd = KVG_SIMD(kvg_wfq_score), \
+                    .accumulate_simd = KVG_SIMD(kvg_wfq_accumulate), .prepare_q = kvg_wfq_prepare_q, \
+                    .finish_acc = kvg_wfq_finish_acc
+
+// tcq2/3/4: rotq's bytes, encoded by a Viterbi search per head vector (in vectors of 8 lanes
+// under AVX2 and NEON); scored and summed from their codes in rotq's rotated domain.
+#define KVG_TCQ_ROW .family = "tcq", KVG_ROTQ_HEAD_DIM, .vector_bits = 16, \
+                    .rotated = 1, .encoded_size = kvg_rotq_size, .encode_ref = kvg_tcq_encode_ref, \
+                    .decode_ref = kvg_tcq_decode_ref, .encode_simd = KVG_SIMD(kvg_tcq_encode), \
+                    .check = kvg_rotq_check, .score_ref = kvg_tcq_score_ref, \
+                    .accumulate_ref = kvg_tcq_accumulate_ref, .score_simd = KVG_SIMD(kvg_tcq_score), \
+                    .accumulate_simd = KVG_SIMD(kvg_tcq_accumulate)
 
 static const kvg_codec_traits k_traits[] = {
-    [KVG_CODEC_F16]    = { "f16",    16, kvg_f16_size,   kvg_f16_encode_ref, kvg_f16_decode_ref, NULL, NULL, KVG_F16_ROW },
-    [KVG_CODEC_KIVI2]  = { "kivi2",   2, kvg_kivi_size,  KVG_KIVI_ROW },
-    [KVG_CODEC_KIVI3]  = { "kivi3",   3, kvg_kivi_size,  KVG_KIVI_ROW },
-    [KVG_CODEC_KIVI4]  = { "kivi4",   4, kvg_kivi_size,  KVG_KIVI_ROW },
-    [KVG_CODEC_KIVI8]  = { "kivi8",   8, kvg_kivi_size,  KVG_KIVI_ROW },
-    [KVG_CODEC_ROTQ1]  = { "rotq1",   1, kvg_rotq_size,  KVG_ROTQ_ROW },
-    [KVG_CODEC_ROTQ2]  = { "rotq2",   2, kvg_rotq_size,  KVG_ROTQ_ROW },
-    [KVG_CODEC_ROTQ3]  = { "rotq3",   3, kvg_rotq_size,  KVG_ROTQ_ROW },
-    [KVG_CODEC_ROTQ4]  = { "rotq4",   4, kvg_rotq_size,  KVG_ROTQ_ROW },
-    [KVG_CODEC_CROTQ2] = { "crotq2",  2, kvg_crotq_size, KVG_CROTQ_ROW },
-    [KVG_CODEC_CROTQ3] = { "crotq3",  3, kvg_crotq_size, KVG_CROTQ_ROW },
-    [KVG_CODEC_CROTQ4] = { "crotq4",  4, kvg_crotq_size, KVG_CROTQ_ROW },
-    [KVG_CODEC_DELTA4]   = { "delta4",   4, kvg_delta_size,   KVG_ROWS_ROW(delta) },
-    [KVG_CODEC_PDELTA4]  = { "pdelta4",  4, kvg_pdelta_size,  KVG_ROWS_ROW(pdelta) },
-    [KVG_CODEC_OUTL2]    = { "outl2",    2, kvg_outl_size,    KVG_ROWS_ROW(outl) },
-    [KVG_CODEC_OUTL3]    = { "outl3",    3, kvg_outl_size,    KVG_ROWS_ROW(outl) },
-    [KVG_CODEC_LOWRANK2] = { "lowrank2", 2, kvg_lowrank_size, KVG_ROWS_ROW(lowrank) },
-    [KVG_CODEC_LOWRANK3] = { "lowrank3", 3, kvg_lowrank_size, KVG_ROWS_ROW(lowrank) },
-    [KVG_CODEC_QJL3]     = { "qjl3",     3, kvg_qjl_size,     KVG_ROWS_ROW(qjl) },
-    [KVG_CODEC_QJL4]     = { "qjl4",     4, kvg_qjl_size,     KVG_ROWS_ROW(qjl) },
-    [KVG_CODEC_PQ2]      = { "pq2",      2, kvg_pq_size,      KVG_PQ_ROW },
-    [KVG_CODEC_VQ8]      = { "vq8",      8, kvg_pq_size,      KVG_PQ_ROW },
-    [KVG_CODEC_VQ8F]     = { "vq8f",     8, kvg_pq_size,      KVG_PQ_ROW },
-    [KVG_CODEC_WFQ2]     = { "wfq2",     2, kvg_wfq_size,     KVG_WFQ_ROW },
-    [KVG_CODEC_WFQ3]     = { "wfq3",     3, kvg_wfq_size,     KVG_WFQ_ROW },
-    [KVG_CODEC_WFQ4]     = { "wfq4",     4, kvg_wfq_size,     KVG_WFQ_ROW },
-    [KVG_CODEC_TCQ2]     = { "tcq2",     2, kvg_rotq_size,    KVG_TCQ_ROW },
-    [KVG_CODEC_TCQ3]     = { "tcq3",     3, kvg_rotq_size,    KVG_TCQ_ROW },
-    [KVG_CODEC_TCQ4]     = { "tcq4",     4, kvg_rotq_size,    KVG_TCQ_ROW },
+    [KVG_CODEC_F16]      = { .name = "f16",      .bits = 16, KVG_F16_ROW },
+    [KVG_CODEC_KIVI2]    = { .name = "kivi2",    .bits = 2,  KVG_KIVI_ROW },
+    [KVG_CODEC_KIVI3]    = { .name = "kivi3",    .bits = 3,  KVG_KIVI_ROW },
+    [KVG_CODEC_KIVI4]    = { .name = "kivi4",    .bits = 4,  KVG_KIVI_ROW },
+    [KVG_CODEC_KIVI8]    = { .name = "kivi8",    .bits = 8,  KVG_KIVI_ROW },
+    [KVG_CODEC_ROTQ1]    = { .name = "rotq1",    .bits = 1,  KVG_ROTQ_ROW },
+    [KVG_CODEC_ROTQ2]    = { .name = "rotq2",    .bits = 2,  KVG_ROTQ_ROW },
+    [KVG_CODEC_ROTQ3]    = { .name = "rotq3",    .bits = 3,  KVG_ROTQ_ROW },
+    [KVG_CODEC_ROTQ4]    = { .name = "rotq4",    .bits = 4,  KVG_ROTQ_ROW },
+    [KVG_CODEC_CROTQ2]   = { .name = "crotq2",   .bits = 2,  KVG_CROTQ_ROW },
+    [KVG_CODEC_CROTQ3]   = { .name = "crotq3",   .bits = 3,  KVG_CROTQ_ROW },
+    [KVG_CODEC_CROTQ4]   = { .name = "crotq4",   .bits = 4,  KVG_CROTQ_ROW },
+    [KVG_CODEC_DELTA4]   = { .name = "delta4",   .bits = 4,  KVG_ROWS_ROW(delta) },
+    [KVG_CODEC_PDELTA4]  = { .name = "pdelta4",  .bits = 4,  KVG_ROWS_ROW(pdelta) },
+    [KVG_CODEC_OUTL2]    = { .name = "outl2",    .bits = 2,  KVG_ROWS_ROW(outl), KVG_ROTQ_HEAD_DIM },
+    [KVG_CODEC_OUTL3]    = { .name = "outl3",    .bits = 3,  KVG_ROWS_ROW(outl), KVG_ROTQ_HEAD_DIM },
+    [KVG_CODEC_LOWRANK2] = { .name = "lowrank2", .bits = 2,  KVG_ROWS_ROW(lowrank), KVG_ROTQ_HEAD_DIM },
+    [KVG_CODEC_LOWRANK3] = { .name = "lowrank3", .bits = 3,  KVG_ROWS_ROW(lowrank), KVG_ROTQ_HEAD_DIM },
+    [KVG_CODEC_QJL3]     = { .name = "qjl3",     .bits = 3,  KVG_ROWS_ROW(qjl), KVG_ROTQ_HEAD_DIM },
+    [KVG_CODEC_QJL4]     = { .name = "qjl4",     .bits = 4,  KVG_ROWS_ROW(qjl), KVG_ROTQ_HEAD_DIM },
+    // pq2 codes sub-vectors of 4 coordinates, a byte each: 2 bits per value
+    [KVG_CODEC_PQ2]      = { .name = "pq2",      .bits = 2,  .family = "pq", KVG_PQ_ROW },
+    [KVG_CODEC_VQ8]      = { .name = "vq8",      .bits = 8,  .family = "vq", .vector_code = 1, KVG_PQ_ROW },
+    // plus its f16 fallback vectors and their bitmask, per block
+    [KVG_CODEC_VQ8F]     = { .name = "vq8f",     .bits = 8,  .family = "vq8f", .vector_code = 1, .block_side_data = 1,
+                             KVG_PQ_ROW },
+    [KVG_CODEC_WFQ2]     = { .name = "wfq2",     .bits = 2,  KVG_WFQ_ROW },
+    [KVG_CODEC_WFQ3]     = { .name = "wfq3",     .bits = 3,  KVG_WFQ_ROW },
+    [KVG_CODEC_WFQ4]     = { .name = "wfq4",     .bits = 4,  KVG_WFQ_ROW },
+    [KVG_CODEC_TCQ2]     = { .name = "tcq2",     .bits = 2,  KVG_TCQ_ROW },
+    [KVG_CODEC_TCQ3]     = { .name = "tcq3",     .bits = 3,  KVG_TCQ_ROW },
+    [KVG_CODEC_TCQ4]     = { .name = "tcq4",     .bits = 4,  KVG_TCQ_ROW },
 };
 _Static_assert(sizeof(k_traits) / sizeof(k_traits[0]) == KVG_CODEC_COUNT_, "one traits row per codec type");
 
@@ -172,6 +215,38 @@ int kvg_codec_bits(int type, int * out_bits) {
         return kvg_fail(KVG_ERR_UNKNOWN_CODEC, "codec type %d is unknown", type);
     }
     *out_bits = k_traits[type].bits;
+    return KVG_OK;
+}
+
+int kvg_codec_describe(int type, kvg_codec_info * out) {
+    kvg_clear_error();
+    if (out == NULL) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_codec_describe: NULL out");
+    }
+    if (type < 0 || type >= KVG_CODEC_COUNT_) {
+        return kvg_fail(KVG_ERR_UNKNOWN_CODEC, "codec type %d is unknown", type);
+    }
+    const kvg_codec_traits * tr = &k_traits[type];
+    memset(out, 0, sizeof(*out));
+    out->name          = tr->name;
+    out->family        = tr->family;
+    out->bits          = tr->bits;
+    out->rotated       = tr->rotated;
+    out->book          = tr->book;
+    out->head_dim_pow2 = tr->head_dim_pow2;
+    out->head_dim_min  = tr->head_dim_min > 0 ? tr->head_dim_min : 1;
+    out->head_dim_max  = tr->head_dim_max;
+    // vq8's byte codes a head vector: its bits count per vector, not per value
+    out->value_bits      = tr->vector_code ? 0 : tr->bits;
+    out->vector_bits     = tr->vector_bits + (tr->vector_code ? tr->bits : 0);
+    out->group_bits      = tr->group_bits;
+    out->group_values    = tr->group_values;
+    out->block_side_data = tr->block_side_data;
+    // The rest is read off the kernels the row names, so it cannot disagree with them.
+    out->fused_codes = tr->score_ref != kvg_rows_score_ref;
+    out->simd_ops    = (tr->encode_simd ? KVG_OP_ENCODE : 0) | (tr->decode_simd ? KVG_OP_DECODE : 0) |
+                       (tr->score_simd ? KVG_OP_SCORE : 0) | (tr->accumulate_simd ? KVG_OP_ACCUMULATE : 0);
+    out->simd_levels = (1 << KVG_SIMD_SCALAR) | (out->simd_ops ? (1 << KVG_SIMD_AVX2) | (1 << KVG_SIMD_NEON) : 0);
     return KVG_OK;
 }
 

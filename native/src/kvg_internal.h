@@ -134,19 +134,30 @@ typedef int (*kvg_decode_fn)(const kvg_job * job, const uint8_t * src, float * d
 // KVG_ERR_CORRUPT for bytes no encoder writes (what decode would refuse), without decoding.
 typedef int (*kvg_check_fn) (const kvg_job * job, const uint8_t * src);
 
-// One row per codec type, in the manner of ggml's type_traits. Kernels get buffers whose
-// sizes codecs.c has already checked against encoded_size.
+// One row per codec type, in the manner of ggml's type_traits: what the codec is (reported by
+// kvg_codec_describe; kvgguf.h's kvg_codec_info says what each fact means), then its kernels.
+// Kernels get buffers whose sizes codecs.c has already checked against encoded_size.
 typedef struct kvg_codec_traits {
     const char *      name;
+    const char *      family;
     int               bits;
+    int               rotated;       // attention: keys scored against qr, values (partly) into accr
+    int               book;          // enum kvg_book
+    int               head_dim_pow2;
+    int64_t           head_dim_min;  // 0: 1
+    int64_t           head_dim_max;  // 0: no bound of its own
+    int               vector_code;   // `bits` code a whole head vector (vq8), not each value
+    int               vector_bits;   // per head vector besides the codes
+    int               group_bits;
+    int               group_values;  // 0: params.group_size
+    int               block_side_data;
     kvg_size_fn       encoded_size;  // may reject a shape (rotq: head_dim)
     kvg_encode_fn     encode_ref;    // scalar oracle
     kvg_decode_fn     decode_ref;
     kvg_encode_fn     encode_simd;   // KVG_SIMD(...): NULL where none exists; may return KVG_NOT_HANDLED
     kvg_decode_fn     decode_simd;
     kvg_check_fn      check;
-    int               rotated;       // attention: keys scored against qr, values (partly) into accr
-    kvg_score_fn      score_ref;     // scalar oracle of the attention kernels
+    kvg_score_fn      score_ref;     // scalar oracle of the attention kernels (kvg_rows_*: decode and dot)
     kvg_accumulate_fn accumulate_ref;
     kvg_score_fn      score_simd;    // KVG_SIMD(...): may return KVG_NOT_HANDLED
     kvg_accumulate_fn accumulate_simd;
