@@ -13,6 +13,7 @@ from kvgguf import codecs
 from kvgguf.bindings.binding import get_ffi, get_lib
 from kvgguf.enums import Kind, Tier
 from kvgguf.bindings.store import EncodedBlock, KVStore
+from helpers import kv_like
 
 ALL = codecs.names()
 # No SIMD kernels (codecs.info): decoded through attend_rows.c (the side-data codecs), or pq2,
@@ -65,20 +66,13 @@ TOL = 5e-5
 TOL_SIMD = 3e-5
 
 
-def kv_like(rng, shape):
-    """Gaussian rows with a few large-magnitude channels, as keys have (KIVI, fig. 2)."""
-    x = rng.standard_normal(shape).astype(np.float32)
-    x[:, rng.choice(shape[1], max(1, shape[1] // 32), replace=False)] *= 8.0
-    return x
-
-
 def build(k_codec, v_codec, head_dim, n_head_kv, group_size=32, il=1):
     """A store whose layer `il` holds N_ROWS K and V rows in blocks cut at K_CUTS / V_CUTS."""
     rng = np.random.default_rng(head_dim * 10 + n_head_kv)
     store = KVStore(il + 1, n_head_kv, head_dim, head_dim, group_size=group_size)
     width = n_head_kv * head_dim
     for kind, cuts, main, last in ((Kind.K, K_CUTS, k_codec, v_codec), (Kind.V, V_CUTS, v_codec, k_codec)):
-        x = kv_like(rng, (N_ROWS, width))
+        x = kv_like(rng, (N_ROWS, width), random_channels=True)
         x[10] = 0.0  # a zero row: rotq stores norm 0 and no codes
         for b, (r0, r1) in enumerate(zip(cuts, cuts[1:])):
             codec = "f16" if b == 0 else last if b == len(cuts) - 2 else main
@@ -393,7 +387,7 @@ def test_a_wfq_plan_in_any_order_of_widths_attends_like_its_decoded_rows():
     assert bits.sum() == 3 * d - 16
     store = KVStore(1, n_head_kv, d, d)
     for kind in Kind:
-        x = kv_like(rng, (N_ROWS, n_head_kv * d))
+        x = kv_like(rng, (N_ROWS, n_head_kv * d), random_channels=True)
         heads = x.reshape(N_ROWS, n_head_kv, d)
         plan = np.stack(
             [

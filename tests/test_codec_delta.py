@@ -16,23 +16,13 @@ import pytest
 
 from kvgguf import codecs
 from kvgguf.bindings.codecs import KvgCorruptError
+from helpers import kv_like, rel_mse
 
 NAMES = [n for n in codecs.names() if codecs.family(n) in ("delta", "pdelta")]
 KEYFRAME = 64  # rows per keyframe (TSC part I)
 GROUP = 64  # channels per min/scale, within one head
 F32_EPS = float(np.finfo(np.float32).eps)
 F16_EPS = 2.0**-11  # f16's relative rounding error
-
-
-def kv_like(rng, shape):
-    """Gaussian rows with a few large-magnitude channels, as keys have (KIVI, fig. 2)."""
-    x = rng.standard_normal(shape).astype(np.float32)
-    x[..., :: max(1, x.shape[-1] // 4)] *= 8.0
-    return x
-
-
-def rel_mse(x, y):
-    return float(np.sum((x.astype(np.float64) - y) ** 2) / np.sum(x.astype(np.float64) ** 2))
 
 
 def sizes(shape):

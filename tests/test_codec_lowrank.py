@@ -9,18 +9,12 @@ import pytest
 
 from kvgguf import codecs
 from kvgguf.bindings.codecs import KvgCorruptError
+from helpers import kv_like, rel_mse
 
 NAMES = [n for n in codecs.names() if codecs.family(n) == "lowrank"]
 ROTQ_OF = {"lowrank2": "rotq2", "lowrank3": "rotq3"}
 RANK = 4
 F16_EPS = 2.0**-11  # f16's relative rounding error
-
-
-def kv_like(rng, shape):
-    """Gaussian rows with a few large-magnitude channels, as keys have (KIVI, fig. 2)."""
-    x = rng.standard_normal(shape).astype(np.float32)
-    x[..., :: max(1, x.shape[-1] // 4)] *= 8.0
-    return x
 
 
 def rank_of(shape):
@@ -36,10 +30,6 @@ def split(name, buf, shape, kind="k"):
     f = np.frombuffer(buf[nr:].tobytes(), np.float16).astype(np.float32)
     assert f.size == r * (n + h * d)
     return buf[:nr], f[: n * r].reshape(n, r), f[n * r :].reshape(h * d, r)
-
-
-def rel_mse(x, y):
-    return float(np.sum((x.astype(np.float64) - y) ** 2) / np.sum(x.astype(np.float64) ** 2))
 
 
 @pytest.mark.parametrize("name", NAMES)

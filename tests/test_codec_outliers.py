@@ -6,6 +6,7 @@ import pytest
 
 from kvgguf import codecs
 from kvgguf.bindings.codecs import KvgCorruptError, KvgError
+from helpers import rel_mse
 
 NAMES = [n for n in codecs.names() if codecs.family(n) == "outl"]
 ROTQ_OF = {"outl2": "rotq2", "outl3": "rotq3"}
@@ -27,10 +28,6 @@ def with_outliers(rng, shape, scale=30.0):
     x = rng.standard_normal(shape).astype(np.float32)
     x[..., outlier_channels(shape[-1])] *= scale
     return x
-
-
-def rel_mse(x, y):
-    return float(((x - y) ** 2).sum() / (x**2).sum())
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -9,6 +9,7 @@ from kvgguf import codecs
 from kvgguf.bindings.codecs import KvgCorruptError, KvgError
 from kvgguf.enums import Kind, Tier
 from kvgguf.bindings.store import KVStore
+from helpers import rel_mse
 
 NAMES = list(codecs.CODEBOOK_CODECS)
 # rotq2's bound on N(0, 1) rows (tests/test_codecs.py): 1.25x the Lloyd-Max MSE at 2 bits
@@ -17,10 +18,6 @@ ROTQ2_BOUND = 1.25 * 0.1175
 
 def sub_len(name, d):
     return 4 if name == "pq2" else d
-
-
-def rel_mse(x, y):
-    return float(((x - y) ** 2).sum() / (x**2).sum())
 
 
 def hadamard(d):

@@ -17,6 +17,7 @@ import pytest
 
 from kvgguf import codecs
 from kvgguf.bindings.codecs import KvgCorruptError, KvgError
+from helpers import kv_like, rel_mse
 
 NAMES = [n for n in codecs.names() if codecs.family(n) == "qjl"]
 ROTQ_OF = {"qjl3": "rotq2", "qjl4": "rotq3"}
@@ -25,13 +26,6 @@ DEFAULT_SEED = 0x6B766767756630  # KVG_DEFAULT_SEED
 QJL_STREAM = 0x514A4C5F534B4554  # qjl.c: S's stream tag
 GOLDEN = 0x9E3779B97F4A7C15
 K_QJL = math.sqrt(math.pi / 2)  # QJL Lemma 3.2's dequantization constant (over m = d)
-
-
-def kv_like(rng, shape):
-    """Gaussian rows with a few large-magnitude channels, as keys have (KIVI, fig. 2)."""
-    x = rng.standard_normal(shape).astype(np.float32)
-    x[..., :: max(1, x.shape[-1] // 4)] *= 8.0
-    return x
 
 
 # ---- an independent model of the documented format ---------------------------------------
@@ -66,10 +60,6 @@ def split(name, buf, shape, kind="k"):
     rn = np.frombuffer(buf[: 2 * nv].tobytes(), np.float16).astype(np.float64)
     bits = np.unpackbits(buf[2 * nv + nr :], bitorder="little")[: nv * d].reshape(nv, d)
     return rn, buf[2 * nv : 2 * nv + nr], bits
-
-
-def rel_mse(x, y):
-    return float(np.sum((x.astype(np.float64) - y) ** 2) / np.sum(x.astype(np.float64) ** 2))
 
 
 # ---- round trips -----------------------------------------------------------------------------

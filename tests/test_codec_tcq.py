@@ -12,13 +12,10 @@ from kvgguf import codecs
 from kvgguf.bindings.codecs import KvgCorruptError
 
 from test_codecs import hadamard, rotq_signs, unpack_codes
+from helpers import rel_mse
 
 NAMES = [n for n in codecs.names() if codecs.family(n) == "tcq"]
 WINDOW = 8
-
-
-def rel_mse(x, y):
-    return float(((x - y) ** 2).sum() / (x**2).sum())
 
 
 def windows(codes: np.ndarray, bits: int) -> np.ndarray:

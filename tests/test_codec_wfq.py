@@ -9,15 +9,12 @@ from kvgguf import codecs
 from kvgguf.bindings.codecs import KvgCorruptError, KvgError
 from kvgguf.bindings.store import KVStore
 from kvgguf.enums import Kind, Tier
+from helpers import rel_mse
 
 NAMES = list(codecs.PLAN_CODECS)
 # Gaussian Lloyd-Max MSE at 1..4 bits (Max 1960): what an equal-bits scalar code of unit-variance
 # coordinates reaches at best
 LLOYD_MAX = {1: 0.3634, 2: 0.1175, 3: 0.03454, 4: 0.009497}
-
-
-def rel_mse(x, y):
-    return float(((x - y) ** 2).sum() / (x**2).sum())
 
 
 def skewed(rng, n, h, d, spread=1.5):

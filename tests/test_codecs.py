@@ -12,6 +12,7 @@ import pytest
 
 from kvgguf import codecs
 from kvgguf.bindings.codecs import KvgCorruptError
+from helpers import kv_like
 
 # The codecs as the library describes them (codecs.info), so a new one joins the generic tests.
 NAMES = codecs.names()
@@ -59,14 +60,6 @@ HEAD_DIMS = [64, 128, 256]
 N_HEADS = [1, 3]
 N_TOKENS = [1, 33, 70, 100]  # not multiples of the default G = 32
 F32_EPS = float(np.finfo(np.float32).eps)
-
-
-def kv_like(rng, shape, outliers=True):
-    """Gaussian rows with a few large-magnitude channels, as keys have (KIVI, fig. 2)."""
-    x = rng.standard_normal(shape).astype(np.float32)
-    if outliers and x.shape[-1] >= 8:
-        x[..., :: max(1, x.shape[-1] // 4)] *= 8.0
-    return x
 
 
 def unpack_codes(code_bytes: np.ndarray, n: int, bits: int) -> np.ndarray:

@@ -82,7 +82,7 @@
 extern "C" {
 #endif
 
-// The region between cffi-begin and cffi-end is read verbatim by kvgguf/native/binding.py as the
+// The region between cffi-begin and cffi-end is read verbatim by kvgguf/bindings/binding.py as the
 // cffi cdef: plain declarations only (no macros, attributes or preprocessor lines).
 
 // cffi-begin
@@ -115,7 +115,7 @@ enum kvg_codec_type {
     KVG_CODEC_CROTQ2 = 9,
     KVG_CODEC_CROTQ3 = 10,
     KVG_CODEC_CROTQ4 = 11,
-    // Codecs from the literature with side data per block (issue 13), each self-contained:
+    // Codecs from the literature with side data per block (docs/codecs.md), each self-contained:
     // keyframe every 64 rows in f16 + 4-bit residuals against it (TSC part I)
     KVG_CODEC_DELTA4 = 12,
     // the same, residual against the previous row's reconstruction (predictive, closed loop)
@@ -138,13 +138,13 @@ enum kvg_codec_type {
     // vq8 with TSC part II's fp16 fallback: per block, the 1/32 of head vectors vq8 codes worst
     // are kept in f16 instead (rotated), flagged in a bitmask
     KVG_CODEC_VQ8F = 22,
-    // water-filled quantization (issue 28): bits per coordinate by its energy, equal-bit sets
+    // water-filled quantization (classic transform coding; docs/quality.md): bits per coordinate by its energy, equal-bit sets
     // mixed, Gaussian Lloyd-Max levels; B bits per value held; the plan per (layer, kind) is
     // params.book (the store fits it on the first block it codes: kvg_wfq_train)
     KVG_CODEC_WFQ2 = 23,
     KVG_CODEC_WFQ3 = 24,
     KVG_CODEC_WFQ4 = 25,
-    // rotq's rotation and norm, then a bitshift trellis code (issue 28): B bits per value of a
+    // rotq's rotation and norm, then a bitshift trellis code (TCQ / QTIP; docs/quality.md): B bits per value of a
     // stream in which value i is the level of the 8-bit window ending with its own B bits
     // (bits before a vector's first read as 0; levels: 256 trained per B, tcq_tables.h);
     // B + 16/head_dim bits per value, as rotq

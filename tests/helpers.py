@@ -1,0 +1,24 @@
+"""Helpers the codec and kernel tests share: inputs shaped like real K/V rows, and the error
+measure their bounds are stated in."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def kv_like(rng, shape, outliers: bool = True, random_channels: bool = False) -> np.ndarray:
+    """Gaussian float32 rows with a few large-magnitude channels, as keys have (KIVI, fig. 2):
+    every (head_dim // 4)-th channel x8 (rows of 8 or more values), or with random_channels one
+    in 32 channels drawn at random."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    if random_channels:
+        x[..., rng.choice(shape[-1], max(1, shape[-1] // 32), replace=False)] *= 8.0
+    elif outliers and x.shape[-1] >= 8:
+        x[..., :: max(1, x.shape[-1] // 4)] *= 8.0
+    return x
+
+
+def rel_mse(x, y) -> float:
+    """Squared error relative to the signal's energy, summed in float64."""
+    x = np.asarray(x, dtype=np.float64)
+    return float(np.sum((x - y) ** 2) / np.sum(x**2))
