@@ -14,11 +14,11 @@ compressed cache's KL can be read as loss.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 import numpy as np
+
+from common import add_out_option, add_threads_option, command, markdown_table, write_result
 
 # name: (n_batch, Llama keyword arguments); every variant holds every value it uses exactly
 VARIANTS = {
@@ -56,8 +56,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--ctx", type=int, default=2048)
-    ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, required=True, help="path without suffix for the .md and .json")
+    add_threads_option(ap)
+    add_out_option(ap)
     args = ap.parse_args()
     from kvgguf import models
     from kvgguf.evaluation.harness import kl_top1
@@ -74,23 +74,22 @@ def main() -> None:
         logits[name] = second_half(args.model, args.ctx, args.threads, n_batch, kw)
     names = list(logits)
     kl = [[kl_top1(logits[a], logits[b])[0] for b in names] for a in names]
-    command = " ".join([".venv/bin/python benchmarks/arithmetic_floor.py", *sys.argv[1:]])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(
-        json.dumps(dict(command=command, model=args.model, ctx=args.ctx, names=names, kl=kl), indent=1) + "\n"
+    run = command(__file__, python=True)
+    cols = [f"[{c}]" for c in range(1, len(names) + 1)]
+    md = "\n".join(
+        [
+            f"`{run}` ({args.model}, {args.ctx} tokens of WikiText-2, KL(row || column) mean over "
+            f"positions [{args.ctx // 2}, {args.ctx}); every variant holds every value exactly)",
+            "",
+            markdown_table(
+                ["", "variant", *cols],
+                [[f"[{i + 1}]", name, *(f"{x:.5f}" for x in kl[i])] for i, name in enumerate(names)],
+            ),
+        ]
     )
-    cols = list(range(1, len(names) + 1))
-    lines = [
-        f"`{command}` ({args.model}, {args.ctx} tokens of WikiText-2, KL(row || column) mean over "
-        f"positions [{args.ctx // 2}, {args.ctx}); every variant holds every value exactly)",
-        "",
-        "| | variant | " + " | ".join(f"[{c}]" for c in cols) + " |",
-        "|---|---|" + "---|" * len(cols),
-    ]
-    for i, name in enumerate(names):
-        lines.append(f"| [{i + 1}] | {name} | " + " | ".join(f"{x:.5f}" for x in kl[i]) + " |")
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    result = dict(command=run, model=args.model, ctx=args.ctx, names=names, kl=kl)
+    write_result(args.out, result, md + "\n", args.threads)
+    print(md)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,8 @@ fused kernel replaces, which still leaves the attention itself to do).
 from __future__ import annotations
 
 import argparse
-import json
 import platform
-import time
+from pathlib import Path
 
 import numpy as np
 
@@ -26,19 +25,10 @@ from kvgguf.bindings.binding import get_ffi, get_lib
 from kvgguf.enums import Kind, Tier
 from kvgguf.bindings.store import KVStore
 
+from common import best_of, write_json
+
 HEAD_DIM, N_HEAD_KV, N_HEAD = 64, 3, 9
 CODECS = ("f16", "rotq4", "rotq2")
-
-
-def best_of(fn, repeat: int) -> float:
-    """Fastest of `repeat` timed calls, in seconds (one warm-up call first)."""
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def measure(codec: str, n_rows: int, repeat: int, level: int, n_tokens: int) -> dict:
@@ -130,15 +120,8 @@ def main() -> None:
     if levels == [0]:
         print("(no SIMD kernels for this CPU or build: scalar only)")
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(
-                {
-                    "shape": {"head_dim": HEAD_DIM, "n_head_kv": N_HEAD_KV, "n_head": N_HEAD, "n_tokens": args.tokens},
-                    "results": results,
-                },
-                f,
-                indent=2,
-            )
+        shape = {"head_dim": HEAD_DIM, "n_head_kv": N_HEAD_KV, "n_head": N_HEAD, "n_tokens": args.tokens}
+        write_json(Path(args.out), {"shape": shape, "results": results}, threads=1, indent=2)
 
 
 if __name__ == "__main__":

@@ -15,12 +15,13 @@ writes OUT.json and OUT.md.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from common import add_out_option, add_threads_option, command, markdown_table, write_result
 
 HERE = Path(__file__).resolve().parent
 
@@ -35,6 +36,10 @@ def spearman(a, b) -> float:
     return float(np.corrcoef(ranks(a), ranks(b))[0, 1])
 
 
+def plan_row(name: str, r: dict) -> list[str]:
+    return [name, f"{r['bits']:.2f}", f"{r['predicted']:.4f}", f"{r['measured']:.4f}"]
+
+
 def main(argv=None) -> int:
     import kvgguf
     from kvgguf.enums import Kind
@@ -47,8 +52,8 @@ def main(argv=None) -> int:
     p.add_argument("--lists", type=int, default=8, help="lists sampled (spread over layers, K and V)")
     p.add_argument("--codecs", default="kivi2,kivi4,rotq3,crotq3,rotq4", help="codecs tried on each sampled list")
     p.add_argument("--budgets", default="2.5,3.0,3.5,4.0")
-    p.add_argument("-t", "--threads", type=int, default=2)
-    p.add_argument("--out", default=str(HERE / "results" / "calibration_proxy"), help="output path without suffix")
+    add_threads_option(p)
+    add_out_option(p, HERE / "results" / "calibration_proxy")
     args = p.parse_args(argv)
     path = str(kvgguf.models.path(args.model))
     t0 = time.time()
@@ -109,7 +114,7 @@ def main(argv=None) -> int:
     res = {
         "model": Path(path).name,
         "tokens": len(tokens),
-        "command": "benchmarks/calibration_proxy.py " + " ".join(argv or sys.argv[1:]),
+        "command": command(__file__, argv or None),
         "spearman": spearman(pm[:, 0], pm[:, 1]),
         "median_ratio": float(np.median(pm[:, 0] / np.maximum(pm[:, 1], 1e-12))),
         "pairs": pairs,
@@ -117,9 +122,6 @@ def main(argv=None) -> int:
         "uniform": uniform,
         "seconds": time.time() - t0,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(res, indent=1))
     lines = [
         f"`{res['command']}` ({res['model']}, {res['tokens']} tokens of self-written text, the KL of the "
         "final logits against f16 cold rows on the same text)",
@@ -127,14 +129,13 @@ def main(argv=None) -> int:
         f"One list at one codec, {len(pairs)} pairs: Spearman rank correlation of predicted and measured KL "
         f"{res['spearman']:.2f}; median predicted/measured {res['median_ratio']:.2f}.",
         "",
-        "| plan | bits/value (compressed rows) | predicted KL (sum over lists) | measured KL |",
-        "|---|---|---|---|",
+        markdown_table(
+            ["plan", "bits/value (compressed rows)", "predicted KL (sum over lists)", "measured KL"],
+            [plan_row(f"auto:{r['budget']:g}", r) for r in plans]
+            + [plan_row(f"uniform {r['codec']}", r) for r in uniform],
+        ),
     ]
-    lines += [f"| auto:{r['budget']:g} | {r['bits']:.2f} | {r['predicted']:.4f} | {r['measured']:.4f} |" for r in plans]
-    lines += [
-        f"| uniform {r['codec']} | {r['bits']:.2f} | {r['predicted']:.4f} | {r['measured']:.4f} |" for r in uniform
-    ]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write_result(args.out, res, "\n".join(lines) + "\n", args.threads)
     print("\n".join(lines))
     return 0
 

@@ -12,14 +12,14 @@ and .json.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
-import time
 from pathlib import Path
 
 import numpy as np
 
 from kvgguf import codecs
+
+from common import best_of, markdown_table, write_json
 
 # name: (layers, KV heads, head dim)
 SHAPES = {"SmolLM2-135M": (30, 3, 64), "Gemma-3-270M": (18, 1, 256), "Llama-3.2-1B shape": (16, 8, 64)}
@@ -35,20 +35,19 @@ def time_block(name: str, heads: int, dim: int, rounds: int) -> float:
     book = codecs.train_book(name, x) if name in codecs.BOOK_CODECS else None
     c = codecs.get(name, book=book)
     c.encode(x)
-    best = float("inf")
-    for _ in range(rounds):
-        t = time.perf_counter()
+
+    def eight():
         for _ in range(8):
             c.encode(x)
-        best = min(best, (time.perf_counter() - t) / 8)
-    return best
+
+    return best_of(eight, rounds, warm_up=False) / 8
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--codecs", default=",".join(CODECS))
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out", default="benchmarks/results/tcq")
+    ap.add_argument("--out", default="benchmarks/results/tcq", help="folder for encode_cost.json and .md")
     args = ap.parse_args()
     names = [n for n in args.codecs.split(",") if n]
     rows = []
@@ -74,14 +73,15 @@ def main() -> None:
         f"One thread, {level}, {platform.machine()}; a block of {BLOCK} rows coded, scaled to one token "
         "(every layer, K and V).",
         "",
-        "| model | codec | ns per value | ms per evicted token |",
-        "|---|---|---|---|",
+        markdown_table(
+            ["model", "codec", "ns per value", "ms per evicted token"],
+            [[r["model"], r["codec"], f"{r['ns_per_value']:.1f}", f"{r['ms_per_token']:.2f}"] for r in rows],
+        ),
     ]
-    lines += [f"| {r['model']} | {r['codec']} | {r['ns_per_value']:.1f} | {r['ms_per_token']:.2f} |" for r in rows]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "encode_cost.md").write_text("\n".join(lines) + "\n")
-    (out / "encode_cost.json").write_text(json.dumps({"command": cmd, "simd": level, "rows": rows}, indent=1) + "\n")
+    write_json(out / "encode_cost.json", {"command": cmd, "simd": level, "rows": rows}, threads=1)
     print("\n".join(lines))
 
 

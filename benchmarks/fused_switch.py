@@ -12,10 +12,9 @@ benchmarks/results/fused_switch.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-import time
 from pathlib import Path
+
+from common import add_out_option, add_threads_option, best_of, command, markdown_table, write_result
 
 HERE = Path(__file__).resolve().parent
 
@@ -46,13 +45,11 @@ def measure(
     llm.eval(tokens[:base])
     out = {}
     for t in sizes:
-        times = []
-        for _ in range(reps):
+
+        def rewind():
             llm.n_tokens = base  # the next eval removes what the previous one added
-            t0 = time.perf_counter()
-            llm.eval(tokens[base : base + t])
-            times.append(time.perf_counter() - t0)
-        out[t] = min(times)
+
+        out[t] = best_of(lambda: llm.eval(tokens[base : base + t]), reps, warm_up=False, before=rewind)
     llm.close()
     return out
 
@@ -64,8 +61,8 @@ def main(argv=None) -> int:
     p.add_argument("--ctx", type=int, default=8192)
     p.add_argument("--tokens", default="1,4,8,16,32,64", help="ubatch sizes")
     p.add_argument("--reps", type=int, default=5, help="repetitions per size (the fastest counts)")
-    p.add_argument("-t", "--threads", type=int, default=2)
-    p.add_argument("--out", default=str(HERE / "results" / "fused_switch"))
+    add_threads_option(p)
+    add_out_option(p, HERE / "results" / "fused_switch")
     args = p.parse_args(argv)
 
     import kvgguf
@@ -85,31 +82,26 @@ def main(argv=None) -> int:
         "seconds per llama_decode of a ubatch of T tokens (fastest of "
         f"{args.reps}).",
         "",
-        "| T | fused s | expand s | fused / expand |",
-        "|---:|---:|---:|---:|",
+        markdown_table(
+            ["T", "fused s", "expand s", "fused / expand"],
+            [
+                [t, f"{res['fused'][t]:.4f}", f"{res['expand'][t]:.4f}", f"{res['fused'][t] / res['expand'][t]:.2f}"]
+                for t in sizes
+            ],
+            align="---:",
+        ),
     ]
-    for t in sizes:
-        f, e = res["fused"][t], res["expand"][t]
-        lines.append(f"| {t} | {f:.4f} | {e:.4f} | {f / e:.2f} |")
     md = "\n".join(lines)
     print(md)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(
-        json.dumps(
-            {
-                "command": "benchmarks/fused_switch.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-                "model": args.model,
-                "codec": args.codec,
-                "ctx": args.ctx,
-                "threads": args.threads,
-                "seconds": {a: {str(t): s for t, s in r.items()} for a, r in res.items()},
-            },
-            indent=1,
-        )
-        + "\n"
-    )
-    out.with_suffix(".md").write_text(md + "\n")
+    result = {
+        "command": command(__file__, argv),
+        "model": args.model,
+        "codec": args.codec,
+        "ctx": args.ctx,
+        "threads": args.threads,
+        "seconds": {a: {str(t): s for t, s in r.items()} for a, r in res.items()},
+    }
+    write_result(args.out, result, md + "\n", args.threads)
     return 0
 
 

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import command, markdown_table, write_json
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -74,25 +76,43 @@ def main() -> int:
         "how": "bash scripts/fuzz.sh --runs N --fresh: one process per target, one at a time, "
         "-max_len=16384, -rss_limit_mb=2048, -timeout=30",
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "fuzz.json").write_text(json.dumps(result, indent=2) + "\n")
-    md = [
-        f"Command: `benchmarks/fuzz.py {' '.join(sys.argv[1:])}`",
-        "",
-        "| target | what it reads | inputs | crashes | seconds | inputs/s | corpus (files, KiB) | edges / features |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
+    # one fuzzing process at a time, each on one thread
+    write_json(args.out / "fuzz.json", result, threads=1, indent=2)
+    md = [f"Command: `{command(__file__)}`", ""]
     what = {
         "decode": "kvg_decode, every codec (scalar and SIMD compared)",
         "store": "kvg_store_append_encoded, then decode / decode_f16 / hooks / attend / truncate / retier",
         "session": ".kvz parser (session.parse, llama.cpp's two queries faked)",
     }
-    for r in rows:
-        md.append(
-            f"| {r['target']} | {what.get(r['target'], '')} | {r['inputs']:,} | {r['crashes']} | "
-            f"{r['seconds']:.0f} | {r['inputs_per_second']:,} | {r['corpus_files']}, "
-            f"{r['corpus_bytes'] / 1024:.0f} | {r['cov']} / {r['features']} |"
+    header = [
+        "target",
+        "what it reads",
+        "inputs",
+        "crashes",
+        "seconds",
+        "inputs/s",
+        "corpus (files, KiB)",
+        "edges / features",
+    ]
+    md.append(
+        markdown_table(
+            header,
+            [
+                [
+                    r["target"],
+                    what.get(r["target"], ""),
+                    f"{r['inputs']:,}",
+                    r["crashes"],
+                    f"{r['seconds']:.0f}",
+                    f"{r['inputs_per_second']:,}",
+                    f"{r['corpus_files']}, {r['corpus_bytes'] / 1024:.0f}",
+                    f"{r['cov']} / {r['features']}",
+                ]
+                for r in rows
+            ],
+            align=["---", "---"] + ["---:"] * 6,
         )
+    )
     md.append("")
     md.append(
         f"{args.inputs:,} inputs per target from a fresh corpus (libFuzzer seed {args.seed}); "

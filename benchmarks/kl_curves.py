@@ -14,9 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Optional
+
+from common import add_out_option, command, markdown_table, result_path
 
 FAMILIES = (  # (pattern on the cache name, family); the first match wins
     (r"^rotq\d$", "rotq (rotation + Lloyd-Max)"),
@@ -64,16 +65,24 @@ def markdown(meta: dict, commands: list[str], rows: list[dict], made_by: str) ->
     head = [f"`{made_by}` over the `kvgguf eval` results below."]
     head += [f"{meta['model']}, ctx {meta['ctx']} x {meta['chunks']} chunks, batches of {meta['batch']}."]
     head += [f"[{i}] {c}" for i, c in enumerate(commands, 1)] if len(commands) > 1 else commands
-    lines = [
-        "| family | cache | bits/value held | of which cold rows | KL mean | KL p99 | top-1 | ppl | run |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['family']} | {r['name']} | {r['bits_per_value']:.2f} | {_bits(r['cold_bits_per_value'])} | "
-            f"{r['kl_mean']:.5f} | {r['kl_p99']:.4f} | {r['top1']:.3f} | {r['ppl']:.2f} | {r['run']} |"
-        )
-    return "\n\n".join(head) + "\n\n" + "\n".join(lines) + "\n"
+    table = markdown_table(
+        ["family", "cache", "bits/value held", "of which cold rows", "KL mean", "KL p99", "top-1", "ppl", "run"],
+        [
+            [
+                r["family"],
+                r["name"],
+                f"{r['bits_per_value']:.2f}",
+                _bits(r["cold_bits_per_value"]),
+                f"{r['kl_mean']:.5f}",
+                f"{r['kl_p99']:.4f}",
+                f"{r['top1']:.3f}",
+                f"{r['ppl']:.2f}",
+                r["run"],
+            ]
+            for r in rows
+        ],
+    )
+    return "\n\n".join(head) + "\n\n" + table + "\n"
 
 
 def _bits(b) -> str:
@@ -121,16 +130,16 @@ def plot(meta: dict, rows: list[dict], path: Path, target: Optional[tuple[float,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="kvgguf eval result JSONs")
-    ap.add_argument("--out", type=Path, required=True, help="path without suffix for the .md and .png")
+    add_out_option(ap, writes=".md and .png")
     ap.add_argument("--target", help="BITS,KL: a goal to mark on the plot of bits held (e.g. 3.0,0.012)")
     args = ap.parse_args()
     meta, commands, rows = merge(args.runs)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    made_by = " ".join([".venv/bin/python benchmarks/kl_curves.py", *sys.argv[1:]])
-    args.out.with_suffix(".md").write_text(markdown(meta, commands, rows, made_by))
+    made_by = command(__file__, python=True)
+    result_path(args.out, ".md").write_text(markdown(meta, commands, rows, made_by))
     target = tuple(float(x) for x in args.target.split(",")) if args.target else None
-    plot(meta, rows, args.out.with_suffix(".png"), target)
-    print(args.out.with_suffix(".md").read_text())
+    plot(meta, rows, result_path(args.out, ".png"), target)
+    print(result_path(args.out, ".md").read_text())
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ ROOT = HERE.parent
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
+from common import add_out_option, add_threads_option, command, markdown_table, write_result  # noqa: E402
+
 # Codecs every claim is measured against: rotq at every width gives the equal-bits baseline.
 BASELINES = ["rotq1", "rotq2", "rotq3", "rotq4", "kivi2", "kivi4"]
 CAL = " (calibrated codebooks)"  # the harness's row name for pq2/vq8 on a calibrated model's codebooks
@@ -523,16 +525,26 @@ def markdown(meta: dict, verdicts: list[Verdict], rows: dict[str, Row]) -> str:
             "bits like a sequence's own."
         ),
         "",
-        "| claim | the seed says | measured here | verdict |",
-        "|---|---|---|---|",
+        markdown_table(
+            ["claim", "the seed says", "measured here", "verdict"],
+            [[v.source, v.claim, v.ours or "-", f"**{v.verdict}**"] for v in verdicts],
+        ),
+        "",
+        markdown_table(
+            ["cache", "bits/value held", "x f16", "KL", "top-1", "PPL (f16 ref)"],
+            [
+                [
+                    r.name,
+                    f"{r.bits:.3f}",
+                    f"{r.x_f16:.1f}",
+                    f"{r.kl:.4f}",
+                    f"{r.top1:.3f}",
+                    f"{r.ppl:.3f} ({r.ppl_ref:.3f})",
+                ]
+                for r in sorted(rows.values(), key=lambda r: r.bits)
+            ],
+        ),
     ]
-    for v in verdicts:
-        lines.append(f"| {v.source} | {v.claim} | {v.ours or '-'} | **{v.verdict}** |")
-    lines += ["", "| cache | bits/value held | x f16 | KL | top-1 | PPL (f16 ref) |", "|---|---|---|---|---|---|"]
-    for r in sorted(rows.values(), key=lambda r: r.bits):
-        lines.append(
-            f"| {r.name} | {r.bits:.3f} | {r.x_f16:.1f} | {r.kl:.4f} | {r.top1:.3f} | {r.ppl:.3f} ({r.ppl_ref:.3f}) |"
-        )
     return "\n".join(lines) + "\n"
 
 
@@ -546,8 +558,8 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--codecs", default=",".join(BASELINES + SEED_CODECS), help="kvgguf codecs to run (comma-separated)"
     )
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "literature_claims" / "literature_claims")
+    add_threads_option(ap)
+    add_out_option(ap, HERE / "results" / "literature_claims" / "literature_claims")
     ap.add_argument(
         "--codebooks",
         choices=("sequence", "calibration"),
@@ -612,26 +624,19 @@ def measure(args, argv, path: str, old: Optional[dict]) -> int:
         "hot": args.hot,
         "codebooks": args.codebooks,
         "seconds": round(time.perf_counter() - t0, 1),
-        "command": "benchmarks/literature_claims.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command(__file__, argv),
     }
     if reused:
         meta["reused"] = reuse_groups(old, str(args.reuse), set(reused))
         meta["surprisal_from"] = surprisal_origin(old)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(
-        json.dumps(
-            {
-                "meta": meta,
-                "rows": {k: asdict(r) for k, r in rows.items()},
-                "surprisal": stats,
-                "verdicts": [asdict(v) for v in verdicts],
-            },
-            indent=1,
-        )
-        + "\n"
-    )
+    result = {
+        "meta": meta,
+        "rows": {k: asdict(r) for k, r in rows.items()},
+        "surprisal": stats,
+        "verdicts": [asdict(v) for v in verdicts],
+    }
     md = markdown(meta, verdicts, rows)
-    args.out.with_suffix(".md").write_text(md)
+    write_result(args.out, result, md, args.threads)
     print(md)
     return 0
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import resource
 import statistics
 import subprocess
@@ -30,27 +29,18 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from common import (
+    add_out_option,
+    add_threads_option,
+    busy_cpus,
+    command,
+    markdown_table,
+    progress,
+    rss_bytes,
+    write_result,
+)
+
 HERE = Path(__file__).resolve().parent
-
-
-def busy_cpus(seconds: float = 1.0) -> float:
-    """CPUs busy with other work over the next second (from /proc/stat; the load average would
-    still count the previous configuration's own run)."""
-
-    def sample():
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        return sum(v), v[3] + v[4]  # total, idle + iowait
-
-    t0, i0 = sample()
-    time.sleep(seconds)
-    t1, i1 = sample()
-    return (os.cpu_count() or 1) * (1 - (i1 - i0) / max(t1 - t0, 1))
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def run_one(model: str, n_ctx: int, cache: str, n_decode: int, threads: int, batch: int) -> dict:
@@ -175,23 +165,41 @@ def spread(row: dict, key: str, digits: int) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    head = (
-        "| context | cache | KV held (kv_memory) | bits/value | vs f16 | compute scratch (peak) | RSS growth | "
-        "prefill tok/s | prefill vs f16 best | decode tok/s | decode vs f16 best |"
-    )
-    lines = [head, "|" + "---|" * 11]
+    header = [
+        "context",
+        "cache",
+        "KV held (kv_memory)",
+        "bits/value",
+        "vs f16",
+        "compute scratch (peak)",
+        "RSS growth",
+        "prefill tok/s",
+        "prefill vs f16 best",
+        "decode tok/s",
+        "decode vs f16 best",
+    ]
+    body = []
     for r in rows:
         base = stock_best(rows, r["model"], r["n_ctx"])
         ratio = f"1/{base['kv_bytes'] / r['kv_bytes']:.1f}" if base else "n/a"
         speed = f"{r['decode_tok_s'] / base['decode_tok_s']:.2f}x" if base else "n/a"
         prefill = f"{r['prefill_tok_s'] / base['prefill_tok_s']:.2f}x" if base else "n/a"
-        lines.append(
-            f"| {r['n_ctx'] // 1024}K | {r['cache']} | {r['kv_bytes'] / 2**20:.1f} MiB | "
-            f"{r['bits_per_value']:.2f} | {ratio} | {r.get('compute_bytes', 0) / 2**20:.1f} MiB | "
-            f"{r['rss_growth_bytes'] / 2**20:.0f} MiB | {spread(r, 'prefill_tok_s', 0)} | {prefill} | "
-            f"{spread(r, 'decode_tok_s', 1)} | {speed} |"
+        body.append(
+            [
+                f"{r['n_ctx'] // 1024}K",
+                r["cache"],
+                f"{r['kv_bytes'] / 2**20:.1f} MiB",
+                f"{r['bits_per_value']:.2f}",
+                ratio,
+                f"{r.get('compute_bytes', 0) / 2**20:.1f} MiB",
+                f"{r['rss_growth_bytes'] / 2**20:.0f} MiB",
+                spread(r, "prefill_tok_s", 0),
+                prefill,
+                spread(r, "decode_tok_s", 1),
+                speed,
+            ]
         )
-    return "\n".join(lines)
+    return markdown_table(header, body)
 
 
 def main(argv=None) -> int:
@@ -215,9 +223,9 @@ def main(argv=None) -> int:
         default=256,
         help="prefill batch (n_batch = n_ubatch); kvgguf splits it into its config's ubatch",
     )
-    p.add_argument("-t", "--threads", type=int, default=2)
+    add_threads_option(p)
     p.add_argument("--repeats", type=int, default=1, help="runs of each configuration (speeds: their median)")
-    p.add_argument("--out", default=str(HERE / "results" / "live_cache"), help="output path without suffix")
+    add_out_option(p, HERE / "results" / "live_cache")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     contexts = [int(c) for c in args.contexts.split(",")]
@@ -248,7 +256,7 @@ def main(argv=None) -> int:
         busy = busy_cpus()
         # llama.cpp's threads spin: anything else running makes decode several times slower.
         note = f" ({busy:.2f} CPUs busy: the machine is not idle, speed figures are unreliable)" if busy > 0.2 else ""
-        print(f"[{time.strftime('%H:%M:%S')}] {n_ctx} {cache} ...{note}", file=sys.stderr, flush=True)
+        progress(f"{n_ctx} {cache} ...{note}")
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE)
         if out.returncode != 0:
             raise SystemExit(f"{n_ctx} {cache} failed:\n{out.stderr[-3000:]}")
@@ -256,20 +264,19 @@ def main(argv=None) -> int:
         print(table(runs[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     rows = median_rows(runs)
     result = {
-        "command": "benchmarks/live_cache.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command(__file__, argv),
         "threads": args.threads,
         "repeats": args.repeats,
         "rows": rows,
         "runs": runs,
     }
-    Path(args.out + ".json").write_text(json.dumps(result, indent=2))
     md = (
         f"`{result['command']}` ({args.model}, {args.threads} threads; flash attention on unless the row says "
         f"off; ratios against stock f16 at its best, per phase"
         + (f"; speeds are medians of {args.repeats} runs, their range in brackets" if args.repeats > 1 else "")
         + f")\n\n{table(rows)}\n"
     )
-    Path(args.out + ".md").write_text(md)
+    write_result(args.out, result, md, args.threads, indent=2)
     print(md)
     return 0
 

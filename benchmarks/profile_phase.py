@@ -29,7 +29,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from live_cache import busy_cpus, model_path  # noqa: E402
+from common import add_out_option, add_threads_option, busy_cpus, command, markdown_table, write_result  # noqa: E402
+from live_cache import model_path  # noqa: E402
 
 # Symbol -> group, first match wins. llama.cpp's CPU library is stripped of its static functions
 # (the repacked Q4_0 matmul kernels among them): its unnamed addresses count as "weights and other
@@ -143,14 +144,10 @@ def run_one(model: str, n_ctx: int, cache: str, phase: str, n_decode: int, threa
 
 def table(rows: list[dict]) -> str:
     names = [g for g, _ in GROUPS] + ["other"]
-    lines = [
-        "| cache | tok/s | " + " | ".join(names) + " |",
-        "|---|---|" + "---|" * len(names),
-    ]
-    for r in rows:
-        shares = " | ".join(f"{r['groups'].get(g, 0.0):.1f}%" for g in names)
-        lines.append(f"| {r['cache']} | {r['tok_s']:.2f} | {shares} |")
-    return "\n".join(lines)
+    return markdown_table(
+        ["cache", "tok/s", *names],
+        [[r["cache"], f"{r['tok_s']:.2f}", *(f"{r['groups'].get(g, 0.0):.1f}%" for g in names)] for r in rows],
+    )
 
 
 def main(argv=None) -> int:
@@ -160,8 +157,8 @@ def main(argv=None) -> int:
     ap.add_argument("--phase", choices=("prefill", "decode"), default="decode")
     ap.add_argument("--caches", default="f16,f16:fa0,tiered")
     ap.add_argument("--decode", type=int, default=32, help="tokens decoded one at a time")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "profile" / "profile")
+    add_threads_option(ap)
+    add_out_option(ap, HERE / "results" / "profile" / "profile")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a child: run this cache, print JSON
     args = ap.parse_args(argv)
     if args.one:
@@ -179,16 +176,12 @@ def main(argv=None) -> int:
             return out.returncode
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(f"{cache}: {rows[-1]['tok_s']:.2f} tok/s, {rows[-1]['groups']}", file=sys.stderr)
-    command = "benchmarks/profile_phase.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.parent.joinpath(args.out.name + ".json").write_text(
-        json.dumps({"command": command, "rows": rows}, indent=1) + "\n"
-    )
+    run = command(__file__, argv)
     md = (
-        f"`{command}`\n\n{args.phase} at {args.ctx} tokens on {args.model}, {args.threads} threads; "
+        f"`{run}`\n\n{args.phase} at {args.ctx} tokens on {args.model}, {args.threads} threads; "
         f"share of perf's cpu-clock samples (all threads) per group\n\n{table(rows)}\n"
     )
-    args.out.parent.joinpath(args.out.name + ".md").write_text(md)
+    write_result(args.out, {"command": run, "rows": rows}, md, args.threads)
     print(md)
     return 0
 

@@ -25,11 +25,18 @@ file. What each section is made from:
 - literature_claims: benchmarks/results/literature_claims/*.md (benchmarks/literature_claims.py)
 
 docs/sessions.md's `sessions` section is written by `benchmarks/sessions.py --readme docs/sessions.md`.
+
+Under each result copied, a line says what measured it (commit, llama.cpp build, machine, threads)
+where the result's JSON (the .md's sibling) records its provenance; results from before
+provenance was recorded get no such line.
 """
 
+import json
 import os
 import re
 from pathlib import Path
+
+from common import markdown_table, provenance_line
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -41,6 +48,24 @@ def usage(here: Path) -> str:
         "Output of `.venv/bin/python benchmarks/usage_example.py` (the code above, run as written, on a "
         "model without a calibration: the fixed preset):\n\n```text\n" + out + "\n```"
     )
+
+
+def provenance_note(md: Path) -> str:
+    """The provenance line of the result whose table md is (from its sibling .json), or "" when
+    that result recorded none."""
+    result = md.with_suffix(".json")
+    if not result.exists():
+        return ""
+    recorded = json.loads(result.read_text())
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("provenance"), dict):
+        return ""
+    return provenance_line(recorded["provenance"])
+
+
+def result_text(md: Path) -> str:
+    """A result's markdown as sections show it: its table, then its provenance line if it has one."""
+    note = provenance_note(md)
+    return md.read_text().strip() + (f"\n\n{note}" if note else "")
 
 
 def table_rows(md: Path, key) -> tuple[str, dict]:
@@ -77,15 +102,7 @@ def headline(here: Path) -> str:
     quality_cmd, quality = table_rows(quality_md, lambda r: r["cache"])
     speed_cmd, speed = table_rows(speed_md, lambda r: (r["context"], r["cache"]))
     older_cmd, older = table_rows(older_speed_md, lambda r: (r["context"], r["cache"]))
-    lines = [
-        f"SmolLM2-135M, 8,192 tokens of WikiText-2, 2 threads, flash attention on. Memory and quality: "
-        f"`{quality_cmd}`; speed against stock f16 at its best (flash attention on or off, the faster "
-        f"per phase): `{speed_cmd}`; for q4_0, which that run did not hold, `{older_cmd}` (an earlier "
-        f"day, against f16 with flash attention on: marked *).",
-        "",
-        "| cache | from | KV held | bits/value held | KL mean | top-1 | prefill vs stock best | decode vs stock best |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    body = []
     for cache in HEADLINE_CACHES:
         q = pick(quality, cache, quality_md)
         if ("8K", cache) in speed:
@@ -94,10 +111,32 @@ def headline(here: Path) -> str:
         else:
             s = pick(older, ("8K", cache), older_speed_md)
             prefill, decode = s["prefill vs f16"] + "*", s["decode vs f16"] + "*"
-        lines.append(
-            f"| {cache} | {q['from']} | {q['KV held (peak)']} | {q['bits/value held']} | {q['KL mean']} | "
-            f"{q['top-1']} | {prefill} | {decode} |"
+        body.append(
+            [cache, q["from"], q["KV held (peak)"], q["bits/value held"], q["KL mean"], q["top-1"], prefill, decode]
         )
+    header = [
+        "cache",
+        "from",
+        "KV held",
+        "bits/value held",
+        "KL mean",
+        "top-1",
+        "prefill vs stock best",
+        "decode vs stock best",
+    ]
+    lines = [
+        f"SmolLM2-135M, 8,192 tokens of WikiText-2, 2 threads, flash attention on. Memory and quality: "
+        f"`{quality_cmd}`; speed against stock f16 at its best (flash attention on or off, the faster "
+        f"per phase): `{speed_cmd}`; for q4_0, which that run did not hold, `{older_cmd}` (an earlier "
+        f"day, against f16 with flash attention on: marked *).",
+        "",
+        markdown_table(header, body),
+    ]
+    # the table draws on three results: each one's provenance, named, where it has one
+    for md in (quality_md, speed_md, older_speed_md):
+        note = provenance_note(md)
+        if note:
+            lines += ["", f"{md.relative_to(RESULTS).with_suffix('').as_posix()}: {note}"]
     return "\n".join(lines)
 
 
@@ -106,12 +145,12 @@ SHAPES_HEADLINE = ("llama-3.2-1b_fused_prefill", "llama-3.2-1b_32k_fused")  # th
 
 def shapes(here: Path) -> str:
     """Speed and memory on real shapes (benchmarks/shapes.py), every cache in the same run."""
-    return "\n\n".join((RESULTS / "shapes" / f"{name}.md").read_text().strip() for name in SHAPES_HEADLINE)
+    return "\n\n".join(result_text(RESULTS / "shapes" / f"{name}.md") for name in SHAPES_HEADLINE)
 
 
 def folder_tables(folder: str) -> str:
     """Every result table of benchmarks/results/<folder>, in name order."""
-    return "\n\n".join(md.read_text().strip() for md in sorted((RESULTS / folder).glob("*.md")))
+    return "\n\n".join(result_text(md) for md in sorted((RESULTS / folder).glob("*.md")))
 
 
 def shapes_all(here: Path) -> str:
@@ -128,7 +167,7 @@ LIVE_FIRST = ("live_cache_4k_8k_dense", "live_cache_4k_8k_stock_best", "live_cac
 
 def live(here: Path) -> str:
     mds = sorted(RESULTS.glob("live_cache_*.md"), key=lambda md: (md.stem not in LIVE_FIRST, md.stem))
-    return "\n\n".join(md.read_text().strip() for md in mds)
+    return "\n\n".join(result_text(md) for md in mds)
 
 
 def with_plots(mds, here: Path) -> str:
@@ -136,7 +175,7 @@ def with_plots(mds, here: Path) -> str:
     the folder `here` of the file the section goes into)."""
     parts = []
     for md in mds:
-        part = md.read_text().strip()
+        part = result_text(md)
         png = md.with_suffix(".png")
         if png.exists():
             part += f"\n\n![KL against bits per value]({Path(os.path.relpath(png, here)).as_posix()})"
@@ -157,14 +196,12 @@ def curves(here: Path) -> str:
 def floor(here: Path) -> str:
     """KL between exact caches that sum in another order: the floor under every eval row."""
     mds = sorted((RESULTS / "floor").glob("*.md"), key=lambda md: ("swa_ring" in md.stem, "gemma" in md.stem, md.stem))
-    return "\n\n".join(md.read_text().strip() for md in mds)
+    return "\n\n".join(result_text(md) for md in mds)
 
 
 def recall(here: Path) -> str:
     return "\n\n".join(
-        md.read_text().strip()
-        for md in sorted(RESULTS.glob("retrieval_*.md"))
-        if not md.stem.startswith("retrieval_preset")
+        result_text(md) for md in sorted(RESULTS.glob("retrieval_*.md")) if not md.stem.startswith("retrieval_preset")
     )
 
 
@@ -191,7 +228,7 @@ def keep(here: Path) -> str:
 
 
 def sessions_auto(here: Path) -> str:
-    return (RESULTS / "sessions_auto.md").read_text().strip()
+    return result_text(RESULTS / "sessions_auto.md")
 
 
 def literature_claims(here: Path) -> str:
@@ -199,7 +236,7 @@ def literature_claims(here: Path) -> str:
 
 
 def shared_cache(here: Path) -> str:
-    return (RESULTS / "shared_cache.md").read_text().strip()
+    return result_text(RESULTS / "shared_cache.md")
 
 
 # marker name -> (the file, relative to the repository, that holds its markers; what writes its body)

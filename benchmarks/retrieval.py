@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
+
+from common import add_out_option, add_threads_option, command, markdown_table, progress, write_result
 
 HERE = Path(__file__).resolve().parent
 LLAMA_TYPES = ("f16", "q8_0", "q5_1", "q4_0", "iq4_nl")
@@ -82,31 +83,30 @@ def tables(rows: list[dict]) -> str:
     contexts = sorted({r["n_tokens"] for r in rows})
     caches = list(dict.fromkeys(r["cache"] for r in rows))
     at = {(r["cache"], r["n_tokens"]): r for r in rows}
-    head = "| cache | " + " | ".join(f"{n} tokens: found (bits held)" for n in contexts) + " |"
-    lines = [head, "|" + "---|" * (1 + len(contexts))]
+    head = ["cache", *(f"{n} tokens: found (bits held)" for n in contexts)]
+    found = []
     for c in caches:
         cells = []
         for n in contexts:
             r = at.get((c, n))
             cells.append(f"{r['found']}/{r['asked']} ({r['bits_per_value']:.2f})" if r else "")
-        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+        found.append([c, *cells])
     depths = sorted({d for r in rows for d in r["by_depth"]}, key=float)
-    lines += [
-        "",
-        "Found per depth of the fact (0.1: near the start of the document, asked for furthest back):",
-        "",
-        "| cache | context | " + " | ".join(depths) + " |",
-        "|" + "---|" * (2 + len(depths)),
-    ]
+    by_depth = []
     for c in caches:
         for n in contexts:
             r = at.get((c, n))
             if r:
-                lines.append(
-                    f"| {c} | {n} | "
-                    + " | ".join("{}/{}".format(*r["by_depth"][d]) if d in r["by_depth"] else "" for d in depths)
-                    + " |"
+                by_depth.append(
+                    [c, n, *("{}/{}".format(*r["by_depth"][d]) if d in r["by_depth"] else "" for d in depths)]
                 )
+    lines = [
+        markdown_table(head, found),
+        "",
+        "Found per depth of the fact (0.1: near the start of the document, asked for furthest back):",
+        "",
+        markdown_table(["cache", "context", *depths], by_depth),
+    ]
     return "\n".join(lines)
 
 
@@ -123,14 +123,14 @@ def main(argv=None) -> int:
     )
     p.add_argument("--documents", type=int, default=2, help="documents per context (5 facts each)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("-t", "--threads", type=int, default=2)
-    p.add_argument("--out", default=str(HERE / "results" / "retrieval"), help="output path without suffix")
+    add_threads_option(p)
+    add_out_option(p, HERE / "results" / "retrieval")
     args = p.parse_args(argv)
     path = str(kvgguf.models.path(args.model))
     rows = []
     for n in [int(c) for c in args.contexts.split(",")]:
         for cache in args.caches.split(","):
-            print(f"[{time.strftime('%H:%M:%S')}] {n} tokens, {cache}", file=sys.stderr, flush=True)
+            progress(f"{n} tokens, {cache}")
             r = run_cache(path, cache, n, args.documents, args.threads, args.seed)
             print(
                 f"  {r['found']}/{r['asked']} found at {r['bits_per_value']:.2f} bits held", file=sys.stderr, flush=True
@@ -142,17 +142,12 @@ def main(argv=None) -> int:
 
 
 def write(args, argv, rows: list[dict]) -> str:
-    result = {
-        "command": "benchmarks/retrieval.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "model": args.model,
-        "rows": rows,
-    }
-    Path(args.out + ".json").write_text(json.dumps(result, indent=2))
+    result = {"command": command(__file__, argv), "model": args.model, "rows": rows}
     md = (
         f"`{result['command']}` ({args.model}; {args.documents} documents of 5 facts per context, "
         f"greedy answers; f16 is llama.cpp's own cache)\n\n{tables(rows)}\n"
     )
-    Path(args.out + ".md").write_text(md)
+    write_result(args.out, result, md, args.threads, indent=2)
     return md
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import sys
 import tempfile
@@ -21,6 +20,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from common import add_out_option, add_threads_option, markdown_table, provenance_line, write_result
 
 HERE = Path(__file__).resolve().parent
 NEXT = 256
@@ -95,8 +96,8 @@ def main(argv=None) -> int:
         "entropy-coded); the default of save_session is rotq4/rotq3+zstd",
     )
     p.add_argument("--batch", type=int, default=512)
-    p.add_argument("-t", "--threads", type=int, default=2)
-    p.add_argument("--out", default=str(HERE / "results" / "sessions"))
+    add_threads_option(p)
+    add_out_option(p, HERE / "results" / "sessions")
     p.add_argument("--readme", help="also put the table into this README between the sessions markers")
     args = p.parse_args(argv)
 
@@ -155,20 +156,20 @@ def main(argv=None) -> int:
         for r in rows.values():
             r["fraction_of_f16"] = r["bytes"] / f16
         results["contexts"][str(n)] = rows
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out + ".json").write_text(json.dumps(results, indent=1))
-    Path(args.out + ".md").write_text(markdown(results))
+    written = write_result(args.out, results, markdown(results), args.threads)
     print(markdown(results))
     if args.readme:
-        write_readme(Path(args.readme), markdown(results))
+        write_readme(Path(args.readme), markdown(results), provenance_line(written["provenance"]))
     return 0
 
 
-def write_readme(path: Path, table: str) -> None:
-    begin, end = "<!-- sessions:begin -->", "<!-- sessions:end -->"
+def write_readme(path: Path, table: str, provenance: str) -> None:
+    """The table and its provenance between the file's sessions markers (readme_sections' way)."""
+    from readme_sections import replace
+
     text = path.read_text(encoding="utf-8")
-    a, b = text.index(begin) + len(begin), text.index(end)
-    path.write_text(text[:a] + "\n" + table.strip() + "\n" + text[b:], encoding="utf-8")
+    body = table.strip() + "\n\n" + provenance
+    path.write_text(replace(text, "sessions", body, str(path)), encoding="utf-8")
 
 
 def markdown(results: dict) -> str:
@@ -181,15 +182,24 @@ def markdown(results: dict) -> str:
         lines += [
             f"**{n} tokens of context**",
             "",
-            "| session | file MiB | of f16 file | save s | load s | KL | top-1 |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            markdown_table(
+                ["session", "file MiB", "of f16 file", "save s", "load s", "KL", "top-1"],
+                [
+                    [
+                        name,
+                        f"{r['bytes'] / 2**20:.2f}",
+                        f"1/{1 / r['fraction_of_f16']:.2f}",
+                        f"{r['save_s']:.2f}",
+                        f"{r['load_s']:.2f}",
+                        f"{r['kl']:.4f}",
+                        f"{r['top1']:.3f}",
+                    ]
+                    for name, r in rows.items()
+                ],
+                align=["---"] + ["---:"] * 6,
+            ),
+            "",
         ]
-        for name, r in rows.items():
-            lines.append(
-                f"| {name} | {r['bytes'] / 2**20:.2f} | 1/{1 / r['fraction_of_f16']:.2f} | "
-                f"{r['save_s']:.2f} | {r['load_s']:.2f} | {r['kl']:.4f} | {r['top1']:.3f} |"
-            )
-        lines.append("")
         for name, r in rows.items():
             if "kl_vs_same_cache_unsaved" in r:
                 lines += [

@@ -21,7 +21,6 @@ server B's RSS before and after.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import threading
@@ -33,6 +32,15 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
+from common import (  # noqa: E402
+    add_out_option,
+    add_threads_option,
+    command,
+    markdown_table,
+    progress,
+    rss_bytes,
+    write_result,
+)
 from servers import RedisServer, get_json, kvgguf_serve, redis_server_binary  # noqa: E402
 
 QUESTIONS = [
@@ -53,9 +61,7 @@ def _rss_kib(pid_of_port: int) -> int:
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             if b"serve" in cmd and str(pid_of_port).encode() in cmd:
-                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                    if line.startswith("VmRSS:"):
-                        return int(line.split()[1])
+                return rss_bytes(pid) // 1024
         except OSError:
             continue
     return 0
@@ -193,9 +199,9 @@ def main(argv=None) -> int:
     p.add_argument("--doc-tokens", type=int, default=4096)
     p.add_argument("--clients", default="1,4,8")
     p.add_argument("--seconds", type=float, default=60.0, help="seconds of load per client count")
-    p.add_argument("-t", "--threads", type=int, default=2)
+    add_threads_option(p)
     p.add_argument("--chunks", default="16,32,64,128,256", help="index chunk sizes to time (tokens)")
-    p.add_argument("--out", default=str(HERE / "results" / "shared_cache"))
+    add_out_option(p, HERE / "results" / "shared_cache")
     args = p.parse_args(argv)
 
     model = str(kvgguf.models.path(args.model))
@@ -239,19 +245,18 @@ def main(argv=None) -> int:
                 port = int(b.rsplit(":", 1)[1])
                 rss0 = _rss_kib(port)
                 for n in (int(x) for x in args.clients.split(",")):
-                    print(f"[{time.strftime('%H:%M:%S')}] load: {n} clients for {args.seconds:.0f} s", flush=True)
+                    progress(f"load: {n} clients for {args.seconds:.0f} s", sys.stdout)
                     results["load"].append(load(b, doc, n, args.seconds))
                 results["rss_kib"] = {"before_load": rss0, "after_load": _rss_kib(port)}
                 results["redis_after_load"] = redis_bytes(client)
             sizes = [int(x) for x in args.chunks.split(",") if x]
             if sizes:
-                print(f"[{time.strftime('%H:%M:%S')}] index chunk sizes {sizes}", flush=True)
+                progress(f"index chunk sizes {sizes}", sys.stdout)
                 results["chunks"] = chunk_sizes(model, tokens, server.url, sizes, args.threads)
         finally:
             server.stop()
     results["raw_state_bytes"] = raw_state_bytes(model, tokens, args.threads)
-    Path(args.out + ".json").write_text(json.dumps(results, indent=1))
-    Path(args.out + ".md").write_text(markdown(results))
+    write_result(args.out, results, markdown(results), args.threads)
     print(markdown(results))
     return 0
 
@@ -261,36 +266,46 @@ def markdown(r: dict) -> str:
     entry = r["redis_one_entry"]["bytes"]
     second = r["redis"]["bytes"] - entry
     raw = r["raw_state_bytes"]
-    cmd = "benchmarks/shared_cache.py " + " ".join(sys.argv[1:]) if sys.argv[1:] else "benchmarks/shared_cache.py"
     lines = [
-        f"`{cmd}` ({r['model']}, a question on a {n:,}-token document, {r['threads']} threads per server, "
-        "greedy, streamed)",
+        f"`{command(__file__)}` ({r['model']}, a question on a {n:,}-token document, {r['threads']} threads per "
+        "server, greedy, streamed)",
         "",
-        "| where the document's KV rows come from | time to first token | answer done |",
-        "|---|---|---|",
     ]
     cold = r["ttft"]["cold"][0]
-    for name, (first, done) in r["ttft"].items():
-        ratio = "" if name == "cold" else f" ({cold / first:.1f}x faster)"
-        lines.append(f"| {name} | {first:.2f} s{ratio} | {done:.2f} s |")
+    ttft_rows = [
+        [name, f"{first:.2f} s" + ("" if name == "cold" else f" ({cold / first:.1f}x faster)"), f"{done:.2f} s"]
+        for name, (first, done) in r["ttft"].items()
+    ]
+    lines.append(
+        markdown_table(["where the document's KV rows come from", "time to first token", "answer done"], ttft_rows)
+    )
     gib = 2**30
+    entry_rows = [
+        [
+            f"kvgguf `.kvz` in Redis (server A's entry: skeleton and {r['redis_one_entry']['pieces']} pieces)",
+            f"{entry / n:,.0f}",
+            f"{gib // entry if entry else 0:,}",
+        ],
+        ["a second question's entry on the same document (server B: what it adds)", f"{second / n:,.0f}", ""],
+        ["llama.cpp's own state (f16, same tokens)", f"{raw / n:,.0f}", f"{gib // raw:,}"],
+    ]
+    load_rows = [
+        [
+            row["clients"],
+            row["requests"],
+            row["errors"],
+            f"{row['per_minute']:.1f}",
+            f"{row['p50_s']:.2f} s",
+            f"{row['p99_s']:.2f} s",
+        ]
+        for row in r["load"]
+    ]
     lines += [
         "",
-        f"| cache entry | bytes per token | {n:,}-token documents per GiB |",
-        "|---|---|---|",
-        f"| kvgguf `.kvz` in Redis (server A's entry: skeleton and {r['redis_one_entry']['pieces']} pieces) "
-        f"| {entry / n:,.0f} | {gib // entry if entry else 0:,} |",
-        f"| a second question's entry on the same document (server B: what it adds) | {second / n:,.0f} | |",
-        f"| llama.cpp's own state (f16, same tokens) | {raw / n:,.0f} | {gib // raw:,} |",
+        markdown_table(["cache entry", "bytes per token", f"{n:,}-token documents per GiB"], entry_rows),
         "",
-        "| clients | requests | errors | requests/min | p50 | p99 |",
-        "|---|---|---|---|---|---|",
+        markdown_table(["clients", "requests", "errors", "requests/min", "p50", "p99"], load_rows),
     ]
-    for row in r["load"]:
-        lines.append(
-            f"| {row['clients']} | {row['requests']} | {row['errors']} | {row['per_minute']:.1f} | "
-            f"{row['p50_s']:.2f} s | {row['p99_s']:.2f} s |"
-        )
     rss = r["rss_kib"]
     lines += [
         "",
@@ -303,16 +318,18 @@ def markdown(r: dict) -> str:
         f"served, faults {r['prompt_cache'].get('faults') or 'none'}.",
     ]
     if r.get("chunks"):
-        lines += [
-            "",
-            "| index chunk (tokens) | index keys | index bytes in Redis | per cached token | find and assemble |",
-            "|---|---|---|---|---|",
+        chunk_rows = [
+            [
+                c["chunk_tokens"],
+                c["index_keys"],
+                f"{c['index_bytes']:,}",
+                f"{c['index_bytes'] / n:.1f}",
+                f"{1000 * c['lookup_s']:.0f} ms",
+            ]
+            for c in r["chunks"]
         ]
-        for c in r["chunks"]:
-            lines.append(
-                f"| {c['chunk_tokens']} | {c['index_keys']} | {c['index_bytes']:,} | "
-                f"{c['index_bytes'] / n:.1f} | {1000 * c['lookup_s']:.0f} ms |"
-            )
+        header = ["index chunk (tokens)", "index keys", "index bytes in Redis", "per cached token", "find and assemble"]
+        lines += ["", markdown_table(header, chunk_rows)]
     return "\n".join(lines)
 
 

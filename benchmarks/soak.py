@@ -22,18 +22,14 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
+from common import add_out_option, add_threads_option, command, result_path, rss_bytes, write_json
+
 HERE = Path(__file__).resolve().parent
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 class _MallInfo2(ctypes.Structure):
@@ -211,7 +207,7 @@ def plot(result: dict, out: Path, title: str) -> bool:
     ax.set_title(title, fontsize=9)
     ax.legend(loc="center right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=110)
+    fig.savefig(result_path(out, ".png"), dpi=110)
     plt.close(fig)
     return True
 
@@ -228,7 +224,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=100_000)
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--every", type=int, default=250, help="tokens between samples")
-    ap.add_argument("--threads", type=int, default=2)
+    add_threads_option(ap)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument(
         "--rss-slack", type=float, default=32.0, help="MiB the RSS peak may grow, last vs first conversation"
@@ -252,7 +248,7 @@ def main(argv=None) -> int:
         help="end the process without freeing the Llama, so that heaptrack or valgrind lists everything it "
         "still holds by where it was allocated (what grows with the run stands out)",
     )
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "soak" / "soak")
+    add_out_option(ap, HERE / "results" / "soak" / "soak", ".json, .md and .png")
     args = ap.parse_args(argv)
 
     result = soak(
@@ -269,9 +265,8 @@ def main(argv=None) -> int:
     )
     result["verdicts"] = verdicts(result, args.rss_slack, args.held_spread)
     result["setting"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    result["command"] = "benchmarks/soak.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    result["command"] = command(__file__, argv)
+    write_json(result_path(args.out, ".json"), result, args.threads)
     v = result["verdicts"]
     last = result["samples"][-1] if result["samples"] else {}
     md = [
@@ -297,8 +292,8 @@ def main(argv=None) -> int:
         f"{last.get('bits_per_value')} bits per value",
     ]
     if plot(result, args.out, f"{args.cache} on {args.model}: {result['generated']} tokens, ctx {args.ctx}"):
-        md += ["", f"![RSS and KV bytes]({args.out.with_suffix('.png').name})"]
-    args.out.with_suffix(".md").write_text("\n".join(md) + "\n")
+        md += ["", f"![RSS and KV bytes]({result_path(args.out, '.png').name})"]
+    result_path(args.out, ".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     code = 0 if v["held_follows_rows"] and v["rss_bounded"] else 1
     if args.exit_without_close:

@@ -12,11 +12,10 @@ stretch of 128 positions and the first position whose logits differ.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-from pathlib import Path
 
 import numpy as np
+
+from common import add_out_option, command, markdown_table, write_result
 
 STRETCH = 128
 
@@ -52,7 +51,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--no-flash", action="store_true", help="flash attention off")
     ap.add_argument("--cells", default="f16", help="llama.cpp cache type of both runs (f16, f32)")
-    ap.add_argument("--out", type=Path, required=True, help="path without suffix for the .md and .json")
+    add_out_option(ap)
     args = ap.parse_args()
     from kvgguf import models
     from kvgguf.evaluation.harness import log_softmax, score
@@ -67,23 +66,24 @@ def main() -> None:
     for s in range(0, args.ctx, STRETCH):
         gap = np.abs(log_softmax(runs[True][s : s + STRETCH]) - log_softmax(runs[False][s : s + STRETCH])).max()
         stretches.append(dict(start=s, kl=float(kl[s : s + STRETCH].mean()), max_logprob_diff=float(gap)))
-    command = " ".join([".venv/bin/python benchmarks/swa_ring_check.py", *sys.argv[1:]])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(
-        json.dumps(dict(command=command, first_differing_position=first, stretches=stretches), indent=1) + "\n"
+    run = command(__file__, python=True)
+    md = "\n".join(
+        [
+            f"`{run}` ({args.model}, batches of {args.batch}, flash attention {'off' if args.no_flash else 'on'}, "
+            f"{args.cells} cells): swa_full on against off; first position whose logits differ: {first}",
+            "",
+            markdown_table(
+                ["positions", "KL mean", "largest log-probability difference"],
+                [
+                    [f"{s['start']}-{s['start'] + STRETCH - 1}", f"{s['kl']:.5f}", f"{s['max_logprob_diff']:.3f}"]
+                    for s in stretches
+                ],
+            ),
+        ]
     )
-    lines = [
-        f"`{command}` ({args.model}, batches of {args.batch}, flash attention {'off' if args.no_flash else 'on'}, "
-        f"{args.cells} cells): swa_full on against off; first position whose logits differ: {first}",
-        "",
-        "| positions | KL mean | largest log-probability difference |",
-        "|---|---|---|",
-    ]
-    lines += [
-        f"| {s['start']}-{s['start'] + STRETCH - 1} | {s['kl']:.5f} | {s['max_logprob_diff']:.3f} |" for s in stretches
-    ]
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    result = dict(command=run, first_differing_position=first, stretches=stretches)
+    write_result(args.out, result, md + "\n", threads=1)  # logits() runs llama.cpp on one thread
+    print(md)
 
 
 if __name__ == "__main__":

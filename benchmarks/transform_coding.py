@@ -23,7 +23,6 @@ quantizer, as the preset keeps sinks; --fit-on-eval fits on the scored text (in-
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -37,6 +36,8 @@ from kvgguf.evaluation.text import wikitext2_test
 from kvgguf.bindings import codecs
 from kvgguf.enums import Kind, Tier
 from kvgguf.bindings.store import KVStore
+
+from common import add_threads_option, command, markdown_table, write_json
 
 MAX_BITS = 8
 SCALE_BITS = 16  # an f16 norm or gain per row and head
@@ -280,8 +281,8 @@ def main(argv=None) -> int:
         "--sink", action="store_true", help="keep each list's first row (BOS) exact in the numpy quantizers"
     )
     ap.add_argument("--fit-on-eval", action="store_true", help="fit on the scored text itself (in-sample, a bound)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path)
+    add_threads_option(ap)
+    ap.add_argument("--out", type=Path, help="folder for results.json and results.md (default: print only)")
     args = ap.parse_args(argv)
 
     model = str(kvgguf.models.path(args.model))
@@ -347,7 +348,7 @@ def main(argv=None) -> int:
         "hot": probe.hot,
         "rope_neox": neox,
         "am_gm_bits": spread,
-        "command": " ".join(["benchmarks/transform_coding.py", *(argv or sys.argv[1:])]),
+        "command": command(__file__, argv or None),
     }
     lines = [
         f"# Transform coding through {args.model} ({len(probe_tokens)} WikiText-2 tokens, hot {probe.hot})",
@@ -355,15 +356,15 @@ def main(argv=None) -> int:
         f"High-rate saving of transform coding (mean over heads, 1/2 log2 AM/GM of principal variances): "
         f"K {spread['K']:.2f} bits, V {spread['V']:.2f} bits per value",
         "",
-        "| quantizer | bits per value held | KL |",
-        "|---|---|---|",
+        markdown_table(
+            ["quantizer", "bits per value held", "KL"],
+            [[r["quantizer"], f"{r['bits']:.3f}", f"{r['kl']:.5f}"] for r in results],
+        ),
     ]
-    lines += [f"| {r['quantizer']} | {r['bits']:.3f} | {r['kl']:.5f} |" for r in results]
     text = "\n".join(lines) + f"\n\n`{meta['command']}`\n"
     print(text)
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+        write_json(args.out / "results.json", {"meta": meta, "results": results}, args.threads)
         (args.out / "results.md").write_text(text)
     return 0
 
