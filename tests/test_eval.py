@@ -1,5 +1,6 @@
 """`kvgguf eval`: the scoring math, the harness on the live path, and its errors."""
 
+import json
 import math
 
 import llama_cpp
@@ -112,4 +113,7 @@ def test_eval_writes_where_it_is_told_and_never_into_the_current_folder(tmp_path
     assert (tmp_path / "res" / "smollm2-135m_ctx256x1.json").is_file()
     assert (tmp_path / "res" / "smollm2-135m_ctx256x1.md").is_file()
     assert "| rotq4 | kvgguf |" in out.stdout
+    recorded = json.loads((tmp_path / "res" / "smollm2-135m_ctx256x1.json").read_text())["provenance"]
+    assert recorded["threads"] is not None and recorded["cpu"] and recorded["kvgguf_patch_version"] is not None
+    assert "commit" in recorded  # None where kvgguf runs outside a git checkout
     assert sorted(p.name for p in HERE.iterdir()) == before

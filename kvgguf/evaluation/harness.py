@@ -21,6 +21,7 @@ import numpy as np
 from ..bindings import codecs
 from ..llama import Llama
 from ..policy.resolve import CACHE_TYPES, calibrated_config
+from .provenance import provenance
 from ..model.shape import KVShape
 from ..policy import kv_codec
 
@@ -374,6 +375,7 @@ def write_outputs(meta: dict, results: Sequence[Result], out_dir: Path, stem: st
         "command": command,
         **meta,
         "results": [{k: v for k, v in asdict(r).items() if not k.startswith("_")} for r in results],
+        "provenance": provenance(meta.get("threads")),  # commit, llama.cpp build, machine
     }
     (out_dir / f"{stem}.json").write_text(json.dumps(data, indent=2))
     (out_dir / f"{stem}.md").write_text(f"`{command}`\n\n" + markdown(meta, results))
