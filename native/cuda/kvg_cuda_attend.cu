@@ -1,0 +1,475 @@
+// kvg_cuda_attend.cu: fused attention over rotq-coded K and V blocks (kvg_cuda_attend), the GPU twin
+// of attend.c's rotated path: what kvg_store_hook_attend_capped computes, in float32, in another order.
+//
+// Three kernels on the context's stream:
+// 1. rotate: qr_j = W(s * (scale * q_j)) per query, once per call (shared-memory butterflies).
+// 2. split: grid (row splits x KV heads x query tiles). Each warp walks its rows 32 at a time:
+//    per row, the lanes unpack the key's codes (lane-strided coordinates), dot them with the
+//    tile's rotated queries (codebook values times qr, reduced over the warp) and scale by the
+//    stored norm / head_dim; the 32 scores of a chunk fold into the warp's (m, l) once (online
+//    softmax, Milakov and Gimelshein 2018); the values' codebook values, weighted, are summed in
+//    the rotated domain in shared memory. Warps then merge into the split's (m, l, accr).
+//    Nothing is expanded to global memory: codes are read straight from the blocks.
+// 3. combine: per query, the splits and the incoming state merge in log-sum-exp form, and the
+//    rotated sum goes back through W and the signs once: acc = acc * exp(m_in - M) + s * W(accr).
+#include "kvg_cuda_common.cuh"
+
+#include <math.h>
+#include <string.h>
+
+#define KA_WARPS      4
+#define KA_MAX_SPLITS 1024
+#define KA_SPLIT_ROWS 256                  // rows per split to aim for
+#define KA_MAX_DIM    512
+#define KA_SCRATCH_FLOATS ((size_t) 1 << 25)  // 128 MiB: fewer splits for very many queries
+
+struct ka_args {
+    const uint8_t * k_norms;
+    const uint8_t * k_codes;
+    const uint8_t * v_norms;
+    const uint8_t * v_codes;
+    kc_rotq_tab     ktab, vtab;  // centroids used
+    int             k_bits, v_bits;
+    int64_t         k_row0, v_row0, n_rows;
+    int             n_head_kv, dk, dv;
+    float           inv_dk, inv_dv;
+    const float *   qr;  // [n_q][dk], caller order
+    int             n_head, gqa, n_p;  // n_p = n_tokens * gqa queries per KV head
+    float           softcap;
+    int             n_splits;
+    int64_t         split_rows;
+    float *         pm;    // [n_q][n_splits]
+    float *         pl;    // [n_q][n_splits]
+    float *         pacc;  // [n_q][n_splits][dv]
+};
+
+static __device__ __forceinline__ float ka_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    }
+    return v;
+}
+
+static __device__ __forceinline__ float ka_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    }
+    return v;
+}
+
+// Caller's index j = t * n_head + hk * gqa + g of query p = t * gqa + g of KV head hk.
+static __device__ __forceinline__ int64_t ka_query(int p, int hk, int gqa, int n_head) {
+    return (int64_t) (p / gqa) * n_head + (int64_t) hk * gqa + p % gqa;
+}
+
+static __global__ void ka_rotate_kernel(const float * q, int64_t n_q, int d, float scale, uint64_t seed, float * qr) {
+    extern __shared__ float ka_sh[];
+    float * y = ka_sh;
+    for (int64_t j = blockIdx.x; j < n_q; j += gridDim.x) {
+        for (int i = threadIdx.x; i < d; i += blockDim.x) {
+            y[i] = kc_sign(seed, i) * (scale * q[j * d + i]);
+        }
+        kc_fwht_block(y, d);
+        for (int i = threadIdx.x; i < d; i += blockDim.x) {
+            qr[j * d + i] = y[i];
+        }
+        __syncthreads();
+    }
+}
+
+// Shared: sq [QT][dk], accr [KA_WARPS][QT][dv], wm and wl [KA_WARPS][QT].
+template <int QT>
+static __global__ void __launch_bounds__(KA_WARPS * 32) ka_split_kernel(const ka_args a) {
+    extern __shared__ float ka_sh[];
+    const int dk = a.dk, dv = a.dv;
+    float *   sq   = ka_sh;
+    float *   accr = sq + QT * dk;
+    float *   wm   = accr + KA_WARPS * QT * dv;
+    float *   wl   = wm + KA_WARPS * QT;
+
+    const int split = blockIdx.x, hk = blockIdx.y, p0 = blockIdx.z * QT;
+    const int nq    = a.n_p - p0 < QT ? a.n_p - p0 : QT;
+    const int warp  = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+    for (int x = threadIdx.x; x < QT * dk; x += blockDim.x) {
+        const int qq = x / dk;
+        sq[x]        = qq < nq ? a.qr[ka_query(p0 + qq, hk, a.gqa, a.n_head) * dk + x % dk] : 0.0f;
+    }
+    float * my_acc = accr + warp * QT * dv;
+    for (int x = lane; x < QT * dv; x += 32) {
+        my_acc[x] = 0.0f;
+    }
+    float m_run[QT], l_run[QT];
+#pragma unroll
+    for (int qq = 0; qq < QT; qq++) {
+        m_run[qq] = -INFINITY;
+        l_run[qq] = 0.0f;
+    }
+    __syncthreads();
+
+    const int64_t   r_begin = (int64_t) split * a.split_rows;
+    const int64_t   r_end   = r_begin + a.split_rows < a.n_rows ? r_begin + a.split_rows : a.n_rows;
+    const int       H = a.n_head_kv;
+    for (int64_t base = r_begin + warp * 32; base < r_end; base += KA_WARPS * 32) {
+        const int nc = r_end - base < 32 ? (int) (r_end - base) : 32;
+        float     s_mine[QT];  // lane r: the scores of row base + r
+#pragma unroll
+        for (int qq = 0; qq < QT; qq++) {
+            s_mine[qq] = -INFINITY;
+        }
+        for (int r = 0; r < nc; r++) {
+            const int64_t vk = (a.k_row0 + base + r) * H + hk;
+            const float   fk = kc_f16_to_f32(kc_get_u16(a.k_norms + 2 * vk)) * a.inv_dk;
+            float         part[QT];
+#pragma unroll
+            for (int qq = 0; qq < QT; qq++) {
+                part[qq] = 0.0f;
+            }
+            const uint64_t bit0 = (uint64_t) vk * (uint64_t) dk * (uint64_t) a.k_bits;
+            for (int i = lane; i < dk; i += 32) {
+                const float c = a.ktab.centroid[kc_get_code(a.k_codes, bit0 + (uint64_t) i * a.k_bits, a.k_bits)];
+#pragma unroll
+                for (int qq = 0; qq < QT; qq++) {
+                    part[qq] += sq[qq * dk + i] * c;
+                }
+            }
+#pragma unroll
+            for (int qq = 0; qq < QT; qq++) {
+                const float sc = ka_warp_sum(part[qq]) * fk;
+                if (lane == r) {
+                    s_mine[qq] = a.softcap > 0.0f ? a.softcap * tanhf(sc) : sc;
+                }
+            }
+        }
+        float w_mine[QT];
+#pragma unroll
+        for (int qq = 0; qq < QT; qq++) {
+            const float cmax = ka_warp_max(s_mine[qq]);
+            if (cmax > m_run[qq]) {  // warp-uniform
+                const float corr = expf(m_run[qq] - cmax);  // 0 while m is -inf
+                l_run[qq] *= corr;
+                for (int i = lane; i < dv; i += 32) {
+                    my_acc[qq * dv + i] *= corr;
+                }
+                m_run[qq] = cmax;
+            }
+            w_mine[qq] = lane < nc ? expf(s_mine[qq] - m_run[qq]) : 0.0f;
+            l_run[qq] += ka_warp_sum(w_mine[qq]);
+        }
+        for (int r = 0; r < nc; r++) {
+            const int64_t vv = (a.v_row0 + base + r) * H + hk;
+            const float   fv = kc_f16_to_f32(kc_get_u16(a.v_norms + 2 * vv)) * a.inv_dv;
+            float         wr[QT];
+#pragma unroll
+            for (int qq = 0; qq < QT; qq++) {
+                wr[qq] = __shfl_sync(0xffffffffu, w_mine[qq], r) * fv;
+            }
+            if (fv == 0.0f) {
+                continue;  // a zero vector adds nothing (its weight is in l all the same)
+            }
+            const uint64_t bit0 = (uint64_t) vv * (uint64_t) dv * (uint64_t) a.v_bits;
+            for (int i = lane; i < dv; i += 32) {
+                const float c = a.vtab.centroid[kc_get_code(a.v_codes, bit0 + (uint64_t) i * a.v_bits, a.v_bits)];
+#pragma unroll
+                for (int qq = 0; qq < QT; qq++) {
+                    my_acc[qq * dv + i] += wr[qq] * c;
+                }
+            }
+        }
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int qq = 0; qq < QT; qq++) {
+            wm[warp * QT + qq] = m_run[qq];
+            wl[warp * QT + qq] = l_run[qq];
+        }
+    }
+    __syncthreads();
+
+    // The block's warps merged: the split's (m, l, accr) per query.
+    for (int x = threadIdx.x; x < nq * dv; x += blockDim.x) {
+        const int qq = x / dv, i = x % dv;
+        float     M  = -INFINITY;
+        for (int w = 0; w < KA_WARPS; w++) {
+            M = fmaxf(M, wm[w * QT + qq]);
+        }
+        float acc = 0.0f;
+        for (int w = 0; w < KA_WARPS; w++) {
+            const float mw = wm[w * QT + qq];
+            if (mw != -INFINITY) {
+                acc += expf(mw - M) * accr[(w * QT + qq) * dv + i];
+            }
+        }
+        const int64_t j = ka_query(p0 + qq, hk, a.gqa, a.n_head);
+        a.pacc[(j * a.n_splits + split) * dv + i] = acc;
+    }
+    for (int qq = threadIdx.x; qq < nq; qq += blockDim.x) {
+        float M = -INFINITY, L = 0.0f;
+        for (int w = 0; w < KA_WARPS; w++) {
+            M = fmaxf(M, wm[w * QT + qq]);
+        }
+        for (int w = 0; w < KA_WARPS; w++) {
+            const float mw = wm[w * QT + qq];
+            if (mw != -INFINITY) {
+                L += expf(mw - M) * wl[w * QT + qq];
+            }
+        }
+        const int64_t j          = ka_query(p0 + qq, hk, a.gqa, a.n_head);
+        a.pm[j * a.n_splits + split] = M;
+        a.pl[j * a.n_splits + split] = L;
+    }
+}
+
+// One block per query: shared y [dv], c [n_splits], red [blockDim].
+static __global__ void ka_combine_kernel(const float * pm, const float * pl, const float * pacc, int n_splits, int dv,
+                                         uint64_t seed, float * m, float * l, float * acc) {
+    extern __shared__ float ka_sh[];
+    float *       y   = ka_sh;
+    float *       c   = y + dv;
+    float *       red = c + n_splits;
+    const int64_t j   = blockIdx.x;
+    const float   m_in = m[j];
+
+    float mx = m_in;
+    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
+        mx = fmaxf(mx, pm[j * n_splits + s]);
+    }
+    red[threadIdx.x] = mx;
+    __syncthreads();
+    for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+        if (threadIdx.x < o) {
+            red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + o]);
+        }
+        __syncthreads();
+    }
+    const float M = red[0];
+    __syncthreads();
+    if (M == -INFINITY) {
+        return;  // no row reached these queries: the state stays
+    }
+    float part = 0.0f;
+    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
+        const float ms = pm[j * n_splits + s];
+        c[s]           = ms == -INFINITY ? 0.0f : expf(ms - M);
+        part += c[s] * pl[j * n_splits + s];
+    }
+    red[threadIdx.x] = part;
+    __syncthreads();
+    for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+        if (threadIdx.x < o) {
+            red[threadIdx.x] += red[threadIdx.x + o];
+        }
+        __syncthreads();
+    }
+    const float c_in = m_in == -INFINITY ? 0.0f : expf(m_in - M);
+    for (int i = threadIdx.x; i < dv; i += blockDim.x) {
+        float sum = 0.0f;
+        for (int s = 0; s < n_splits; s++) {
+            sum += c[s] * pacc[(j * n_splits + s) * dv + i];
+        }
+        y[i] = sum;
+    }
+    kc_fwht_block(y, dv);
+    for (int i = threadIdx.x; i < dv; i += blockDim.x) {
+        acc[j * dv + i] = acc[j * dv + i] * c_in + kc_sign(seed, i) * y[i];
+    }
+    if (threadIdx.x == 0) {
+        l[j] = l[j] * c_in + red[0];
+        m[j] = M;
+    }
+}
+
+// ---- host ----------------------------------------------------------------------------------
+
+static int ka_is_rotq(int codec) {
+    return codec >= KVG_CODEC_ROTQ1 && codec <= KVG_CODEC_ROTQ4;
+}
+
+static int ka_pow2_dim(int64_t d) {
+    return d >= 8 && d <= KA_MAX_DIM && (d & (d - 1)) == 0;
+}
+
+// The block's bytes hold its shape, and the rows asked for lie inside it.
+static int ka_check_block(const kvg_cuda_block * b, int kind, int64_t row0, int64_t n_rows, int64_t n_head_kv, int64_t d,
+                          uint64_t seed) {
+    const char * side = kind == KVG_KIND_K ? "K" : "V";
+    if (b->data_dev == NULL) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend: NULL %s block", side);
+    }
+    if (!ka_is_rotq(b->codec)) {
+        const char * n = kvg_codec_name(b->codec);
+        return kvg_fail(KVG_ERR_UNSUPPORTED, "kvg_cuda_attend: the %s block is %s; the fused GPU attention reads rotq1, rotq2, rotq3 and rotq4",
+                        side, n ? n : "an unknown codec");
+    }
+    if (!ka_pow2_dim(d)) {
+        return kvg_fail(KVG_ERR_SHAPE, "kvg_cuda_attend: %s head_dim %lld is not a power of two in [8, %d]", side, (long long) d,
+                        KA_MAX_DIM);
+    }
+    kvg_codec_params p;
+    kvg_codec_default_params(&p);
+    p.seed      = seed;
+    size_t size = 0;
+    int    st   = kvg_encoded_size(b->codec, kind, b->n_rows, n_head_kv, d, &p, &size);
+    if (st != KVG_OK) {
+        return st;
+    }
+    if (size != b->n_bytes) {
+        return kvg_fail(KVG_ERR_BUFFER_SIZE, "kvg_cuda_attend: the %s block holds %zu bytes, %lld rows encode to %zu", side,
+                        b->n_bytes, (long long) b->n_rows, size);
+    }
+    if (row0 < 0 || n_rows < 0 || row0 > b->n_rows - n_rows) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend: %s rows [%lld, %lld) are outside the block's %lld", side,
+                        (long long) row0, (long long) (row0 + n_rows), (long long) b->n_rows);
+    }
+    return KVG_OK;
+}
+
+static int ka_scratch(kvg_cuda_ctx * ctx, size_t bytes) {
+    if (bytes <= ctx->scratch_bytes) {
+        return KVG_OK;
+    }
+    cudaError_t e = cudaStreamSynchronize(ctx->stream);  // earlier calls may still read the old one
+    if (e != cudaSuccess) {
+        return kc_cuda_fail(e, "cudaStreamSynchronize (attend scratch)");
+    }
+    cudaFree(ctx->scratch);
+    ctx->scratch       = NULL;
+    ctx->scratch_bytes = 0;
+    e                  = cudaMalloc(&ctx->scratch, bytes);
+    if (e != cudaSuccess) {
+        ctx->scratch = NULL;
+        return kc_cuda_fail(e, "cudaMalloc (attend scratch)");
+    }
+    ctx->scratch_bytes = bytes;
+    return KVG_OK;
+}
+
+template <int QT>
+static void ka_launch_split(const ka_args & a, dim3 grid, size_t smem, cudaStream_t stream) {
+    ka_split_kernel<QT><<<grid, KA_WARPS * 32, smem, stream>>>(a);
+}
+
+extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * a) {
+    kvg_clear_error();
+    if (ctx == NULL || a == NULL || a->q_dev == NULL || a->m_dev == NULL || a->l_dev == NULL || a->acc_dev == NULL) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend: NULL ctx, args, q, m, l or acc");
+    }
+    if (a->n_head_kv <= 0 || a->n_tokens <= 0 || a->n_head <= 0 || a->n_head % a->n_head_kv != 0) {
+        return kvg_fail(KVG_ERR_INVALID_ARG,
+                        "kvg_cuda_attend: needs n_tokens > 0 and n_head a positive multiple of n_head_kv, got %d, %d, %d",
+                        (int) a->n_tokens, (int) a->n_head, (int) a->n_head_kv);
+    }
+    if (!isfinite(a->scale)) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend: scale %g is not finite", (double) a->scale);
+    }
+    if (!isfinite(a->softcap) || a->softcap < 0.0f) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend: softcap %g is not a finite value >= 0", (double) a->softcap);
+    }
+    int st = ka_check_block(&a->k, KVG_KIND_K, a->k_row0, a->n_rows, a->n_head_kv, a->head_dim_k, a->seed);
+    if (st == KVG_OK) {
+        st = ka_check_block(&a->v, KVG_KIND_V, a->v_row0, a->n_rows, a->n_head_kv, a->head_dim_v, a->seed);
+    }
+    if (st != KVG_OK) {
+        return st;
+    }
+    if (a->n_rows == 0) {
+        return KVG_OK;
+    }
+    const int64_t dk = a->head_dim_k, dv = a->head_dim_v;
+    const int64_t gqa = a->n_head / a->n_head_kv, n_p = (int64_t) a->n_tokens * gqa;
+    const int64_t n_q = (int64_t) a->n_tokens * a->n_head;
+
+    // Splits: about KA_SPLIT_ROWS rows each, fewer when the partial sums would outgrow the scratch.
+    int64_t n_splits = (a->n_rows + KA_SPLIT_ROWS - 1) / KA_SPLIT_ROWS;
+    n_splits         = n_splits < KA_MAX_SPLITS ? n_splits : KA_MAX_SPLITS;
+    const int64_t fit = ((int64_t) KA_SCRATCH_FLOATS - n_q * dk) / (n_q * (dv + 2));
+    n_splits          = n_splits < fit ? n_splits : fit;
+    n_splits          = n_splits < 1 ? 1 : n_splits;
+    const int64_t split_rows = (a->n_rows + n_splits - 1) / n_splits;
+    n_splits                 = (a->n_rows + split_rows - 1) / split_rows;
+
+    kc_device_scope scope(ctx);
+    if (scope.status != KVG_OK) {
+        return scope.status;
+    }
+    const size_t n_floats = (size_t) (n_q * dk + n_q * n_splits * (dv + 2));
+    st                    = ka_scratch(ctx, n_floats * sizeof(float));
+    if (st != KVG_OK) {
+        return st;
+    }
+
+    ka_args args;
+    memset(&args, 0, sizeof(args));
+    args.k_bits = a->k.codec - KVG_CODEC_ROTQ1 + 1;
+    args.v_bits = a->v.codec - KVG_CODEC_ROTQ1 + 1;
+    st          = kc_get_rotq_tab(args.k_bits, dk, &args.ktab);
+    if (st == KVG_OK) {
+        st = kc_get_rotq_tab(args.v_bits, dv, &args.vtab);
+    }
+    if (st != KVG_OK) {
+        return st;
+    }
+    const uint8_t * kd = (const uint8_t *) a->k.data_dev;
+    const uint8_t * vd = (const uint8_t *) a->v.data_dev;
+    args.k_norms       = kd;
+    args.k_codes       = kd + 2 * a->k.n_rows * a->n_head_kv;
+    args.v_norms       = vd;
+    args.v_codes       = vd + 2 * a->v.n_rows * a->n_head_kv;
+    args.k_row0        = a->k_row0;
+    args.v_row0        = a->v_row0;
+    args.n_rows        = a->n_rows;
+    args.n_head_kv     = a->n_head_kv;
+    args.dk            = (int) dk;
+    args.dv            = (int) dv;
+    args.inv_dk        = 1.0f / (float) dk;
+    args.inv_dv        = 1.0f / (float) dv;
+    float * qr         = (float *) ctx->scratch;
+    args.qr            = qr;
+    args.n_head        = a->n_head;
+    args.gqa           = (int) gqa;
+    args.n_p           = (int) n_p;
+    args.softcap       = a->softcap;
+    args.n_splits      = (int) n_splits;
+    args.split_rows    = split_rows;
+    args.pm            = qr + n_q * dk;
+    args.pl            = args.pm + n_q * n_splits;
+    args.pacc          = args.pl + n_q * n_splits;
+
+    // Soft-capping as attend.c does it: scores taken with scale / softcap, then softcap * tanh.
+    const float scale = a->softcap > 0.0f ? a->scale / a->softcap : a->scale;
+    const int   rthreads = dk >= 256 ? 128 : (int) (dk / 2 < 32 ? 32 : dk / 2);
+    ka_rotate_kernel<<<(unsigned) (n_q < 65536 ? n_q : 65536), rthreads, (size_t) dk * sizeof(float), ctx->stream>>>(
+        a->q_dev, n_q, (int) dk, scale, a->seed, qr);
+    st = kc_launch_check("attend rotate launch");
+    if (st != KVG_OK) {
+        return st;
+    }
+
+    // Query tiles: up to 8 queries of a KV head per block (4 past head_dim 256: shared memory).
+    const int max_qt = (dk > 256 || dv > 256) ? 4 : 8;
+    int       qt     = 1;
+    while (qt < n_p && qt < max_qt) {
+        qt *= 2;
+    }
+    const int64_t n_tiles = (n_p + qt - 1) / qt;
+    if (n_tiles > 65535 || a->n_head_kv > 65535) {
+        return kvg_fail(KVG_ERR_SHAPE, "kvg_cuda_attend: %lld query tiles of %d exceed the grid", (long long) n_tiles, qt);
+    }
+    const dim3   grid((unsigned) n_splits, (unsigned) a->n_head_kv, (unsigned) n_tiles);
+    const size_t smem = sizeof(float) * (size_t) (qt * dk + KA_WARPS * qt * dv + 2 * KA_WARPS * qt);
+    switch (qt) {
+        case 1: ka_launch_split<1>(args, grid, smem, ctx->stream); break;
+        case 2: ka_launch_split<2>(args, grid, smem, ctx->stream); break;
+        case 4: ka_launch_split<4>(args, grid, smem, ctx->stream); break;
+        default: ka_launch_split<8>(args, grid, smem, ctx->stream); break;
+    }
+    st = kc_launch_check("attend split launch");
+    if (st != KVG_OK) {
+        return st;
+    }
+    const int    cthreads = 128;
+    const size_t csmem    = sizeof(float) * (size_t) (dv + n_splits + cthreads);
+    ka_combine_kernel<<<(unsigned) n_q, cthreads, csmem, ctx->stream>>>(args.pm, args.pl, args.pacc, (int) n_splits, (int) dv,
+                                                                        a->seed, a->m_dev, a->l_dev, a->acc_dev);
+    return kc_launch_check("attend combine launch");
+}

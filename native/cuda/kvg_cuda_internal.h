@@ -1,0 +1,37 @@
+// kvg_cuda_internal.h: what the CUDA sources need from the rest of libkvgguf (not installed).
+//
+// The .cu files are compiled as C++ and cannot include kvg_internal.h (C11: _Atomic,
+// _Static_assert), so kvg_cuda_glue.c (C, beside them) hands them the few internal pieces.
+#ifndef KVG_CUDA_INTERNAL_H
+#define KVG_CUDA_INTERNAL_H
+
+#include <stdint.h>
+
+#if defined(__GNUC__) && !defined(_WIN32)
+#    define KVG_CUDA_HIDDEN __attribute__((visibility("hidden")))
+#else
+#    define KVG_CUDA_HIDDEN
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// codecs.c: the detail message of kvg_last_error(), and clearing it.
+KVG_CUDA_HIDDEN int  kvg_fail(int status, const char * fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+KVG_CUDA_HIDDEN void kvg_clear_error(void);
+
+// rotq's Lloyd-Max centroids (2^bits) and decision boundaries (2^bits - 1) for head_dim, the very
+// floats the CPU encoder compares against (rotq.c computes them in double, so they cannot be
+// recomputed from the public centroids). KVG_ERR_NO_MEMORY if the book cannot be built.
+KVG_CUDA_HIDDEN int kvg_cuda_rotq_tables(int bits, int64_t head_dim, float * centroids, float * boundaries);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif  // KVG_CUDA_INTERNAL_H

@@ -1,0 +1,1241 @@
+// cuda_check.cu: libkvgguf's CUDA kernels against the scalar C reference, without a model.
+//
+// Codecs (f16, kivi2/3/4/8, rotq1/2/3/4), both kinds, head dims 8..256 and odd ones for kivi and
+// f16, token counts from 1 to 257 (odd ones among them), kivi group sizes 32, 17 and 64, values
+// from Gaussian rows with outlier channels to zero rows, -0, constant groups, f16 subnormal norms:
+// - encode: the status and every byte equal to kvg_encode's at the scalar level, from f32 rows,
+//   from f16 rows (against the reference on their f32 widening), from padded and from transposed
+//   rows (llama.cpp's transposed V), and no byte written past the block;
+// - decode: kvg_decode's floats bit for bit (f32 out, contiguous and transposed; f16 out equal to
+//   those floats rounded to nearest even by cuda_fp16.h's __float2half_rn), nothing written in a
+//   padded layout's gaps;
+// - refused input as the CPU refuses it: NaN/Inf (KVG_ERR_NONFINITE), norms, mins, scales or values
+//   beyond f16 (KVG_ERR_RANGE), corrupt blocks (KVG_ERR_CORRUPT, dst unchanged), bad arguments,
+//   codecs and head dims the GPU does not run (named in the message);
+// - attention (GPU only): kvg_cuda_attend over rotq K/V blocks against a float64 softmax over the
+//   rows kvg_decode gives and against kvg_store_hook_attend_capped, within the bounds
+//   tests/test_attend.py holds the CPU paths to (m: 1e-5 rel + 1e-5 abs, l: 1e-4 rel, output:
+//   5e-5 of max |v|), GQA and not, 1 and 3 query tokens, soft-capping, a state folded over two
+//   calls, K and V rows at different offsets of their blocks;
+// - timings (GPU only; reported, never asserted): attention at a Llama-3.2-3B layer's shape at 8K
+//   and 32K rows, encode and decode of an eviction batch.
+//
+//   cuda_check            the GPU run; exits 77 saying "no CUDA device" where there is none
+//   cuda_check --emulate  no GPU needed: the kernels' bodies (kvg_cuda_kernels.cuh) run on the host
+//                         in the kernels' order, against the same reference, plus the host-side API
+//   --quick               fewer shapes;  --no-timing  skip the timings
+//
+// Exit: 0 all equal, 1 a mismatch (each printed with its place, the first 40 in full), 2 a setup
+// failure, 77 no CUDA device.
+#include "kvg_cuda_kernels.cuh"
+
+#include <cuda_fp16.h>
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+static int  g_emulate;
+static int  g_quick;
+static long g_checks, g_bad;
+
+#define MAX_REPORTS 40
+
+static void mismatch(const char * fmt, ...) __attribute__((format(printf, 1, 2)));
+static void mismatch(const char * fmt, ...) {
+    if (++g_bad <= MAX_REPORTS) {
+        va_list ap;
+        va_start(ap, fmt);
+        fputs("MISMATCH ", stdout);
+        vprintf(fmt, ap);
+        fputc('\n', stdout);
+        va_end(ap);
+        fflush(stdout);
+    }
+}
+
+static void die(const char * fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char * fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("cuda_check: setup failed: ", stdout);
+    vprintf(fmt, ap);
+    fputc('\n', stdout);
+    va_end(ap);
+    exit(2);
+}
+
+// ---- data ----------------------------------------------------------------------------------
+
+struct Rng {
+    uint64_t s;
+    explicit Rng(uint64_t seed) : s(seed) {}
+    uint64_t next() {
+        uint64_t z = (s += 0x9E3779B97F4A7C15ULL);
+        z          = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+        z          = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+        return z ^ (z >> 31);
+    }
+    double uniform() { return ((next() >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+    float  gauss() { return (float) (sqrt(-2.0 * log(uniform())) * cos(6.283185307179586 * uniform())); }
+};
+
+// Rows like K/V: Gaussian, a few channels x8 (kv_like), plus the edge cases the reference treats
+// specially: a zero row (rotq: norm 0, no codes), a row of -0 and +0, a row of 1e-6 values (rotq
+// norms in f16's subnormal range), and a constant stretch (kivi: constant groups, scale 0).
+static std::vector<float> kv_rows(Rng & rng, int64_t T, int64_t C, int64_t D) {
+    std::vector<float> x((size_t) (T * C));
+    for (auto & v : x) {
+        v = rng.gauss();
+    }
+    for (int64_t c = 0; c < C; c += D / 4 > 0 ? D / 4 : 1) {
+        for (int64_t t = 0; t < T; t++) {
+            x[(size_t) (t * C + c)] *= 8.0f;
+        }
+    }
+    if (T > 1) {
+        for (int64_t c = 0; c < C; c++) {
+            x[(size_t) (1 * C + c)] = 0.0f;
+        }
+    }
+    if (T > 2) {
+        for (int64_t c = 0; c < C; c++) {
+            x[(size_t) (2 * C + c)] = (c & 1) ? -0.0f : 0.0f;
+        }
+    }
+    if (T > 3) {
+        for (int64_t c = 0; c < C; c++) {
+            x[(size_t) (3 * C + c)] = 1e-6f * rng.gauss();
+        }
+    }
+    for (int64_t t = 0; t < T; t++) {  // channel 1 constant over all tokens
+        if (C > 1) {
+            x[(size_t) (t * C + 1)] = 0.375f;
+        }
+    }
+    return x;
+}
+
+static uint16_t host_f16(float x) {
+    const __half_raw r = __float2half_rn(x);
+    return r.x;
+}
+
+static float host_f32(uint16_t u) {
+    __half_raw r;
+    r.x = u;
+    return __half2float(__half(r));
+}
+
+static uint32_t fbits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+// ---- the device side of a case: the GPU, or the kernels' bodies on the host ------------------
+
+static kvg_cuda_ctx * g_ctx;
+static cudaStream_t   g_stream;  // the context's stream, for the timings' events
+
+struct DevBuf {
+    void * p = nullptr;
+    size_t n = 0;
+    explicit DevBuf(size_t bytes) : n(bytes) {
+        if (g_emulate) {
+            p = malloc(bytes ? bytes : 1);
+            if (!p) {
+                die("host malloc of %zu bytes", bytes);
+            }
+        } else if (kvg_cuda_malloc(g_ctx, bytes ? bytes : 1, &p) != KVG_OK) {
+            die("kvg_cuda_malloc(%zu): %s", bytes, kvg_last_error());
+        }
+    }
+    ~DevBuf() {
+        if (g_emulate) {
+            free(p);
+        } else {
+            kvg_cuda_free(g_ctx, p);
+        }
+    }
+    void put(const void * src, size_t bytes) {
+        if (g_emulate) {
+            memcpy(p, src, bytes);
+        } else if (kvg_cuda_copy_in(g_ctx, p, src, bytes) != KVG_OK) {
+            die("kvg_cuda_copy_in: %s", kvg_last_error());
+        }
+    }
+    void get(void * dst, size_t bytes) const {
+        if (g_emulate) {
+            memcpy(dst, p, bytes);
+        } else if (kvg_cuda_copy_out(g_ctx, dst, p, bytes) != KVG_OK) {
+            die("kvg_cuda_copy_out: %s", kvg_last_error());
+        }
+    }
+    void fill(uint8_t byte) {
+        std::vector<uint8_t> v(n, byte);
+        put(v.data(), n);
+    }
+    DevBuf(const DevBuf &)             = delete;
+    DevBuf & operator=(const DevBuf &) = delete;
+};
+
+static kc_status emu_status_init() {
+    kc_status s;
+    s.flags = 0;
+    s.pad   = 0;
+    for (int i = 0; i < KC_N_FLAGS; i++) {
+        s.first[i] = ~0ULL;
+    }
+    return s;
+}
+
+// kvg_cuda_encode with its kernels' bodies run on the host, in the kernels' order.
+static int emu_encode(int type, int kind, const void * src, int src_type, int64_t rs, int64_t cs, int64_t T, int64_t H,
+                      int64_t D, const kvg_codec_params * p, void * dst, size_t dst_bytes) {
+    kc_shape s;
+    size_t   size = 0;
+    int      st   = kc_prepare(type, kind, T, H, D, p, &s, &size);
+    if (st != KVG_OK) {
+        return st;
+    }
+    if (src == NULL || dst == NULL || (src_type != KVG_CUDA_F32 && src_type != KVG_CUDA_F16) || rs <= 0 || cs <= 0) {
+        return KVG_ERR_INVALID_ARG;
+    }
+    if (dst_bytes < size) {
+        return KVG_ERR_BUFFER_SIZE;
+    }
+    const int f16 = src_type == KVG_CUDA_F16;
+    uint8_t * out = (uint8_t *) dst;
+    kc_status k   = emu_status_init();
+    if (type == KVG_CODEC_F16) {
+        for (int64_t e = 0; e < s.n_values; e++) {
+            kc_f16_encode_at(e, src, f16, rs, cs, s.n_channels, out, &k);
+        }
+    } else if (type <= KVG_CODEC_KIVI8) {
+        const kc_kivi kv = kc_kivi_of(&s);
+        for (int64_t g = 0; g < kv.n_groups; g++) {
+            kc_kivi_group_at(g, kv, src, f16, rs, cs, out, &k);
+        }
+        for (int64_t b = 0; b < kv.code_bytes; b++) {
+            out[4 * kv.n_groups + b] = kc_kivi_code_byte_at(b, kv, src, f16, rs, cs, out);
+        }
+    } else {
+        kc_rotq r;
+        st = kc_rotq_of(&s, &r);
+        if (st != KVG_OK) {
+            return st;
+        }
+        std::vector<float>   y((size_t) r.D);
+        std::vector<uint8_t> q((size_t) r.D);
+        float                lanes[8];
+        for (int64_t v = 0; v < r.n_vec; v++) {
+            for (int i = 0; i < r.D; i++) {
+                kc_rotq_load_at(i, v, r, src, f16, rs, cs, y.data(), &k);
+            }
+            for (int l = 0; l < 8; l++) {
+                lanes[l] = kc_rotq_lane_at(l, r, y.data());
+            }
+            int   skip = 0;
+            float inv  = 0.0f;
+            kc_rotq_norm(v, lanes, out, &k, &skip, &inv);
+            if (!skip) {
+                for (int i = 0; i < r.D; i++) {
+                    kc_rotq_sign_at(i, r, y.data());
+                }
+                for (int h = 1; h < r.D; h <<= 1) {
+                    for (int pp = 0; pp < r.D / 2; pp++) {
+                        kc_fwht_pair(y.data(), pp, h);
+                    }
+                }
+                for (int i = 0; i < r.D; i++) {
+                    kc_rotq_quant_at(i, r, y.data(), inv, q.data());
+                }
+            }
+            for (int64_t b = 0; b < r.vbytes; b++) {
+                out[2 * r.n_vec + v * r.vbytes + b] = kc_rotq_pack_at(b, r, q.data(), skip);
+            }
+        }
+    }
+    return kc_flags_status(&s, &k, 0);
+}
+
+static int emu_decode(int type, int kind, const void * src, size_t src_bytes, int64_t T, int64_t H, int64_t D,
+                      const kvg_codec_params * p, void * dst, int dst_type, int64_t rs, int64_t cs) {
+    kc_shape s;
+    size_t   size = 0;
+    int      st   = kc_prepare(type, kind, T, H, D, p, &s, &size);
+    if (st != KVG_OK) {
+        return st;
+    }
+    if (src == NULL || dst == NULL || (dst_type != KVG_CUDA_F32 && dst_type != KVG_CUDA_F16) || rs <= 0 || cs <= 0) {
+        return KVG_ERR_INVALID_ARG;
+    }
+    if (src_bytes != size) {
+        return KVG_ERR_BUFFER_SIZE;
+    }
+    const int       f16 = dst_type == KVG_CUDA_F16;
+    const uint8_t * in  = (const uint8_t *) src;
+    kc_status       k   = emu_status_init();
+    if (type == KVG_CODEC_F16) {
+        for (int64_t e = 0; e < s.n_values; e++) {
+            kc_f16_check_at(e, in, &k);
+        }
+        if (k.flags == 0) {
+            for (int64_t e = 0; e < s.n_values; e++) {
+                kc_f16_decode_at(e, in, s.n_channels, dst, f16, rs, cs);
+            }
+        }
+    } else if (type <= KVG_CODEC_KIVI8) {
+        const kc_kivi kv = kc_kivi_of(&s);
+        for (int64_t g = 0; g < kv.n_groups; g++) {
+            kc_kivi_check_at(g, in, &k);
+        }
+        if (k.flags == 0) {
+            for (int64_t e = 0; e < kv.n_values; e++) {
+                kc_kivi_decode_at(e, kv, in, in + 4 * kv.n_groups, dst, f16, rs, cs);
+            }
+        }
+    } else {
+        kc_rotq r;
+        st = kc_rotq_of(&s, &r);
+        if (st != KVG_OK) {
+            return st;
+        }
+        for (int64_t v = 0; v < r.n_vec; v++) {
+            kc_rotq_check_at(v, in, &k);
+        }
+        if (k.flags == 0) {
+            std::vector<float> y((size_t) r.D);
+            const float        inv_d = 1.0f / (float) r.D;
+            for (int64_t v = 0; v < r.n_vec; v++) {
+                const uint16_t n16 = kc_get_u16(in + 2 * v);
+                if (n16 != 0) {
+                    for (int i = 0; i < r.D; i++) {
+                        kc_rotq_centroid_at(i, v, r, in + 2 * r.n_vec, y.data());
+                    }
+                    for (int h = 1; h < r.D; h <<= 1) {
+                        for (int pp = 0; pp < r.D / 2; pp++) {
+                            kc_fwht_pair(y.data(), pp, h);
+                        }
+                    }
+                }
+                for (int i = 0; i < r.D; i++) {
+                    kc_rotq_out_at(i, v, r, y.data(), n16, inv_d, dst, f16, rs, cs);
+                }
+            }
+        }
+    }
+    return kc_flags_status(&s, &k, 1);
+}
+
+static int be_encode(int type, int kind, const DevBuf & src, int src_type, int64_t rs, int64_t cs, int64_t T, int64_t H,
+                     int64_t D, const kvg_codec_params * p, DevBuf & dst, size_t dst_bytes) {
+    if (g_emulate) {
+        return emu_encode(type, kind, src.p, src_type, rs, cs, T, H, D, p, dst.p, dst_bytes);
+    }
+    size_t written = 0;
+    return kvg_cuda_encode(g_ctx, type, kind, src.p, src_type, rs, cs, T, H, D, p, dst.p, dst_bytes, &written);
+}
+
+static int be_decode(int type, int kind, const DevBuf & src, size_t src_bytes, int64_t T, int64_t H, int64_t D,
+                     const kvg_codec_params * p, DevBuf & dst, int dst_type, int64_t rs, int64_t cs) {
+    if (g_emulate) {
+        return emu_decode(type, kind, src.p, src_bytes, T, H, D, p, dst.p, dst_type, rs, cs);
+    }
+    return kvg_cuda_decode(g_ctx, type, kind, src.p, src_bytes, T, H, D, p, dst.p, dst_type, rs, cs);
+}
+
+// ---- codec cases ---------------------------------------------------------------------------
+
+static const char * st_name(int st) {
+    switch (st) {
+        case KVG_OK: return "KVG_OK";
+        case KVG_ERR_INVALID_ARG: return "INVALID_ARG";
+        case KVG_ERR_UNKNOWN_CODEC: return "UNKNOWN_CODEC";
+        case KVG_ERR_SHAPE: return "SHAPE";
+        case KVG_ERR_BUFFER_SIZE: return "BUFFER_SIZE";
+        case KVG_ERR_NONFINITE: return "NONFINITE";
+        case KVG_ERR_CORRUPT: return "CORRUPT";
+        case KVG_ERR_NO_MEMORY: return "NO_MEMORY";
+        case KVG_ERR_RANGE: return "RANGE";
+        case KVG_ERR_UNSUPPORTED: return "UNSUPPORTED";
+        default: return "?";
+    }
+}
+
+struct Case {
+    int              type, kind;
+    int64_t          T, H, D;
+    kvg_codec_params p;
+    std::string      where() const {
+        char buf[160];
+        snprintf(buf, sizeof(buf), "%s kind=%s T=%lld H=%lld D=%lld G=%d", kvg_codec_name(type), kind ? "V" : "K",
+                 (long long) T, (long long) H, (long long) D, (int) p.group_size);
+        return buf;
+    }
+    int64_t C() const { return H * D; }
+    int64_t N() const { return T * H * D; }
+};
+
+// What byte `off` of a block is, for a mismatch report.
+static std::string byte_place(const Case & c, size_t off) {
+    char buf[128];
+    int  bits = 0;
+    kvg_codec_bits(c.type, &bits);
+    if (c.type == KVG_CODEC_F16) {
+        snprintf(buf, sizeof(buf), "value %zu (token %lld)", off / 2, (long long) (off / 2 / c.C()));
+    } else if (c.type <= KVG_CODEC_KIVI8) {
+        const int64_t G = c.p.group_size;
+        const int64_t n_groups = c.kind == KVG_KIND_K ? ((c.T + G - 1) / G) * c.C() : c.T * ((c.C() + G - 1) / G);
+        if ((int64_t) off < 4 * n_groups) {
+            snprintf(buf, sizeof(buf), "group %lld's %s", (long long) (off / 4), (off % 4) < 2 ? "min" : "scale");
+        } else {
+            const int64_t e = (int64_t) (off - 4 * n_groups) * 8 / bits;
+            snprintf(buf, sizeof(buf), "codes near value %lld (token %lld, channel %lld)", (long long) e,
+                     (long long) (e / c.C()), (long long) (e % c.C()));
+        }
+    } else {
+        const int64_t nv = c.T * c.H;
+        if ((int64_t) off < 2 * nv) {
+            snprintf(buf, sizeof(buf), "norm of vector %lld (token %lld, head %lld)", (long long) (off / 2),
+                     (long long) (off / 2 / c.H), (long long) (off / 2 % c.H));
+        } else {
+            const int64_t v = (int64_t) (off - 2 * nv) / (c.D * bits / 8);
+            snprintf(buf, sizeof(buf), "codes of vector %lld (token %lld, head %lld)", (long long) v, (long long) (v / c.H),
+                     (long long) (v % c.H));
+        }
+    }
+    return buf;
+}
+
+static void compare_bytes(const Case & c, const char * what, const std::vector<uint8_t> & want,
+                          const std::vector<uint8_t> & got) {
+    g_checks++;
+    size_t first = SIZE_MAX, n_diff = 0;
+    for (size_t i = 0; i < want.size(); i++) {
+        if (want[i] != got[i]) {
+            n_diff++;
+            first = first == SIZE_MAX ? i : first;
+        }
+    }
+    if (n_diff) {
+        mismatch("%s %s: %zu of %zu bytes differ, first at byte %zu (%s): reference 0x%02x, cuda 0x%02x", c.where().c_str(),
+                 what, n_diff, want.size(), first, byte_place(c, first).c_str(), want[first], got[first]);
+    }
+}
+
+static void expect_status(const std::string & where, const char * what, int want, int got) {
+    g_checks++;
+    if (want != got) {
+        mismatch("%s %s: status %s, the reference %s (%s)", where.c_str(), what, st_name(got), st_name(want),
+                 kvg_last_error());
+    }
+}
+
+// The reference: kvg_encode at the scalar level (the oracle). Also checks this build's SIMD level
+// agrees, as the library promises (a failure there is the C library's, reported as such).
+static int ref_encode(const Case & c, const float * x, std::vector<uint8_t> & out) {
+    size_t size = 0;
+    int    st   = kvg_encoded_size(c.type, c.kind, c.T, c.H, c.D, &c.p, &size);
+    out.assign(size, 0);
+    if (st != KVG_OK) {
+        return st;
+    }
+    kvg_set_simd_level(KVG_SIMD_SCALAR);
+    st = kvg_encode(c.type, c.kind, x, (size_t) c.N(), c.T, c.H, c.D, &c.p, out.data(), size, NULL);
+    kvg_set_simd_level(kvg_simd_max_level());
+    if (kvg_simd_level() != KVG_SIMD_SCALAR) {
+        std::vector<uint8_t> simd(size, 0);
+        const int            st2 = kvg_encode(c.type, c.kind, x, (size_t) c.N(), c.T, c.H, c.D, &c.p, simd.data(), size, NULL);
+        g_checks++;
+        if (st2 != st || (st == KVG_OK && simd != out)) {
+            mismatch("%s: the C library's SIMD encode differs from its scalar reference (not a CUDA fault)", c.where().c_str());
+        }
+    }
+    return st;
+}
+
+// Encodes x with the GPU in one layout and compares with the reference's bytes and status.
+static void check_encode_layout(const Case & c, const char * layout, const std::vector<float> & x, int use_f16,
+                                int64_t rs, int64_t cs, int ref_st, const std::vector<uint8_t> & ref) {
+    const int64_t T = c.T, C = c.C();
+    // the source in that layout
+    const int64_t n_src = (T - 1) * rs + (C - 1) * cs + 1;
+    std::vector<float>    xs((size_t) n_src, 12345.0f);
+    std::vector<uint16_t> xh((size_t) n_src, host_f16(12345.0f));
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t ch = 0; ch < C; ch++) {
+            const float v = x[(size_t) (t * C + ch)];
+            if (use_f16) {
+                xh[(size_t) (t * rs + ch * cs)] = host_f16(v);
+            } else {
+                xs[(size_t) (t * rs + ch * cs)] = v;
+            }
+        }
+    }
+    const size_t esz = use_f16 ? 2 : 4;
+    DevBuf       src((size_t) n_src * esz);
+    src.put(use_f16 ? (const void *) xh.data() : (const void *) xs.data(), (size_t) n_src * esz);
+    const size_t size = ref.size();
+    DevBuf       dst(size + 64);
+    dst.fill(0xCD);
+    const int st = be_encode(c.type, c.kind, src, use_f16 ? KVG_CUDA_F16 : KVG_CUDA_F32, rs, cs, c.T, c.H, c.D, &c.p, dst,
+                             size + 64);
+    const std::string where = c.where() + " " + layout;
+    expect_status(where, "encode", ref_st, st);
+    if (st != KVG_OK || ref_st != KVG_OK) {
+        return;
+    }
+    std::vector<uint8_t> got(size + 64);
+    dst.get(got.data(), size + 64);
+    std::vector<uint8_t> block(got.begin(), got.begin() + (long) size);
+    compare_bytes(c, (std::string("encode ") + layout).c_str(), ref, block);
+    g_checks++;
+    for (size_t i = size; i < size + 64; i++) {
+        if (got[i] != 0xCD) {
+            mismatch("%s: encode wrote byte %zu past the block's %zu", where.c_str(), i, size);
+            break;
+        }
+    }
+}
+
+// Decodes the reference's bytes with the GPU into one layout and compares with kvg_decode.
+static void check_decode_layout(const Case & c, const char * layout, const std::vector<uint8_t> & bytes,
+                                const std::vector<float> & want, int to_f16, int64_t rs, int64_t cs) {
+    const int64_t T = c.T, C = c.C();
+    const int64_t n_dst = (T - 1) * rs + (C - 1) * cs + 1;
+    const size_t  esz   = to_f16 ? 2 : 4;
+    DevBuf        src(bytes.size());
+    src.put(bytes.data(), bytes.size());
+    DevBuf dst((size_t) n_dst * esz);
+    dst.fill(0x7F);
+    const int         st    = be_decode(c.type, c.kind, src, bytes.size(), c.T, c.H, c.D, &c.p, dst,
+                                        to_f16 ? KVG_CUDA_F16 : KVG_CUDA_F32, rs, cs);
+    const std::string where = c.where() + " decode " + layout;
+    expect_status(where, "decode", KVG_OK, st);
+    if (st != KVG_OK) {
+        return;
+    }
+    std::vector<uint8_t> raw((size_t) n_dst * esz);
+    dst.get(raw.data(), raw.size());
+    std::vector<char> hit((size_t) n_dst, 0);
+    long              n_bad = 0;
+    g_checks++;
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t ch = 0; ch < C; ch++) {
+            const int64_t idx = t * rs + ch * cs;
+            hit[(size_t) idx] = 1;
+            const float   w   = want[(size_t) (t * C + ch)];
+            if (to_f16) {
+                uint16_t g;
+                memcpy(&g, &raw[(size_t) idx * 2], 2);
+                if (g != host_f16(w) && n_bad++ == 0) {
+                    mismatch("%s: token %lld channel %lld: f16 0x%04x (%g), the reference's float %.9g rounds to 0x%04x",
+                             where.c_str(), (long long) t, (long long) ch, g, (double) host_f32(g), (double) w, host_f16(w));
+                }
+            } else {
+                float g;
+                memcpy(&g, &raw[(size_t) idx * 4], 4);
+                if (fbits(g) != fbits(w) && n_bad++ == 0) {
+                    mismatch("%s: token %lld channel %lld: %.9g (0x%08x), the reference %.9g (0x%08x)", where.c_str(),
+                             (long long) t, (long long) ch, (double) g, fbits(g), (double) w, fbits(w));
+                }
+            }
+        }
+    }
+    if (n_bad > 1) {
+        mismatch("%s: %ld of %lld values differ in all", where.c_str(), n_bad, (long long) (T * C));
+    }
+    for (int64_t i = 0; i < n_dst; i++) {
+        if (!hit[(size_t) i]) {
+            for (size_t b = 0; b < esz; b++) {
+                if (raw[(size_t) i * esz + b] != 0x7F) {
+                    mismatch("%s: wrote element %lld, a gap of the layout", where.c_str(), (long long) i);
+                    i = n_dst;
+                    break;
+                }
+            }
+        }
+    }
+}
+
+// A block with one norm, min or scale no encoder writes: CORRUPT from both, and dst unchanged.
+static void check_corrupt(const Case & c, std::vector<uint8_t> bytes) {
+    if (c.type == KVG_CODEC_F16) {
+        kc_put_u16(bytes.data(), 0x7C00);  // +Inf
+    } else if (c.type <= KVG_CODEC_KIVI8) {
+        kc_put_u16(bytes.data() + 2, 0x8001);  // a negative scale
+    } else {
+        kc_put_u16(bytes.data() + 2 * (c.T * c.H - 1), 0xFC00);  // -Inf norm, last vector
+    }
+    std::vector<float> cpu((size_t) c.N());
+    const int          cst = kvg_decode(c.type, c.kind, bytes.data(), bytes.size(), c.T, c.H, c.D, &c.p, cpu.data(), cpu.size());
+    DevBuf             src(bytes.size());
+    src.put(bytes.data(), bytes.size());
+    DevBuf dst((size_t) c.N() * 4);
+    dst.fill(0x7F);
+    const int st = be_decode(c.type, c.kind, src, bytes.size(), c.T, c.H, c.D, &c.p, dst, KVG_CUDA_F32, c.C(), 1);
+    expect_status(c.where() + " corrupt block", "decode", cst, st);
+    std::vector<uint8_t> raw((size_t) c.N() * 4);
+    dst.get(raw.data(), raw.size());
+    g_checks++;
+    for (size_t i = 0; i < raw.size(); i++) {
+        if (raw[i] != 0x7F) {
+            mismatch("%s corrupt block: decode wrote dst (byte %zu) though it failed", c.where().c_str(), i);
+            break;
+        }
+    }
+    if (!g_emulate) {
+        const int cst2 = kvg_cuda_check(g_ctx, c.type, c.kind, src.p, bytes.size(), c.T, c.H, c.D, &c.p);
+        expect_status(c.where() + " corrupt block", "kvg_cuda_check", KVG_ERR_CORRUPT, cst2);
+    }
+}
+
+static void run_case(const Case & c, Rng & rng) {
+    const std::vector<float> x = kv_rows(rng, c.T, c.C(), c.D);
+    std::vector<uint8_t>     ref, ref_h;
+    const int                st = ref_encode(c, x.data(), ref);
+    // f16 rows: the reference encodes their exact f32 widening
+    std::vector<float> xw(x.size());
+    for (size_t i = 0; i < x.size(); i++) {
+        xw[i] = host_f32(host_f16(x[i]));
+    }
+    const int st_h = ref_encode(c, xw.data(), ref_h);
+
+    const int64_t T = c.T, C = c.C();
+    check_encode_layout(c, "f32", x, 0, C, 1, st, ref);
+    check_encode_layout(c, "f16", xw, 1, C, 1, st_h, ref_h);
+    check_encode_layout(c, "f32 padded rows", x, 0, C + 3, 1, st, ref);
+    check_encode_layout(c, "f32 transposed", x, 0, 1, T, st, ref);
+    if (st != KVG_OK) {
+        mismatch("%s: the reference refused the case (%s: %s)", c.where().c_str(), st_name(st), kvg_last_error());
+        return;
+    }
+    if (!g_emulate) {
+        DevBuf blk(ref.size());
+        blk.put(ref.data(), ref.size());
+        expect_status(c.where(), "kvg_cuda_check", KVG_OK,
+                      kvg_cuda_check(g_ctx, c.type, c.kind, blk.p, ref.size(), c.T, c.H, c.D, &c.p));
+    }
+    std::vector<float> dec((size_t) c.N());
+    kvg_set_simd_level(KVG_SIMD_SCALAR);
+    const int dst_ = kvg_decode(c.type, c.kind, ref.data(), ref.size(), c.T, c.H, c.D, &c.p, dec.data(), dec.size());
+    kvg_set_simd_level(kvg_simd_max_level());
+    if (dst_ != KVG_OK) {
+        mismatch("%s: the reference cannot decode its own block (%s)", c.where().c_str(), kvg_last_error());
+        return;
+    }
+    check_decode_layout(c, "f32", ref, dec, 0, C, 1);
+    check_decode_layout(c, "f16", ref, dec, 1, C, 1);
+    check_decode_layout(c, "f32 transposed", ref, dec, 0, 1, T);
+    check_decode_layout(c, "f16 padded rows", ref, dec, 1, C + 5, 1);
+    check_corrupt(c, ref);
+}
+
+// Input the reference refuses, refused the same way.
+static void run_refusals(Rng & rng) {
+    struct R {
+        int         type;
+        int         kind;
+        int64_t     D;
+        const char *what;
+    };
+    const R rs[] = {
+        { KVG_CODEC_ROTQ3, KVG_KIND_K, 64, "nan" },      { KVG_CODEC_KIVI2, KVG_KIND_V, 64, "nan" },
+        { KVG_CODEC_KIVI4, KVG_KIND_K, 64, "inf" },      { KVG_CODEC_F16, KVG_KIND_K, 64, "nan" },
+        { KVG_CODEC_ROTQ2, KVG_KIND_V, 128, "big norm" }, { KVG_CODEC_KIVI2, KVG_KIND_K, 64, "big value" },
+        { KVG_CODEC_KIVI4, KVG_KIND_V, 64, "big value" }, { KVG_CODEC_F16, KVG_KIND_V, 64, "big value" },
+        { KVG_CODEC_KIVI8, KVG_KIND_V, 64, "edge 65504" }, { KVG_CODEC_ROTQ4, KVG_KIND_K, 64, "edge 65504" },
+    };
+    for (const R & r : rs) {
+        Case c;
+        c.type = r.type;
+        c.kind = r.kind;
+        c.T    = 9;
+        c.H    = 2;
+        c.D    = r.D;
+        kvg_codec_default_params(&c.p);
+        std::vector<float> x = kv_rows(rng, c.T, c.C(), c.D);
+        const int64_t      at = 5 * c.C() + 7;
+        if (!strcmp(r.what, "nan")) {
+            x[(size_t) at] = NAN;
+        } else if (!strcmp(r.what, "inf")) {
+            x[(size_t) at] = -INFINITY;
+        } else if (!strcmp(r.what, "big norm")) {
+            for (int64_t i = 0; i < c.D; i++) {
+                x[(size_t) (6 * c.C() + i)] = 9000.0f;  // norm 9000 * sqrt(128) > 65504
+            }
+        } else if (!strcmp(r.what, "big value")) {
+            x[(size_t) at] = 70000.0f;
+        } else {
+            x[(size_t) at]     = 65504.0f;
+            x[(size_t) at + 1] = -65504.0f;
+        }
+        std::vector<uint8_t> ref;
+        const int            st = ref_encode(c, x.data(), ref);
+        check_encode_layout(c, r.what, x, 0, c.C(), 1, st, ref);
+        check_encode_layout(c, (std::string(r.what) + " transposed").c_str(), x, 0, 1, c.T, st, ref);
+        if (!strcmp(r.what, "nan") || !strcmp(r.what, "inf")) {  // from f16 rows too
+            check_encode_layout(c, (std::string(r.what) + " f16").c_str(), x, 1, c.C(), 1, st, ref);
+        }
+    }
+}
+
+// Arguments the API refuses before anything runs (no device needed for most).
+static void run_api() {
+    char msg[300];
+    g_checks++;
+    if (kvg_cuda_codec_supported(KVG_CODEC_TCQ3, 128) != KVG_ERR_UNSUPPORTED ||
+        !strstr(kvg_last_error(), "rotq2") || !strstr(kvg_last_error(), "kivi4")) {
+        mismatch("kvg_cuda_codec_supported(tcq3): want UNSUPPORTED naming the GPU's codecs, got '%s'", kvg_last_error());
+    }
+    const int cases[][3] = {
+        { KVG_CODEC_ROTQ3, 4, KVG_ERR_SHAPE },   { KVG_CODEC_ROTQ3, 96, KVG_ERR_SHAPE }, { KVG_CODEC_ROTQ3, 8, KVG_OK },
+        { KVG_CODEC_KIVI2, 7, KVG_OK },          { KVG_CODEC_PQ2, 64, KVG_ERR_UNSUPPORTED },
+        { KVG_CODEC_WFQ3, 64, KVG_ERR_UNSUPPORTED }, { 999, 64, KVG_ERR_UNKNOWN_CODEC },
+    };
+    for (const auto & cs : cases) {
+        const int st = kvg_cuda_codec_supported(cs[0], cs[1]);
+        snprintf(msg, sizeof(msg), "kvg_cuda_codec_supported(%d, %d)", cs[0], cs[1]);
+        expect_status(msg, "", cs[2], st);
+    }
+    if (g_emulate) {
+        int n = -1;
+        g_checks++;
+        if (kvg_cuda_device_count(&n) != KVG_OK || n < 0) {
+            mismatch("kvg_cuda_device_count: %s", kvg_last_error());
+        }
+        kvg_cuda_ctx * ctx = NULL;
+        const int      st  = kvg_cuda_ctx_init(0, NULL, &ctx);
+        g_checks++;
+        if (n == 0 && (st != KVG_ERR_UNSUPPORTED || ctx != NULL)) {
+            mismatch("kvg_cuda_ctx_init without a device: status %s, want UNSUPPORTED and no context", st_name(st));
+        }
+        kvg_cuda_ctx_free(ctx);
+        void * p = NULL;
+        expect_status("kvg_cuda_malloc(NULL ctx)", "", KVG_ERR_INVALID_ARG, kvg_cuda_malloc(NULL, 16, &p));
+        expect_status("kvg_cuda_encode(NULL ctx)", "", KVG_ERR_INVALID_ARG,
+                      kvg_cuda_encode(NULL, KVG_CODEC_ROTQ2, 0, &n, KVG_CUDA_F32, 64, 1, 1, 1, 64, NULL, &n, 100, NULL));
+        return;
+    }
+    // with a device: refusals of kvg_cuda_encode / decode / attend
+    DevBuf src(64 * 4 * 4), dst(4096);
+    size_t w = 0;
+    expect_status("encode pq2", "", KVG_ERR_UNSUPPORTED,
+                  kvg_cuda_encode(g_ctx, KVG_CODEC_PQ2, 0, src.p, KVG_CUDA_F32, 64, 1, 4, 1, 64, NULL, dst.p, 4096, &w));
+    expect_status("encode rotq3 d=4", "", KVG_ERR_SHAPE,
+                  kvg_cuda_encode(g_ctx, KVG_CODEC_ROTQ3, 0, src.p, KVG_CUDA_F32, 4, 1, 4, 1, 4, NULL, dst.p, 4096, &w));
+    expect_status("encode rotq3 small dst", "", KVG_ERR_BUFFER_SIZE,
+                  kvg_cuda_encode(g_ctx, KVG_CODEC_ROTQ3, 0, src.p, KVG_CUDA_F32, 64, 1, 4, 1, 64, NULL, dst.p, 10, &w));
+    expect_status("encode NULL src", "", KVG_ERR_INVALID_ARG,
+                  kvg_cuda_encode(g_ctx, KVG_CODEC_ROTQ3, 0, NULL, KVG_CUDA_F32, 64, 1, 4, 1, 64, NULL, dst.p, 4096, &w));
+    expect_status("encode src_type 7", "", KVG_ERR_INVALID_ARG,
+                  kvg_cuda_encode(g_ctx, KVG_CODEC_ROTQ3, 0, src.p, 7, 64, 1, 4, 1, 64, NULL, dst.p, 4096, &w));
+    expect_status("encode stride 0", "", KVG_ERR_INVALID_ARG,
+                  kvg_cuda_encode(g_ctx, KVG_CODEC_ROTQ3, 0, src.p, KVG_CUDA_F32, 0, 1, 4, 1, 64, NULL, dst.p, 4096, &w));
+    expect_status("decode wrong size", "", KVG_ERR_BUFFER_SIZE,
+                  kvg_cuda_decode(g_ctx, KVG_CODEC_KIVI2, 0, dst.p, 100, 4, 1, 64, NULL, src.p, KVG_CUDA_F32, 64, 1));
+    void * big = NULL;
+    expect_status("malloc 1 PiB", "", KVG_ERR_NO_MEMORY, kvg_cuda_malloc(g_ctx, (size_t) 1 << 50, &big));
+    g_checks++;
+    if (kvg_cuda_sync(g_ctx) != KVG_OK) {
+        mismatch("kvg_cuda_sync after refusals: %s", kvg_last_error());
+    }
+}
+
+// ---- attention (GPU) -----------------------------------------------------------------------
+
+struct AttnCase {
+    int     k_codec, v_codec, n_head_kv, n_head, n_tokens;
+    int64_t dk, dv, n_rows;
+    float   softcap;
+};
+
+// float64 softmax attention over decoded rows: m, l, out per query (caller order).
+static void attn_reference(const AttnCase & a, const std::vector<float> & q, const std::vector<float> & k,
+                           const std::vector<float> & v, int64_t r0, int64_t r1, float scale, std::vector<double> & m,
+                           std::vector<double> & l, std::vector<double> & out) {
+    const int64_t n_q = (int64_t) a.n_tokens * a.n_head, gqa = a.n_head / a.n_head_kv;
+    m.assign((size_t) n_q, -INFINITY);
+    l.assign((size_t) n_q, 0.0);
+    out.assign((size_t) (n_q * a.dv), 0.0);
+    std::vector<double> s((size_t) (r1 - r0));
+    for (int64_t j = 0; j < n_q; j++) {
+        const int64_t h = j % a.n_head, hk = h / gqa;
+        for (int64_t r = r0; r < r1; r++) {
+            double d = 0.0;
+            for (int64_t i = 0; i < a.dk; i++) {
+                d += (double) q[(size_t) (j * a.dk + i)] * k[(size_t) ((r * a.n_head_kv + hk) * a.dk + i)];
+            }
+            d *= scale;
+            if (a.softcap > 0.0f) {
+                d = a.softcap * tanh(d / a.softcap);
+            }
+            s[(size_t) (r - r0)] = d;
+            m[(size_t) j]        = d > m[(size_t) j] ? d : m[(size_t) j];
+        }
+        for (int64_t r = r0; r < r1; r++) {
+            const double p = exp(s[(size_t) (r - r0)] - m[(size_t) j]);
+            l[(size_t) j] += p;
+            for (int64_t i = 0; i < a.dv; i++) {
+                out[(size_t) (j * a.dv + i)] += p * v[(size_t) ((r * a.n_head_kv + hk) * a.dv + i)];
+            }
+        }
+        for (int64_t i = 0; i < a.dv; i++) {
+            out[(size_t) (j * a.dv + i)] /= l[(size_t) j];
+        }
+    }
+}
+
+static void attn_compare(const char * who, const std::string & where, const std::vector<float> & m,
+                         const std::vector<float> & l, const std::vector<float> & acc, const std::vector<double> & m_ref,
+                         const std::vector<double> & l_ref, const std::vector<double> & out_ref, int64_t dv, double vmax,
+                         double * worst) {
+    g_checks++;
+    double err = 0.0;
+    for (size_t j = 0; j < m.size(); j++) {
+        if (!(fabs(m[j] - m_ref[j]) <= 1e-5 + 1e-5 * fabs(m_ref[j]))) {
+            mismatch("%s %s: m[%zu] = %.9g, reference %.9g", who, where.c_str(), j, (double) m[j], m_ref[j]);
+            return;
+        }
+        if (!(fabs(l[j] - l_ref[j]) <= 1e-4 * fabs(l_ref[j]))) {
+            mismatch("%s %s: l[%zu] = %.9g, reference %.9g", who, where.c_str(), j, (double) l[j], l_ref[j]);
+            return;
+        }
+        for (int64_t i = 0; i < dv; i++) {
+            const double o = (double) acc[j * (size_t) dv + (size_t) i] / l[j];
+            const double e = fabs(o - out_ref[j * (size_t) dv + (size_t) i]);
+            err            = e > err || e != e ? e : err;
+        }
+    }
+    if (worst) {
+        *worst = err / vmax > *worst ? err / vmax : *worst;
+    }
+    if (!(err <= 5e-5 * vmax)) {
+        mismatch("%s %s: output error %.3g > 5e-5 * max|v| (%.3g)", who, where.c_str(), err, vmax);
+    }
+}
+
+static void run_attend_case(const AttnCase & a, Rng & rng, double * worst_gpu, double * worst_cpu_gpu) {
+    char buf[256];
+    snprintf(buf, sizeof(buf), "attend K %s / V %s dk=%lld dv=%lld heads=%d/%d T=%d rows=%lld softcap=%g",
+             kvg_codec_name(a.k_codec), kvg_codec_name(a.v_codec), (long long) a.dk, (long long) a.dv, a.n_head_kv, a.n_head,
+             a.n_tokens, (long long) a.n_rows, (double) a.softcap);
+    const std::string where = buf;
+    const int64_t     R = a.n_rows, Hk = a.n_head_kv;
+    // a store holding the rows, as the CPU path sees them
+    kvg_store_params sp;
+    kvg_store_default_params(&sp);
+    sp.n_layer    = 1;
+    sp.n_head_kv  = a.n_head_kv;
+    sp.head_dim_k = (int32_t) a.dk;
+    sp.head_dim_v = (int32_t) a.dv;
+    kvg_store * store = NULL;
+    if (kvg_store_init(&sp, &store) != KVG_OK) {
+        die("kvg_store_init: %s", kvg_last_error());
+    }
+    std::vector<float> kx = kv_rows(rng, R, Hk * a.dk, a.dk), vx = kv_rows(rng, R, Hk * a.dv, a.dv);
+    if (kvg_store_append(store, 0, KVG_KIND_K, KVG_TIER_WARM, a.k_codec, kx.data(), kx.size(), R) != KVG_OK ||
+        kvg_store_append(store, 0, KVG_KIND_V, KVG_TIER_WARM, a.v_codec, vx.data(), vx.size(), R) != KVG_OK) {
+        die("kvg_store_append: %s", kvg_last_error());
+    }
+    std::vector<uint8_t> kb, vb;
+    for (int kind = 0; kind < 2; kind++) {
+        kvg_block_info info;
+        kvg_store_block(store, 0, kind, 0, &info, NULL, 0);
+        std::vector<uint8_t> & b = kind ? vb : kb;
+        b.resize(info.n_bytes);
+        kvg_store_block(store, 0, kind, 0, &info, b.data(), b.size());
+    }
+    std::vector<float> kd((size_t) (R * Hk * a.dk)), vd((size_t) (R * Hk * a.dv));
+    kvg_store_decode(store, 0, KVG_KIND_K, 0, R, kd.data(), kd.size());
+    kvg_store_decode(store, 0, KVG_KIND_V, 0, R, vd.data(), vd.size());
+    double vmax = 0.0;
+    for (float x : vd) {
+        vmax = fabs(x) > vmax ? fabs(x) : vmax;
+    }
+
+    const int64_t      n_q = (int64_t) a.n_tokens * a.n_head;
+    std::vector<float> q((size_t) (n_q * a.dk));
+    for (auto & x : q) {
+        x = 2.0f * rng.gauss();
+    }
+    const float scale = 1.0f / sqrtf((float) a.dk);
+    // rows [r0, r1): the whole block, or a middle part
+    const int64_t r0 = R > 8 ? R / 7 : 0, r1 = R > 8 ? R - R / 5 : R;
+
+    std::vector<double> m_ref, l_ref, out_ref;
+    attn_reference(a, q, kd, vd, r0, r1, scale, m_ref, l_ref, out_ref);
+
+    // the CPU's fused path
+    std::vector<float> m((size_t) n_q, -INFINITY), l((size_t) n_q, 0.0f), acc((size_t) (n_q * a.dv), 0.0f);
+    if (kvg_store_hook_attend_capped(store, 0, r0, r1, q.data(), a.n_tokens, a.n_head, scale, a.softcap, m.data(), l.data(),
+                                     acc.data()) != KVG_OK) {
+        die("kvg_store_hook_attend_capped: %s", kvg_last_error());
+    }
+    double cpu_err = 0.0;
+    attn_compare("cpu", where, m, l, acc, m_ref, l_ref, out_ref, a.dv, vmax, &cpu_err);
+
+    // the GPU: one call over [r0, r1), then two calls folding into one state, with V read from a
+    // block that holds only rows [r0, r1) (different row offsets for K and V)
+    DevBuf dk_(kb.size()), dv_(vb.size()), dq(q.size() * 4), dm(m.size() * 4), dl(l.size() * 4), dacc(acc.size() * 4);
+    dk_.put(kb.data(), kb.size());
+    dv_.put(vb.data(), vb.size());
+    dq.put(q.data(), q.size() * 4);
+    for (int variant = 0; variant < 2; variant++) {
+        std::vector<float> m0((size_t) n_q, -INFINITY), z((size_t) (n_q * a.dv), 0.0f);
+        dm.put(m0.data(), m0.size() * 4);
+        std::vector<float> l0((size_t) n_q, 0.0f);
+        dl.put(l0.data(), l0.size() * 4);
+        dacc.put(z.data(), z.size() * 4);
+        kvg_cuda_attend_args args;
+        memset(&args, 0, sizeof(args));
+        args.k         = { a.k_codec, dk_.p, kb.size(), R };
+        args.v         = { a.v_codec, dv_.p, vb.size(), R };
+        args.n_head_kv = a.n_head_kv;
+        args.head_dim_k = a.dk;
+        args.head_dim_v = a.dv;
+        args.seed      = KVG_DEFAULT_SEED;
+        args.q_dev     = (const float *) dq.p;
+        args.n_tokens  = a.n_tokens;
+        args.n_head    = a.n_head;
+        args.scale     = scale;
+        args.softcap   = a.softcap;
+        args.m_dev     = (float *) dm.p;
+        args.l_dev     = (float *) dl.p;
+        args.acc_dev   = (float *) dacc.p;
+        std::string w  = where;
+        int         st = KVG_OK;
+        if (variant == 0) {
+            args.k_row0 = r0;
+            args.v_row0 = r0;
+            args.n_rows = r1 - r0;
+            st          = kvg_cuda_attend(g_ctx, &args);
+            w += " one call";
+        } else {
+            // V from its own block of rows [r0, r1), encoded by the GPU itself
+            std::vector<float> vpart(vx.begin() + (long) (r0 * Hk * a.dv), vx.begin() + (long) (r1 * Hk * a.dv));
+            size_t             vsz = 0;
+            kvg_encoded_size(a.v_codec, KVG_KIND_V, r1 - r0, Hk, a.dv, NULL, &vsz);
+            DevBuf vsrc(vpart.size() * 4), vblk(vsz);
+            vsrc.put(vpart.data(), vpart.size() * 4);
+            st = kvg_cuda_encode(g_ctx, a.v_codec, KVG_KIND_V, vsrc.p, KVG_CUDA_F32, Hk * a.dv, 1, r1 - r0, Hk, a.dv, NULL,
+                                 vblk.p, vsz, NULL);
+            args.v           = { a.v_codec, vblk.p, vsz, r1 - r0 };
+            const int64_t mid = r0 + (r1 - r0) / 3;
+            if (st == KVG_OK) {
+                args.k_row0 = r0;
+                args.v_row0 = 0;
+                args.n_rows = mid - r0;
+                st          = kvg_cuda_attend(g_ctx, &args);
+            }
+            if (st == KVG_OK) {
+                args.k_row0 = mid;
+                args.v_row0 = mid - r0;
+                args.n_rows = r1 - mid;
+                st          = kvg_cuda_attend(g_ctx, &args);
+            }
+            if (st == KVG_OK) {
+                st = kvg_cuda_sync(g_ctx);  // before vblk goes
+            }
+            w += " two calls, V block of its own";
+        }
+        if (st == KVG_OK) {
+            st = kvg_cuda_sync(g_ctx);
+        }
+        expect_status(w, "kvg_cuda_attend", KVG_OK, st);
+        if (st != KVG_OK) {
+            continue;
+        }
+        std::vector<float> gm((size_t) n_q), gl((size_t) n_q), gacc((size_t) (n_q * a.dv));
+        dm.get(gm.data(), gm.size() * 4);
+        dl.get(gl.data(), gl.size() * 4);
+        dacc.get(gacc.data(), gacc.size() * 4);
+        attn_compare("cuda", w, gm, gl, gacc, m_ref, l_ref, out_ref, a.dv, vmax, worst_gpu);
+        // and against the CPU's fused path, as tests/test_attend.py compares SIMD with scalar
+        double e = 0.0;
+        for (size_t j = 0; j < gm.size(); j++) {
+            for (int64_t i = 0; i < a.dv; i++) {
+                const double d = fabs((double) gacc[j * (size_t) a.dv + (size_t) i] / gl[j] -
+                                      (double) acc[j * (size_t) a.dv + (size_t) i] / l[j]);
+                e              = d > e || d != d ? d : e;
+            }
+        }
+        *worst_cpu_gpu = e / vmax > *worst_cpu_gpu ? e / vmax : *worst_cpu_gpu;
+        g_checks++;
+        if (!(e <= 5e-5 * vmax)) {
+            mismatch("cuda vs cpu %s: output differs by %.3g > 5e-5 * max|v|", w.c_str(), e);
+        }
+    }
+    kvg_store_free(store);
+}
+
+static void run_attend() {
+    Rng              rng(0xa77e4d);
+    const int        pairs[][2] = { { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2 }, { KVG_CODEC_ROTQ3, KVG_CODEC_ROTQ3 },
+                                    { KVG_CODEC_ROTQ2, KVG_CODEC_ROTQ4 }, { KVG_CODEC_ROTQ1, KVG_CODEC_ROTQ4 } };
+    const int64_t    dims[][2]  = { { 64, 64 }, { 128, 128 }, { 256, 256 }, { 128, 64 } };
+    const int        heads[][2] = { { 1, 1 }, { 2, 6 }, { 8, 24 }, { 4, 4 } };
+    const int64_t    rows[]     = { 1, 37, 263, 700, 4100 };
+    double           worst = 0.0, worst_cc = 0.0;
+    int              n     = 0;
+    for (int pi = 0; pi < 4; pi++) {
+        for (int di = 0; di < 4; di++) {
+            for (int hi = 0; hi < 4; hi++) {
+                if (g_quick && (di + hi) % 2) {
+                    continue;
+                }
+                AttnCase a;
+                a.k_codec   = pairs[pi][0];
+                a.v_codec   = pairs[pi][1];
+                a.dk        = dims[di][0];
+                a.dv        = dims[di][1];
+                a.n_head_kv = heads[hi][0];
+                a.n_head    = heads[hi][1];
+                a.n_tokens  = (pi + hi) % 2 ? 3 : 1;
+                a.n_rows    = rows[(pi + di + hi) % 5];
+                a.softcap   = (di + hi) % 3 == 0 ? 30.0f : 0.0f;
+                run_attend_case(a, rng, &worst, &worst_cc);
+                n++;
+            }
+        }
+    }
+    printf("attend: %d cases; worst output error %.3g of max|v| against float64 (bound 5e-5), %.3g against the CPU's fused path\n",
+           n, worst, worst_cc);
+}
+
+// ---- timings (GPU) -------------------------------------------------------------------------
+
+static void run_timing() {
+    printf("\ntimings (CUDA events on the context's stream; medians of 20 runs after 3 warm-ups; not asserted):\n");
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    Rng rng(0x7171);
+    // one layer of Llama-3.2-3B: 8 KV heads, 24 query heads, head_dim 128; one decoded token
+    const int     Hk = 8, Hq = 24;
+    const int64_t D  = 128;
+    const int     pairs[][2] = { { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2 }, { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ4 } };
+    for (int64_t R : { (int64_t) 8192, (int64_t) 32768 }) {
+        std::vector<float> x((size_t) (R * Hk * D));
+        for (auto & v : x) {
+            v = rng.gauss();
+        }
+        DevBuf src(x.size() * 4);
+        src.put(x.data(), x.size() * 4);
+        for (const auto & pr : pairs) {
+            size_t ks = 0, vs = 0;
+            kvg_encoded_size(pr[0], KVG_KIND_K, R, Hk, D, NULL, &ks);
+            kvg_encoded_size(pr[1], KVG_KIND_V, R, Hk, D, NULL, &vs);
+            DevBuf kb(ks), vb(vs), q((size_t) Hq * D * 4), m((size_t) Hq * 4), l((size_t) Hq * 4), acc((size_t) Hq * D * 4);
+            if (kvg_cuda_encode(g_ctx, pr[0], KVG_KIND_K, src.p, KVG_CUDA_F32, Hk * D, 1, R, Hk, D, NULL, kb.p, ks, NULL) ||
+                kvg_cuda_encode(g_ctx, pr[1], KVG_KIND_V, src.p, KVG_CUDA_F32, Hk * D, 1, R, Hk, D, NULL, vb.p, vs, NULL)) {
+                mismatch("timing encode: %s", kvg_last_error());
+                return;
+            }
+            std::vector<float> qh((size_t) Hq * D), mh((size_t) Hq, -INFINITY), zero((size_t) Hq * D, 0.0f);
+            for (auto & v : qh) {
+                v = rng.gauss();
+            }
+            q.put(qh.data(), qh.size() * 4);
+            kvg_cuda_attend_args a;
+            memset(&a, 0, sizeof(a));
+            a.k          = { pr[0], kb.p, ks, R };
+            a.v          = { pr[1], vb.p, vs, R };
+            a.n_rows     = R;
+            a.n_head_kv  = Hk;
+            a.head_dim_k = D;
+            a.head_dim_v = D;
+            a.seed       = KVG_DEFAULT_SEED;
+            a.q_dev      = (const float *) q.p;
+            a.n_tokens   = 1;
+            a.n_head     = Hq;
+            a.scale      = 0.088f;
+            a.m_dev      = (float *) m.p;
+            a.l_dev      = (float *) l.p;
+            a.acc_dev    = (float *) acc.p;
+            std::vector<float> ms;
+            for (int it = 0; it < 23; it++) {
+                m.put(mh.data(), mh.size() * 4);
+                l.put(zero.data(), (size_t) Hq * 4);
+                acc.put(zero.data(), zero.size() * 4);
+                cudaEventRecord(e0, g_stream);
+                const int st = kvg_cuda_attend(g_ctx, &a);  // queued: the events time the kernels
+                cudaEventRecord(e1, g_stream);
+                cudaEventSynchronize(e1);
+                if (st != KVG_OK) {
+                    mismatch("timing attend: %s", kvg_last_error());
+                    return;
+                }
+                float t = 0.0f;
+                cudaEventElapsedTime(&t, e0, e1);
+                if (it >= 3) {
+                    ms.push_back(t);
+                }
+            }
+            std::sort(ms.begin(), ms.end());
+            const double med  = ms[ms.size() / 2];
+            const double f16b = (double) R * Hk * D * 2 * 2;
+            printf("  attend 1 token, 24/8 heads, d=128, %6lld rows, K %s / V %s: %8.1f us (codes %.1f MiB: %.0f GB/s; an f16 "
+                   "cache's %.0f MiB would need %.0f GB/s to match)\n",
+                   (long long) R, kvg_codec_name(pr[0]), kvg_codec_name(pr[1]), med * 1e3, (ks + vs) / 1048576.0,
+                   (ks + vs) / (med * 1e-3) / 1e9, f16b / 1048576.0, f16b / (med * 1e-3) / 1e9);
+        }
+    }
+    // an eviction batch: 256 rows of 8 x 128, encoded and decoded (each call waits for its status)
+    const int64_t R = 256;
+    std::vector<float> x((size_t) (R * Hk * D));
+    for (auto & v : x) {
+        v = rng.gauss();
+    }
+    DevBuf src(x.size() * 4), out(x.size() * 4);
+    src.put(x.data(), x.size() * 4);
+    for (int codec : { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2, KVG_CODEC_KIVI4, KVG_CODEC_KIVI2 }) {
+        size_t sz = 0;
+        kvg_encoded_size(codec, KVG_KIND_K, R, Hk, D, NULL, &sz);
+        DevBuf             blk(sz);
+        std::vector<float> te, td;
+        for (int it = 0; it < 23; it++) {
+            cudaEventRecord(e0, g_stream);
+            kvg_cuda_encode(g_ctx, codec, KVG_KIND_K, src.p, KVG_CUDA_F32, Hk * D, 1, R, Hk, D, NULL, blk.p, sz, NULL);
+            cudaEventRecord(e1, g_stream);
+            cudaEventSynchronize(e1);
+            float t = 0.0f;
+            cudaEventElapsedTime(&t, e0, e1);
+            if (it >= 3) {
+                te.push_back(t);
+            }
+            cudaEventRecord(e0, g_stream);
+            kvg_cuda_decode(g_ctx, codec, KVG_KIND_K, blk.p, sz, R, Hk, D, NULL, out.p, KVG_CUDA_F16, Hk * D, 1);
+            cudaEventRecord(e1, g_stream);
+            cudaEventSynchronize(e1);
+            cudaEventElapsedTime(&t, e0, e1);
+            if (it >= 3) {
+                td.push_back(t);
+            }
+        }
+        std::sort(te.begin(), te.end());
+        std::sort(td.begin(), td.end());
+        printf("  %-6s encode 256 rows x 8 x 128: %7.1f us, decode to f16: %7.1f us (each with its status read back)\n",
+               kvg_codec_name(codec), te[te.size() / 2] * 1e3, td[td.size() / 2] * 1e3);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+}
+
+// ---- main ----------------------------------------------------------------------------------
+
+int main(int argc, char ** argv) {
+    int timing = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--emulate")) {
+            g_emulate = 1;
+        } else if (!strcmp(argv[i], "--quick")) {
+            g_quick = 1;
+        } else if (!strcmp(argv[i], "--no-timing")) {
+            timing = 0;
+        } else {
+            fprintf(stderr, "usage: cuda_check [--emulate] [--quick] [--no-timing]\n");
+            return 2;
+        }
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (!g_emulate) {
+        int n = 0;
+        if (kvg_cuda_device_count(&n) != KVG_OK || n == 0) {
+            printf("cuda_check: no CUDA device (%s)\n", kvg_last_error()[0] ? kvg_last_error() : "none found");
+            return 77;
+        }
+        cudaDeviceProp prop;
+        int            drv = 0, rt = 0;
+        cudaGetDeviceProperties(&prop, 0);
+        cudaDriverGetVersion(&drv);
+        cudaRuntimeGetVersion(&rt);
+        printf("cuda_check: device 0: %s, compute capability %d.%d, %d SMs, %.1f GiB; driver %d.%d, runtime %d.%d\n", prop.name,
+               prop.major, prop.minor, prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0, drv / 1000,
+               (drv % 1000) / 10, rt / 1000, (rt % 1000) / 10);
+        if (cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking) != cudaSuccess) {
+            printf("cuda_check: cannot create a stream\n");
+            return 2;
+        }
+        if (kvg_cuda_ctx_init(0, g_stream, &g_ctx) != KVG_OK) {
+            printf("cuda_check: kvg_cuda_ctx_init failed: %s\n", kvg_last_error());
+            return 2;
+        }
+    } else {
+        printf("cuda_check --emulate: the kernels' bodies on the host, against the scalar reference (no GPU)\n");
+    }
+    printf("C library SIMD level %d (max %d); reference: the scalar level\n", kvg_simd_level(), kvg_simd_max_level());
+
+    run_api();
+    const long api_bad = g_bad;
+
+    // codec cases
+    const int types[] = { KVG_CODEC_F16,   KVG_CODEC_KIVI2, KVG_CODEC_KIVI3, KVG_CODEC_KIVI4, KVG_CODEC_KIVI8,
+                          KVG_CODEC_ROTQ1, KVG_CODEC_ROTQ2, KVG_CODEC_ROTQ3, KVG_CODEC_ROTQ4 };
+    struct Shape {
+        int64_t T, H, D;
+    };
+    const Shape rotq_shapes[] = { { 1, 1, 64 },  { 5, 3, 128 }, { 33, 8, 128 }, { 100, 2, 256 }, { 257, 1, 64 },
+                                  { 7, 4, 8 },   { 3, 2, 16 },  { 31, 1, 512 }, { 2, 1, 4096 } };
+    const Shape other_shapes[] = { { 1, 1, 64 },  { 5, 3, 128 }, { 33, 8, 128 }, { 100, 2, 256 }, { 257, 1, 64 },
+                                   { 7, 3, 7 },   { 40, 5, 80 }, { 65, 1, 33 } };
+    const int   groups[]       = { 32, 17, 64 };
+    Rng         rng(0xc0dec);
+    long        n_cases = 0;
+    for (int type : types) {
+        const int   rotq   = type >= KVG_CODEC_ROTQ1;
+        const Shape *shapes = rotq ? rotq_shapes : other_shapes;
+        const int   n_sh   = rotq ? (int) (sizeof(rotq_shapes) / sizeof(Shape)) : (int) (sizeof(other_shapes) / sizeof(Shape));
+        for (int si = 0; si < n_sh; si++) {
+            if (g_quick && si % 2) {
+                continue;
+            }
+            for (int kind = 0; kind < 2; kind++) {
+                Case c;
+                c.type = type;
+                c.kind = kind;
+                c.T    = shapes[si].T;
+                c.H    = shapes[si].H;
+                c.D    = shapes[si].D;
+                kvg_codec_default_params(&c.p);
+                c.p.group_size = groups[(si + kind) % 3];
+                if (rotq && si % 3 == 2) {
+                    c.p.seed = 0x1234567ULL + (uint64_t) si;  // another seed: other signs
+                }
+                run_case(c, rng);
+                n_cases++;
+            }
+        }
+    }
+    printf("codecs: %ld cases (9 codecs x shapes x K/V; 4 input layouts, 4 output layouts, a corrupt block each)\n", n_cases);
+    const long codec_bad = g_bad - api_bad;
+    run_refusals(rng);
+    const long refusal_bad = g_bad - api_bad - codec_bad;
+    long       attend_bad  = 0;
+    if (!g_emulate) {
+        const long before = g_bad;
+        run_attend();
+        attend_bad = g_bad - before;
+        if (timing) {
+            run_timing();
+        }
+        kvg_cuda_ctx_free(g_ctx);
+    } else {
+        printf("attend: not emulated (warp shuffles); needs a GPU\n");
+    }
+    printf("\ncuda_check%s: %ld checks, %ld mismatches (api %ld, codecs %ld, refusals %ld, attend %ld)\n",
+           g_emulate ? " --emulate" : "", g_checks, g_bad, api_bad, codec_bad, refusal_bad, attend_bad);
+    if (g_bad > MAX_REPORTS) {
+        printf("(only the first %d mismatches were printed)\n", MAX_REPORTS);
+    }
+    printf("%s\n", g_bad ? "FAIL" : "PASS");
+    return g_bad ? 1 : 0;
+}
