@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# The one script a GPU machine runs (issue "kvgguf on the GPU"): builds libkvgguf's CUDA kernels and
+# native/cuda/tests/cuda_check.cu, runs the check (codes byte-equal to the C reference, decoded
+# values bit-equal, refusals, fused attention within the CPU path's bounds, timings), and writes a
+# report. Works without network. Nothing here needs Python packages.
+#
+#   bash scripts/cuda_check.sh            the kernels and the check (about 1-2 minutes on 16 cores)
+#   bash scripts/cuda_check.sh --full     then also the package's CUDA build: llama.cpp's CUDA backend
+#                                         (-DGGML_CUDA=ON, which turns KVGGUF_CUDA on) from the local
+#                                         llama-cpp-python sdist, installed into a scratch prefix and its
+#                                         files listed (about 3-4 more minutes on 16 cores)
+#
+# Environment:
+#   OUT                   a folder for the report (cuda_check_report.txt) and the logs; default build/cuda_check
+#   KVGGUF_CUDA_ARCH      CUDA architecture of the kernels (default 90, the H100; "native" works with CMake)
+#   KVGGUF_LLAMA_SDIST    the llama-cpp-python sdist for --full (offline; the GPU kit's trimmed one), else
+#                         ~/.cache/kvgguf/sdist/llama_cpp_python-0.3.36.tar.gz as cmake/llama_source.cmake finds it
+#   CUDA_CHECK_TIMEOUT    seconds the check binary may run (default 300)
+#
+# Exit status: 0 when every stage passed, 1 otherwise (77 when the machine has no CUDA device).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+full=0
+[ "${1:-}" = --full ] && full=1
+out=${OUT:-build/cuda_check}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+report=$out/cuda_check_report.txt
+arch=${KVGGUF_CUDA_ARCH:-90}
+jobs=$(nproc 2> /dev/null || echo 4)
+t_start=$(date +%s)
+: > "$report"
+say() { echo "$*" | tee -a "$report"; }
+elapsed() { echo "$(( $(date +%s) - t_start )) s"; }
+
+say "# kvgguf cuda_check, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+say "commit: $(git rev-parse --short HEAD 2> /dev/null || echo unknown)$(git diff --quiet 2> /dev/null || echo ' (+ uncommitted changes)')"
+say "host: $(uname -sm), $jobs cores"
+if command -v nvidia-smi > /dev/null; then
+    say "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -4 | tr '\n' ';')"
+else
+    say "gpu: nvidia-smi not found"
+fi
+nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+say "nvcc: $("$nvcc" --version 2>&1 | tail -1)"
+say "cmake: $(cmake --version 2> /dev/null | head -1 || echo none)"
+
+# ---- 1. build the kernels and the check ---------------------------------------------------------
+status=0
+bin=
+build=build/cuda-check
+if command -v cmake > /dev/null; then
+    gen=()
+    command -v ninja > /dev/null && gen=(-G Ninja)
+    t=$(date +%s)
+    if cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DKVGGUF_BUILD_LLAMA=OFF -DKVGGUF_CUDA=ON \
+            -DKVGGUF_CUDA_ARCHITECTURES="$arch" -DCMAKE_CUDA_COMPILER="$nvcc" > "$out/configure.log" 2>&1 &&
+       cmake --build "$build" -j "$jobs" --target kvgguf kvgguf_cuda_check > "$out/build.log" 2>&1; then
+        bin=$build/kvgguf_cuda_check
+        say "build: CMake (-DKVGGUF_CUDA=ON, architectures $arch) in $(( $(date +%s) - t )) s"
+    else
+        say "build: CMake FAILED (configure.log, build.log below); trying plain nvcc"
+        tail -30 "$out/configure.log" "$out/build.log" | tee -a "$report"
+        status=1
+    fi
+fi
+if [ -z "$bin" ]; then
+    t=$(date +%s)
+    arch_n=$arch
+    [ "$arch_n" = native ] && arch_n=90
+    if NVCC=$nvcc KVGGUF_CUDA_ARCH=$arch_n bash scripts/cuda_compile_check.sh --build-only > "$out/build-nvcc.log" 2>&1; then
+        bin=build/cuda_compile_check/cuda_check
+        say "build: plain nvcc (scripts/cuda_compile_check.sh --build-only, sm_$arch_n) in $(( $(date +%s) - t )) s"
+    else
+        say "build: nvcc FAILED"
+        tail -40 "$out/build-nvcc.log" | tee -a "$report"
+        say "RESULT: FAIL (no check binary) after $(elapsed)"
+        exit 1
+    fi
+fi
+
+# ---- 2. the check ---------------------------------------------------------------------------
+run_check() {  # LOG ARGS...
+    local log=$1
+    shift
+    timeout "${CUDA_CHECK_TIMEOUT:-300}" "$bin" "$@" > "$log" 2>&1
+}
+run_check "$out/emulate.log" --emulate
+rc=$?
+say ""
+say "## cuda_check --emulate (the kernels' bodies on the host): exit $rc"
+grep -E "^MISMATCH|^cuda_check|^PASS|^FAIL" "$out/emulate.log" | head -45 | tee -a "$report" > /dev/null
+[ "$rc" -ne 0 ] && status=1
+
+t=$(date +%s)
+run_check "$out/gpu.log"
+rc=$?
+say ""
+say "## cuda_check (GPU): exit $rc in $(( $(date +%s) - t )) s"
+cat "$out/gpu.log" >> "$report"
+tail -3 "$out/gpu.log"
+if [ "$rc" -eq 77 ]; then
+    say "RESULT: no CUDA device after $(elapsed)"
+    exit 77
+elif [ "$rc" -eq 124 ]; then
+    say "cuda_check: TIMED OUT after ${CUDA_CHECK_TIMEOUT:-300} s"
+    status=1
+elif [ "$rc" -ne 0 ]; then
+    status=1
+fi
+
+# ---- 3. (--full) the package's CUDA build ---------------------------------------------------
+if [ "$full" -eq 1 ]; then
+    say ""
+    t=$(date +%s)
+    pbuild=build/cuda-package
+    prefix=$out/cuda-package-install
+    rm -rf "$prefix"
+    gen=()
+    command -v ninja > /dev/null && gen=(-G Ninja)
+    cuda_arch=$arch
+    if cmake -S . -B "$pbuild" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$cuda_arch" \
+            -DCMAKE_CUDA_COMPILER="$nvcc" > "$out/package-configure.log" 2>&1 &&
+       cmake --build "$pbuild" -j "$jobs" > "$out/package-build.log" 2>&1 &&
+       cmake --install "$pbuild" --component kvgguf --prefix "$prefix" > "$out/package-install.log" 2>&1; then
+        say "## package build (-DGGML_CUDA=ON, CMAKE_CUDA_ARCHITECTURES=$cuda_arch): built and installed in $(( $(date +%s) - t )) s"
+        grep -E "kvgguf: (installs|CUDA kernels)" "$out/package-configure.log" | tee -a "$report" > /dev/null
+        (cd "$prefix" && find . -type f | sort | sed 's/^/  /') | tee -a "$report" > /dev/null
+        lib=$prefix/kvgguf/lib/libkvgguf.so
+        n_api=$(nm -D --defined-only "$lib" 2> /dev/null | grep -c ' kvg_cuda_' || true)
+        say "libkvgguf.so exports $n_api kvg_cuda_* functions"
+        for need in libggml-cuda.so kvg_cuda.h; do
+            if ! find "$prefix" -name "$need" | grep -q .; then
+                say "package: $need MISSING from the install"
+                status=1
+            fi
+        done
+        [ "$n_api" -gt 0 ] || status=1
+    else
+        say "## package build: FAILED after $(( $(date +%s) - t )) s"
+        tail -30 "$out/package-configure.log" "$out/package-build.log" 2> /dev/null | tee -a "$report"
+        status=1
+    fi
+fi
+
+say ""
+if [ "$status" -eq 0 ]; then
+    say "RESULT: PASS after $(elapsed)"
+else
+    say "RESULT: FAIL after $(elapsed)"
+fi
+echo "report: $report"
+exit "$status"
