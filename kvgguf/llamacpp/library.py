@@ -15,11 +15,13 @@ from pathlib import Path
 from ..files import installed_file
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # its vendored llama.cpp (0c1e570) is what patches/ target
-# LLAMA_KVGGUF_PATCH_VERSION in patches/ (0001 added it, 0002 the cold-row hooks, 0003 compute bytes,
-# 0004 fused attention over cold rows, 0005 its softmax normalizers for the attention mass, 0006 the logical context,
-# 0007 each layer's attention path, 0008 soft-capping and sinks on the fused path, 0009 the fused path's
-# threads each take a share of the cold rows and of the hot cells, 0010 the hot cells through libkvgguf's kernels)
-PATCH_VERSION = 10
+# LLAMA_KVGGUF_PATCH_VERSION in patches/, by what each version added: 1 the version itself, 2 the cold-row hooks,
+# 3 compute bytes, 4 fused attention over cold rows, 5 its softmax normalizers for the attention mass, 6 the logical
+# context, 7 each layer's attention path, 8 soft-capping and sinks on the fused path, 9 the fused path's threads each
+# take a share of the cold rows and of the hot cells, 10 the hot cells through libkvgguf's kernels, 11 the same code
+# regrouped into one patch per concern (the graph code in its own file, src/llama-kvgguf-graph.cpp). Up to 10 each
+# version added one patch file, so "patch 000N" in comments and docs names version N.
+PATCH_VERSION = 11
 
 _ENV_OVERRIDE = "KVGGUF_LLAMA_LIB_DIR"
 
