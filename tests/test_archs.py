@@ -113,7 +113,7 @@ def test_an_exact_cold_store_gives_stock_logits(tiny, text_tokens, name, flash_a
 def test_fused_attention_agrees_with_the_expanding_path(tiny, text_tokens, name):
     """Decode steps over 300 tokens, 236 of them cold: the bound and its reason are
     tests/test_fused_attention.py's (f32 against llama.cpp's f16 rounding). Soft-capping (gemma2)
-    and sinks (granite_swa) are on the fused path since patches/0008 (tests/test_attend.py checks
+    and sinks (granite_swa) are on the fused path (src/llama-kvgguf-graph.cpp; tests/test_attend.py checks
     the capped scores themselves)."""
     path, toks = str(tiny(name)), text_tokens[:308]
     out = {}
@@ -254,6 +254,6 @@ def test_what_kvgguf_cannot_hold_is_refused_by_what_llama_cpp_built(tmp_path, sm
 def test_every_supported_layer_is_on_the_hooked_path_and_soft_capping_expands(tiny):
     llm = Llama(str(tiny("gemma2")), kv_codec=F16_COLD, n_ctx=512, **KW)
     layers = support.attention_layers(llm._ctx.ctx, llm.kv_shape)
-    assert layers == support.AttentionLayers((1,), ())  # odd layers full; soft-capping is fused (patches/0008)
+    assert layers == support.AttentionLayers((1,), ())  # odd layers full; soft-capping is fused
     llm = Llama(str(tiny("cohere2")), kv_codec=F16_COLD, n_ctx=512, **KW)
     assert support.attention_layers(llm._ctx.ctx, llm.kv_shape) == support.AttentionLayers((3,), ())

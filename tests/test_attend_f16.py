@@ -1,5 +1,5 @@
 """kvg_attend_f16: attention over f16 rows outside the store (llama.cpp's hot cells on the fused
-path, patches/0010) under llama.cpp's mask, into the same online-softmax state as the store's
+path, src/llama-kvgguf-graph.cpp) under llama.cpp's mask, into the same online-softmax state as the store's
 attend. Checked against softmax attention in float64 at every SIMD level, for contiguous and
 transposed V (strides), f16 and f32 masks, soft-capping, split ranges, and bad arguments."""
 

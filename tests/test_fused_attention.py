@@ -1,5 +1,6 @@
-"""The fused attention over compressed rows (patches/0004, kvg_store_hook_attend) against the
-expanding path on the same store: both models, flash attention on and off, every codec family.
+"""The fused attention over compressed rows (llama.cpp's src/llama-kvgguf-graph.cpp, through
+kvg_store_hook_attend) against the expanding path on the same store: both models, flash
+attention on and off, every codec family.
 
 Why a KL tolerance and not bit equality: stock llama.cpp's own one-token attention rounds in
 f16 (its flash-attention kernel accumulates V in f16; without flash attention the softmax is

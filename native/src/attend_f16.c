@@ -1,6 +1,6 @@
 // attend_f16.c: attention over f16 rows outside the store, under a mask (kvg_attend_f16).
 //
-// llama.cpp's fused path (patches/0004, 0010) attends over the store's cold rows through
+// llama.cpp's fused path (src/llama-kvgguf-graph.cpp, patches/0003) attends over the store's cold rows through
 // kvg_store_hook_attend and over its own hot cells (the window of exact tokens, and the ubatch
 // itself, causally masked) through this function, into the same online-softmax state. The patch
 // is compiled without the CPU's vector extensions; here the cells take the same dense tiles as
