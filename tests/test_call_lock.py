@@ -134,3 +134,24 @@ def test_an_error_in_the_stream_reaches_the_consumer_and_frees_the_lock():
 def test_release_without_acquire_is_an_error_not_a_negative_count():
     with pytest.raises(RuntimeError):
         CallLock().release()
+
+
+def test_a_thread_calling_in_a_loop_does_not_starve_another():
+    """Fair: a completion that asks while another thread saves again and again gets its turn
+    after the save in progress."""
+    lock = CallLock()
+    stop, turns = threading.Event(), []
+
+    def loop():
+        while not stop.is_set():
+            with lock:
+                turns.append("save")
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    while not turns:
+        pass
+    got = try_in_thread(lock)
+    assert got.wait(WAIT_S), "the other caller never got the lock"
+    stop.set()
+    t.join(WAIT_S)

@@ -159,7 +159,7 @@ def test_unreadable_rows_on_the_expanding_path_refuse_the_batch(smollm2_path, to
         llm.close()
 
 
-def test_a_session_saved_from_another_thread_waits_for_the_batch(smollm2_path, tokens, tmp_path):
+def test_a_session_saved_from_another_thread_waits_for_the_completion(smollm2_path, tokens, tmp_path):
     prompt = tokens[:400]
 
     def run(saver: bool):
@@ -185,11 +185,15 @@ def test_a_session_saved_from_another_thread_waits_for_the_batch(smollm2_path, t
             stop.set()
             if t:
                 t.join()
+            n_after = llm.n_tokens
             llm.close()
-        return out["choices"][0]["text"], saved, errors
+        return out["choices"][0]["text"], saved, errors, n_after
 
-    alone, _, _ = run(saver=False)
-    text, saved, errors = run(saver=True)
+    alone, _, _, _ = run(saver=False)
+    text, saved, errors, n_after = run(saver=True)
     assert not errors, errors
-    assert len(saved) >= 3
-    assert text == alone  # saving between batches changed nothing the generation sees
+    assert saved
+    # A save waits for the whole completion (one call at a time, issue 46), never one batch: each
+    # file holds the context before the completion or after it, nothing in between.
+    assert {info.n_tokens for info in saved} <= {0, n_after}, sorted({info.n_tokens for info in saved})
+    assert text == alone  # saving beside it changed nothing the generation sees

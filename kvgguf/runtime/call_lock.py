@@ -24,20 +24,29 @@ T = TypeVar("T")
 
 class CallLock:
     """Reentrant for its owner thread; the owner changes when a held generator is stepped by
-    another thread (adopt)."""
+    another thread (adopt). Fair: calls from other threads get it in the order they asked, so a
+    thread that calls in a loop (saving a session again and again) cannot starve a completion."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._owner: Optional[int] = None
         self._holds = 0
+        self._next_ticket = 0  # tickets handed to callers, in arrival order
+        self._serving = 0  # the ticket whose turn is next
 
     def acquire(self) -> None:
         me = threading.get_ident()
         with self._cond:
-            while self._holds and self._owner != me:
+            if self._holds and self._owner == me:  # a call inside the owner's own call
+                self._holds += 1
+                return
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            while self._holds or self._serving != ticket:
                 self._cond.wait()
+            self._serving += 1
             self._owner = me
-            self._holds += 1
+            self._holds = 1
 
     def release(self) -> None:
         with self._cond:
