@@ -90,8 +90,12 @@ class Llama(SessionCalls):
     token_eos = open_only(llama_cpp.Llama.token_eos)
     token_nl = open_only(llama_cpp.Llama.token_nl)
     pooling_type = open_only(llama_cpp.Llama.pooling_type)
-    create_completion = open_only(llama_cpp.Llama.create_completion)
+    create_completion = open_only(llama_cpp.Llama.create_completion)  # holds the Llama in _create_completion
     __call__ = open_only(llama_cpp.Llama.__call__)
+    # Inherited calls that use the context, held as one call (a stream until it ends).
+    generate = one_call(llama_cpp.Llama.generate)
+    create_chat_completion = one_call(llama_cpp.Llama.create_chat_completion)
+    create_embedding = one_call(llama_cpp.Llama.create_embedding)
     _calibrate = staticmethod(_calibrate)  # "auto" measures a model through it (session calls too)
 
     def __init__(
@@ -329,18 +333,6 @@ class Llama(SessionCalls):
             self._kv.clear()
 
     @one_call
-    def generate(self, *args, **kwargs):
-        return super().generate(*args, **kwargs)
-
-    @one_call
-    def create_chat_completion(self, *args, **kwargs):
-        return super().create_chat_completion(*args, **kwargs)
-
-    @one_call
-    def create_embedding(self, *args, **kwargs):
-        return super().create_embedding(*args, **kwargs)
-
-    @one_call
     def sample(self, *args, **kwargs):
         """llama_cpp.Llama.sample, with the sampler chain it builds for one call freed when the
         call returns. llama-cpp-python's LlamaSampler keeps itself in a reference cycle (its
@@ -372,7 +364,7 @@ class Llama(SessionCalls):
             self.n_tokens = 0
         return super().embed(*args, **kwargs)
 
-    # --- sessions -------------------------------------------------------------------------
+    # --- what the cache holds (sessions: session/llama_calls.py) ------------------------------
 
     @serialized
     def kv_attention_mass(self, reset: bool = False) -> np.ndarray:

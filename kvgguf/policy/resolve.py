@@ -76,17 +76,18 @@ def decode_batch(n_batch: Optional[int], n_ctx: int, config: TieredConfig, verbo
     window, else the config's ubatch. A longer batch (llama-cpp-python's default is 512) is
     split, never refused: llama.cpp's f16 cells hold the hot window plus one decode batch, so
     decoding 512 at a time would make them hot + 512."""
+    ubatch = min(config.ubatch, n_ctx)
     if n_batch is None:
-        return min(config.ubatch, n_ctx)
+        return ubatch
     if n_batch <= config.hot:
         return n_batch
     if verbose:
         print(
             f"kvgguf: n_batch={n_batch} is longer than the hot window ({config.hot} tokens): evaluations "
-            f"reach llama.cpp in batches of {min(config.ubatch, n_ctx)} tokens",
+            f"reach llama.cpp in batches of {ubatch} tokens",
             file=sys.stderr,
         )
-    return min(config.ubatch, n_ctx)
+    return ubatch
 
 
 @dataclass(frozen=True)

@@ -327,6 +327,24 @@ int kc_prepare(int type, int kind, int64_t n_tokens, int64_t n_heads, int64_t he
     return KVG_OK;
 }
 
+// The checks encode and decode share on their float rows (side "src" for encode, "dst" for
+// decode): pointers, the rows' type and their strides, with the caller's words in the message.
+static int kc_check_rows(const char * name, const char * op, const char * side, kvg_cuda_ctx * ctx, const void * src,
+                         const void * dst, int rows_type, int64_t row_stride, int64_t col_stride) {
+    if (ctx == NULL || src == NULL || dst == NULL) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "%s %s (cuda): NULL ctx, src or dst", name, op);
+    }
+    if (rows_type != KVG_CUDA_F32 && rows_type != KVG_CUDA_F16) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "%s %s (cuda): %s_type must be KVG_CUDA_F32 or KVG_CUDA_F16, got %d", name, op,
+                        side, rows_type);
+    }
+    if (row_stride <= 0 || col_stride <= 0) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "%s %s (cuda): strides must be > 0, got %lld, %lld", name, op,
+                        (long long) row_stride, (long long) col_stride);
+    }
+    return KVG_OK;
+}
+
 extern "C" int kvg_cuda_encode(kvg_cuda_ctx * ctx, int type, int kind, const void * src_dev, int src_type,
                                int64_t src_row_stride, int64_t src_col_stride, int64_t n_tokens, int64_t n_heads,
                                int64_t head_dim, const kvg_codec_params * p, void * dst_dev, size_t dst_bytes,
@@ -342,16 +360,9 @@ extern "C" int kvg_cuda_encode(kvg_cuda_ctx * ctx, int type, int kind, const voi
         return st;
     }
     const char * name = kc_codec_name(type);
-    if (ctx == NULL || src_dev == NULL || dst_dev == NULL) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "%s encode (cuda): NULL ctx, src or dst", name);
-    }
-    if (src_type != KVG_CUDA_F32 && src_type != KVG_CUDA_F16) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "%s encode (cuda): src_type must be KVG_CUDA_F32 or KVG_CUDA_F16, got %d", name,
-                        src_type);
-    }
-    if (src_row_stride <= 0 || src_col_stride <= 0) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "%s encode (cuda): strides must be > 0, got %lld, %lld", name,
-                        (long long) src_row_stride, (long long) src_col_stride);
+    st = kc_check_rows(name, "encode", "src", ctx, src_dev, dst_dev, src_type, src_row_stride, src_col_stride);
+    if (st != KVG_OK) {
+        return st;
     }
     if (dst_bytes < size) {
         return kvg_fail(KVG_ERR_BUFFER_SIZE, "%s encode (cuda): dst holds %zu bytes, needs %zu", name, dst_bytes, size);
@@ -388,16 +399,9 @@ extern "C" int kvg_cuda_decode(kvg_cuda_ctx * ctx, int type, int kind, const voi
         return st;
     }
     const char * name = kc_codec_name(type);
-    if (ctx == NULL || src_dev == NULL || dst_dev == NULL) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "%s decode (cuda): NULL ctx, src or dst", name);
-    }
-    if (dst_type != KVG_CUDA_F32 && dst_type != KVG_CUDA_F16) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "%s decode (cuda): dst_type must be KVG_CUDA_F32 or KVG_CUDA_F16, got %d", name,
-                        dst_type);
-    }
-    if (dst_row_stride <= 0 || dst_col_stride <= 0) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "%s decode (cuda): strides must be > 0, got %lld, %lld", name,
-                        (long long) dst_row_stride, (long long) dst_col_stride);
+    st = kc_check_rows(name, "decode", "dst", ctx, src_dev, dst_dev, dst_type, dst_row_stride, dst_col_stride);
+    if (st != KVG_OK) {
+        return st;
     }
     if (src_bytes != size) {
         return kvg_fail(KVG_ERR_BUFFER_SIZE, "%s decode (cuda): src holds %zu bytes, the shape encodes to exactly %zu", name,
