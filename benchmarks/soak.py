@@ -112,11 +112,11 @@ def soak(
                         "seconds": round(time.perf_counter() - t0, 2),
                         "rss": rss,
                         "kv_held": mem.total_bytes,
-                        "hot": mem.tiers[0].bytes,
+                        "hot": mem.total_bytes - mem.cold_bytes - mem.index_bytes,  # llama.cpp's cells
                         "python_heap": python_heap(),
                         "malloc_in_use": in_use,
                         "malloc_free_held": free_held,
-                        "store": sum(t.bytes for t in mem.tiers[1:]),
+                        "store": mem.cold_bytes,
                         "index": mem.index_bytes,
                         "bits_per_value": round(mem.bits_per_value, 3),
                     }

@@ -24,10 +24,11 @@ from .policy.resolve import (
     resolve,
     unsupported_setting,
 )
-from .policy.tiered import TieredConfig
+from .policy.tiered import CACHE_TYPES, TieredConfig
 from .session.fingerprint import ModelFingerprint
 from .session.llama_calls import SessionCalls
 from .llamacpp import hooks, support
+from .llamacpp.support import window_types
 
 # flash_attn where a kv_codec is set and the caller gives none (llama-cpp-python's default is off).
 # Generation takes the fused path either way, but with it off llama.cpp stores V transposed, which
@@ -61,7 +62,10 @@ class Llama(SessionCalls):
         K and V apart); "auto" or "auto:BITS" (a codec per layer and K/V from this model's
         calibration, allocated for an average of BITS per compressed value, default 3.0; the
         first use measures the model, minutes on a laptop, and keeps the result in kvgguf's cache
-        folder: see ``kvgguf calibrate``); or a :class:`TieredConfig`.
+        folder: see ``kvgguf calibrate``); or a :class:`TieredConfig`. Any string may end in
+        ":window=TYPE" (e.g. "tiered:window=f16"): the type of the sliding-window layers' cells
+        on Gemma 2/3, gpt-oss and the like (TieredConfig.window; default q8_0 where llama.cpp
+        can hold it, else f16).
     n_ctx: the logical context. With a kv_codec, llama.cpp's own f16 cache holds only the
         hot window plus one batch; older tokens live compressed in kvgguf's store.
     n_batch: tokens per llama_decode call. With a kv_codec it defaults to TieredConfig.ubatch, and
@@ -146,7 +150,15 @@ class Llama(SessionCalls):
         if kv_attention not in ("fused", "expand"):
             raise ValueError(f"kv_attention must be 'fused' or 'expand', got {kv_attention!r}")
         verbose = kwargs.get("verbose", True)
-        plan = resolve(model_path, kv_codec, n_ctx=n_ctx, n_batch=n_batch, verbose=verbose, calibrate=_calibrate)
+        plan = resolve(
+            model_path,
+            kv_codec,
+            n_ctx=n_ctx,
+            n_batch=n_batch,
+            verbose=verbose,
+            calibrate=_calibrate,
+            flash_attn=bool(kwargs["flash_attn"]),
+        )
         config, shape, n_batch = plan.config, plan.shape, plan.n_batch
         # llama.cpp's cells: the hot window plus one batch (it pads this to a multiple of 256;
         # LiveCache evicts against config.hot, not against the padded size). Sliding-window
@@ -154,21 +166,26 @@ class Llama(SessionCalls):
         # 1024, batches of 256, swa_full off costs KL 0.0027 on its own (kvgguf eval's
         # "f16 (swa window)" row) for 256 fewer cells per sliding layer.
         physical = min(n_ctx, config.hot + n_batch)
-        super().__init__(
-            model_path,
-            n_ctx=physical,
-            n_batch=n_batch,
-            n_ubatch=min(n_ubatch, n_batch),
-            type_k=type_k,
-            type_v=type_v,
-            **kwargs,
-        )
+        window = config.window if shape.n_swa else "f16"  # resolve() made sure llama.cpp can hold it
+        with window_types(CACHE_TYPES[window]):
+            super().__init__(
+                model_path,
+                n_ctx=physical,
+                n_batch=n_batch,
+                n_ubatch=min(n_ubatch, n_batch),
+                type_k=type_k,
+                type_v=type_v,
+                **kwargs,
+            )
         self._shape = shape
         self.kv_calibration: Optional[Path] = plan.calibrated  # the calibration file kv_config follows, if any
         try:
             why = support.why_not(self._model.model, self._ctx.ctx, shape)
             if why:
                 raise refusal(model_path, shape.arch, why)
+            held = support.window_type(self._ctx.ctx, shape)
+            if held not in (None, CACHE_TYPES[window]):
+                raise ValueError(f"llama.cpp could not hold this model's sliding-window cells in {window} (see its log)")
             self._kv = LiveCache(
                 self._ctx.ctx, shape, config, fused_max_tokens=FUSED_MAX_TOKENS if kv_attention == "fused" else 0
             )

@@ -100,18 +100,25 @@ def assert_tiered(mem, want, llm):
     by doubling from 16 entries per layer and kind, a few tens of KB beside MBs of K/V."""
     assert want["n_cold"] == llm.kv_cache.n_cold > 0
     assert mem.by_tier["hot"].bytes == want["hot"]
+    window = mem.by_tier.get("window")
+    assert (window.bytes if window else 0) == want["window"]
+    if window:
+        assert window.codec == llm.kv_config.window
     assert mem.cold_bytes == want["store"]
-    assert mem.total_bytes - want["hot"] - want["store"] == mem.index_bytes
+    assert mem.total_bytes - want["hot"] - want["window"] - want["store"] == mem.index_bytes
     assert 0 < mem.index_bytes < 0.01 * mem.total_bytes
 
 
 @pytest.mark.model  # loads the model by name
-@pytest.mark.parametrize("name, swa_full", [("smollm2-135m", True), ("gemma3-270m", True), ("gemma3-270m", False)])
-def test_tiered_cache_bytes_are_predicted(name, swa_full):
+@pytest.mark.parametrize(
+    "name, swa_full, window",
+    [("smollm2-135m", True, "f16"), ("gemma3-270m", True, "f16"), ("gemma3-270m", False, "f16"), ("gemma3-270m", True, "q8_0")],
+)
+def test_tiered_cache_bytes_are_predicted(name, swa_full, window):
     path = kvgguf.models.path(name)
     shape = KVShape.from_gguf(path)
     # an archive tier at this length; on Gemma-3 the hot window covers the sliding window
-    config = TieredConfig(hot=shape.n_swa + 64 if shape.n_swa else 256, warm_tokens=256)
+    config = TieredConfig(hot=shape.n_swa + 64 if shape.n_swa else 256, warm_tokens=256, window=window)
     llm = Llama(str(path), kv_codec=config, n_ctx=4096, swa_full=swa_full, **KW)
     llm.eval(tokens(llm, 1800))
     mem = llm.kv_memory()
@@ -129,7 +136,7 @@ def test_tiered_preset_row_is_what_a_full_context_holds(name):
     llm.eval(tokens(llm, 2048))
     mem = llm.kv_memory()
     want = inspect.kvgguf_bytes(KVShape.from_gguf(path), 2048, TieredConfig())
-    assert want["hot"] + want["store"] == predicted(name, "tiered", 2048)
+    assert want["hot"] + want["window"] + want["store"] == predicted(name, "tiered", 2048)
     assert_tiered(mem, want, llm)
     llm.close()
 

@@ -9,8 +9,8 @@ of a live context reports (llama.cpp 0c1e570, src/llama-context.cpp and llama-kv
 - a cell of a layer holds n_head_kv x head_dim values of K and as many of V, in the cache
   type's blocks of 32 values;
 - kvgguf.Llama(kv_codec=...) asks llama.cpp for min(n_ctx, hot + n_batch) cells (f16, ubatch
-  min(n_ubatch, n_batch)) and holds older tokens of the full-attention layers in its store,
-  laid out by the policy's own plans.
+  min(n_ubatch, n_batch); sliding-window layers' cells in TieredConfig.window) and holds older
+  tokens of the full-attention layers in its store, laid out by the policy's own plans.
 
 tests/test_inspect.py holds the predictions against live contexts of both models.
 """
@@ -29,11 +29,12 @@ from ..model.shape import KVShape
 from ..bindings import codecs
 from ..enums import Kind
 from ..policy import plan
+from ..policy.resolve import window_cells
 from ..policy.tiered import TieredConfig, sized_for_model
 
 LLAMA_PAD = 256  # llama-context.cpp pads n_ctx (and the sliding-window cache) to a multiple of 256
 # Bytes per block of 32 values of llama.cpp's cache types (ggml's block layouts).
-LLAMA_BLOCK_BYTES = {"f16": 64, "q8_0": 34, "q5_1": 24, "q5_0": 22, "q4_1": 20, "q4_0": 18, "iq4_nl": 18}
+LLAMA_BLOCK_BYTES = {"f32": 128, "f16": 64, "bf16": 64, "q8_0": 34, "q5_1": 24, "q5_0": 22, "q4_1": 20, "q4_0": 18, "iq4_nl": 18}
 CONTEXTS = (4096, 32768)
 N_UBATCH = 512  # llama-cpp-python's (and kvgguf.Llama's) default
 
@@ -43,20 +44,40 @@ def pad(n: int) -> int:
 
 
 def llama_cache_bytes(
-    shape: KVShape, n_ctx: int, cache: str = "f16", *, swa_full: bool = True, n_ubatch: int = N_UBATCH
+    shape: KVShape,
+    n_ctx: int,
+    cache: str = "f16",
+    *,
+    swa_full: bool = True,
+    n_ubatch: int = N_UBATCH,
+    window: Optional[str] = None,
 ) -> int:
-    """Bytes llama.cpp allocates for a context of n_ctx cells of one cache type. swa_full is
-    llama.cpp's (and llama-cpp-python's) default; off, sliding-window layers hold their window
-    plus one ubatch."""
+    """Bytes llama.cpp allocates for a context of n_ctx cells of one cache type (the
+    sliding-window layers' cells of type window, where given). swa_full is llama.cpp's (and
+    llama-cpp-python's) default; off, sliding-window layers hold their window plus one ubatch."""
+    return sum(llama_cells_bytes(shape, n_ctx, cache, swa_full=swa_full, n_ubatch=n_ubatch, window=window))
+
+
+def llama_cells_bytes(
+    shape: KVShape,
+    n_ctx: int,
+    cache: str = "f16",
+    *,
+    swa_full: bool = True,
+    n_ubatch: int = N_UBATCH,
+    window: Optional[str] = None,
+) -> tuple[int, int]:
+    """(full-attention layers' bytes, sliding-window layers' bytes) of llama_cache_bytes."""
     cells = pad(n_ctx)
     swa_cells = cells if swa_full else pad(min(cells, shape.n_swa + n_ubatch))
     full = set(shape.full_layers)
-    return sum(
-        (cells if il in full else swa_cells)
-        * (shape.width(il, 0) + shape.width(il, 1))
-        // 32
-        * LLAMA_BLOCK_BYTES[cache]
-        for il in range(shape.n_layer)
+
+    def layer_bytes(il: int, n_cells: int, t: str) -> int:
+        return n_cells * (shape.width(il, 0) + shape.width(il, 1)) // 32 * LLAMA_BLOCK_BYTES[t]
+
+    return (
+        sum(layer_bytes(il, cells, cache) for il in full),
+        sum(layer_bytes(il, swa_cells, window or cache) for il in range(shape.n_layer) if il not in full),
     )
 
 
@@ -65,7 +86,7 @@ def fitted_config(shape: KVShape, config: TieredConfig, model_bytes: Optional[in
     its file's bytes), and the hot window covers a sliding window plus a block."""
     if model_bytes:
         config = sized_for_model(config, 2 * shape.values_per_token, model_bytes)
-    return config.fit_window(shape.n_swa, strict=False)
+    return window_cells(config.fit_window(shape.n_swa, strict=False), shape)
 
 
 def store_bytes(shape: KVShape, counts: dict[tuple[int, int], int], config: TieredConfig) -> int:
@@ -98,16 +119,21 @@ def kvgguf_bytes(
     """What kv_memory() of kvgguf.Llama(kv_codec=config, n_ctx=n_ctx, n_batch=n_batch,
     n_ubatch=n_ubatch, swa_full=swa_full) holds after n_tokens (default n_ctx) were evaluated in
     batches of n_batch: llama.cpp's f16 buffer for the hot window plus one batch (n_batch defaults
-    to TieredConfig.ubatch, as kvgguf.Llama's does) and the store's blocks, which the policy's own
-    plans lay out (policy.plan.block_counts: closed form, any context). n_cold: the rows the
-    store then holds."""
+    to TieredConfig.ubatch, as kvgguf.Llama's does), its sliding-window layers' cells as many in
+    config.window ("window"), and the store's blocks, which the policy's own plans lay out
+    (policy.plan.block_counts: closed form, any context). n_cold: the rows the store then holds."""
     config = fitted_config(shape, config)
     n_batch = min(config.ubatch, n_ctx) if n_batch is None else n_batch
     counts, n_cold = plan.block_counts(n_ctx if n_tokens is None else n_tokens, n_batch, config)
-    hot = llama_cache_bytes(
-        shape, min(n_ctx, config.hot + n_batch), "f16", swa_full=swa_full, n_ubatch=min(n_ubatch, n_batch)
+    hot, window = llama_cells_bytes(
+        shape,
+        min(n_ctx, config.hot + n_batch),
+        "f16",
+        swa_full=swa_full,
+        n_ubatch=min(n_ubatch, n_batch),
+        window=config.window,
     )
-    return {"hot": hot, "store": store_bytes(shape, counts, config), "n_cold": n_cold}
+    return {"hot": hot, "window": window, "store": store_bytes(shape, counts, config), "n_cold": n_cold}
 
 
 def llama_label(shape: KVShape, cache: str, swa_full: bool) -> str:
@@ -163,7 +189,7 @@ def kv_table(
                 "from": "kvgguf",
                 "swa_full": True if shape.n_swa else None,
                 "bits_per_value": None,
-                "bytes": {n: s["hot"] + s["store"] for n, s in sizes.items()},
+                "bytes": {n: s["hot"] + s["window"] + s["store"] for n, s in sizes.items()},
             }
         )
     for r in rows:
@@ -231,8 +257,8 @@ def format_card(
         )
     notes += [
         f"kvgguf rows: Llama(kv_codec=name, n_ctx=n_ctx, {batch}, n_ubatch={n_ubatch}), presets fitted to "
-        f"this model (tiered: hot={hot}): llama.cpp holds min(n_ctx, hot + n_batch) cells in f16 on every "
-        f"layer{' (swa_full=True)' if shape.n_swa else ''}, the store every older token of the full-attention "
+        f"this model (tiered: hot={hot}): llama.cpp holds min(n_ctx, hot + n_batch) cells on every "
+        f"layer{f' (swa_full=True; f16, the sliding-window layers {preset.window})' if shape.n_swa else ' in f16'}, the store every older token of the full-attention "
         "layers, encoded.",
         "bits = bytes x 8 / (n_ctx x layers x K+V values per token).",
     ]
@@ -309,7 +335,8 @@ def run(args) -> int:
         from ..policy.resolve import calibrated_config
         from ..policy import kv_codec
 
-        tiered = calibrated_config(str(path), kv_codec.parse("tiered")[1])[0]
+        preset, request = kv_codec.parse("tiered")
+        tiered = calibrated_config(str(path), request, base=preset)[0]
     if args.json:
         print(
             json.dumps(

@@ -76,3 +76,28 @@ set_n_ctx = _bind("llama_kvgguf_set_n_ctx", [C.llama_context_p_ctypes, ctypes.c_
 # else PATH_KV and any of the others; -1 for a bad layer.
 attention_path = _bind("llama_kvgguf_attention_path", [C.llama_context_p_ctypes, ctypes.c_int32], ctypes.c_int32)
 PATH_KV, PATH_SWA, PATH_EXPAND, PATH_SHARED = 1, 2, 4, 8
+
+# The cache types of the sliding-window cells of the contexts this thread creates next (ggml
+# numbers; GGML_TYPE_COUNT: the context's type_k / type_v). llama.cpp keeps the context's types
+# where the asked ones cannot serve; layer_cells tells what each layer's cells hold.
+set_window_types = _bind("llama_kvgguf_set_window_types", [ctypes.c_int, ctypes.c_int], ctypes.c_int32)
+GGML_TYPE_COUNT = C.GGML_TYPE_COUNT  # "no window type of its own"
+layer_cells = _bind(
+    "llama_kvgguf_layer_cells",
+    [
+        C.llama_context_p_ctypes,
+        ctypes.c_int32,
+        ctypes.POINTER(ctypes.c_int32),
+        ctypes.POINTER(ctypes.c_int32),
+        ctypes.POINTER(ctypes.c_int64),
+    ],
+    ctypes.c_int32,
+)
+
+
+def cells_of(ctx, il: int):
+    """(K type, V type, bytes) of layer il's cells, or None for a layer without cells of its own."""
+    k, v, n = ctypes.c_int32(), ctypes.c_int32(), ctypes.c_int64()
+    if layer_cells(ctx, il, ctypes.byref(k), ctypes.byref(v), ctypes.byref(n)) != 0:
+        return None
+    return k.value, v.value, n.value

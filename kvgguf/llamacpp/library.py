@@ -19,9 +19,10 @@ LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # its vendored llama.cpp (0c1e570) is what 
 # 3 compute bytes, 4 fused attention over cold rows, 5 its softmax normalizers for the attention mass, 6 the logical
 # context, 7 each layer's attention path, 8 soft-capping and sinks on the fused path, 9 the fused path's threads each
 # take a share of the cold rows and of the hot cells, 10 the hot cells through libkvgguf's kernels, 11 the same code
-# regrouped into one patch per concern (the graph code in its own file, src/llama-kvgguf-graph.cpp). Up to 10 each
+# regrouped into one patch per concern (the graph code in its own file, src/llama-kvgguf-graph.cpp), 12 the
+# sliding-window cells' own cache types (set_window_types, layer_types). Up to 10 each
 # version added one patch file, so "patch 000N" in comments and docs names version N.
-PATCH_VERSION = 11
+PATCH_VERSION = 12
 
 _ENV_OVERRIDE = "KVGGUF_LLAMA_LIB_DIR"
 

@@ -11,6 +11,7 @@ memories, KV shared between layers, encoder-decoder models and multi-axis positi
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from dataclasses import dataclass
 from typing import Optional
@@ -104,3 +105,28 @@ def attention_layers(ctx, shape: KVShape) -> AttentionLayers:
     full = [il for il in range(shape.n_layer) if hooks.layer_info(ctx, il, None, None) == 1]
     expanding = [il for il in full if hooks.attention_path(ctx, il) & hooks.PATH_EXPAND]
     return AttentionLayers(tuple(full), tuple(expanding))
+
+
+@contextlib.contextmanager
+def window_types(ggml_type: int):
+    """The sliding-window cells of the contexts this thread creates inside hold ggml_type (K and
+    V); every later context its own type_k / type_v again."""
+    if hooks.set_window_types(ggml_type, ggml_type) != 0:
+        raise ValueError(f"llama.cpp has no cache type {ggml_type}")
+    try:
+        yield
+    finally:
+        hooks.set_window_types(hooks.GGML_TYPE_COUNT, hooks.GGML_TYPE_COUNT)
+
+
+def window_type(ctx, shape: KVShape) -> Optional[int]:
+    """The ggml type of the sliding-window cells (K and V alike), -1 where K and V differ, or
+    None on a model without sliding-window cells of their own."""
+    for il in range(shape.n_layer):
+        if il in shape.full_layers:
+            continue
+        cells = hooks.cells_of(ctx, il)
+        if cells is not None:
+            k, v, _ = cells
+            return k if k == v else -1
+    return None

@@ -6,10 +6,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
-from .tiered import TieredConfig
+from .tiered import CACHE_TYPES, TieredConfig
+
+WINDOW_OPTION = ":window="  # "tiered:window=f16", "rotq4:window=q8_0": the sliding-window cells' type
 
 DEFAULT_BUDGET = 3.0  # bits per value over the compressed rows (docs/calibration.md: what the budgets measured)
 PRESET_BUDGET = 4.0  # "tiered" on a calibrated model: recall like f16's at 5K where 3.5 lost it (docs/recall.md)
@@ -49,16 +51,33 @@ class Request:
 
 
 def parse(kv_codec) -> tuple[TieredConfig, Optional[Request]]:
-    """(config, request) of any kv_codec a user may pass: "auto[:BITS]" and "tiered" give the
+    """(config, request) of any kv_codec a user may pass, with an optional ":window=TYPE" suffix
+    (TieredConfig.window): "auto[:BITS]" and "tiered" give the
     fixed preset's config (whose codecs a calibration replaces once the model is known) and a
     Request; anything else TieredConfig.parse's config and None ("tiered:fixed": the fixed
     preset whatever the cache folder holds)."""
+    kv_codec, window = split_window(kv_codec)
     budget = parse_auto(kv_codec)
     if budget is not None:
-        return TieredConfig(), Request(budget)
-    if kv_codec == "tiered":
-        return TieredConfig(), Request(PRESET_BUDGET, required=False, exclude=PRESET_SLOW_FAMILIES)
-    return TieredConfig.parse(kv_codec), None
+        config, request = TieredConfig(), Request(budget)
+    elif kv_codec == "tiered":
+        config, request = TieredConfig(), Request(PRESET_BUDGET, required=False, exclude=PRESET_SLOW_FAMILIES)
+    else:
+        config, request = TieredConfig.parse(kv_codec), None
+    return (config if window is None else replace(config, window=window)), request
+
+
+def split_window(kv_codec):
+    """(kv_codec without its ":window=TYPE" suffix, TYPE or None); any other kv_codec as it is."""
+    if not isinstance(kv_codec, str) or WINDOW_OPTION not in kv_codec:
+        return kv_codec, None
+    head, _, window = kv_codec.rpartition(WINDOW_OPTION)
+    if window not in CACHE_TYPES:
+        raise ValueError(
+            f"kv_codec {kv_codec!r}: the window cells' type must be one of llama.cpp's cache types "
+            f"({', '.join(CACHE_TYPES)}), got {window!r}"
+        )
+    return head, window
 
 
 def is_kv_codec(spec) -> bool:

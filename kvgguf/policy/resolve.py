@@ -19,11 +19,10 @@ from ..model.registry import calibration_path
 from ..model.shape import MAX_LAYERS, KVShape
 from . import calibration_plan, codec_spec
 from .kv_codec import Request, parse as parse_kv_codec
-from .tiered import TieredConfig, sized_for_model
+from .tiered import CACHE_TYPES, PRESET_WINDOW, TieredConfig, sized_for_model
 
 # llama.cpp's own cache types, by the names its CLI uses (-ctk/-ctv), and their ggml numbers
 # (ggml.h's enum ggml_type, append-only).
-CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q5_1": 7, "q5_0": 6, "q4_1": 3, "q4_0": 2, "iq4_nl": 20}
 F16 = CACHE_TYPES["f16"]
 # The preset where rotations cannot take the head dim (not a power of two: 80, 96, 100, 112):
 # KIVI's integer codes take any head dim, at the preset's bits (warm 4, archive V 2).
@@ -109,6 +108,7 @@ def resolve(
     n_batch: Optional[int],
     verbose: bool,
     calibrate: Calibrate,
+    flash_attn: bool = True,
 ) -> Resolved:
     """The cache a kv_codec asks for on this model, checked against its shape and head dims;
     "auto" and "tiered" are allocated from its calibration (measured by `calibrate` for "auto"
@@ -116,6 +116,7 @@ def resolve(
     preset = isinstance(kv_codec, str)
     config, request = parse_kv_codec(kv_codec)  # request: "auto[:BITS]" or "tiered", calibration decides
     config, shape = _config_for_model(config, preset, model_path)
+    config = _fit_window_type(config, shape, model_path, flash_attn=flash_attn, verbose=verbose)
     if preset:  # the presets' hot window and batch follow the model's size (policy.tiered.WIDE_SHARE)
         config = sized_for_model(config, 2 * shape.values_per_token, os.path.getsize(model_path))
     tiered_preset = preset and kv_codec.split(":")[0] == "tiered"  # "tiered", "tiered:fixed", "tiered:keep=..."
@@ -159,6 +160,47 @@ def _config_for_model(config: TieredConfig, preset: bool, model_path: str) -> tu
         return config.fit_window(shape.n_swa, strict=not preset), shape
     except ValueError as e:
         raise ValueError(f"{model_path}: {e}") from None
+
+
+UNQUANTIZED = ("f32", "f16", "bf16")
+
+
+def window_refusal(window: str, shape: KVShape, flash_attn: bool = True) -> Optional[str]:
+    """Why llama.cpp cannot hold this model's sliding-window cells in `window`, or None: a
+    quantized type needs flash attention (llama.cpp reads quantized V only there) and head dims
+    that its blocks of 32 divide (llama_init_from_model's check, which the patch repeats)."""
+    if window in UNQUANTIZED:
+        return None
+    if not flash_attn:
+        return "need flash attention (llama.cpp reads quantized V only there)"
+    sliding = [il for il in range(shape.n_layer) if il not in shape.full_layers]
+    dims = sorted({shape.head_dim(il, kind) for il in sliding for kind in (0, 1)})
+    if any(d % 32 for d in dims):
+        return f"need head dims that blocks of 32 divide (the window layers' are {', '.join(map(str, dims))})"
+    return None
+
+
+def window_cells(config: TieredConfig, shape: KVShape, flash_attn: bool = True) -> TieredConfig:
+    """The config with the type its sliding-window cells get on this model: None becomes
+    PRESET_WINDOW where llama.cpp can hold it, else f16. Unchanged on a model without them."""
+    if not shape.n_swa or config.window is not None:
+        return config
+    return replace(config, window="f16" if window_refusal(PRESET_WINDOW, shape, flash_attn) else PRESET_WINDOW)
+
+
+def _fit_window_type(
+    config: TieredConfig, shape: KVShape, model_path: str, *, flash_attn: bool, verbose: bool
+) -> TieredConfig:
+    """window_cells, and a type the config names that llama.cpp cannot hold here refused."""
+    if shape.n_swa and config.window is not None:
+        why = window_refusal(config.window, shape, flash_attn)
+        if why:
+            raise ValueError(f"{model_path}: sliding-window cells in {config.window} {why}; use ':window=f16'")
+    fitted = window_cells(config, shape, flash_attn)
+    if verbose and fitted.window != config.window and fitted.window != PRESET_WINDOW:
+        why = window_refusal(PRESET_WINDOW, shape, flash_attn)
+        print(f"kvgguf: the sliding-window cells stay f16 ({PRESET_WINDOW} cells {why})", file=sys.stderr)
+    return fitted
 
 
 def _unfit(shape: KVShape, *specs) -> dict[str, str]:

@@ -14,6 +14,16 @@ from .codec_spec import CodecSpec
 
 KEEP_SIGNALS = (None, "surprisal", "mass", "random")
 CODEBOOKS = ("sequence", "calibration")
+# llama.cpp's cache types by name, as ggml numbers, and the bits per value each holds (its blocks'
+# scales counted: q8_0 stores 32 values in 34 bytes).
+CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q5_1": 7, "q5_0": 6, "q4_1": 3, "q4_0": 2, "iq4_nl": 20}
+CACHE_TYPE_BITS = {
+    "f32": 32.0, "f16": 16.0, "bf16": 16.0, "q8_0": 8.5, "q5_1": 6.0, "q5_0": 5.5, "q4_1": 5.0, "q4_0": 4.5, "iq4_nl": 4.5
+}  # fmt: skip
+# The sliding-window cells (Gemma 2/3, gpt-oss, ...) unless a config names a type: llama.cpp's
+# window layers keep their last n_swa tokens in its own cells, most of the bytes on such models,
+# and q8_0 halves them (docs/quality.md, "Every cell counted").
+PRESET_WINDOW = "q8_0"
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,11 @@ class TieredConfig:
         each sequence encodes with that codec) or "calibration" (the model's, trained by
         ``kvgguf calibrate``; a model without them falls back to "sequence" with a warning).
         Measured on SmolLM2 and WikiText-2, the sequence's own codebooks lose less (docs/codecs.md).
+    window: llama.cpp's cache type for the cells of sliding-window layers (Gemma 2/3, gpt-oss,
+        ...), which keep their own window and never get cold rows: one of CACHE_TYPES ("f16"
+        exact; a quantized type needs flash attention and head dims that its blocks of 32
+        divide), or None: PRESET_WINDOW where llama.cpp can hold it, else f16. Ignored on models
+        without sliding-window layers.
     """
 
     hot: int = 224
@@ -59,6 +74,7 @@ class TieredConfig:
     keep: Optional[str] = None
     keep_fraction: float = 0.25
     codebooks: str = "sequence"
+    window: Optional[str] = None
 
     def __post_init__(self):
         for name in ("hot", "ubatch", "block", "group_size", "sinks", "warm_tokens"):
@@ -75,6 +91,10 @@ class TieredConfig:
                 raise ValueError(f"TieredConfig.{name} must be >= 0, got {getattr(self, name)}")
         if self.codebooks not in CODEBOOKS:
             raise ValueError(f"TieredConfig.codebooks must be one of {CODEBOOKS}, got {self.codebooks!r}")
+        if self.window is not None and self.window not in CACHE_TYPES:
+            raise ValueError(
+                f"TieredConfig.window must be one of llama.cpp's cache types ({', '.join(CACHE_TYPES)}), got {self.window!r}"
+            )
         if self.keep not in KEEP_SIGNALS:
             raise ValueError(f"TieredConfig.keep must be one of {KEEP_SIGNALS}, got {self.keep!r}")
         if (
@@ -111,7 +131,7 @@ class TieredConfig:
         """``"tiered"`` or ``"tiered:fixed"`` (the fixed preset), ``"tiered:keep=SIGNAL[:FRACTION]"`` (the preset keeping
         the blocks a signal ranks highest warm), a codec name (every token outside the hot
         window uses it, no sinks, no archive), ``"k:NAME,v:NAME"`` (the same with K and V
-        apart), or a TieredConfig."""
+        apart), or a TieredConfig (kv_codec.parse reads a ":window=TYPE" suffix on any of them)."""
         if isinstance(spec, TieredConfig):
             return spec
         if not isinstance(spec, str):

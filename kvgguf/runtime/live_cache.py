@@ -24,7 +24,7 @@ from ..bindings.binding import KvgError
 from ..enums import Kind, Tier
 from ..bindings.store import MASS_ROWS, KVStore
 from ..policy import codec_spec, plan
-from ..policy.tiered import TieredConfig
+from ..policy.tiered import CACHE_TYPES, TieredConfig
 
 SEQ = 0  # one sequence per context (n_seq_max = 1)
 # Ubatches of at most this many tokens attend over the store's rows fused (scored from their
@@ -324,7 +324,7 @@ class LiveCache:
         return out
 
     def memory(self, n_tokens: int) -> KVMemory:
-        tiers = [TierMemory("hot", "f16", int(hooks.kv_bytes(self.ctx)))]
+        tiers = cell_tiers(self.ctx, self.shape)
         names = self.codec_names()
         for tier in (Tier.SINK, Tier.WARM, Tier.ARCHIVE):
             held = self.store.held(tier)
@@ -340,3 +340,30 @@ class LiveCache:
             int(hooks.compute_bytes(self.ctx)),
             self.store.held().values,
         )
+
+
+def cell_tiers(ctx, shape: KVShape) -> list[TierMemory]:
+    """llama.cpp's buffers as tiers: "hot", the full-attention layers' cells, and on a model with
+    sliding-window layers "window", theirs, each named by its cache type and counted at the bytes
+    llama.cpp allocated."""
+    names = {number: name for name, number in CACHE_TYPES.items()}
+    total = int(hooks.kv_bytes(ctx))
+    window, window_types, hot_types = 0, set(), set()
+    for il in range(shape.n_layer):
+        cells = hooks.cells_of(ctx, il)
+        if cells is None:
+            continue
+        k, v, n_bytes = cells
+        if il in shape.full_layers:
+            hot_types |= {k, v}
+        else:
+            window += n_bytes
+            window_types |= {k, v}
+
+    def label(types) -> str:
+        return "/".join(sorted(str(names.get(t, t)) for t in types)) or "f16"
+
+    tiers = [TierMemory("hot", label(hot_types), total - window)]
+    if window_types:
+        tiers.append(TierMemory("window", label(window_types), window))
+    return tiers

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MIB = 2**20
+LLAMA_TIERS = ("hot", "window")  # llama.cpp's cells; the other tiers are the store's
 
 
 @dataclass(frozen=True)
 class TierMemory:
-    name: str  # "hot", "sink", "warm", "archive", "books"
+    name: str  # "hot", "window", "sink", "warm", "archive", "books"
     codec: str
     bytes: int
 
@@ -18,7 +19,8 @@ class TierMemory:
 class KVMemory:
     """Bytes held for the KV cache of one context.
 
-    ``hot`` is what llama.cpp allocated for its own cache (the whole buffer, used or not);
+    ``hot`` is what llama.cpp allocated for its own cache (the whole buffer, used or not), and
+    ``window`` the part of it that sliding-window layers hold, where a model has them;
     the other tiers are the store's encoded rows (and "books", the codebooks pq2 and vq8 rows
     are coded with, where they are used); ``index_bytes`` is the store's
     bookkeeping. ``bits_per_value`` divides all of it by the K/V values of the tokens held
@@ -46,8 +48,8 @@ class KVMemory:
 
     @property
     def cold_bytes(self) -> int:
-        """Bytes of the store's tiers (everything but llama.cpp's own buffer)."""
-        return sum(t.bytes for t in self.tiers if t.name != "hot")
+        """Bytes of the store's tiers (everything but llama.cpp's own buffers)."""
+        return sum(t.bytes for t in self.tiers if t.name not in LLAMA_TIERS)
 
     @property
     def bits_per_value(self) -> float:

@@ -38,6 +38,7 @@ from ..enums import Kind
 from ..bindings.store import EncodedBlock, KVStore
 from ..policy import codec_spec
 from ..policy.codec_spec import CodecSpec
+from ..policy.tiered import CACHE_TYPES
 from ..runtime.live_cache import LiveCache
 from . import container
 from .fingerprint import ModelFingerprint
@@ -323,8 +324,25 @@ def parse(live: LiveContext, data: bytes) -> _Restored:
             _read_layer(payload, il, il in cold_layers, store, hot_of.get(il), shape, params, n_cold)
         except KvgError as e:  # the codecs refuse bytes no encoder writes, or sizes that do not fit
             raise SessionCorruptError(f"layer {il}: {e}") from None
+    _check_cell_types(caches, live.ctx)
     state = state_format.build(caches)
     return _Restored(meta, tokens.astype(np.intc), state, store, [tuple(b) for b in blocks])
+
+
+def _check_cell_types(caches: list[state_format.CacheState], ctx) -> None:
+    """llama.cpp takes a state only in its cells' own types: a session whose sliding-window cells
+    were saved in another type (TieredConfig.window) is refused, naming both."""
+    names = {number: name for name, number in CACHE_TYPES.items()}
+    for c in caches:
+        for layer in c.layers:
+            held = hooks.cells_of(ctx, layer.il)
+            saved = (layer.k_type, layer.v_type)
+            if held is not None and saved != held[:2]:
+                said, holds = ("/".join(str(names.get(t, t)) for t in ts) for ts in (saved, held[:2]))
+                raise SessionMismatchError(
+                    f"layer {layer.il}'s cells were saved in {said} and this Llama holds them in {holds}: open it "
+                    f"with the window type it was saved with (kv_codec '...:window={names.get(saved[0], saved[0])}')"
+                )
 
 
 def _caches_from_meta(meta: dict, layers_of_cache, cells: bytes) -> list[state_format.CacheState]:
