@@ -28,7 +28,7 @@ from .policy.tiered import CACHE_TYPES, TieredConfig
 from .session.fingerprint import ModelFingerprint
 from .session.llama_calls import SessionCalls
 from .llamacpp import hooks, support
-from .llamacpp.support import window_types
+from .llamacpp.support import cell_settings
 
 # flash_attn where a kv_codec is set and the caller gives none (llama-cpp-python's default is off).
 # Generation takes the fused path either way, but with it off llama.cpp stores V transposed, which
@@ -73,7 +73,8 @@ class Llama(SessionCalls):
         TieredConfig.ubatch (said on stderr when verbose), so llama.cpp's f16 buffer holds the hot
         window plus one batch: ``self.n_batch`` is the batch llama.cpp gets (decode_batch).
     type_k, type_v: llama.cpp's cache types, as names ("q8_0", "q4_0", ...) or ggml numbers.
-        With a kv_codec they must stay f16 (the hot window is exact).
+        With a kv_codec they must stay f16: the kv_codec's ":hot=q8_0" (TieredConfig.hot_cells)
+        chooses the hot cells' type.
     flash_attn: with a kv_codec it defaults to True (generation reads the hot window faster and
         prefill needs less scratch; see FLASH_ATTN_DEFAULT); without one, to stock's False.
     kv_attention: how attention reads the compressed rows. "fused" (default): ubatches of up
@@ -167,14 +168,15 @@ class Llama(SessionCalls):
         # "f16 (swa window)" row) for 256 fewer cells per sliding layer.
         physical = min(n_ctx, config.hot + n_batch)
         window = config.window if shape.n_swa else "f16"  # resolve() made sure llama.cpp can hold it
-        with window_types(CACHE_TYPES[window]):
+        hot_type = CACHE_TYPES[config.hot_cells]  # the user's type_k / type_v are f16 or None (checked above)
+        with cell_settings(CACHE_TYPES[window]):
             super().__init__(
                 model_path,
                 n_ctx=physical,
                 n_batch=n_batch,
                 n_ubatch=min(n_ubatch, n_batch),
-                type_k=type_k,
-                type_v=type_v,
+                type_k=hot_type,
+                type_v=hot_type,
                 **kwargs,
             )
         self._shape = shape

@@ -8,7 +8,7 @@ of a live context reports (llama.cpp 0c1e570, src/llama-context.cpp and llama-kv
   else GGML_PAD(min(n_ctx, n_swa + n_ubatch), 256);
 - a cell of a layer holds n_head_kv x head_dim values of K and as many of V, in the cache
   type's blocks of 32 values;
-- kvgguf.Llama(kv_codec=...) asks llama.cpp for min(n_ctx, hot + n_batch) cells (f16, ubatch
+- kvgguf.Llama(kv_codec=...) asks llama.cpp for min(n_ctx, hot + n_batch) cells (hot_cells, ubatch
   min(n_ubatch, n_batch); sliding-window layers' cells in TieredConfig.window) and holds older
   tokens of the full-attention layers in its store, laid out by the policy's own plans.
 
@@ -118,7 +118,7 @@ def kvgguf_bytes(
 ) -> dict:
     """What kv_memory() of kvgguf.Llama(kv_codec=config, n_ctx=n_ctx, n_batch=n_batch,
     n_ubatch=n_ubatch, swa_full=swa_full) holds after n_tokens (default n_ctx) were evaluated in
-    batches of n_batch: llama.cpp's f16 buffer for the hot window plus one batch (n_batch defaults
+    batches of n_batch: llama.cpp's buffer (config.hot_cells) for the hot window plus one batch (n_batch defaults
     to TieredConfig.ubatch, as kvgguf.Llama's does), its sliding-window layers' cells as many in
     config.window ("window"), and the store's blocks, which the policy's own plans lay out
     (policy.plan.block_counts: closed form, any context). n_cold: the rows the store then holds."""
@@ -128,7 +128,7 @@ def kvgguf_bytes(
     hot, window = llama_cells_bytes(
         shape,
         min(n_ctx, config.hot + n_batch),
-        "f16",
+        config.hot_cells,
         swa_full=swa_full,
         n_ubatch=min(n_ubatch, n_batch),
         window=config.window,

@@ -108,15 +108,19 @@ def attention_layers(ctx, shape: KVShape) -> AttentionLayers:
 
 
 @contextlib.contextmanager
-def window_types(ggml_type: int):
-    """The sliding-window cells of the contexts this thread creates inside hold ggml_type (K and
-    V); every later context its own type_k / type_v again."""
-    if hooks.set_window_types(ggml_type, ggml_type) != 0:
-        raise ValueError(f"llama.cpp has no cache type {ggml_type}")
+def cell_settings(window_type: int):
+    """The contexts this thread creates inside hold their sliding-window cells in window_type (K
+    and V), and their full-attention cells unrotated (llama.cpp rotates quantized cells; the
+    store's codecs and calibrations work on rows as the model makes them); every later context
+    as llama.cpp decides again."""
+    if hooks.set_window_types(window_type, window_type) != 0:
+        raise ValueError(f"llama.cpp has no cache type {window_type}")
+    hooks.set_full_rotation(False)
     try:
         yield
     finally:
         hooks.set_window_types(hooks.GGML_TYPE_COUNT, hooks.GGML_TYPE_COUNT)
+        hooks.set_full_rotation(True)
 
 
 def window_type(ctx, shape: KVShape) -> Optional[int]:

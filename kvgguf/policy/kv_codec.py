@@ -9,9 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from .tiered import CACHE_TYPES, TieredConfig
+from .tiered import CACHE_TYPES, HOT_CELL_TYPES, TieredConfig
 
-WINDOW_OPTION = ":window="  # "tiered:window=f16", "rotq4:window=q8_0": the sliding-window cells' type
+# Suffixes any kv_codec string may end in, in any order: the types of llama.cpp's own cells
+# ("tiered:window=f16", "rotq4:hot=q8_0", "auto:3.5:hot=q8_0:window=q8_0").
+CELL_OPTIONS = {
+    "window": ("the sliding-window cells", CACHE_TYPES),  # TieredConfig.window
+    "hot": ("the hot cells", HOT_CELL_TYPES),  # TieredConfig.hot_cells
+}
 
 DEFAULT_BUDGET = 3.0  # bits per value over the compressed rows (docs/calibration.md: what the budgets measured)
 PRESET_BUDGET = 4.0  # "tiered" on a calibrated model: recall like f16's at 5K where 3.5 lost it (docs/recall.md)
@@ -51,12 +56,12 @@ class Request:
 
 
 def parse(kv_codec) -> tuple[TieredConfig, Optional[Request]]:
-    """(config, request) of any kv_codec a user may pass, with an optional ":window=TYPE" suffix
-    (TieredConfig.window): "auto[:BITS]" and "tiered" give the
+    """(config, request) of any kv_codec a user may pass, with optional ":window=TYPE" and
+    ":hot=TYPE" suffixes (TieredConfig.window, .hot_cells): "auto[:BITS]" and "tiered" give the
     fixed preset's config (whose codecs a calibration replaces once the model is known) and a
     Request; anything else TieredConfig.parse's config and None ("tiered:fixed": the fixed
     preset whatever the cache folder holds)."""
-    kv_codec, window = split_window(kv_codec)
+    kv_codec, cells = split_cells(kv_codec)
     budget = parse_auto(kv_codec)
     if budget is not None:
         config, request = TieredConfig(), Request(budget)
@@ -64,20 +69,30 @@ def parse(kv_codec) -> tuple[TieredConfig, Optional[Request]]:
         config, request = TieredConfig(), Request(PRESET_BUDGET, required=False, exclude=PRESET_SLOW_FAMILIES)
     else:
         config, request = TieredConfig.parse(kv_codec), None
-    return (config if window is None else replace(config, window=window)), request
+    if "window" in cells:
+        config = replace(config, window=cells["window"])
+    if "hot" in cells:
+        config = replace(config, hot_cells=cells["hot"])
+    return config, request
 
 
-def split_window(kv_codec):
-    """(kv_codec without its ":window=TYPE" suffix, TYPE or None); any other kv_codec as it is."""
-    if not isinstance(kv_codec, str) or WINDOW_OPTION not in kv_codec:
-        return kv_codec, None
-    head, _, window = kv_codec.rpartition(WINDOW_OPTION)
-    if window not in CACHE_TYPES:
-        raise ValueError(
-            f"kv_codec {kv_codec!r}: the window cells' type must be one of llama.cpp's cache types "
-            f"({', '.join(CACHE_TYPES)}), got {window!r}"
-        )
-    return head, window
+def split_cells(kv_codec):
+    """(kv_codec without its ":window=TYPE" / ":hot=TYPE" suffixes, {option: TYPE}); any other
+    kv_codec as it is."""
+    cells: dict[str, str] = {}
+    while isinstance(kv_codec, str):
+        head, _, tail = kv_codec.rpartition(":")
+        option, eq, value = tail.partition("=")
+        if not head or not eq or option not in CELL_OPTIONS:
+            break
+        what, types = CELL_OPTIONS[option]
+        if value not in types or option in cells:
+            raise ValueError(
+                f"kv_codec {kv_codec!r}: {what}' type must be given once, one of {', '.join(types)}; got {value!r}"
+            )
+        cells[option] = value
+        kv_codec = head
+    return kv_codec, cells
 
 
 def is_kv_codec(spec) -> bool:

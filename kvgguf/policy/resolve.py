@@ -59,7 +59,10 @@ def unsupported_setting(
         return f"n_ctx={n_ctx} holds no logical context (a kv_codec needs n_ctx > 0)"
     for name, t in (("type_k", type_k), ("type_v", type_v)):
         if cache_type(t, name) not in (None, F16):
-            return f"kv_codec keeps llama.cpp's hot window in f16; {name} must be f16 or None (got {type_name(t)!r})"
+            return (
+                f"kv_codec chooses the type of llama.cpp's cells itself ('...:hot=q8_0'); {name} must be f16 "
+                f"or None (got {type_name(t)!r})"
+            )
     return None
 
 
@@ -165,18 +168,20 @@ def _config_for_model(config: TieredConfig, preset: bool, model_path: str) -> tu
 UNQUANTIZED = ("f32", "f16", "bf16")
 
 
-def window_refusal(window: str, shape: KVShape, flash_attn: bool = True) -> Optional[str]:
-    """Why llama.cpp cannot hold this model's sliding-window cells in `window`, or None: a
-    quantized type needs flash attention (llama.cpp reads quantized V only there) and head dims
-    that its blocks of 32 divide (llama_init_from_model's check, which the patch repeats)."""
+def window_refusal(window: str, shape: KVShape, flash_attn: bool = True, *, sliding: bool = True) -> Optional[str]:
+    """Why llama.cpp cannot hold this model's sliding-window cells (sliding=False: the
+    full-attention layers' hot cells) in `window`, or None: a quantized type needs flash
+    attention (llama.cpp reads quantized V only there) and head dims that its blocks of 32
+    divide (llama_init_from_model's check, which the patch repeats for the window cells)."""
     if window in UNQUANTIZED:
         return None
     if not flash_attn:
         return "need flash attention (llama.cpp reads quantized V only there)"
-    sliding = [il for il in range(shape.n_layer) if il not in shape.full_layers]
-    dims = sorted({shape.head_dim(il, kind) for il in sliding for kind in (0, 1)})
+    layers = [il for il in range(shape.n_layer) if (il in shape.full_layers) != sliding]
+    dims = sorted({shape.head_dim(il, kind) for il in layers for kind in (0, 1)})
     if any(d % 32 for d in dims):
-        return f"need head dims that blocks of 32 divide (the window layers' are {', '.join(map(str, dims))})"
+        which = "window" if sliding else "full-attention"
+        return f"need head dims that blocks of 32 divide (the {which} layers' are {', '.join(map(str, dims))})"
     return None
 
 
@@ -191,7 +196,11 @@ def window_cells(config: TieredConfig, shape: KVShape, flash_attn: bool = True) 
 def _fit_window_type(
     config: TieredConfig, shape: KVShape, model_path: str, *, flash_attn: bool, verbose: bool
 ) -> TieredConfig:
-    """window_cells, and a type the config names that llama.cpp cannot hold here refused."""
+    """window_cells, and a type the config names that llama.cpp cannot hold here refused (the
+    hot cells' too)."""
+    why = window_refusal(config.hot_cells, shape, flash_attn, sliding=False)
+    if why:
+        raise ValueError(f"{model_path}: hot cells in {config.hot_cells} {why}; use ':hot=f16'")
     if shape.n_swa and config.window is not None:
         why = window_refusal(config.window, shape, flash_attn)
         if why:

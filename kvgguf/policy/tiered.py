@@ -24,6 +24,8 @@ CACHE_TYPE_BITS = {
 # window layers keep their last n_swa tokens in its own cells, most of the bytes on such models,
 # and q8_0 halves them (docs/quality.md, "Every cell counted").
 PRESET_WINDOW = "q8_0"
+# The hot cells' types the patched attention reads besides f16 (src/llama-kvgguf-graph.cpp).
+HOT_CELL_TYPES = ("f16", "q8_0")
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,10 @@ class TieredConfig:
         exact; a quantized type needs flash attention and head dims that its blocks of 32
         divide), or None: PRESET_WINDOW where llama.cpp can hold it, else f16. Ignored on models
         without sliding-window layers.
+    hot_cells: llama.cpp's cache type for the hot window's cells (the full-attention layers'):
+        "f16" (exact) or "q8_0" (8.5 bits per value: as many bytes buy twice the cells; read as
+        f16 rows by the fused path, dequantized at eviction; needs flash attention and head dims
+        that blocks of 32 divide).
     """
 
     hot: int = 224
@@ -75,6 +81,7 @@ class TieredConfig:
     keep_fraction: float = 0.25
     codebooks: str = "sequence"
     window: Optional[str] = None
+    hot_cells: str = "f16"
 
     def __post_init__(self):
         for name in ("hot", "ubatch", "block", "group_size", "sinks", "warm_tokens"):
@@ -95,6 +102,8 @@ class TieredConfig:
             raise ValueError(
                 f"TieredConfig.window must be one of llama.cpp's cache types ({', '.join(CACHE_TYPES)}), got {self.window!r}"
             )
+        if self.hot_cells not in HOT_CELL_TYPES:
+            raise ValueError(f"TieredConfig.hot_cells must be one of {HOT_CELL_TYPES}, got {self.hot_cells!r}")
         if self.keep not in KEEP_SIGNALS:
             raise ValueError(f"TieredConfig.keep must be one of {KEEP_SIGNALS}, got {self.keep!r}")
         if (
@@ -131,7 +140,8 @@ class TieredConfig:
         """``"tiered"`` or ``"tiered:fixed"`` (the fixed preset), ``"tiered:keep=SIGNAL[:FRACTION]"`` (the preset keeping
         the blocks a signal ranks highest warm), a codec name (every token outside the hot
         window uses it, no sinks, no archive), ``"k:NAME,v:NAME"`` (the same with K and V
-        apart), or a TieredConfig (kv_codec.parse reads a ":window=TYPE" suffix on any of them)."""
+        apart), or a TieredConfig (kv_codec.parse reads ":window=TYPE" and ":hot=TYPE" suffixes
+        on any of them)."""
         if isinstance(spec, TieredConfig):
             return spec
         if not isinstance(spec, str):

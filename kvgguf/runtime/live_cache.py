@@ -197,8 +197,9 @@ class LiveCache:
 
     def read_rows(self, il: int, kind: int, p0: int, p1: int) -> np.ndarray:
         """Rows of positions [p0, p1) that llama.cpp holds exactly on list (il, kind), as float32."""
-        n = p1 - p0
-        rows = np.empty((n, self.store.width(kind)), dtype=np.float16)
+        n, width = p1 - p0, self.store.width(kind)
+        q8 = self.config.hot_cells == "q8_0"  # raw q8_0 rows: 32 values in 34 bytes
+        rows = np.empty((n, width // 32 * 34), dtype=np.uint8) if q8 else np.empty((n, width), dtype=np.float16)
         pos = np.empty(n, dtype=np.int32)
         got = hooks.read_rows(
             self.ctx,
@@ -216,7 +217,7 @@ class LiveCache:
                 f"kvgguf: llama.cpp holds {got} rows for positions [{p0}, {p1}) of layer {il}, "
                 f"expected {n} in order; the cache was changed behind kvgguf's back"
             )
-        return rows.astype(np.float32)
+        return dequantize_q8_0(rows, width) if q8 else rows.astype(np.float32)
 
     def _evict(self, p0: int, p1: int) -> None:
         """Moves positions [p0, p1) into the store, all layers and both kinds, or nothing: the
@@ -367,3 +368,12 @@ def cell_tiers(ctx, shape: KVShape) -> list[TierMemory]:
     if window_types:
         tiers.append(TierMemory("window", label(window_types), window))
     return tiers
+
+
+def dequantize_q8_0(rows: np.ndarray, width: int) -> np.ndarray:
+    """float32 [n, width] of raw q8_0 rows (blocks of an f16 scale and 32 int8 codes), as ggml's
+    dequantize_row_q8_0 computes them (exact in float32)."""
+    blocks = rows.reshape(len(rows), width // 32, 34)
+    scale = np.ascontiguousarray(blocks[:, :, :2]).view(np.float16).astype(np.float32)
+    codes = np.ascontiguousarray(blocks[:, :, 2:]).view(np.int8).astype(np.float32)
+    return (codes * scale).reshape(len(rows), width)
