@@ -46,6 +46,7 @@ HERE = Path(__file__).resolve().parent
 def run_one(model: str, n_ctx: int, cache: str, n_decode: int, threads: int, batch: int) -> dict:
     import kvgguf
     from kvgguf.evaluation import harness
+    from kvgguf.policy import kv_codec
     from kvgguf.evaluation.text import wikitext2_test
 
     path = str(model_path(model))
@@ -79,7 +80,7 @@ def run_one(model: str, n_ctx: int, cache: str, n_decode: int, threads: int, bat
             if cache.endswith(":" + mode):
                 spec, attention = cache[: -len(mode) - 1], mode
         codec, _, sizes = spec.partition("@")
-        config = kvgguf.TieredConfig.parse(codec)
+        config = kv_codec.parse(codec)[0]  # ":hot=TYPE" / ":window=TYPE" suffixes too
         if sizes:
             hot, ubatch = (int(x) for x in sizes.split("/"))
             config = dataclasses.replace(config, hot=hot, ubatch=ubatch)

@@ -127,7 +127,8 @@ def headline(here: Path) -> str:
     lines = [
         f"SmolLM2-135M, 8,192 tokens of WikiText-2, 2 threads, flash attention on. Memory and quality: "
         f"`{quality_cmd}`; speed against stock f16 at its best (flash attention on or off, the faster "
-        f"per phase): `{speed_cmd}`; for q4_0, which that run did not hold, `{older_cmd}` (an earlier "
+        f"per phase): `{speed_cmd}`, run before the hot cells became q8_0 (issue 45; their speed is not "
+        f"measured yet); for q4_0, which that run did not hold, `{older_cmd}` (an earlier "
         f"day, against f16 with flash attention on: marked *).",
         "",
         markdown_table(header, body),

@@ -126,6 +126,7 @@ class Llama(SessionCalls):
         type_k, type_v = cache_type(type_k, "type_k"), cache_type(type_v, "type_v")
         model_path = os.fspath(model_path)  # a pathlib.Path too (stock wants a str)
         self._kv: Optional[LiveCache] = None
+        self.kv_cells: Optional[dict] = None  # with a kv_codec: llama.cpp's cell types, {"hot": ..., "window": ...}
         self._shape: Optional[KVShape] = None  # kv_shape and kv_fingerprint, read on first use
         self._fingerprint: Optional[ModelFingerprint] = None
         self.kv_calibration = None
@@ -167,8 +168,11 @@ class Llama(SessionCalls):
         # 1024, batches of 256, swa_full off costs KL 0.0027 on its own (kvgguf eval's
         # "f16 (swa window)" row) for 256 fewer cells per sliding layer.
         physical = min(n_ctx, config.hot + n_batch)
-        window = config.window if shape.n_swa else "f16"  # resolve() made sure llama.cpp can hold it
-        hot_type = CACHE_TYPES[config.hot_cells]  # the user's type_k / type_v are f16 or None (checked above)
+        # the cells' types resolve() decided and made sure llama.cpp can hold (the user's type_k /
+        # type_v are f16 or None, checked above)
+        self.kv_cells = {"hot": plan.hot_cells, "window": plan.window}
+        window = plan.window or "f16"
+        hot_type = CACHE_TYPES[plan.hot_cells]
         with cell_settings(CACHE_TYPES[window]):
             super().__init__(
                 model_path,

@@ -22,7 +22,7 @@ from kvgguf.evaluation.text import wikitext2_test
 from kvgguf.llamacpp import hooks, support
 from kvgguf.model.shape import KVShape
 from kvgguf.policy import kv_codec
-from kvgguf.runtime.live_cache import dequantize_q8_0
+from kvgguf.llamacpp import q8_0
 from tiny_models import TinySpec
 from kvgguf.evaluation.harness import kl_top1
 
@@ -72,9 +72,9 @@ def test_window_cells_hold_q8_0_unless_told_and_are_counted_at_their_bytes(model
         llm.eval(text_tokens[:400])
         mem = llm.kv_memory()
         want = inspect.kvgguf_bytes(shape, 1024, config, n_tokens=400)
-        assert llm.kv_config.window == (window or "q8_0")
+        assert llm.kv_cells == {"hot": "q8_0", "window": window or "q8_0"}
         assert support.window_type(llm.ctx, shape) == (F16 if window else Q8_0)
-        assert mem.by_tier["window"].codec == llm.kv_config.window
+        assert mem.by_tier["window"].codec == llm.kv_cells["window"]
         assert mem.by_tier["window"].bytes == want["window"] > 0
         assert mem.by_tier["hot"].bytes == want["hot"]
         assert mem.by_tier["hot"].bytes + mem.by_tier["window"].bytes == hooks.kv_bytes(llm.ctx)
@@ -87,14 +87,14 @@ def test_window_cells_hold_q8_0_unless_told_and_are_counted_at_their_bytes(model
 def test_a_window_type_llama_cpp_cannot_hold_is_refused_when_named_and_avoided_when_not(models):
     shape16 = KVShape.from_gguf(models[16])
     llm = Llama(models[16], kv_codec=CONFIG, n_ctx=512, flash_attn=True, **KW)
-    assert llm.kv_config.window == "f16" and support.window_type(llm.ctx, shape16) == F16
+    assert llm.kv_cells == {"hot": "f16", "window": "f16"} and support.window_type(llm.ctx, shape16) == F16
     llm.close()
     with pytest.raises(ValueError, match="blocks of 32 divide"):
         Llama(models[16], kv_codec=replace(CONFIG, window="q8_0"), n_ctx=512, flash_attn=True, **KW)
     with pytest.raises(ValueError, match="flash attention"):
         Llama(models[32], kv_codec="rotq4:window=q8_0", n_ctx=512, flash_attn=False, **KW)
     llm = Llama(models[32], kv_codec=CONFIG, n_ctx=512, flash_attn=False, **KW)
-    assert llm.kv_config.window == "f16"
+    assert llm.kv_cells == {"hot": "f16", "window": "f16"}
     llm.close()
 
 
@@ -136,13 +136,19 @@ def test_sessions_round_trip_quantized_window_cells(models, text_tokens, tmp_pat
 HOT_Q8 = replace(CONFIG, warm="f16", sinks=0, hot_cells="q8_0")  # cold rows exact: what differs is the hot cells
 
 
-def test_q8_0_rows_dequantize_as_ggml_does():
+def test_q8_0_rows_quantize_and_dequantize_as_ggml_does():
     scale = np.float16(0.0123)
     codes = np.arange(-16, 16, dtype=np.int8)
     row = np.concatenate([np.frombuffer(scale.tobytes(), np.uint8), codes.view(np.uint8)] * 2)
-    got = dequantize_q8_0(row[None, :], 64)
+    got = q8_0.dequantize(row[None, :], 64)
     assert got.dtype == np.float32 and got.shape == (1, 64)
     assert np.array_equal(got[0, :32], codes.astype(np.float32) * np.float32(scale))
+    x = np.random.default_rng(0).standard_normal((5, 64)).astype(np.float32)
+    x[1, :32] = 0  # a block of zeros keeps scale 0
+    raw = q8_0.quantize(x)
+    back = q8_0.dequantize(raw, 64)
+    assert np.all(np.abs(back - x) <= np.abs(x).reshape(5, 2, 32).max(axis=2).repeat(32, axis=1) / 127 * 0.51 + 1e-6)
+    assert np.array_equal(q8_0.quantize(back), raw)  # its own output round-trips
 
 
 def test_hot_cells_in_q8_0_are_evicted_and_attended(models, text_tokens):
@@ -212,4 +218,26 @@ def test_sessions_round_trip_q8_0_hot_cells(models, text_tokens, tmp_path):
     with pytest.raises(SessionMismatchError, match="saved in q8_0"):
         plain.load_session(tmp_path / "s.kvz")
     for m in (llm, again, plain):
+        m.close()
+
+
+def test_sessions_code_q8_0_hot_cells_in_the_session_codec(models, text_tokens, tmp_path):
+    """A lossy session codes the q8_0 cells' values (rotq4 here) rather than keeping 8.5 bits
+    raw, and quantizes them back to q8_0 when restored."""
+    path = models["llama"]
+    llm = Llama(path, kv_codec=replace(CONFIG, sinks=4), n_ctx=1024, **KW)
+    llm.eval(text_tokens[:300])
+    info = llm.save_session(tmp_path / "lossy.kvz", codec="rotq4")
+    f16_cells = Llama(path, kv_codec=replace(CONFIG, sinks=4, hot_cells="f16"), n_ctx=1024, **KW)
+    f16_cells.eval(text_tokens[:300])
+    same = f16_cells.save_session(tmp_path / "f16-cells.kvz", codec="rotq4")
+    f16_cells.close()
+    # as many bytes as from f16 cells (raw, the 108 hot rows would have added 8.5 bits a value)
+    assert abs(info.file_bytes - same.file_bytes) < 0.03 * same.file_bytes, (info.file_bytes, same.file_bytes)
+    again = Llama(path, kv_codec=replace(CONFIG, sinks=4), n_ctx=1024, **KW)
+    again.load_session(tmp_path / "lossy.kvz")
+    a = [t for _, t in zip(range(6), llm.generate(text_tokens[:300], top_k=1, temp=0.0))]
+    b = [t for _, t in zip(range(6), again.generate(text_tokens[:300], top_k=1, temp=0.0))]
+    assert len(a) == len(b) == 6
+    for m in (llm, again):
         m.close()

@@ -103,7 +103,7 @@ def assert_tiered(mem, want, llm):
     window = mem.by_tier.get("window")
     assert (window.bytes if window else 0) == want["window"]
     if window:
-        assert window.codec == llm.kv_config.window
+        assert window.codec == llm.kv_cells["window"]
     assert mem.cold_bytes == want["store"]
     assert mem.total_bytes - want["hot"] - want["window"] - want["store"] == mem.index_bytes
     assert 0 < mem.index_bytes < 0.01 * mem.total_bytes

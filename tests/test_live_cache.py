@@ -38,7 +38,7 @@ def stock(path, n_ctx, n_batch, **kw):
     )
 
 
-F16_COLD = TieredConfig(hot=64, sinks=0, warm="f16", warm_tokens=0, archive=None, block=32, window="f16")
+F16_COLD = TieredConfig(hot=64, sinks=0, warm="f16", warm_tokens=0, archive=None, block=32, window="f16", hot_cells="f16")
 
 
 @pytest.mark.parametrize("flash_attn", [True, False])
@@ -72,7 +72,7 @@ def test_the_preset_splits_long_evaluations_into_its_ubatch(smollm2_path, wiki_t
     batch size: 32 against 512 differ by up to 2.3 on this text, so 32 is the reference.)"""
     toks = wiki_tokens[:700]
     preset = TieredConfig()
-    exact = TieredConfig(sinks=0, warm="f16", warm_tokens=0, archive=None)
+    exact = TieredConfig(sinks=0, warm="f16", warm_tokens=0, archive=None, hot_cells="f16")
     assert (exact.hot, exact.ubatch) == (preset.hot, preset.ubatch) and preset.hot + preset.ubatch == 256
     llm = Llama(
         str(smollm2_path),
@@ -193,7 +193,7 @@ def test_one_token_decode_after_evictions_against_stock(smollm2_path, wiki_token
     has another count than stock's cache: the partial sums (V accumulated in f16) round
     differently. Measured over 150 steps: KL 0.0035; the bound asserted is 0.01."""
     n_pre, steps = 300, 100
-    config = TieredConfig(hot=224, sinks=4, warm="f16", warm_tokens=0, archive=None, block=32)
+    config = TieredConfig(hot=224, sinks=4, warm="f16", warm_tokens=0, archive=None, block=32, hot_cells="f16")
     got_llm = Llama(
         str(smollm2_path),
         kv_codec=config,
@@ -223,7 +223,8 @@ def test_one_token_decode_after_evictions_against_stock(smollm2_path, wiki_token
 
 def test_sinks_stay_exact_and_warm_rows_age_into_archive(smollm2_path, wiki_tokens):
     toks = wiki_tokens[:700]
-    config = TieredConfig(hot=64, sinks=4, warm="rotq4", warm_tokens=128, archive="rotq2", block=32)
+    # f16 cells: the sinks are then stock's f16 rows bit for bit (q8_0 cells: as the cells held them)
+    config = TieredConfig(hot=64, sinks=4, warm="rotq4", warm_tokens=128, archive="rotq2", block=32, hot_cells="f16")
     llm = Llama(str(smollm2_path), kv_codec=config, n_ctx=1024, n_batch=32, verbose=False, n_threads=N_THREADS)
     llm.eval(toks)
     kv = llm.kv_cache

@@ -91,7 +91,7 @@ def test_a_failure_anywhere_in_eviction_or_aging_loses_nothing(smollm2_path, tok
 
 
 def f16_cold(hot=128):
-    return TieredConfig(hot=hot, sinks=4, warm="f16", warm_tokens=0, archive=None, block=32)
+    return TieredConfig(hot=hot, sinks=4, warm="f16", warm_tokens=0, archive=None, block=32, hot_cells="f16")
 
 
 def test_unreadable_cold_rows_are_left_out_of_the_fused_attention(smollm2_path, tokens):

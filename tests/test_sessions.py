@@ -33,7 +33,7 @@ SMALL_TIERED = TieredConfig(hot=64, sinks=4, warm="rotq4", warm_tokens=64, archi
 # Every tier exact: a restored context replays its last token before sampling (llama.cpp's
 # sampler reads logits a sequence state does not carry), and with lossy tiers that replay sees
 # rows compressed since the token was first computed; with exact tiers it must match bit for bit.
-EXACT_TIERED = TieredConfig(hot=64, sinks=4, warm="f16", warm_tokens=64, archive="f16", block=32)
+EXACT_TIERED = TieredConfig(hot=64, sinks=4, warm="f16", warm_tokens=64, archive="f16", block=32, hot_cells="f16")
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from ..model.shape import KVShape
 from ..bindings import codecs
 from ..enums import Kind
 from ..policy import plan
-from ..policy.resolve import window_cells
+from ..policy.resolve import cell_types
 from ..policy.tiered import TieredConfig, sized_for_model
 
 LLAMA_PAD = 256  # llama-context.cpp pads n_ctx (and the sliding-window cache) to a multiple of 256
@@ -86,7 +86,7 @@ def fitted_config(shape: KVShape, config: TieredConfig, model_bytes: Optional[in
     its file's bytes), and the hot window covers a sliding window plus a block."""
     if model_bytes:
         config = sized_for_model(config, 2 * shape.values_per_token, model_bytes)
-    return window_cells(config.fit_window(shape.n_swa, strict=False), shape)
+    return cell_types(config.fit_window(shape.n_swa, strict=False), shape)
 
 
 def store_bytes(shape: KVShape, counts: dict[tuple[int, int], int], config: TieredConfig) -> int:
@@ -258,7 +258,8 @@ def format_card(
     notes += [
         f"kvgguf rows: Llama(kv_codec=name, n_ctx=n_ctx, {batch}, n_ubatch={n_ubatch}), presets fitted to "
         f"this model (tiered: hot={hot}): llama.cpp holds min(n_ctx, hot + n_batch) cells on every "
-        f"layer{f' (swa_full=True; f16, the sliding-window layers {preset.window})' if shape.n_swa else ' in f16'}, the store every older token of the full-attention "
+        f"layer{' (swa_full=True)' if shape.n_swa else ''}, in {preset.hot_cells}"
+        f"{f' (the sliding-window layers in {preset.window})' if shape.n_swa else ''}, the store every older token of the full-attention "
         "layers, encoded.",
         "bits = bytes x 8 / (n_ctx x layers x K+V values per token).",
     ]

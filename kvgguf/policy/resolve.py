@@ -19,7 +19,7 @@ from ..model.registry import calibration_path
 from ..model.shape import MAX_LAYERS, KVShape
 from . import calibration_plan, codec_spec
 from .kv_codec import Request, parse as parse_kv_codec
-from .tiered import CACHE_TYPES, PRESET_WINDOW, TieredConfig, sized_for_model
+from .tiered import CACHE_TYPES, PRESET_HOT_CELLS, PRESET_WINDOW, TieredConfig, sized_for_model
 
 # llama.cpp's own cache types, by the names its CLI uses (-ctk/-ctv), and their ggml numbers
 # (ggml.h's enum ggml_type, append-only).
@@ -95,12 +95,15 @@ def decode_batch(n_batch: Optional[int], n_ctx: int, config: TieredConfig, verbo
 @dataclass(frozen=True)
 class Resolved:
     """What a Llama with a kv_codec runs: its config, the model's KV shape, the calibration file
-    the config follows (None: none), and the batch llama.cpp gets."""
+    the config follows (None: none), the batch llama.cpp gets, and the types of
+    llama.cpp's cells (the config's, None in it decided for this model: cell_types)."""
 
     config: TieredConfig
     shape: KVShape
     calibrated: Optional[Path]
     n_batch: int
+    hot_cells: str = "f16"
+    window: Optional[str] = None  # None: the model has no sliding-window layers
 
 
 def resolve(
@@ -119,7 +122,7 @@ def resolve(
     preset = isinstance(kv_codec, str)
     config, request = parse_kv_codec(kv_codec)  # request: "auto[:BITS]" or "tiered", calibration decides
     config, shape = _config_for_model(config, preset, model_path)
-    config = _fit_window_type(config, shape, model_path, flash_attn=flash_attn, verbose=verbose)
+    cells = _fit_cell_types(config, shape, model_path, flash_attn=flash_attn, verbose=verbose)
     if preset:  # the presets' hot window and batch follow the model's size (policy.tiered.WIDE_SHARE)
         config = sized_for_model(config, 2 * shape.values_per_token, os.path.getsize(model_path))
     tiered_preset = preset and kv_codec.split(":")[0] == "tiered"  # "tiered", "tiered:fixed", "tiered:keep=..."
@@ -147,7 +150,7 @@ def resolve(
             f"use kv_codec=None for llama.cpp's own cache",
             stacklevel=3,
         )
-    return Resolved(config, shape, calibrated, n_batch)
+    return Resolved(config, shape, calibrated, n_batch, cells.hot_cells, cells.window if shape.n_swa else None)
 
 
 def _config_for_model(config: TieredConfig, preset: bool, model_path: str) -> tuple[TieredConfig, KVShape]:
@@ -185,30 +188,39 @@ def window_refusal(window: str, shape: KVShape, flash_attn: bool = True, *, slid
     return None
 
 
-def window_cells(config: TieredConfig, shape: KVShape, flash_attn: bool = True) -> TieredConfig:
-    """The config with the type its sliding-window cells get on this model: None becomes
-    PRESET_WINDOW where llama.cpp can hold it, else f16. Unchanged on a model without them."""
-    if not shape.n_swa or config.window is not None:
-        return config
-    return replace(config, window="f16" if window_refusal(PRESET_WINDOW, shape, flash_attn) else PRESET_WINDOW)
+def cell_types(config: TieredConfig, shape: KVShape, flash_attn: bool = True) -> TieredConfig:
+    """The config with the types llama.cpp's cells get on this model: a window or hot_cells of
+    None becomes q8_0 (PRESET_WINDOW, PRESET_HOT_CELLS) where llama.cpp can hold it, else f16.
+    A model without sliding-window layers keeps window as it is."""
+    if config.hot_cells is None:
+        fits = window_refusal(PRESET_HOT_CELLS, shape, flash_attn, sliding=False) is None
+        config = replace(config, hot_cells=PRESET_HOT_CELLS if fits else "f16")
+    if shape.n_swa and config.window is None:
+        fits = window_refusal(PRESET_WINDOW, shape, flash_attn) is None
+        config = replace(config, window=PRESET_WINDOW if fits else "f16")
+    return config
 
 
-def _fit_window_type(
+def _fit_cell_types(
     config: TieredConfig, shape: KVShape, model_path: str, *, flash_attn: bool, verbose: bool
 ) -> TieredConfig:
-    """window_cells, and a type the config names that llama.cpp cannot hold here refused (the
-    hot cells' too)."""
-    why = window_refusal(config.hot_cells, shape, flash_attn, sliding=False)
-    if why:
-        raise ValueError(f"{model_path}: hot cells in {config.hot_cells} {why}; use ':hot=f16'")
+    """cell_types, and a type the config names that llama.cpp cannot hold here refused."""
+    if config.hot_cells is not None:
+        why = window_refusal(config.hot_cells, shape, flash_attn, sliding=False)
+        if why:
+            raise ValueError(f"{model_path}: hot cells in {config.hot_cells} {why}; use ':hot=f16'")
     if shape.n_swa and config.window is not None:
         why = window_refusal(config.window, shape, flash_attn)
         if why:
             raise ValueError(f"{model_path}: sliding-window cells in {config.window} {why}; use ':window=f16'")
-    fitted = window_cells(config, shape, flash_attn)
-    if verbose and fitted.window != config.window and fitted.window != PRESET_WINDOW:
-        why = window_refusal(PRESET_WINDOW, shape, flash_attn)
-        print(f"kvgguf: the sliding-window cells stay f16 ({PRESET_WINDOW} cells {why})", file=sys.stderr)
+    fitted = cell_types(config, shape, flash_attn)
+    for what, asked, got, default, sliding in (
+        ("sliding-window", config.window, fitted.window, PRESET_WINDOW, True),
+        ("hot", config.hot_cells, fitted.hot_cells, PRESET_HOT_CELLS, False),
+    ):
+        if verbose and asked is None and got == "f16" and (sliding is False or shape.n_swa):
+            why = window_refusal(default, shape, flash_attn, sliding=sliding)
+            print(f"kvgguf: the {what} cells stay f16 ({default} cells {why})", file=sys.stderr)
     return fitted
 
 

@@ -20,10 +20,11 @@ CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q5_1": 7, "q5_0": 6, 
 CACHE_TYPE_BITS = {
     "f32": 32.0, "f16": 16.0, "bf16": 16.0, "q8_0": 8.5, "q5_1": 6.0, "q5_0": 5.5, "q4_1": 5.0, "q4_0": 4.5, "iq4_nl": 4.5
 }  # fmt: skip
-# The sliding-window cells (Gemma 2/3, gpt-oss, ...) unless a config names a type: llama.cpp's
-# window layers keep their last n_swa tokens in its own cells, most of the bytes on such models,
-# and q8_0 halves them (docs/quality.md, "Every cell counted").
-PRESET_WINDOW = "q8_0"
+# llama.cpp's cells unless a config names a type: the sliding-window layers' (Gemma 2/3, gpt-oss,
+# ...), which keep their last n_swa tokens, most of the bytes on such models, and the hot
+# window's. q8_0 halves them for a KL within the measurement's floor (docs/quality.md, "Every
+# cell counted").
+PRESET_WINDOW = PRESET_HOT_CELLS = "q8_0"
 # The hot cells' types the patched attention reads besides f16 (src/llama-kvgguf-graph.cpp).
 HOT_CELL_TYPES = ("f16", "q8_0")
 
@@ -32,7 +33,7 @@ HOT_CELL_TYPES = ("f16", "q8_0")
 class TieredConfig:
     """Where each token of a sequence is held.
 
-    hot: the newest tokens llama.cpp's own f16 cache keeps exact between batches: before a
+    hot: the newest tokens llama.cpp's own cache keeps (in hot_cells) between batches: before a
         batch, whole blocks of the oldest are moved out until at most ``hot`` remain, so
         between ``hot - block + 1`` and ``hot`` are exact (plus the batch being decoded).
         llama.cpp's buffer holds hot + one batch, rounded up to a multiple of 256 cells.
@@ -64,9 +65,9 @@ class TieredConfig:
         divide), or None: PRESET_WINDOW where llama.cpp can hold it, else f16. Ignored on models
         without sliding-window layers.
     hot_cells: llama.cpp's cache type for the hot window's cells (the full-attention layers'):
-        "f16" (exact) or "q8_0" (8.5 bits per value: as many bytes buy twice the cells; read as
-        f16 rows by the fused path, dequantized at eviction; needs flash attention and head dims
-        that blocks of 32 divide).
+        "f16" (exact), "q8_0" (8.5 bits per value, half the bytes; both attention paths read
+        them as f16 rows, eviction dequantizes them; needs flash attention and head dims that
+        blocks of 32 divide), or None: "q8_0" where llama.cpp can hold it, else "f16".
     """
 
     hot: int = 224
@@ -81,7 +82,7 @@ class TieredConfig:
     keep_fraction: float = 0.25
     codebooks: str = "sequence"
     window: Optional[str] = None
-    hot_cells: str = "f16"
+    hot_cells: Optional[str] = None
 
     def __post_init__(self):
         for name in ("hot", "ubatch", "block", "group_size", "sinks", "warm_tokens"):
@@ -102,7 +103,7 @@ class TieredConfig:
             raise ValueError(
                 f"TieredConfig.window must be one of llama.cpp's cache types ({', '.join(CACHE_TYPES)}), got {self.window!r}"
             )
-        if self.hot_cells not in HOT_CELL_TYPES:
+        if self.hot_cells is not None and self.hot_cells not in HOT_CELL_TYPES:
             raise ValueError(f"TieredConfig.hot_cells must be one of {HOT_CELL_TYPES}, got {self.hot_cells!r}")
         if self.keep not in KEEP_SIGNALS:
             raise ValueError(f"TieredConfig.keep must be one of {KEEP_SIGNALS}, got {self.keep!r}")
@@ -139,7 +140,8 @@ class TieredConfig:
     def parse(cls, spec: Union[str, "TieredConfig"]) -> "TieredConfig":
         """``"tiered"`` or ``"tiered:fixed"`` (the fixed preset), ``"tiered:keep=SIGNAL[:FRACTION]"`` (the preset keeping
         the blocks a signal ranks highest warm), a codec name (every token outside the hot
-        window uses it, no sinks, no archive), ``"k:NAME,v:NAME"`` (the same with K and V
+        window uses it, no sinks, no archive; "f16" holds llama.cpp's cells in f16 too: the
+        exact cache), ``"k:NAME,v:NAME"`` (the same with K and V
         apart), or a TieredConfig (kv_codec.parse reads ":window=TYPE" and ":hot=TYPE" suffixes
         on any of them)."""
         if isinstance(spec, TieredConfig):
@@ -152,6 +154,8 @@ class TieredConfig:
             return cls._parse_keep(spec)
         if spec.startswith("k:"):
             return cls(sinks=0, warm=codec_spec.parse_kv(spec), warm_tokens=0, archive=None)
+        if spec == "f16":  # the exact cache: llama.cpp's cells in f16 too
+            return cls(sinks=0, warm="f16", warm_tokens=0, archive=None, window="f16", hot_cells="f16")
         if spec not in codecs.names():
             raise ValueError(
                 f"kv_codec {spec!r} is unknown; choose 'tiered', 'tiered:fixed', 'auto', 'auto:BITS', 'k:NAME,v:NAME' or one of: {', '.join(codecs.names())}"

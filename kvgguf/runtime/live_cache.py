@@ -15,7 +15,7 @@ import warnings
 import llama_cpp.llama_cpp as C
 import numpy as np
 
-from ..llamacpp import hooks
+from ..llamacpp import hooks, q8_0
 from .memory import KVMemory, TierMemory
 from .signals import TokenSignals
 from ..model.shape import KVShape
@@ -55,6 +55,11 @@ class LiveCache:
                 self.store.set_layer_enabled(il, False)
         if not self.layers:
             raise ValueError("this model has no full-attention layer with a KV cache to compress")
+        # the hot cells' type as llama.cpp allocated it (f16, or q8_0: read_rows dequantizes)
+        cells = hooks.cells_of(ctx, self.layers[0])
+        self.hot_type = cells[0] if cells else CACHE_TYPES["f16"]
+        if self.hot_type not in (CACHE_TYPES["f16"], CACHE_TYPES["q8_0"]):
+            raise ValueError(f"kvgguf reads hot cells of f16 or q8_0, not of ggml type {self.hot_type}")
         # {tier: {(layer, kind): codec}} for the tiers this config fills
         self.codecs = {
             tier: config.table(tier, shape.n_layer)
@@ -198,8 +203,8 @@ class LiveCache:
     def read_rows(self, il: int, kind: int, p0: int, p1: int) -> np.ndarray:
         """Rows of positions [p0, p1) that llama.cpp holds exactly on list (il, kind), as float32."""
         n, width = p1 - p0, self.store.width(kind)
-        q8 = self.config.hot_cells == "q8_0"  # raw q8_0 rows: 32 values in 34 bytes
-        rows = np.empty((n, width // 32 * 34), dtype=np.uint8) if q8 else np.empty((n, width), dtype=np.float16)
+        q8 = self.hot_type == CACHE_TYPES["q8_0"]  # raw q8_0 rows: 32 values in 34 bytes
+        rows = np.empty((n, q8_0.row_bytes(width)), dtype=np.uint8) if q8 else np.empty((n, width), dtype=np.float16)
         pos = np.empty(n, dtype=np.int32)
         got = hooks.read_rows(
             self.ctx,
@@ -217,7 +222,7 @@ class LiveCache:
                 f"kvgguf: llama.cpp holds {got} rows for positions [{p0}, {p1}) of layer {il}, "
                 f"expected {n} in order; the cache was changed behind kvgguf's back"
             )
-        return dequantize_q8_0(rows, width) if q8 else rows.astype(np.float32)
+        return q8_0.dequantize(rows, width) if q8 else rows.astype(np.float32)
 
     def _evict(self, p0: int, p1: int) -> None:
         """Moves positions [p0, p1) into the store, all layers and both kinds, or nothing: the
@@ -369,11 +374,3 @@ def cell_tiers(ctx, shape: KVShape) -> list[TierMemory]:
         tiers.append(TierMemory("window", label(window_types), window))
     return tiers
 
-
-def dequantize_q8_0(rows: np.ndarray, width: int) -> np.ndarray:
-    """float32 [n, width] of raw q8_0 rows (blocks of an f16 scale and 32 int8 codes), as ggml's
-    dequantize_row_q8_0 computes them (exact in float32)."""
-    blocks = rows.reshape(len(rows), width // 32, 34)
-    scale = np.ascontiguousarray(blocks[:, :, :2]).view(np.float16).astype(np.float32)
-    codes = np.ascontiguousarray(blocks[:, :, 2:]).view(np.int8).astype(np.float32)
-    return (codes * scale).reshape(len(rows), width)

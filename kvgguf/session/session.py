@@ -30,7 +30,7 @@ import llama_cpp.llama_cpp as C
 import numpy as np
 
 from ..errors import SessionCorruptError, SessionError, SessionMismatchError, SessionVersionError
-from ..llamacpp import hooks, state_format
+from ..llamacpp import hooks, q8_0, state_format
 from ..model.shape import KVShape
 from ..bindings import codecs
 from ..bindings.binding import KvgError
@@ -214,17 +214,25 @@ def _sink_rows(cells: bytes) -> int:
 
 def _encode_hot(layer: Optional[state_format.LayerRows], kind: int, shape: KVShape, codec, n_sink: int) -> bytes:
     """Exact rows of one layer and kind: ggml type, count, row bytes, then segments (the
-    attention sinks in f16, the rest with codec; raw bytes for quantized cache types)."""
+    attention sinks in f16, the rest with codec; q8_0 cells: the sinks raw, the rest dequantized
+    and coded, quantized back when restored; exact sessions and other quantized types raw)."""
     if layer is None:
         return b"\x00"
     ggml_type, rows = (layer.k_type, layer.k) if kind == Kind.K else (layer.v_type, layer.v)
     n, row_bytes = rows.shape
     segments = []
-    if ggml_type in (state_format.GGML_F16, state_format.GGML_F32):
-        dtype = np.float16 if ggml_type == state_format.GGML_F16 else np.float32
-        x = rows.view(dtype).astype(np.float32).reshape(n, shape.kv_heads(layer.il), shape.head_dim(layer.il, kind))
+    q8 = ggml_type == q8_0.GGML_Q8_0 and codec.name != "f16"  # exact sessions keep q8_0 cells raw
+    if q8 and n_sink:  # the sinks as llama.cpp holds them
+        segments.append((n_sink, RAW, 0, rows[:n_sink].tobytes()))
+    if ggml_type in (state_format.GGML_F16, state_format.GGML_F32) or q8:
+        if q8:  # the rest as values, in the session's codec; restored, quantized back to q8_0
+            x = q8_0.dequantize(rows, shape.width(layer.il, kind))
+        else:
+            x = rows.view(np.float16 if ggml_type == state_format.GGML_F16 else np.float32).astype(np.float32)
+        x = x.reshape(n, shape.kv_heads(layer.il), shape.head_dim(layer.il, kind))
         f16 = codecs.get("f16")
-        for c, part in ((f16, x[:n_sink]), (codec, x[n_sink:])):
+        sinks = x[:0] if q8 else x[:n_sink]  # q8_0 sinks went in raw above
+        for c, part in ((f16, sinks), (codec, x[n_sink:])):
             if len(part) and c.name in codecs.BOOK_CODECS:
                 book = codecs.train_book(c.name, part, Kind(kind).letter, seed=c.seed)
                 c = codecs.get(c.name, group_size=c.group_size, seed=c.seed, book=book)
@@ -480,7 +488,8 @@ def _read_hot(take, il: int, kind: int, cache, shape: KVShape, params: dict) -> 
             continue
         if codec_id >= len(names):
             raise SessionVersionError(f"layer {il}: codec number {codec_id} is unknown to this kvgguf")
-        if el is None or row_bytes != width * el:
+        q8 = ggml_type == q8_0.GGML_Q8_0 and row_bytes == q8_0.row_bytes(width)
+        if not q8 and (el is None or row_bytes != width * el):
             raise SessionCorruptError(f"layer {il}: exact rows of an impossible type or width")
         rows_shape = (n_rows, shape.kv_heads(il), shape.head_dim(il, kind))
         book = None
@@ -491,8 +500,8 @@ def _read_hot(take, il: int, kind: int, cache, shape: KVShape, params: dict) -> 
                 raise SessionCorruptError(f"layer {il}: a part shorter than its {names[codec_id]} book")
             book = np.frombuffer(data, dtype="<f4", count=n_book // 4).astype(np.float32).reshape(book_shape)
             data = data[n_book:]
-        x = codecs.get(names[codec_id], **params, book=book).decode(data, rows_shape, kind)
-        parts.append(x.reshape(n_rows, width).astype(np.float16 if el == 2 else np.float32).view(np.uint8))
+        x = codecs.get(names[codec_id], **params, book=book).decode(data, rows_shape, kind).reshape(n_rows, width)
+        parts.append(q8_0.quantize(x) if q8 else x.astype(np.float16 if el == 2 else np.float32).view(np.uint8))
     rows = np.concatenate(parts) if parts else np.empty((0, row_bytes), np.uint8)
     if rows.shape != (n, row_bytes):
         raise SessionCorruptError(f"layer {il}: its parts hold {rows.shape[0]} rows, not {n}")
