@@ -383,7 +383,8 @@ def test_embed_after_eviction_matches_stock(smollm2_path, wiki_tokens):
     """embed() clears the cache: rows already compressed must go with llama.cpp's cells, and the
     context must keep working after it."""
     kw = dict(n_ctx=1024, embedding=True, flash_attn=True, verbose=False, n_threads=N_THREADS)
-    config = TieredConfig(hot=64, sinks=4, warm="rotq4", warm_tokens=128, archive="rotq2", block=32)
+    # f16 cells, as stock's: the embedding is then stock's within float noise
+    config = TieredConfig(hot=64, sinks=4, warm="rotq4", warm_tokens=128, archive="rotq2", block=32, hot_cells="f16")
     llm = Llama(str(smollm2_path), kv_codec=config, n_batch=64, **kw)
     llm.eval(wiki_tokens[:400])
     assert llm.kv_cache.n_cold >= 400 - 64 - 64  # rows were evicted before the embedding
