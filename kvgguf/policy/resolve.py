@@ -172,18 +172,20 @@ UNQUANTIZED = ("f32", "f16", "bf16")
 
 
 def window_refusal(window: str, shape: KVShape, flash_attn: bool = True, *, sliding: bool = True) -> Optional[str]:
-    """Why llama.cpp cannot hold this model's sliding-window cells (sliding=False: the
-    full-attention layers' hot cells) in `window`, or None: a quantized type needs flash
+    """Why llama.cpp cannot hold this model's sliding-window cells (sliding=False: the hot
+    cells) in `window`, or None: a quantized type needs flash
     attention (llama.cpp reads quantized V only there) and head dims that its blocks of 32
     divide (llama_init_from_model's check, which the patch repeats for the window cells)."""
     if window in UNQUANTIZED:
         return None
     if not flash_attn:
         return "need flash attention (llama.cpp reads quantized V only there)"
-    layers = [il for il in range(shape.n_layer) if (il in shape.full_layers) != sliding]
+    # the hot cells' type is the context's type_k / type_v, which llama_init_from_model checks
+    # against every layer's head dims, the sliding ones' too (Gemma 4: 16 there, 32 elsewhere)
+    layers = [il for il in range(shape.n_layer) if not sliding or il not in shape.full_layers]
     dims = sorted({shape.head_dim(il, kind) for il in layers for kind in (0, 1)})
     if any(d % 32 for d in dims):
-        which = "window" if sliding else "full-attention"
+        which = "window" if sliding else "model's"
         return f"need head dims that blocks of 32 divide (the {which} layers' are {', '.join(map(str, dims))})"
     return None
 
