@@ -19,7 +19,7 @@ from ..model.registry import calibration_path
 from ..model.shape import MAX_LAYERS, KVShape
 from . import calibration_plan, codec_spec
 from .kv_codec import Request, parse as parse_kv_codec
-from .tiered import CACHE_TYPES, PRESET_HOT_CELLS, PRESET_WINDOW, TieredConfig, sized_for_model
+from .tiered import CACHE_TYPES, PRESET_HOT_CELLS, PRESET_WINDOW, TieredConfig, sized_for_model, type_name
 
 # llama.cpp's own cache types, by the names its CLI uses (-ctk/-ctv), and their ggml numbers
 # (ggml.h's enum ggml_type, append-only).
@@ -40,12 +40,6 @@ def cache_type(value: Union[str, int, None], name: str) -> Optional[int]:
     if isinstance(value, str) and value in CACHE_TYPES:
         return CACHE_TYPES[value]
     raise ValueError(f"{name} {value!r} is unknown; choose one of: {', '.join(CACHE_TYPES)}")
-
-
-def type_name(value: Union[str, int]) -> Union[str, int]:
-    """A cache type as the user knows it: its name where a ggml number has one in CACHE_TYPES."""
-    names = {number: name for name, number in CACHE_TYPES.items()}
-    return names.get(value, value) if isinstance(value, int) else value
 
 
 def unsupported_setting(

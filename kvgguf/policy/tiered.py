@@ -14,12 +14,16 @@ from .codec_spec import CodecSpec
 
 KEEP_SIGNALS = (None, "surprisal", "mass", "random")
 CODEBOOKS = ("sequence", "calibration")
-# llama.cpp's cache types by name, as ggml numbers, and the bits per value each holds (its blocks'
-# scales counted: q8_0 stores 32 values in 34 bytes).
+# llama.cpp's cache types by name, as ggml numbers.
 CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q5_1": 7, "q5_0": 6, "q4_1": 3, "q4_0": 2, "iq4_nl": 20}
-CACHE_TYPE_BITS = {
-    "f32": 32.0, "f16": 16.0, "bf16": 16.0, "q8_0": 8.5, "q5_1": 6.0, "q5_0": 5.5, "q4_1": 5.0, "q4_0": 4.5, "iq4_nl": 4.5
-}  # fmt: skip
+
+
+def type_name(value: Union[str, int]) -> Union[str, int]:
+    """A cache type as the user knows it: its name where a ggml number has one in CACHE_TYPES."""
+    names = {number: name for name, number in CACHE_TYPES.items()}
+    return names.get(value, value) if isinstance(value, int) else value
+
+
 # llama.cpp's cells unless a config names a type: the sliding-window layers' (Gemma 2/3, gpt-oss,
 # ...), which keep their last n_swa tokens, most of the bytes on such models, and the hot
 # window's. q8_0 halves them for a KL within the measurement's floor (docs/quality.md, "Every

@@ -24,7 +24,7 @@ from ..bindings.binding import KvgError
 from ..enums import Kind, Tier
 from ..bindings.store import MASS_ROWS, KVStore
 from ..policy import codec_spec, plan
-from ..policy.tiered import CACHE_TYPES, TieredConfig
+from ..policy.tiered import CACHE_TYPES, TieredConfig, type_name
 
 SEQ = 0  # one sequence per context (n_seq_max = 1)
 # Ubatches of at most this many tokens attend over the store's rows fused (scored from their
@@ -352,7 +352,6 @@ def cell_tiers(ctx, shape: KVShape) -> list[TierMemory]:
     """llama.cpp's buffers as tiers: "hot", the full-attention layers' cells, and on a model with
     sliding-window layers "window", theirs, each named by its cache type and counted at the bytes
     llama.cpp allocated."""
-    names = {number: name for name, number in CACHE_TYPES.items()}
     total = int(hooks.kv_bytes(ctx))
     window, window_types, hot_types = 0, set(), set()
     for il in range(shape.n_layer):
@@ -367,7 +366,7 @@ def cell_tiers(ctx, shape: KVShape) -> list[TierMemory]:
             window_types |= {k, v}
 
     def label(types) -> str:
-        return "/".join(sorted(str(names.get(t, t)) for t in types)) or "f16"
+        return "/".join(sorted(str(type_name(t)) for t in types)) or "f16"
 
     tiers = [TierMemory("hot", label(hot_types), total - window)]
     if window_types:

@@ -38,7 +38,7 @@ from ..enums import Kind
 from ..bindings.store import EncodedBlock, KVStore
 from ..policy import codec_spec
 from ..policy.codec_spec import CodecSpec
-from ..policy.tiered import CACHE_TYPES
+from ..policy.tiered import type_name
 from ..runtime.live_cache import LiveCache
 from . import container
 from .fingerprint import ModelFingerprint
@@ -340,13 +340,12 @@ def parse(live: LiveContext, data: bytes) -> _Restored:
 def _check_cell_types(caches: list[state_format.CacheState], ctx) -> None:
     """llama.cpp takes a state only in its cells' own types: a session whose cells were saved in
     another type (TieredConfig.window, .hot_cells) is refused, naming both."""
-    names = {number: name for name, number in CACHE_TYPES.items()}
     for c in caches:
         for layer in c.layers:
             held = hooks.cells_of(ctx, layer.il)
             saved = (layer.k_type, layer.v_type)
             if held is not None and saved != held[:2]:
-                said, holds = ("/".join(dict.fromkeys(str(names.get(t, t)) for t in ts)) for ts in (saved, held[:2]))
+                said, holds = ("/".join(dict.fromkeys(str(type_name(t)) for t in ts)) for ts in (saved, held[:2]))
                 raise SessionMismatchError(
                     f"layer {layer.il}'s cells were saved in {said} and this Llama holds them in {holds}: open it "
                     f"with the cell types it was saved with (a kv_codec's ':window=TYPE' and ':hot=TYPE')"
