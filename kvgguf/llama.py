@@ -191,7 +191,9 @@ class Llama(SessionCalls):
                 raise refusal(model_path, shape.arch, why)
             held = support.window_type(self._ctx.ctx, shape)
             if held not in (None, CACHE_TYPES[window]):
-                raise ValueError(f"llama.cpp could not hold this model's sliding-window cells in {window} (see its log)")
+                raise ValueError(
+                    f"llama.cpp could not hold this model's sliding-window cells in {window} (see its log)"
+                )
             self._kv = LiveCache(
                 self._ctx.ctx, shape, config, fused_max_tokens=FUSED_MAX_TOKENS if kv_attention == "fused" else 0
             )

@@ -25,7 +25,9 @@ import tiny_models
 from tiny_models import TinySpec
 
 KW = dict(n_threads=1, n_threads_batch=1, verbose=False)
-F16_COLD = TieredConfig(hot=64, sinks=0, warm="f16", warm_tokens=0, archive=None, block=32, window="f16", hot_cells="f16")
+F16_COLD = TieredConfig(
+    hot=64, sinks=0, warm="f16", warm_tokens=0, archive=None, block=32, window="f16", hot_cells="f16"
+)
 SPECS = {
     "llama": TinySpec("llama"),
     "qwen2": TinySpec("qwen2"),

@@ -112,7 +112,12 @@ def assert_tiered(mem, want, llm):
 @pytest.mark.model  # loads the model by name
 @pytest.mark.parametrize(
     "name, swa_full, window",
-    [("smollm2-135m", True, "f16"), ("gemma3-270m", True, "f16"), ("gemma3-270m", False, "f16"), ("gemma3-270m", True, "q8_0")],
+    [
+        ("smollm2-135m", True, "f16"),
+        ("gemma3-270m", True, "f16"),
+        ("gemma3-270m", False, "f16"),
+        ("gemma3-270m", True, "q8_0"),
+    ],
 )
 def test_tiered_cache_bytes_are_predicted(name, swa_full, window):
     path = kvgguf.models.path(name)

@@ -38,7 +38,9 @@ def stock(path, n_ctx, n_batch, **kw):
     )
 
 
-F16_COLD = TieredConfig(hot=64, sinks=0, warm="f16", warm_tokens=0, archive=None, block=32, window="f16", hot_cells="f16")
+F16_COLD = TieredConfig(
+    hot=64, sinks=0, warm="f16", warm_tokens=0, archive=None, block=32, window="f16", hot_cells="f16"
+)
 
 
 @pytest.mark.parametrize("flash_attn", [True, False])

@@ -34,7 +34,17 @@ from ..policy.tiered import TieredConfig, sized_for_model
 
 LLAMA_PAD = 256  # llama-context.cpp pads n_ctx (and the sliding-window cache) to a multiple of 256
 # Bytes per block of 32 values of llama.cpp's cache types (ggml's block layouts).
-LLAMA_BLOCK_BYTES = {"f32": 128, "f16": 64, "bf16": 64, "q8_0": 34, "q5_1": 24, "q5_0": 22, "q4_1": 20, "q4_0": 18, "iq4_nl": 18}
+LLAMA_BLOCK_BYTES = {
+    "f32": 128,
+    "f16": 64,
+    "bf16": 64,
+    "q8_0": 34,
+    "q5_1": 24,
+    "q5_0": 22,
+    "q4_1": 20,
+    "q4_0": 18,
+    "iq4_nl": 18,
+}
 CONTEXTS = (4096, 32768)
 N_UBATCH = 512  # llama-cpp-python's (and kvgguf.Llama's) default
 

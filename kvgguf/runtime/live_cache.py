@@ -372,4 +372,3 @@ def cell_tiers(ctx, shape: KVShape) -> list[TierMemory]:
     if window_types:
         tiers.append(TierMemory("window", label(window_types), window))
     return tiers
-
