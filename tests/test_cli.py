@@ -43,7 +43,7 @@ def test_chat_in_a_terminal_streams_stats_resets_interrupts_and_quits():
     answer = child.before
     assert "Paris" in answer or len(answer.strip()) > 20
     child.sendline("/stats")
-    child.expect(r"kv cache: size = [\d.]+ MiB \(hot f16")
+    child.expect(r"kv cache: size = [\d.]+ MiB \(hot q8_0")  # the preset's hot cells (issue 45)
     child.expect(r"tokens in context: (\d+) / 2048")
     assert int(child.match.group(1)) > 0
     child.expect("> ")

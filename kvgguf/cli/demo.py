@@ -62,7 +62,7 @@ def where_held(llm, pos: int) -> str:
     for b in llm.kv_cache.blocks:
         if b.r0 <= pos < b.r1:
             return f"{Tier(b.tier).label} {llm.kv_cache.codec_name(b.tier)}"
-    return "hot f16"
+    return f"hot {llm.kv_cells['hot']}"  # llama.cpp's own cells, in the type the preset gave them
 
 
 def run_one(path: str, name: str, kv_codec: Optional[str], n_tokens: int, threads: Optional[int]) -> Run:
