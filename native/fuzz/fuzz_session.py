@@ -34,6 +34,7 @@ import sys
 import zlib
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Optional
 
 import atheris
 
@@ -41,7 +42,7 @@ with atheris.instrument_imports(include=["kvgguf"]):
     import numpy as np
 
     from kvgguf.errors import SessionError
-    from kvgguf.llamacpp import state_format
+    from kvgguf.llamacpp import q8_0, state_format
     from kvgguf.model.shape import KVShape
     from kvgguf.bindings.store import KVStore
     from kvgguf.policy.tiered import TieredConfig
@@ -60,10 +61,15 @@ class FakeContext:
     layer_kind: list[int]  # per layer: 1 full attention, 0 sliding window (hooks.layer_info)
     n_cells: int  # llama_n_ctx
     state: bytes = b""  # llama_state_seq_get_data, for dump
+    cell_type: Optional[int] = None  # every layer's K/V cell type (hooks.cells_of); None: not asked
 
 
 def _layer_info(ctx: FakeContext, il, _a, _b) -> int:
     return ctx.layer_kind[il]
+
+
+def _cells_of(ctx: FakeContext, il: int):
+    return None if ctx.cell_type is None else (ctx.cell_type, ctx.cell_type, 0)
 
 
 def _get_data(ctx: FakeContext, buf, n, _seq) -> int:
@@ -72,7 +78,7 @@ def _get_data(ctx: FakeContext, buf, n, _seq) -> int:
 
 
 # The two llama.cpp modules session.py calls into, for this process only.
-kvz.hooks = SimpleNamespace(layer_info=_layer_info)
+kvz.hooks = SimpleNamespace(layer_info=_layer_info, cells_of=_cells_of)
 kvz.C = SimpleNamespace(
     llama_n_ctx=lambda ctx: ctx.n_cells,
     llama_state_seq_get_size=lambda ctx, _seq: len(ctx.state),
@@ -87,6 +93,7 @@ class Model:
     tiered: bool
     n_cells: int = 256
     n_vocab: int = 1000
+    cell_type: Optional[int] = None  # FakeContext.cell_type
 
     @property
     def fingerprint(self) -> ModelFingerprint:
@@ -103,7 +110,7 @@ class Model:
         if kv is None and self.tiered:
             kv = SimpleNamespace(layers=self.compressed_layers)
         return kvz.LiveContext(
-            FakeContext(self.layer_kind, self.n_cells, state),
+            FakeContext(self.layer_kind, self.n_cells, state, self.cell_type),
             kv,
             self.shape,
             self.fingerprint,
@@ -122,7 +129,8 @@ MODELS = [
     Model(_shape("llama", 2, 2, 64, 64), [1, 1], tiered=False),
     Model(_shape("llama", 2, 2, 64, 64), [1, 1], tiered=True),
     # Gemma-3-like: one full-attention layer (compressed) and two sliding ones (a second cache)
-    Model(_shape("gemma3", 3, 1, 32, 32, n_swa=8, full=(2,)), [0, 0, 1], tiered=True),
+    # (its cells answer f16, so parse's check of the saved cell types runs)
+    Model(_shape("gemma3", 3, 1, 32, 32, n_swa=8, full=(2,)), [0, 0, 1], tiered=True, cell_type=state_format.GGML_F16),
 ]
 
 
@@ -142,7 +150,9 @@ def _cache(rng, positions, layers, dims, v_trans=False, ggml_type=state_format.G
                 rows.append(x.astype(np.float16).view(np.uint8).reshape(len(positions), 2 * width))
             elif ggml_type == state_format.GGML_F32:
                 rows.append(x.view(np.uint8).reshape(len(positions), 4 * width))
-            else:  # a quantized type: session files keep its bytes as they are
+            elif ggml_type == q8_0.GGML_Q8_0:  # q8_0 cells (TieredConfig.hot_cells): sessions code their values
+                rows.append(q8_0.quantize(x))
+            else:  # another quantized type: session files keep its bytes as they are
                 rows.append(rng.integers(0, 256, (len(positions), width // 2 + 2), dtype=np.uint8))
         out.layers.append(state_format.LayerRows(il, ggml_type, rows[0], ggml_type, rows[1]))
     return out
@@ -211,7 +221,9 @@ def starting_inputs() -> list[tuple[str, int, bytes]]:
         ("stock-exact-zstd", 0, _session(stock, n_tokens=10, exact=True, entropy=True, seed=1)),
         ("stock-kivi-vtrans", 0, _session(stock, n_tokens=13, codec=("kivi4", "kivi2"), v_trans=True, seed=2)),
         ("stock-f32-crotq", 0, _session(stock, n_tokens=9, codec="crotq3", ggml_type=state_format.GGML_F32, seed=3)),
-        ("stock-q8-raw", 0, _session(stock, n_tokens=12, ggml_type=8, seed=4)),
+        ("stock-q8", 0, _session(stock, n_tokens=12, ggml_type=q8_0.GGML_Q8_0, seed=4)),
+        ("stock-q8-exact", 0, _session(stock, n_tokens=12, exact=True, ggml_type=q8_0.GGML_Q8_0, seed=4)),
+        ("stock-q4-raw", 0, _session(stock, n_tokens=12, ggml_type=2, seed=4)),
         ("stock-empty", 0, _session(stock, n_tokens=0, seed=5)),
         (
             "tiered-rotq",
