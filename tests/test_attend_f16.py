@@ -1,7 +1,7 @@
-"""kvg_attend_f16: attention over f16 rows outside the store (llama.cpp's hot cells on the fused
+"""kvg_attend_f16: attention over llama.cpp's f16 or q8_0 cells outside the store (its hot cells on the fused
 path, src/llama-kvgguf-graph.cpp) under llama.cpp's mask, into the same online-softmax state as the store's
 attend. Checked against softmax attention in float64 at every SIMD level, for contiguous and
-transposed V (strides), f16 and f32 masks, soft-capping, split ranges, and bad arguments."""
+transposed V (strides), f16 and f32 masks, q8_0 cells, soft-capping, split ranges, and bad arguments."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 from kvgguf import codecs
 from kvgguf.bindings.binding import get_ffi, get_lib
+from kvgguf.llamacpp import q8_0
 
 LEVELS = codecs.simd_levels()
 TOL = 5e-5  # of max |v|, as tests/test_attend.py holds the store's attend
@@ -31,7 +32,8 @@ def causal_mask(n_tokens, n_kv, pad, rng):
     return mask
 
 
-def call(level, q, k, v_mem, v_nb, c0, c1, mask, scale, softcap=0.0, state=None, mask_f16=False):
+def call(level, q, k, v_mem, v_nb, c0, c1, mask, scale, softcap=0.0, state=None, mask_f16=False, q8=None):
+    """q8: (K rows, V rows) as q8_0 cells (q8_cells) in place of the f16 k and v_mem."""
     ffi, lib = get_ffi(), get_lib()
     n_tokens, n_head, dk = q.shape
     n_head_kv, dv = k.shape[1], v_mem.shape[-1] if v_nb is None else v_nb[3]
@@ -43,6 +45,11 @@ def call(level, q, k, v_mem, v_nb, c0, c1, mask, scale, softcap=0.0, state=None,
     m, l, acc = m.copy(), l.copy(), acc.copy()
     k_nb = ffi.new("size_t[3]", [k.strides[2], k.strides[1], k.strides[0]])
     vn = ffi.new("size_t[3]", list(v_nb[:3]) if v_nb else [v_mem.strides[2], v_mem.strides[1], v_mem.strides[0]])
+    k_type = v_type = lib.KVG_CELLS_F16
+    if q8 is not None:
+        (k, kq_nb), (v_mem, vq_nb) = q8
+        k_nb, vn = ffi.new("size_t[3]", list(kq_nb)), ffi.new("size_t[3]", list(vq_nb))
+        k_type = v_type = lib.KVG_CELLS_Q8_0
     mk = None if mask is None else np.ascontiguousarray(mask.astype(np.float16 if mask_f16 else np.float32))
     with codecs.force_simd(level):
         rc = lib.kvg_attend_f16(
@@ -53,8 +60,10 @@ def call(level, q, k, v_mem, v_nb, c0, c1, mask, scale, softcap=0.0, state=None,
             dk,
             dv,
             ffi.from_buffer(k),
+            k_type,
             k_nb,
             ffi.from_buffer(v_mem),
+            v_type,
             vn,
             c0,
             c1,
@@ -162,4 +171,65 @@ def test_bad_arguments_fail_and_leave_the_state(case):
         kw["scale"] = float("nan")
     rc, (m, l, acc) = call(LEVELS[-1], q, k, v, None, kw["c0"], kw["c1"], None, kw["scale"], kw["softcap"], state)
     assert rc == get_lib().KVG_ERR_INVALID_ARG
+    assert np.array_equal(m, state[0]) and np.array_equal(l, state[1]) and np.array_equal(acc, state[2])
+
+
+def q8_cells(x):
+    """x [cells, heads, dim] as llama.cpp's q8_0 cells: (raw rows, strides in bytes), and their
+    values (float32, exact)."""
+    n, h, d = x.shape
+    raw = q8_0.quantize(x.reshape(n, h * d).astype(np.float32))
+    per_head = q8_0.row_bytes(d)
+    values = q8_0.dequantize(raw, h * d).reshape(n, h, d)
+    return (raw, (q8_0.BLOCK_BYTES, per_head, h * per_head)), values
+
+
+@pytest.mark.parametrize("n_tokens,n_head_kv,n_head,head_dim", [(1, 3, 9, 64), (24, 1, 4, 256), (5, 2, 8, 128)])
+def test_q8_0_cells_read_as_their_exact_values(n_tokens, n_head_kv, n_head, head_dim):
+    """q8_0 cells (the preset's hot cells since issue 45) attend as their values, scale times code:
+    the state matches float64 attention over the dequantized rows at every SIMD level."""
+    rng = np.random.default_rng(head_dim + n_head)
+    n_kv = 150
+    (kq, kv_nb), k = q8_cells(cells(rng, n_kv, n_head_kv, head_dim))
+    (vq, vv_nb), v = q8_cells(cells(rng, n_kv, n_head_kv, head_dim))
+    q = (2.0 * rng.standard_normal((n_tokens, n_head, head_dim))).astype(np.float32)
+    mask = causal_mask(n_tokens, n_kv, 3, rng)
+    scale = 1.0 / np.sqrt(head_dim)
+    for c0, c1 in ((0, n_kv), (7, 101)):
+        m_ref, l_ref, acc_ref, vmax = reference(q, k, v, c0, c1, mask, scale, softcap=30.0)
+        for level in LEVELS:
+            rc, (m, l, acc) = call(
+                level, q, k, v, None, c0, c1, mask, scale, softcap=30.0, q8=((kq, kv_nb), (vq, vv_nb))
+            )
+            where = f"T={n_tokens} d={head_dim} [{c0},{c1}) level={level}"
+            assert rc == 0, where
+            np.testing.assert_allclose(m, m_ref, rtol=1e-5, atol=1e-5, err_msg=where)
+            np.testing.assert_allclose(l, l_ref, rtol=1e-4, err_msg=where)
+            seen = l_ref > 0
+            out = np.where(seen[..., None], acc / np.where(seen, l, 1)[..., None], 0)
+            ref = np.where(seen[..., None], acc_ref / np.where(seen, l_ref, 1)[..., None], 0)
+            assert float(np.abs(out - ref).max()) <= TOL * vmax, where
+
+
+@pytest.mark.parametrize("case", ["head dim 48", "block stride", "unknown type"])
+def test_q8_0_cells_it_cannot_read_are_refused_and_leave_the_state(case):
+    rng = np.random.default_rng(8)
+    d = 48 if case == "head dim 48" else 64
+    (kq, k_nb), k = q8_cells(cells(rng, 10, 2, 64))
+    q = rng.standard_normal((1, 4, d)).astype(np.float32)
+    state = (np.full((1, 4), 0.5, np.float32), np.full((1, 4), 2.0, np.float32), np.ones((1, 4, d), np.float32))
+    if case == "block stride":
+        k_nb = (32,) + k_nb[1:]
+    ffi, lib = get_ffi(), get_lib()
+    m, l, acc = (x.copy() for x in state)
+    nb = ffi.new("size_t[3]", list(k_nb))
+    rc = lib.kvg_attend_f16(
+        ffi.from_buffer("float[]", q), 1, 4, 2, d, d,
+        ffi.from_buffer(kq), 3 if case == "unknown type" else lib.KVG_CELLS_Q8_0, nb,
+        ffi.from_buffer(kq), lib.KVG_CELLS_Q8_0, nb,
+        0, 10, ffi.NULL, 0, 0, 0.125, 0.0,
+        ffi.from_buffer("float[]", m), ffi.from_buffer("float[]", l), ffi.from_buffer("float[]", acc),
+    )  # fmt: skip
+    assert rc == lib.KVG_ERR_INVALID_ARG
+    assert "q8_0" in ffi.string(lib.kvg_last_error()).decode()
     assert np.array_equal(m, state[0]) and np.array_equal(l, state[1]) and np.array_equal(acc, state[2])

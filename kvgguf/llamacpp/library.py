@@ -20,9 +20,10 @@ LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # its vendored llama.cpp (0c1e570) is what 
 # context, 7 each layer's attention path, 8 soft-capping and sinks on the fused path, 9 the fused path's threads each
 # take a share of the cold rows and of the hot cells, 10 the hot cells through libkvgguf's kernels, 11 the same code
 # regrouped into one patch per concern (the graph code in its own file, src/llama-kvgguf-graph.cpp), 12 the
-# sliding-window cells' own cache types (set_window_types, layer_types). Up to 10 each
+# sliding-window cells' own cache types (set_window_types, layer_types), 13 q8_0 hot cells read by libkvgguf's
+# kernels (attend_f16 takes the cells' types). Up to 10 each
 # version added one patch file, so "patch 000N" in comments and docs names version N.
-PATCH_VERSION = 12
+PATCH_VERSION = 13
 
 _ENV_OVERRIDE = "KVGGUF_LLAMA_LIB_DIR"
 

@@ -162,7 +162,7 @@ enum kvg_kind {
 // Bumped whenever a declaration in this region changes; kvg_abi_version() returns the value the
 // library was built with, and the Python binding refuses a library and header that disagree.
 enum kvg_abi {
-    KVG_ABI_VERSION = 14
+    KVG_ABI_VERSION = 15
 };
 
 enum kvg_simd {
@@ -417,18 +417,23 @@ int32_t kvg_store_hook_attend_capped(void * user, int32_t il, int64_t r0, int64_
                                      const float * q, int32_t n_tokens, int32_t n_head, float scale,
                                      float softcap, float * m, float * l, float * acc);
 
-// Attention over f16 rows outside the store, under a mask, into the same state (q, m, l, acc,
+// Attention over llama.cpp's cells outside the store, under a mask, into the same state (q, m, l, acc,
 // scale, softcap as kvg_store_hook_attend_capped): llama.cpp's hot cells on the fused path
-// (llama_kvgguf_attend_f16_fn of include/llama-kvgguf.h). Cells [c0, c1) of n_head_kv KV heads: element i
-// of KV head hk of cell c is the f16 at k + i * k_nb[0] + hk * k_nb[1] + c * k_nb[2] (bytes; v
-// likewise, so a transposed V is a matter of strides). mask, when not NULL, is added to the
+// (llama_kvgguf_attend_f16_fn of include/llama-kvgguf.h). Cells [c0, c1) of n_head_kv KV heads, of
+// ggml type k_type / v_type (enum kvg_cell_type). f16: element i of KV head hk of cell c is the f16
+// at k + i * k_nb[0] + hk * k_nb[1] + c * k_nb[2] (bytes; v likewise, so a transposed V is a
+// matter of strides). q8_0 (ggml's blocks of 32 codes and an f16 scale, k_nb[0] = 34, head dims a
+// multiple of 32): KV head hk of cell c is head_dim / 32 blocks from k + hk * k_nb[1] + c * k_nb[2],
+// read as their exact values (scale times code), not rounded to f16. mask, when not NULL, is added to the
 // scores of query token t: the f32 (or f16, mask_f16 != 0) at mask + t * mask_nb1 + c * its size;
 // -INFINITY hides a cell, and a query that sees no cell of the range keeps its state. Returns
 // KVG_OK, or KVG_ERR_INVALID_ARG / KVG_ERR_NO_MEMORY with the state unchanged. Takes no locks;
 // allocates nothing once a thread's scratch has grown to the shape.
+enum kvg_cell_type { KVG_CELLS_F16 = 1, KVG_CELLS_Q8_0 = 8 };  // ggml's type numbers (ggml.h)
 int32_t kvg_attend_f16(const float * q, int32_t n_tokens, int32_t n_head, int32_t n_head_kv,
-                       int64_t head_dim_k, int64_t head_dim_v, const void * k, const size_t * k_nb,
-                       const void * v, const size_t * v_nb, int64_t c0, int64_t c1, const void * mask,
+                       int64_t head_dim_k, int64_t head_dim_v, const void * k, int32_t k_type,
+                       const size_t * k_nb, const void * v, int32_t v_type, const size_t * v_nb,
+                       int64_t c0, int64_t c1, const void * mask,
                        int32_t mask_f16, size_t mask_nb1, float scale, float softcap, float * m, float * l,
                        float * acc);
 

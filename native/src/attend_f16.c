@@ -1,4 +1,4 @@
-// attend_f16.c: attention over f16 rows outside the store, under a mask (kvg_attend_f16).
+// attend_f16.c: attention over llama.cpp's f16 or q8_0 cells outside the store, under a mask (kvg_attend_f16).
 //
 // llama.cpp's fused path (src/llama-kvgguf-graph.cpp, patches/0003) attends over the store's cold rows through
 // kvg_store_hook_attend and over its own hot cells (the window of exact tokens, and the ubatch
@@ -19,11 +19,29 @@ static int f16_rows(const size_t * nb, int64_t n_heads, int64_t D) {
     return nb[0] == 2 && nb[1] == (size_t) (2 * D) && nb[2] == (size_t) (2 * D * n_heads);
 }
 
-// The cells [c, c + n) of KV head hk as f32 rows out[t * D + i]: one SIMD conversion per row
-// where the rows are contiguous halves (llama.cpp's K, and V with flash attention), element by
+enum { Q8_0_BLOCK = 32, Q8_0_BYTES = 34 };  // ggml's block_q8_0: an f16 scale, 32 int8 codes
+
+// The cells [c, c + n) of KV head hk as f32 rows out[t * D + i]: q8_0 cells block by block (scale
+// times code, exact in f32; a loop the compiler vectorizes); f16 ones with one SIMD conversion per
+// row where the rows are contiguous halves (llama.cpp's K, and V with flash attention), element by
 // element for other strides (a transposed V).
-static void cells_f32(int simd, const uint8_t * base, const size_t * nb, int64_t n_heads, int64_t D, int64_t hk,
-                      int64_t c, int64_t n, float * out) {
+static void cells_f32(int simd, int32_t type, const uint8_t * base, const size_t * nb, int64_t n_heads, int64_t D,
+                      int64_t hk, int64_t c, int64_t n, float * out) {
+    if (type == KVG_CELLS_Q8_0) {
+        for (int64_t t = 0; t < n; t++) {
+            const uint8_t * row = base + (size_t) hk * nb[1] + (size_t) (c + t) * nb[2];
+            for (int64_t b = 0; b < D / Q8_0_BLOCK; b++) {
+                const uint8_t * blk = row + (size_t) b * Q8_0_BYTES;
+                const float     d   = kvg_f16_to_f32(kvg_get_u16(blk));
+                const int8_t *  qs  = (const int8_t *) (blk + 2);
+                float *         o   = out + t * D + b * Q8_0_BLOCK;
+                for (int i = 0; i < Q8_0_BLOCK; i++) {
+                    o[i] = d * (float) qs[i];
+                }
+            }
+        }
+        return;
+    }
     if (simd && f16_rows(nb, n_heads, D)) {
         const kvg_job job = { .type = KVG_CODEC_F16, .bits = 16, .n_tokens = c + n, .n_heads = n_heads,
                               .head_dim = D, .n_channels = n_heads * D };
@@ -49,9 +67,19 @@ static float mask_at(const uint8_t * mask, int32_t mask_f16, size_t nb1, int64_t
     return x;
 }
 
+// Whether cells of this type and strides can be read: f16 at any strides; q8_0 as llama.cpp lays
+// out a quantized cache (whole blocks per head, nb[0] the block's size).
+static int cells_readable(int32_t type, const size_t * nb, int64_t D) {
+    if (type == KVG_CELLS_F16) {
+        return 1;
+    }
+    return type == KVG_CELLS_Q8_0 && D % Q8_0_BLOCK == 0 && nb[0] == Q8_0_BYTES &&
+           nb[1] >= (size_t) (D / Q8_0_BLOCK * Q8_0_BYTES);
+}
+
 int32_t kvg_attend_f16(const float * q, int32_t n_tokens, int32_t n_head, int32_t n_head_kv, int64_t head_dim_k,
-                       int64_t head_dim_v, const void * k, const size_t * k_nb, const void * v, const size_t * v_nb,
-                       int64_t c0, int64_t c1, const void * mask, int32_t mask_f16, size_t mask_nb1, float scale,
+                       int64_t head_dim_v, const void * k, int32_t k_type, const size_t * k_nb, const void * v,
+                       int32_t v_type, const size_t * v_nb, int64_t c0, int64_t c1, const void * mask, int32_t mask_f16, size_t mask_nb1, float scale,
                        float softcap, float * m, float * l, float * acc) {
     kvg_clear_error();
     if (!q || !k || !k_nb || !v || !v_nb || !m || !l || !acc) {
@@ -68,6 +96,12 @@ int32_t kvg_attend_f16(const float * q, int32_t n_tokens, int32_t n_head, int32_
     if (!isfinite(scale) || !isfinite(softcap) || softcap < 0.0f) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "attend_f16: scale %g and softcap %g must be finite, softcap >= 0",
                         (double) scale, (double) softcap);
+    }
+    if (!cells_readable(k_type, k_nb, head_dim_k) || !cells_readable(v_type, v_nb, head_dim_v)) {
+        return kvg_fail(KVG_ERR_INVALID_ARG,
+                        "attend_f16: cells of ggml types %d (K) and %d (V) with these strides cannot be read: f16 (1) "
+                        "takes any strides, q8_0 (8) whole blocks of 34 bytes per head and head dims of multiples of 32",
+                        (int) k_type, (int) v_type);
     }
     if (c0 == c1) {
         return KVG_OK;
@@ -105,13 +139,13 @@ int32_t kvg_attend_f16(const float * q, int32_t n_tokens, int32_t n_head, int32_
                          .n_channels = Hkv * dk };
     const kvg_job jv = { .type = KVG_CODEC_F16, .bits = 16, .n_tokens = c1, .n_heads = Hkv, .head_dim = dv,
                          .n_channels = Hkv * dv };
-    const int rows_k = simd && P < KVG_DENSE_MIN_QUERIES && f16_rows(k_nb, Hkv, dk);
-    const int rows_v = simd && P < KVG_DENSE_MIN_QUERIES && f16_rows(v_nb, Hkv, dv);
+    const int rows_k = simd && P < KVG_DENSE_MIN_QUERIES && k_type == KVG_CELLS_F16 && f16_rows(k_nb, Hkv, dk);
+    const int rows_v = simd && P < KVG_DENSE_MIN_QUERIES && v_type == KVG_CELLS_F16 && f16_rows(v_nb, Hkv, dv);
     for (int64_t c = c0; c < c1; c += KVG_ATTN_CHUNK) {
         const int64_t n = c1 - c < KVG_ATTN_CHUNK ? c1 - c : KVG_ATTN_CHUNK;
         int st = rows_k ? KVG_SIMD(kvg_f16_score)(&jk, kb, c, n, &a, sc) : KVG_NOT_HANDLED;
         for (int64_t hk = 0; hk < Hkv && st != KVG_OK; hk++) {
-            cells_f32(simd, kb, k_nb, Hkv, dk, hk, c, n, cells);
+            cells_f32(simd, k_type, kb, k_nb, Hkv, dk, hk, c, n, cells);
             const float * qh = wq + hk * P * dk;
             float *       sh = sc + hk * P * n;
             if (simd) {
@@ -152,7 +186,7 @@ int32_t kvg_attend_f16(const float * q, int32_t n_tokens, int32_t n_head, int32_
         }
         st = rows_v ? KVG_SIMD(kvg_f16_accumulate)(&jv, vb, c, n, sc, &a) : KVG_NOT_HANDLED;
         for (int64_t hk = 0; hk < Hkv && st != KVG_OK; hk++) {
-            cells_f32(simd, vb, v_nb, Hkv, dv, hk, c, n, cells);
+            cells_f32(simd, v_type, vb, v_nb, Hkv, dv, hk, c, n, cells);
             const float * wh = sc + hk * P * n;
             float *       ah = wacc + hk * P * dv;
             if (simd && dv % 8 == 0) {
