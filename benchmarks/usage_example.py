@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -31,6 +33,8 @@ def example() -> None:
 
 
 def main() -> int:
+    # A fresh cache folder: what a new user sees, the fixed preset (no calibration of the model yet).
+    os.environ["KVGGUF_CACHE_DIR"] = tempfile.mkdtemp(prefix="kvgguf-usage-")
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         example()
