@@ -94,6 +94,21 @@ def reference(q, k, v, c0, c1, mask, scale, softcap=0.0):
     return m, p.sum(-1), np.einsum("thc,chd->thd", p, vv), float(np.abs(v).max())
 
 
+def assert_state_matches(state, expected, where):
+    """The online-softmax state (m, l, acc) against reference()'s: maxima, normalizers and the
+    normalized outputs within TOL of max |v|; a query that saw nothing keeps its state. Returns
+    the normalized outputs."""
+    (m, l, acc), (m_ref, l_ref, acc_ref, vmax) = state, expected
+    np.testing.assert_allclose(m, m_ref, rtol=1e-5, atol=1e-5, err_msg=where)
+    np.testing.assert_allclose(l, l_ref, rtol=1e-4, err_msg=where)
+    seen = l_ref > 0
+    out = np.where(seen[..., None], acc / np.where(seen, l, 1)[..., None], 0)
+    ref = np.where(seen[..., None], acc_ref / np.where(seen, l_ref, 1)[..., None], 0)
+    assert float(np.abs(out - ref).max()) <= TOL * vmax, where
+    assert np.all(acc[~seen] == 0), where
+    return out
+
+
 @pytest.mark.parametrize("head_dim", [64, 128, 80, 100])
 @pytest.mark.parametrize("v_trans", [False, True])
 @pytest.mark.parametrize("n_tokens,n_head_kv,n_head", [(1, 2, 8), (3, 3, 9), (24, 1, 4)])
@@ -116,14 +131,7 @@ def test_matches_masked_softmax_at_every_level(head_dim, v_trans, n_tokens, n_he
                 rc, (m, l, acc) = call(level, q, k, v_mem, v_nb, c0, c1, mask, scale, mask_f16=f16_mask)
                 where = f"d={head_dim} v_trans={v_trans} T={n_tokens} [{c0},{c1}) level={level} f16 mask={f16_mask}"
                 assert rc == 0, where
-                np.testing.assert_allclose(m, m_ref, rtol=1e-5, atol=1e-5, err_msg=where)
-                np.testing.assert_allclose(l, l_ref, rtol=1e-4, err_msg=where)
-                seen = l_ref > 0
-                out = np.where(seen[..., None], acc / np.where(seen, l, 1)[..., None], 0)
-                ref = np.where(seen[..., None], acc_ref / np.where(seen, l_ref, 1)[..., None], 0)
-                assert float(np.abs(out - ref).max()) <= TOL * vmax, where
-                assert np.all(acc[~seen] == 0), where  # a query that saw nothing keeps its state
-                outs.append(out)
+                outs.append(assert_state_matches((m, l, acc), (m_ref, l_ref, acc_ref, vmax), where))
         assert float(np.abs(outs[0] - outs[-1]).max()) <= TOL * vmax
 
 
@@ -203,12 +211,7 @@ def test_q8_0_cells_read_as_their_exact_values(n_tokens, n_head_kv, n_head, head
             )
             where = f"T={n_tokens} d={head_dim} [{c0},{c1}) level={level}"
             assert rc == 0, where
-            np.testing.assert_allclose(m, m_ref, rtol=1e-5, atol=1e-5, err_msg=where)
-            np.testing.assert_allclose(l, l_ref, rtol=1e-4, err_msg=where)
-            seen = l_ref > 0
-            out = np.where(seen[..., None], acc / np.where(seen, l, 1)[..., None], 0)
-            ref = np.where(seen[..., None], acc_ref / np.where(seen, l_ref, 1)[..., None], 0)
-            assert float(np.abs(out - ref).max()) <= TOL * vmax, where
+            assert_state_matches((m, l, acc), (m_ref, l_ref, acc_ref, vmax), where)
 
 
 @pytest.mark.parametrize("case", ["head dim 48", "block stride", "unknown type"])

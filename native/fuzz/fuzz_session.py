@@ -6,11 +6,12 @@
 parse reads everything a session holds: the container (header, sections, CRCs, zstd frames),
 the metadata JSON, tokens, llama.cpp's cell records, the store's encoded blocks (through
 kvg_store_append_encoded, which checks them) and the exact rows (decoded with the codecs). It
-asks llama.cpp two things only: which layers each of its caches holds (hooks.layer_info) and
-how many cells its cache has (llama_n_ctx). No model is loaded here: those two answers come
+asks llama.cpp three things only: which layers each of its caches holds (hooks.layer_info), the
+types of each layer's cells (hooks.cells_of) and how many cells its cache has (llama_n_ctx). No
+model is loaded here: those answers come
 from a fake context of a made-up model (below), and so do the starting inputs, which are real sessions
 written by session.dump from fake llama.cpp states and a real store of encoded rows. So the
-whole of parse runs for real except llama.cpp's two queries and apply() (which hands the
+whole of parse runs for real except llama.cpp's queries and apply() (which hands the
 parsed state to llama.cpp, and is left out).
 
 Input: byte 0 picks the model (bits 0-1) and whether the CRCs stay as they are (bit 7; else

@@ -79,8 +79,9 @@ static int cells_readable(int32_t type, const size_t * nb, int64_t D) {
 
 int32_t kvg_attend_f16(const float * q, int32_t n_tokens, int32_t n_head, int32_t n_head_kv, int64_t head_dim_k,
                        int64_t head_dim_v, const void * k, int32_t k_type, const size_t * k_nb, const void * v,
-                       int32_t v_type, const size_t * v_nb, int64_t c0, int64_t c1, const void * mask, int32_t mask_f16, size_t mask_nb1, float scale,
-                       float softcap, float * m, float * l, float * acc) {
+                       int32_t v_type, const size_t * v_nb, int64_t c0, int64_t c1, const void * mask,
+                       int32_t mask_f16, size_t mask_nb1, float scale, float softcap, float * m, float * l,
+                       float * acc) {
     kvg_clear_error();
     if (!q || !k || !k_nb || !v || !v_nb || !m || !l || !acc) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "attend_f16: q, k, k_nb, v, v_nb, m, l and acc must not be NULL");
