@@ -140,6 +140,8 @@ extern "C" int kvg_cuda_ctx_init(int device, void * stream, kvg_cuda_ctx ** out)
         return kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda_ctx_init: cannot allocate the context");
     }
     ctx->device = device;
+    const char * which  = getenv("KVGGUF_CUDA_ATTEND");
+    ctx->attend_generic = which != NULL && strcmp(which, "generic") == 0;
     {
         kc_device_scope scope(ctx);
         st = scope.status;
@@ -149,6 +151,10 @@ extern "C" int kvg_cuda_ctx_init(int device, void * stream, kvg_cuda_ctx ** out)
             ctx->own_stream     = e == cudaSuccess;
         } else {
             ctx->stream = (cudaStream_t) stream;
+        }
+        if (st == KVG_OK) {
+            const cudaError_t e = cudaDeviceGetAttribute(&ctx->sm_count, cudaDevAttrMultiProcessorCount, device);
+            st                  = e == cudaSuccess ? KVG_OK : kc_cuda_fail(e, "cudaDeviceGetAttribute (multiprocessors)");
         }
         if (st == KVG_OK) {
             const cudaError_t e = cudaMalloc((void **) &ctx->d_status, sizeof(kc_status));

@@ -45,6 +45,8 @@ struct kvg_cuda_ctx {
     kc_status *  h_status;  // pinned host copy
     void *       scratch;   // attention workspace (device), grown on demand
     size_t       scratch_bytes;
+    int          sm_count;        // multiprocessors: how many blocks keep the device busy
+    int          attend_generic;  // KVGGUF_CUDA_ATTEND=generic: the generic split kernel only (comparisons)
 };
 
 // kvg_fail with the CUDA error mapped to a status (kvg_cuda.h), naming the call that failed.

@@ -142,6 +142,7 @@ static uint32_t fbits(float f) {
 // ---- the device side of a case: the GPU, or the kernels' bodies on the host ------------------
 
 static kvg_cuda_ctx * g_ctx;
+static kvg_cuda_ctx * g_attend_ctx;  // g_ctx, or a context held to the generic attention kernel
 static cudaStream_t   g_stream;  // the context's stream, for the timings' events
 
 struct DevBuf {
@@ -917,7 +918,7 @@ static void run_attend_case(const AttnCase & a, Rng & rng, double * worst_gpu, d
             args.k_row0 = r0;
             args.v_row0 = r0;
             args.n_rows = r1 - r0;
-            st          = kvg_cuda_attend(g_ctx, &args);
+            st          = kvg_cuda_attend(g_attend_ctx, &args);
             w += " one call";
         } else {
             // V from its own block of rows [r0, r1), encoded by the GPU itself
@@ -934,13 +935,13 @@ static void run_attend_case(const AttnCase & a, Rng & rng, double * worst_gpu, d
                 args.k_row0 = r0;
                 args.v_row0 = 0;
                 args.n_rows = mid - r0;
-                st          = kvg_cuda_attend(g_ctx, &args);
+                st          = kvg_cuda_attend(g_attend_ctx, &args);
             }
             if (st == KVG_OK) {
                 args.k_row0 = mid;
                 args.v_row0 = mid - r0;
                 args.n_rows = r1 - mid;
-                st          = kvg_cuda_attend(g_ctx, &args);
+                st          = kvg_cuda_attend(g_attend_ctx, &args);
             }
             if (st == KVG_OK) {
                 st = kvg_cuda_sync(g_ctx);  // before vblk goes
@@ -977,7 +978,7 @@ static void run_attend_case(const AttnCase & a, Rng & rng, double * worst_gpu, d
     kvg_store_free(store);
 }
 
-static void run_attend() {
+static void run_attend(const char * which) {
     Rng              rng(0xa77e4d);
     const int        pairs[][2] = { { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2 }, { KVG_CODEC_ROTQ3, KVG_CODEC_ROTQ3 },
                                     { KVG_CODEC_ROTQ2, KVG_CODEC_ROTQ4 }, { KVG_CODEC_ROTQ1, KVG_CODEC_ROTQ4 } };
@@ -1007,90 +1008,137 @@ static void run_attend() {
             }
         }
     }
-    printf("attend: %d cases; worst output error %.3g of max|v| against float64 (bound 5e-5), %.3g against the CPU's fused path\n",
-           n, worst, worst_cc);
+    // Shapes the grid above misses: many rows a warp (several chunks each, a part-filled last one),
+    // 7 and 8 queries a KV head (tiles of 8, one padded), head dim 256 with 8 queries, 2 queries a
+    // KV head (a tile of 4, padded), rotq3 values.
+    const AttnCase extra[] = {
+        { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2, 8, 24, 1, 128, 128, 30001, 0.0f },
+        { KVG_CODEC_ROTQ3, KVG_CODEC_ROTQ3, 2, 14, 1, 64, 64, 9001, 0.0f },
+        { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ4, 1, 8, 1, 256, 256, 3000, 50.0f },
+        { KVG_CODEC_ROTQ2, KVG_CODEC_ROTQ3, 4, 32, 2, 128, 128, 5003, 0.0f },
+        { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ3, 2, 4, 1, 64, 64, 1500, 0.0f },
+    };
+    for (const AttnCase & a : extra) {
+        if (g_quick && a.n_rows > 10000) {
+            continue;
+        }
+        run_attend_case(a, rng, &worst, &worst_cc);
+        n++;
+    }
+    printf("attend (%s): %d cases; worst output error %.3g of max|v| against float64 (bound 5e-5), %.3g against the CPU's "
+           "fused path\n",
+           which, n, worst, worst_cc);
 }
 
 // ---- timings (GPU) -------------------------------------------------------------------------
 
-static void run_timing() {
+static void run_timing(kvg_cuda_ctx * generic) {
     printf("\ntimings (CUDA events on the context's stream; medians of 20 runs after 3 warm-ups; not asserted):\n");
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
     Rng rng(0x7171);
-    // one layer of Llama-3.2-3B: 8 KV heads, 24 query heads, head_dim 128; one decoded token
-    const int     Hk = 8, Hq = 24;
-    const int64_t D  = 128;
-    const int     pairs[][2] = { { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2 }, { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ4 } };
-    for (int64_t R : { (int64_t) 8192, (int64_t) 32768 }) {
-        std::vector<float> x((size_t) (R * Hk * D));
-        for (auto & v : x) {
-            v = rng.gauss();
-        }
-        DevBuf src(x.size() * 4);
-        src.put(x.data(), x.size() * 4);
-        for (const auto & pr : pairs) {
-            size_t ks = 0, vs = 0;
-            kvg_encoded_size(pr[0], KVG_KIND_K, R, Hk, D, NULL, &ks);
-            kvg_encoded_size(pr[1], KVG_KIND_V, R, Hk, D, NULL, &vs);
-            DevBuf kb(ks), vb(vs), q((size_t) Hq * D * 4), m((size_t) Hq * 4), l((size_t) Hq * 4), acc((size_t) Hq * D * 4);
-            if (kvg_cuda_encode(g_ctx, pr[0], KVG_KIND_K, src.p, KVG_CUDA_F32, Hk * D, 1, R, Hk, D, NULL, kb.p, ks, NULL) ||
-                kvg_cuda_encode(g_ctx, pr[1], KVG_KIND_V, src.p, KVG_CUDA_F32, Hk * D, 1, R, Hk, D, NULL, vb.p, vs, NULL)) {
-                mismatch("timing encode: %s", kvg_last_error());
-                return;
-            }
-            std::vector<float> qh((size_t) Hq * D), mh((size_t) Hq, -INFINITY), zero((size_t) Hq * D, 0.0f);
-            for (auto & v : qh) {
+    // one layer of Llama-3.2-3B (8 KV heads, 24 query heads, head_dim 128) and of Llama-3.2-1B
+    // (8 KV heads, 32 query heads, head_dim 64); one decoded token
+    struct Shape {
+        const char * name;
+        int          Hk, Hq;
+        int64_t      D;
+    };
+    const Shape shapes[] = { { "3B", 8, 24, 128 }, { "1B", 8, 32, 64 } };
+    const int   pairs[][2] = { { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2 }, { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ4 } };
+    for (const Shape & sh : shapes) {
+        const int     Hk = sh.Hk, Hq = sh.Hq;
+        const int64_t D  = sh.D;
+        for (int64_t R : { (int64_t) 8192, (int64_t) 32768 }) {
+            std::vector<float> x((size_t) (R * Hk * D));
+            for (auto & v : x) {
                 v = rng.gauss();
             }
-            q.put(qh.data(), qh.size() * 4);
-            kvg_cuda_attend_args a;
-            memset(&a, 0, sizeof(a));
-            a.k          = { pr[0], kb.p, ks, R };
-            a.v          = { pr[1], vb.p, vs, R };
-            a.n_rows     = R;
-            a.n_head_kv  = Hk;
-            a.head_dim_k = D;
-            a.head_dim_v = D;
-            a.seed       = KVG_DEFAULT_SEED;
-            a.q_dev      = (const float *) q.p;
-            a.n_tokens   = 1;
-            a.n_head     = Hq;
-            a.scale      = 0.088f;
-            a.m_dev      = (float *) m.p;
-            a.l_dev      = (float *) l.p;
-            a.acc_dev    = (float *) acc.p;
-            std::vector<float> ms;
-            for (int it = 0; it < 23; it++) {
-                m.put(mh.data(), mh.size() * 4);
-                l.put(zero.data(), (size_t) Hq * 4);
-                acc.put(zero.data(), zero.size() * 4);
-                cudaEventRecord(e0, g_stream);
-                const int st = kvg_cuda_attend(g_ctx, &a);  // queued: the events time the kernels
-                cudaEventRecord(e1, g_stream);
-                cudaEventSynchronize(e1);
-                if (st != KVG_OK) {
-                    mismatch("timing attend: %s", kvg_last_error());
+            DevBuf src(x.size() * 4);
+            src.put(x.data(), x.size() * 4);
+            for (const auto & pr : pairs) {
+                size_t ks = 0, vs = 0;
+                kvg_encoded_size(pr[0], KVG_KIND_K, R, Hk, D, NULL, &ks);
+                kvg_encoded_size(pr[1], KVG_KIND_V, R, Hk, D, NULL, &vs);
+                DevBuf kb(ks), vb(vs), q((size_t) Hq * D * 4), m((size_t) Hq * 4), l((size_t) Hq * 4),
+                    acc((size_t) Hq * D * 4);
+                if (kvg_cuda_encode(g_ctx, pr[0], KVG_KIND_K, src.p, KVG_CUDA_F32, Hk * D, 1, R, Hk, D, NULL, kb.p, ks, NULL) ||
+                    kvg_cuda_encode(g_ctx, pr[1], KVG_KIND_V, src.p, KVG_CUDA_F32, Hk * D, 1, R, Hk, D, NULL, vb.p, vs, NULL)) {
+                    mismatch("timing encode: %s", kvg_last_error());
                     return;
                 }
-                float t = 0.0f;
-                cudaEventElapsedTime(&t, e0, e1);
-                if (it >= 3) {
-                    ms.push_back(t);
+                std::vector<float> qh((size_t) Hq * D), mh((size_t) Hq, -INFINITY), zero((size_t) Hq * D, 0.0f);
+                for (auto & v : qh) {
+                    v = rng.gauss();
+                }
+                q.put(qh.data(), qh.size() * 4);
+                kvg_cuda_attend_args a;
+                memset(&a, 0, sizeof(a));
+                a.k          = { pr[0], kb.p, ks, R };
+                a.v          = { pr[1], vb.p, vs, R };
+                a.n_rows     = R;
+                a.n_head_kv  = Hk;
+                a.head_dim_k = D;
+                a.head_dim_v = D;
+                a.seed       = KVG_DEFAULT_SEED;
+                a.q_dev      = (const float *) q.p;
+                a.n_tokens   = 1;
+                a.n_head     = Hq;
+                a.scale      = 0.088f;
+                a.m_dev      = (float *) m.p;
+                a.l_dev      = (float *) l.p;
+                a.acc_dev    = (float *) acc.p;
+                for (int which = 0; which < 2; which++) {
+                    kvg_cuda_ctx * ctx = which ? generic : g_ctx;
+                    if (ctx == NULL) {
+                        continue;
+                    }
+                    std::vector<float> ms;
+                    for (int it = 0; it < 23; it++) {
+                        m.put(mh.data(), mh.size() * 4);
+                        l.put(zero.data(), (size_t) Hq * 4);
+                        acc.put(zero.data(), zero.size() * 4);
+                        cudaEventRecord(e0, g_stream);
+                        const int st = kvg_cuda_attend(ctx, &a);  // queued: the events time the kernels
+                        cudaEventRecord(e1, g_stream);
+                        cudaEventSynchronize(e1);
+                        if (st != KVG_OK) {
+                            mismatch("timing attend: %s", kvg_last_error());
+                            return;
+                        }
+                        float t = 0.0f;
+                        cudaEventElapsedTime(&t, e0, e1);
+                        if (it >= 3) {
+                            ms.push_back(t);
+                        }
+                    }
+                    std::sort(ms.begin(), ms.end());
+                    const double med = ms[ms.size() / 2];
+                    // 20 calls queued back to back (each folds into the same state): the device's time
+                    // a call, without the host's launch time that a lone call waits for
+                    float        b2b = 0.0f;
+                    cudaEventRecord(e0, g_stream);
+                    for (int it = 0; it < 20; it++) {
+                        kvg_cuda_attend(ctx, &a);
+                    }
+                    cudaEventRecord(e1, g_stream);
+                    cudaEventSynchronize(e1);
+                    cudaEventElapsedTime(&b2b, e0, e1);
+                    const double f16b = (double) R * Hk * D * 2 * 2;
+                    printf("  attend 1 token, %s shape (%d/%d heads, d=%lld), %6lld rows, K %s / V %s, %-7s kernel: %8.1f us "
+                           "a lone call, %6.1f us a call back to back (codes %.1f MiB: %.0f GB/s; an f16 cache's %.0f MiB "
+                           "would need %.0f GB/s to match)\n",
+                           sh.name, Hq, Hk, (long long) D, (long long) R, kvg_codec_name(pr[0]), kvg_codec_name(pr[1]),
+                           which ? "generic" : "default", med * 1e3, b2b / 20 * 1e3, (ks + vs) / 1048576.0,
+                           (ks + vs) / (b2b / 20 * 1e-3) / 1e9, f16b / 1048576.0, f16b / (b2b / 20 * 1e-3) / 1e9);
                 }
             }
-            std::sort(ms.begin(), ms.end());
-            const double med  = ms[ms.size() / 2];
-            const double f16b = (double) R * Hk * D * 2 * 2;
-            printf("  attend 1 token, 24/8 heads, d=128, %6lld rows, K %s / V %s: %8.1f us (codes %.1f MiB: %.0f GB/s; an f16 "
-                   "cache's %.0f MiB would need %.0f GB/s to match)\n",
-                   (long long) R, kvg_codec_name(pr[0]), kvg_codec_name(pr[1]), med * 1e3, (ks + vs) / 1048576.0,
-                   (ks + vs) / (med * 1e-3) / 1e9, f16b / 1048576.0, f16b / (med * 1e-3) / 1e9);
         }
     }
     // an eviction batch: 256 rows of 8 x 128, encoded and decoded (each call waits for its status)
-    const int64_t R = 256;
+    const int     Hk = 8;
+    const int64_t D = 128, R = 256;
     std::vector<float> x((size_t) (R * Hk * D));
     for (auto & v : x) {
         v = rng.gauss();
@@ -1222,10 +1270,24 @@ int main(int argc, char ** argv) {
     long       attend_bad  = 0;
     if (!g_emulate) {
         const long before = g_bad;
-        run_attend();
+        g_attend_ctx = g_ctx;
+        run_attend("the row-parallel kernel where it covers the shape");
+        // the same cases through the generic kernel alone
+        kvg_cuda_ctx * generic = NULL;
+        setenv("KVGGUF_CUDA_ATTEND", "generic", 1);
+        if (kvg_cuda_ctx_init(0, g_stream, &generic) != KVG_OK) {
+            mismatch("kvg_cuda_ctx_init (generic attention): %s", kvg_last_error());
+        } else {
+            g_attend_ctx = generic;
+            run_attend("the generic kernel");
+        }
+        unsetenv("KVGGUF_CUDA_ATTEND");
         attend_bad = g_bad - before;
         if (timing) {
-            run_timing();
+            run_timing(generic);
+        }
+        if (generic) {
+            kvg_cuda_ctx_free(generic);
         }
         kvg_cuda_ctx_free(g_ctx);
     } else {

@@ -1,0 +1,62 @@
+// kvg_cuda_attend.cuh: what kvg_cuda_attend's two split kernels share (kvg_cuda_attend.cu, the
+// generic one; kvg_cuda_attend_rows*.cu, the row-parallel one for the common shapes).
+#ifndef KVG_CUDA_ATTEND_CUH
+#define KVG_CUDA_ATTEND_CUH
+
+#include "kvg_cuda_common.cuh"
+
+#define KA_WARPS 4
+
+struct ka_args {
+    const uint8_t * k_norms;
+    const uint8_t * k_codes;
+    const uint8_t * v_norms;
+    const uint8_t * v_codes;
+    kc_rotq_tab     ktab, vtab;  // centroids used
+    int             k_bits, v_bits;
+    int64_t         k_row0, v_row0, n_rows;
+    int             n_head_kv, dk, dv;
+    float           inv_dk, inv_dv;
+    const float *   qr;  // [n_q][dk], caller order
+    int             n_head, gqa, n_p;  // n_p = n_tokens * gqa queries per KV head
+    float           softcap;
+    int             n_splits;
+    int64_t         split_rows;
+    float *         pm;    // [n_q][n_splits]
+    float *         pl;    // [n_q][n_splits]
+    float *         pacc;  // [n_q][n_splits][dv]
+};
+
+static __device__ __forceinline__ float ka_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    }
+    return v;
+}
+
+static __device__ __forceinline__ float ka_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    }
+    return v;
+}
+
+// Caller's index j = t * n_head + hk * gqa + g of query p = t * gqa + g of KV head hk.
+static __device__ __forceinline__ int64_t ka_query(int p, int hk, int gqa, int n_head) {
+    return (int64_t) (p / gqa) * n_head + (int64_t) hk * gqa + p % gqa;
+}
+
+// The row-parallel kernel (kvg_cuda_attend_rows.cu): head dims 64, 128 or 256 alike for K and V,
+// rotq2..rotq4 codes.
+int ka_rows_covers(int dk, int dv, int k_bits, int v_bits);
+// Its kernel for a shape: (args, k codes 4-byte aligned, v codes 4-byte aligned), over grid
+// (splits, KV heads, query tiles of qt: 1, 4 or 8 queries; 2 runs as 4), KA_WARPS warps a block.
+typedef void (*ka_rows_kernel_t)(const ka_args, int, int);
+ka_rows_kernel_t ka_rows_kernel(int d, int k_bits, int v_bits, int qt);
+ka_rows_kernel_t ka_rows_kernel_d64(int k_bits, int v_bits, int qt);  // kvg_cuda_attend_rows_d*.cu
+ka_rows_kernel_t ka_rows_kernel_d128(int k_bits, int v_bits, int qt);
+ka_rows_kernel_t ka_rows_kernel_d256(int k_bits, int v_bits, int qt);
+// Rows a split takes so that about `splits_wanted` splits cover n_rows (whole block steps).
+int64_t ka_rows_split_rows(int64_t n_rows, int64_t splits_wanted);
+
+#endif  // KVG_CUDA_ATTEND_CUH
