@@ -62,7 +62,8 @@ class Llama(SessionCalls):
         K and V apart); "auto" or "auto:BITS" (a codec per layer and K/V from this model's
         calibration, allocated for an average of BITS per compressed value, default 3.0; the
         first use measures the model, minutes on a laptop, and keeps the result in kvgguf's cache
-        folder: see ``kvgguf calibrate``); or a :class:`TieredConfig`. Any string may end in
+        folder: see ``kvgguf calibrate``); "auto:held=BITS" (the same, BITS counting every value
+        a full context holds, llama.cpp's cells included); or a :class:`TieredConfig`. Any string may end in
         ":window=TYPE" (e.g. "tiered:window=f16"): the type of the sliding-window layers' cells
         on Gemma 2/3, gpt-oss and the like (TieredConfig.window; default q8_0 where llama.cpp
         can hold it, else f16).

@@ -151,7 +151,9 @@ def test_auto_reads_the_models_calibration_for_its_budget(tmp_path, monkeypatch,
             llm.close()
 
 
-@pytest.mark.parametrize("kv_codec", ["auto:", "auto:x", "auto:0.5", "auto:17"])
+@pytest.mark.parametrize(
+    "kv_codec", ["auto:", "auto:x", "auto:0.5", "auto:17", "auto:held=", "auto:held=0.5", "auto:hold=3"]
+)
 def test_bad_budgets_are_refused(smollm2_path, kv_codec):
     with pytest.raises(ValueError, match="auto:BITS"):
         kvgguf.Llama(str(smollm2_path), kv_codec=kv_codec, n_ctx=512, verbose=False)
@@ -353,3 +355,59 @@ def test_pq2_starts_from_the_models_codebooks_keeps_them_across_sequences_and_co
         assert out["usage"]["completion_tokens"] >= 1
     finally:
         llm.close()
+
+
+def test_auto_held_counts_the_cells_the_context_holds(monkeypatch, tmp_path, smollm2_path, cal):
+    """ "auto:held=BITS" plans the compressed rows for what llama.cpp's hot cells leave: a full
+    context holds at most BITS per value, and the plan is the largest budget that does; "auto:BITS"
+    spends BITS on the compressed rows alone and holds more."""
+    from dataclasses import replace
+
+    from kvgguf.model.shape import KVShape
+    from kvgguf.policy import held
+
+    monkeypatch.setenv("KVGGUF_CACHE_DIR", str(tmp_path))
+    cal.save(calibration_path(str(smollm2_path)))
+    shape, n_ctx = KVShape.from_gguf(smollm2_path), 2048
+    for bits in (3.5, 4.5):
+        llm = kvgguf.Llama(str(smollm2_path), kv_codec=f"auto:held={bits}", n_ctx=n_ctx, n_threads=1, verbose=False)
+        plain = kvgguf.Llama(str(smollm2_path), kv_codec=f"auto:{bits}", n_ctx=n_ctx, n_threads=1, verbose=False)
+        try:
+            cells = replace(llm.kv_config, hot_cells=llm.kv_cells["hot"])
+            n_batch = llm.n_batch
+
+            def held_of(c, cells=cells, n_batch=n_batch):
+                return held.bits_held(shape, n_ctx, replace(c, hot_cells=cells.hot_cells), n_batch)
+
+            def config_for(b, base=llm.kv_config):
+                return cal.config(b, base, n_ctx)
+
+            budget = held.budget_for_held(bits, config_for, held_of, "test")
+            assert llm.kv_config == config_for(budget)
+            assert held_of(llm.kv_config) <= bits
+            assert budget == 16.0 or held_of(config_for(budget + 0.01)) > bits  # the largest that fits
+            assert held_of(plain.kv_config) > bits  # the cells on top of BITS per compressed value
+        finally:
+            llm.close()
+            plain.close()
+    with pytest.raises(ValueError, match="cheapest plan already hold"):
+        kvgguf.Llama(str(smollm2_path), kv_codec="auto:held=1.5", n_ctx=n_ctx, verbose=False)
+
+
+def test_budget_for_held_finds_the_largest_budget_that_fits():
+    from kvgguf.policy import held
+    from kvgguf.policy.tiered import TieredConfig
+
+    def config_for(b):  # plans in whole bits from 2 (cheaper budgets have none), like a calibration's steps
+        if b < 2.0:
+            raise ValueError("below the cheapest plan")
+        return TieredConfig(warm=f"rotq{min(int(b), 4)}")
+
+    def held_of(c):  # cells worth 0.5 bits on top of the rows' bits
+        return int(c.warm[-1]) + 0.5
+
+    assert held.budget_for_held(3.7, config_for, held_of, "t") == pytest.approx(4.0, abs=1e-3)
+    assert held.budget_for_held(9.0, config_for, held_of, "t") == 16.0
+    assert held.budget_for_held(2.5, config_for, held_of, "t") == pytest.approx(3.0, abs=1e-3)
+    with pytest.raises(ValueError, match="2.50 bits per value"):
+        held.budget_for_held(2.4, config_for, held_of, "t")

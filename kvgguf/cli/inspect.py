@@ -1,16 +1,8 @@
 """`kvgguf inspect`: a GGUF model's attention shape and the KV bytes each cache would hold.
 
 Reads only the metadata (kvgguf.model), never the weights, and predicts what ``kv_memory()``
-of a live context reports (llama.cpp 0c1e570, src/llama-context.cpp and llama-kv-cache-iswa.cpp):
-
-- llama.cpp pads n_ctx up to a multiple of 256 cells; full-attention layers hold that many;
-- sliding-window layers hold as many with swa_full (llama.cpp's and llama-cpp-python's default),
-  else GGML_PAD(min(n_ctx, n_swa + n_ubatch), 256);
-- a cell of a layer holds n_head_kv x head_dim values of K and as many of V, in the cache
-  type's blocks of 32 values;
-- kvgguf.Llama(kv_codec=...) asks llama.cpp for min(n_ctx, hot + n_batch) cells (hot_cells, ubatch
-  min(n_ubatch, n_batch); sliding-window layers' cells in TieredConfig.window) and holds older
-  tokens of the full-attention layers in its store, laid out by the policy's own plans.
+of a live context reports, with kvgguf/policy/held.py's byte model (llama.cpp's padding, its cells'
+block layouts, kvgguf's hot window and store).
 
 tests/test_inspect.py holds the predictions against live contexts of both models.
 """
@@ -18,7 +10,6 @@ tests/test_inspect.py holds the predictions against live contexts of both models
 from __future__ import annotations
 
 import json
-import math
 import os
 import textwrap
 from dataclasses import asdict
@@ -27,68 +18,20 @@ from typing import Optional
 
 from ..model.shape import KVShape
 from ..bindings import codecs
-from ..enums import Kind
-from ..policy import plan
+from ..policy.held import (  # noqa: F401  (inspect.llama_cache_bytes & co., as before)
+    LLAMA_BLOCK_BYTES,
+    LLAMA_PAD,
+    N_UBATCH,
+    context_bytes,
+    llama_cache_bytes,
+    llama_cells_bytes,
+    pad,
+    store_bytes,
+)
 from ..policy.resolve import cell_types
 from ..policy.tiered import TieredConfig, sized_for_model
 
-LLAMA_PAD = 256  # llama-context.cpp pads n_ctx (and the sliding-window cache) to a multiple of 256
-# Bytes per block of 32 values of llama.cpp's cache types (ggml's block layouts).
-LLAMA_BLOCK_BYTES = {
-    "f32": 128,
-    "f16": 64,
-    "bf16": 64,
-    "q8_0": 34,
-    "q5_1": 24,
-    "q5_0": 22,
-    "q4_1": 20,
-    "q4_0": 18,
-    "iq4_nl": 18,
-}
 CONTEXTS = (4096, 32768)
-N_UBATCH = 512  # llama-cpp-python's (and kvgguf.Llama's) default
-
-
-def pad(n: int) -> int:
-    return -(-n // LLAMA_PAD) * LLAMA_PAD
-
-
-def llama_cache_bytes(
-    shape: KVShape,
-    n_ctx: int,
-    cache: str = "f16",
-    *,
-    swa_full: bool = True,
-    n_ubatch: int = N_UBATCH,
-    window: Optional[str] = None,
-) -> int:
-    """Bytes llama.cpp allocates for a context of n_ctx cells of one cache type (the
-    sliding-window layers' cells of type window, where given). swa_full is llama.cpp's (and
-    llama-cpp-python's) default; off, sliding-window layers hold their window plus one ubatch."""
-    return sum(llama_cells_bytes(shape, n_ctx, cache, swa_full=swa_full, n_ubatch=n_ubatch, window=window))
-
-
-def llama_cells_bytes(
-    shape: KVShape,
-    n_ctx: int,
-    cache: str = "f16",
-    *,
-    swa_full: bool = True,
-    n_ubatch: int = N_UBATCH,
-    window: Optional[str] = None,
-) -> tuple[int, int]:
-    """(full-attention layers' bytes, sliding-window layers' bytes) of llama_cache_bytes."""
-    cells = pad(n_ctx)
-    swa_cells = cells if swa_full else pad(min(cells, shape.n_swa + n_ubatch))
-    full = set(shape.full_layers)
-
-    def layer_bytes(il: int, n_cells: int, t: str) -> int:
-        return n_cells * (shape.width(il, 0) + shape.width(il, 1)) // 32 * LLAMA_BLOCK_BYTES[t]
-
-    return (
-        sum(layer_bytes(il, cells, cache) for il in full),
-        sum(layer_bytes(il, swa_cells, window or cache) for il in range(shape.n_layer) if il not in full),
-    )
 
 
 def fitted_config(shape: KVShape, config: TieredConfig, model_bytes: Optional[int] = None) -> TieredConfig:
@@ -97,23 +40,6 @@ def fitted_config(shape: KVShape, config: TieredConfig, model_bytes: Optional[in
     if model_bytes:
         config = sized_for_model(config, 2 * shape.values_per_token, model_bytes)
     return cell_types(config.fit_window(shape.n_swa, strict=False), shape)
-
-
-def store_bytes(shape: KVShape, counts: dict[tuple[int, int], int], config: TieredConfig) -> int:
-    """Encoded bytes of the store's blocks ({(rows, tier): how many}) on the full-attention layers,
-    each in its tier's codec, plus a float32 book per (layer, kind) for each codec that keeps
-    one (pq2, vq8, vq8f, wfq)."""
-    tables = {tier: config.table(tier, shape.n_layer) for _, tier in counts}
-    total, books = 0, set()
-    for (rows, tier), n_blocks in counts.items():
-        for il in shape.full_layers:
-            for kind, dim, role in ((Kind.K, shape.head_dim_k, "k"), (Kind.V, shape.head_dim_v, "v")):
-                c = codecs.get(tables[tier][il, kind], group_size=config.group_size)
-                total += n_blocks * c.encoded_size((rows, shape.n_head_kv, dim), role)
-                if c.name in codecs.BOOK_CODECS and (il, kind, c.name) not in books:
-                    books.add((il, kind, c.name))
-                    total += math.prod(codecs.book_shape(c.name, shape.n_head_kv, dim)) * 4
-    return total
 
 
 def kvgguf_bytes(
@@ -132,18 +58,15 @@ def kvgguf_bytes(
     to TieredConfig.ubatch, as kvgguf.Llama's does), its sliding-window layers' cells as many in
     config.window ("window"), and the store's blocks, which the policy's own plans lay out
     (policy.plan.block_counts: closed form, any context). n_cold: the rows the store then holds."""
-    config = fitted_config(shape, config)
-    n_batch = min(config.ubatch, n_ctx) if n_batch is None else n_batch
-    counts, n_cold = plan.block_counts(n_ctx if n_tokens is None else n_tokens, n_batch, config)
-    hot, window = llama_cells_bytes(
+    return context_bytes(
         shape,
-        min(n_ctx, config.hot + n_batch),
-        config.hot_cells,
+        n_ctx,
+        fitted_config(shape, config),
+        n_batch=n_batch,
+        n_ubatch=n_ubatch,
         swa_full=swa_full,
-        n_ubatch=min(n_ubatch, n_batch),
-        window=config.window,
+        n_tokens=n_tokens,
     )
-    return {"hot": hot, "window": window, "store": store_bytes(shape, counts, config), "n_cold": n_cold}
 
 
 def llama_label(shape: KVShape, cache: str, swa_full: bool) -> str:

@@ -25,7 +25,14 @@ def _kv_codec(value: str) -> str:
     from ..bindings import codecs
     from ..policy import kv_codec
 
-    names = ["tiered", "tiered:fixed", "tiered:keep=SIGNAL[:FRACTION]", "auto", "auto:BITS"] + codecs.names()
+    names = [
+        "tiered",
+        "tiered:fixed",
+        "tiered:keep=SIGNAL[:FRACTION]",
+        "auto",
+        "auto:BITS",
+        "auto:held=BITS",
+    ] + codecs.names()
     if not kv_codec.is_kv_codec(value):
         raise argparse.ArgumentTypeError(f"'{value}' is not a kv codec; choose one of: {', '.join(names)}")
     return value

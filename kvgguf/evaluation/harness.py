@@ -20,10 +20,10 @@ import numpy as np
 
 from ..bindings import codecs
 from ..llama import Llama
-from ..policy.resolve import CACHE_TYPES, calibrated_config
+from ..policy.resolve import CACHE_TYPES, calibrated_config, cell_types
 from .provenance import provenance
 from ..model.shape import KVShape
-from ..policy import kv_codec
+from ..policy import held, kv_codec
 
 DEFAULT_CONFIGS = "f16,q8_0,q5_1,q4_0,iq4_nl,kivi4,kivi2,rotq4,rotq3,rotq2,tiered"
 QUICK_CONFIGS = "f16,q8_0,q4_0,rotq4,tiered"
@@ -69,7 +69,7 @@ def parse_configs(text: str) -> list[CacheConfig]:
         else:
             raise ValueError(
                 f"cache '{name}' is unknown; choose llama.cpp types ({', '.join(CACHE_TYPES)}), "
-                f"'tiered', 'tiered:fixed', 'tiered:keep=SIGNAL[:FRACTION]', 'auto[:BITS]', or kvgguf codecs ({', '.join(codecs.names())}; prefix with 'kvgguf:' for f16)"
+                f"'tiered', 'tiered:fixed', 'tiered:keep=SIGNAL[:FRACTION]', 'auto[:BITS]', 'auto:held=BITS', or kvgguf codecs ({', '.join(codecs.names())}; prefix with 'kvgguf:' for f16)"
             )
     if not out:
         raise ValueError("no cache configuration given")
@@ -226,8 +226,23 @@ def make_llama(
     if request is not None:
         from .calibration import calibrate  # "auto" on a model without a calibration measures it
 
+        held_of = None
+        if request.held:  # "auto:held=BITS": the cells the Llama will hold count too
+            shape = KVShape.from_gguf(model_path)
+            cells = cell_types(spec.fit_window(shape.n_swa, strict=False), shape)
+
+            def held_of(c):
+                return held.bits_held(
+                    shape, kw["n_ctx"], replace(c, hot_cells=cells.hot_cells, window=cells.window), kw["n_batch"]
+                )
+
         spec, followed = calibrated_config(
-            model_path, request, base=spec, context=kw.get("n_ctx"), calibrate=lambda path, progress: calibrate(path)
+            model_path,
+            request,
+            base=spec,
+            context=kw.get("n_ctx"),
+            calibrate=lambda path, progress: calibrate(path),
+            held_of=held_of,
         )
     return Llama(model_path, kv_codec=spec, kv_attention=kv_attention, **kw), followed is not None
 

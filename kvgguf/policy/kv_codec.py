@@ -28,19 +28,26 @@ PRESET_BUDGET = 4.0  # "tiered" on a calibrated model: recall like f16's at 5K w
 PRESET_SLOW_FAMILIES = ("tcq", "wfq")
 
 
-def parse_auto(kv_codec) -> Optional[float]:
-    """The budget of "auto" / "auto:BITS", or None for any other kv_codec."""
+HELD = "held="  # "auto:held=BITS": BITS per value of everything the context holds, its cells too
+
+
+def parse_auto(kv_codec, *, held: bool = False) -> Optional[float]:
+    """The budget of "auto" / "auto:BITS" (held: also of "auto:held=BITS"), or None for any other
+    kv_codec."""
     if not isinstance(kv_codec, str) or kv_codec.split(":", 1)[0] != "auto":
         return None
     if kv_codec == "auto":
         return DEFAULT_BUDGET
     rest = kv_codec[len("auto:") :]
+    if held and rest.startswith(HELD):
+        rest = rest[len(HELD) :]
     try:
         budget = float(rest)
     except ValueError:
         budget = float("nan")
     if not 1.0 <= budget <= 16.0:
-        raise ValueError(f"kv_codec {kv_codec!r}: write 'auto' or 'auto:BITS' with BITS in [1, 16], e.g. 'auto:3.0'")
+        forms = "'auto', 'auto:BITS' or 'auto:held=BITS'" if held else "'auto' or 'auto:BITS'"
+        raise ValueError(f"kv_codec {kv_codec!r}: write {forms} with BITS in [1, 16], e.g. 'auto:3.0'")
     return budget
 
 
@@ -53,18 +60,21 @@ class Request:
     budget: float
     required: bool = True
     exclude: tuple[str, ...] = ()  # codec families (codecs.family) the plan may not use
+    # "auto:held=BITS": budget counts every value the context holds at its n_ctx, llama.cpp's hot
+    # and sliding-window cells too (policy/held.py), not only the compressed rows
+    held: bool = False
 
 
 def parse(kv_codec) -> tuple[TieredConfig, Optional[Request]]:
     """(config, request) of any kv_codec a user may pass, with optional ":window=TYPE" and
-    ":hot=TYPE" suffixes (TieredConfig.window, .hot_cells): "auto[:BITS]" and "tiered" give the
+    ":hot=TYPE" suffixes (TieredConfig.window, .hot_cells): "auto[:BITS]", "auto:held=BITS" and "tiered" give the
     fixed preset's config (whose codecs a calibration replaces once the model is known) and a
     Request; anything else TieredConfig.parse's config and None ("tiered:fixed": the fixed
     preset whatever the cache folder holds)."""
     kv_codec, cells = split_cells(kv_codec)
-    budget = parse_auto(kv_codec)
+    budget = parse_auto(kv_codec, held=True)
     if budget is not None:
-        config, request = TieredConfig(), Request(budget)
+        config, request = TieredConfig(), Request(budget, held=kv_codec.startswith("auto:" + HELD))
     elif kv_codec == "tiered":
         config, request = TieredConfig(), Request(PRESET_BUDGET, required=False, exclude=PRESET_SLOW_FAMILIES)
     else:

@@ -17,7 +17,7 @@ from ..errors import CalibrationError, UnsupportedModelError
 from ..model.gguf_file import read_metadata
 from ..model.registry import calibration_path
 from ..model.shape import MAX_LAYERS, KVShape
-from . import calibration_plan, codec_spec
+from . import calibration_plan, codec_spec, held
 from .kv_codec import Request, parse as parse_kv_codec
 from .tiered import CACHE_TYPES, PRESET_HOT_CELLS, PRESET_WINDOW, TieredConfig, sized_for_model, type_name
 
@@ -123,12 +123,36 @@ def resolve(
     config, request = _fit_codecs(
         config, shape, model_path, tiered_preset=tiered_preset, request=request, verbose=verbose
     )
+    n_batch = decode_batch(n_batch, n_ctx, config, verbose)
     calibrated = None
     if request is not None:
         progress = calibration_progress(model_path, verbose)
+
+        def with_cells(c: TieredConfig) -> TieredConfig:
+            return replace(c, hot_cells=cells.hot_cells, window=cells.window)
+
+        def held_of(c: TieredConfig) -> float:  # what a full context holds with c's codecs
+            return held.bits_held(shape, n_ctx, with_cells(c), n_batch)
+
         config, calibrated = calibrated_config(
-            model_path, request, base=config, progress=progress, context=n_ctx, calibrate=calibrate
+            model_path,
+            request,
+            base=config,
+            progress=progress,
+            context=n_ctx,
+            calibrate=calibrate,
+            held_of=held_of if request.held else None,
         )
+        if request.held and verbose:
+            print(
+                f"kvgguf: kv_codec='auto:held={request.budget:g}': the compressed rows hold "
+                f"{held.compressed_bits(shape, n_ctx, with_cells(config), n_batch):.2f} "
+                f"bits per value; a full context of {n_ctx} tokens holds {held_of(config):.2f} in all, with "
+                f"llama.cpp's cells (hot {cells.hot_cells}"
+                + (f", sliding window {cells.window}" if shape.n_swa else "")
+                + ")",
+                file=sys.stderr,
+            )
         if not request.required and verbose:
             said = (
                 f"follows this model's calibration ({calibrated})"
@@ -136,7 +160,6 @@ def resolve(
                 else "holds the fixed preset (no calibration for this model: `kvgguf calibrate` measures one)"
             )
             print(f"kvgguf: kv_codec='tiered' {said}", file=sys.stderr)
-    n_batch = decode_batch(n_batch, n_ctx, config, verbose)
     if not preset and config.hot >= n_ctx:
         warnings.warn(
             f"kvgguf: the hot window ({config.hot} tokens) covers the whole context (n_ctx={n_ctx}): every "
@@ -267,15 +290,20 @@ def calibrated_config(
     progress: Optional[Callable[[int, int], None]] = None,
     context: Optional[int] = None,
     calibrate: Optional[Calibrate] = None,
+    held_of: Optional[Callable[[TieredConfig], float]] = None,
 ) -> tuple[TieredConfig, Optional[Path]]:
     """The config a Request (or a budget: "auto:BITS") gets on this model, and the calibration
     file it follows (None: base, the fixed preset, as it is). The model's calibration from the
     cache folder is allocated for the budget, codecs with a plan paying for it over `context`
     tokens (the Llama's n_ctx; None: calibration_plan.PLAN_CONTEXT); a required request
     ("auto") measures the model with `calibrate` when it has none and keeps the result;
-    "tiered" never measures, and keeps base with a warning when the model's file cannot be used."""
+    "tiered" never measures, and keeps base with a warning when the model's file cannot be used.
+    A held request ("auto:held=BITS") needs held_of, the bits per value a config holds in all
+    (cells included): its plan gets the largest budget whose config holds at most BITS."""
     if not isinstance(request, Request):
         request = Request(float(request))
+    if request.held and held_of is None:
+        raise ValueError("'auto:held=BITS' needs a context (the cells it counts): pass held_of")
     base = base or TieredConfig()
     path = calibration_path(model_path)  # hashes the GGUF's metadata: once per call
     try:
@@ -295,7 +323,14 @@ def calibrated_config(
     note = cal.unmeasured_note(model_path)
     if note:  # a file kept from an older kvgguf: it loads, but its plans miss newer codecs
         warnings.warn(f"kvgguf: the calibration {path} was {note}", stacklevel=3)
-    return cal.config(request.budget, base, context, request.exclude), path
+    budget = request.budget
+    if request.held:
+
+        def config_for(b: float) -> TieredConfig:
+            return cal.config(b, base, context, request.exclude)
+
+        budget = held.budget_for_held(request.budget, config_for, held_of, f"kv_codec 'auto:held={request.budget:g}'")
+    return cal.config(budget, base, context, request.exclude), path
 
 
 def calibration_progress(model_path: str, verbose: bool) -> Callable[[int, int], None]:

@@ -162,7 +162,7 @@ class TieredConfig:
             return cls(sinks=0, warm="f16", warm_tokens=0, archive=None, window="f16", hot_cells="f16")
         if spec not in codecs.names():
             raise ValueError(
-                f"kv_codec {spec!r} is unknown; choose 'tiered', 'tiered:fixed', 'auto', 'auto:BITS', 'k:NAME,v:NAME' or one of: {', '.join(codecs.names())}"
+                f"kv_codec {spec!r} is unknown; choose 'tiered', 'tiered:fixed', 'auto', 'auto:BITS', 'auto:held=BITS', 'k:NAME,v:NAME' or one of: {', '.join(codecs.names())}"
             )
         return cls(sinks=0, warm=spec, warm_tokens=0, archive=None)
 
