@@ -94,7 +94,31 @@ MODEL_FIXTURES = {"smollm2_path", "gemma3_path", "calibrated", "calibrated_cache
 SLOW_FIXTURES = {"calibrated", "calibrated_cache_dir", "smollm2_calibration"}
 
 
+def _no_gpu_reason():
+    """Why tests marked cuda cannot run here, or None: an NVIDIA GPU (nvidia-smi lists one) and nvcc."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return "no NVIDIA GPU here (nvidia-smi not found)"
+    try:
+        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"no NVIDIA GPU here (nvidia-smi -L failed: {e})"
+    if listed.returncode != 0 or "GPU" not in listed.stdout:
+        return "no NVIDIA GPU here (nvidia-smi -L lists none)"
+    if not (shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc") or os.environ.get("NVCC")):
+        return "no nvcc here (set NVCC, or pip install nvidia-cuda-nvcc nvidia-cuda-runtime nvidia-cuda-cccl)"
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
+    cuda_items = [item for item in items if item.get_closest_marker("cuda")]
+    reason = _no_gpu_reason() if cuda_items else None
+    for item in cuda_items:
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if MODEL_FIXTURES & fixtures:
