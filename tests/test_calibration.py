@@ -387,6 +387,9 @@ def test_auto_held_counts_the_cells_the_context_holds(monkeypatch, tmp_path, smo
             assert held_of(llm.kv_config) <= bits
             assert budget == 16.0 or held_of(config_for(budget + 0.01)) > bits  # the largest that fits
             assert held_of(plain.kv_config) > bits  # the cells on top of BITS per compressed value
+            if bits == 3.5:  # and the live context, full, holds no more (kv_memory counts every byte)
+                llm.eval([int(t) for t in np.random.default_rng(0).integers(100, 40000, n_ctx)])
+                assert llm.kv_memory().bits_per_value <= bits
         finally:
             llm.close()
             plain.close()
