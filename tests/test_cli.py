@@ -120,7 +120,7 @@ def test_chat_non_interactive_prompt_goes_to_stdout_logs_to_stderr():
     [
         (
             ["chat", "--kv-codec", "rotq9"],
-            "'rotq9' is not a kv codec; choose one of: tiered, tiered:fixed, tiered:keep=SIGNAL[:FRACTION], auto, auto:BITS, f16",
+            "'rotq9' is not a kv codec; choose one of: tiered, tiered:fixed, tiered:keep=SIGNAL[:FRACTION], auto, auto:BITS, auto:held=BITS, f16",
         ),
         (["chat", "-ctk", "q3"], "'q3' is not a cache type; choose one of: f32, f16"),
         (["chat", "-c", "0"], "argument -c/--ctx-size: must be > 0"),
