@@ -312,7 +312,7 @@ def test_bad_configs_raise_clear_errors(smollm2_path, tmp_path):
     path = str(smollm2_path)
     with pytest.raises(
         ValueError,
-        match="kv_codec 'rotq5' is unknown; choose 'tiered', 'tiered:fixed', 'auto', 'auto:BITS', 'k:NAME,v:NAME' or one of: f16",
+        match="kv_codec 'rotq5' is unknown; choose 'tiered', 'tiered:fixed', 'auto', 'auto:BITS', 'auto:held=BITS', 'k:NAME,v:NAME' or one of: f16",
     ):
         Llama(path, kv_codec="rotq5", n_ctx=1024)
     split = Llama(path, kv_codec=TieredConfig(hot=128), n_ctx=1024, n_batch=256, verbose=False)
