@@ -52,12 +52,8 @@ def kvgguf_bytes(
     swa_full: bool = True,
     n_tokens: Optional[int] = None,
 ) -> dict:
-    """What kv_memory() of kvgguf.Llama(kv_codec=config, n_ctx=n_ctx, n_batch=n_batch,
-    n_ubatch=n_ubatch, swa_full=swa_full) holds after n_tokens (default n_ctx) were evaluated in
-    batches of n_batch: llama.cpp's buffer (config.hot_cells) for the hot window plus one batch (n_batch defaults
-    to TieredConfig.ubatch, as kvgguf.Llama's does), its sliding-window layers' cells as many in
-    config.window ("window"), and the store's blocks, which the policy's own plans lay out
-    (policy.plan.block_counts: closed form, any context). n_cold: the rows the store then holds."""
+    """policy.held.context_bytes for the config as kvgguf.Llama fits it to the model
+    (fitted_config): what kv_memory() holds after n_tokens (default n_ctx)."""
     return context_bytes(
         shape,
         n_ctx,

@@ -118,7 +118,7 @@ def context_bytes(
     hot window plus one batch (n_batch defaults to TieredConfig.ubatch, as kvgguf.Llama's does),
     its sliding-window layers' cells as many in config.window ("window"), and the store's blocks,
     which the policy's own plans lay out (policy.plan.block_counts: closed form, any context).
-    n_cold: the rows the store then holds."""
+    index: the store's block tables (index_bytes); n_cold: the rows the store then holds."""
     n_batch = min(config.ubatch, n_ctx) if n_batch is None else n_batch
     counts, n_cold = plan.block_counts(n_ctx if n_tokens is None else n_tokens, n_batch, config)
     hot, window = llama_cells_bytes(
@@ -129,22 +129,21 @@ def context_bytes(
         n_ubatch=min(n_ubatch, n_batch),
         window=config.window,
     )
-    return {"hot": hot, "window": window, "store": store_bytes(shape, counts, config), "n_cold": n_cold}
+    store = store_bytes(shape, counts, config)
+    return {"hot": hot, "window": window, "store": store, "index": index_bytes(shape, counts), "n_cold": n_cold}
 
 
 BLOCK_ENTRY_BYTES = 48  # sizeof(kvg_block), native/src/kvg_internal.h, on 64-bit machines
 
 
-def index_bytes(shape: KVShape, n_ctx: int, config: TieredConfig, n_batch: Optional[int] = None) -> int:
-    """The store's block tables after n_ctx tokens: each full-attention layer's K and V lists
-    grow by doubling from 16 entries (store.c's reserve_block), and a bound on its fixed structs.
-    kv_memory() counts them (index_bytes); context_bytes does not."""
-    n_batch = min(config.ubatch, n_ctx) if n_batch is None else n_batch
-    counts, _ = plan.block_counts(n_ctx, n_batch, config)
+def index_bytes(shape: KVShape, counts: dict[tuple[int, int], int]) -> int:
+    """The store's block tables for these blocks ({(rows, tier): how many} a layer): each
+    full-attention layer's K and V lists grow by doubling from 16 entries (store.c's
+    reserve_block); plus a bound on its fixed structs. kv_memory() counts them as index_bytes."""
     n_blocks, cap = sum(counts.values()), 0
     while cap < n_blocks:
         cap = cap * 2 if cap else 16
-    # plus the store's fixed structs (its header, two lists a layer, a query scratch): a bound
+    # the store's fixed structs (its header, two lists a layer, a query scratch): a bound
     fixed = 1024 + 256 * shape.n_layer + 4 * max(shape.head_dim_k, shape.head_dim_v)
     return 2 * len(shape.full_layers) * cap * BLOCK_ENTRY_BYTES + fixed
 
@@ -154,8 +153,7 @@ def bits_held(shape: KVShape, n_ctx: int, config: TieredConfig, n_batch: Optiona
     tokens holds, llama.cpp's cells and the store's block tables included: what kv_memory()
     reports as bits held."""
     b = context_bytes(shape, n_ctx, config, n_batch=n_batch)
-    held = b["hot"] + b["window"] + b["store"] + index_bytes(shape, n_ctx, config, n_batch)
-    return 8 * held / (n_ctx * shape.values_per_token)
+    return 8 * (b["hot"] + b["window"] + b["store"] + b["index"]) / (n_ctx * shape.values_per_token)
 
 
 def compressed_bits(shape: KVShape, n_ctx: int, config: TieredConfig, n_batch: Optional[int] = None) -> float:
