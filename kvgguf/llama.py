@@ -165,16 +165,16 @@ class Llama(SessionCalls):
         config, shape, n_batch = plan.config, plan.shape, plan.n_batch
         # llama.cpp's cells: the hot window plus one batch (it pads this to a multiple of 256;
         # LiveCache evicts against config.hot, not against the padded size). Sliding-window
-        # layers hold as many cells (llama.cpp's default swa_full): measured on Gemma-3, ctx
-        # 1024, batches of 256, swa_full off costs KL 0.0027 on its own (kvgguf eval's
-        # "f16 (swa window)" row) for 256 fewer cells per sliding layer.
+        # layers hold as many, unpadded: LiveCache evicts a position from every layer at once, so
+        # they never hold more positions (Gemma-3's preset: 608 cells, where llama.cpp's
+        # padding and its swa_full give 768).
         physical = min(n_ctx, config.hot + n_batch)
         # the cells' types resolve() decided and made sure llama.cpp can hold (the user's type_k /
         # type_v are f16 or None, checked above)
         self.kv_cells = {"hot": plan.hot_cells, "window": plan.window}
         window = plan.window or "f16"
         hot_type = CACHE_TYPES[plan.hot_cells]
-        with cell_settings(CACHE_TYPES[window]):
+        with cell_settings(CACHE_TYPES[window], physical):
             super().__init__(
                 model_path,
                 n_ctx=physical,

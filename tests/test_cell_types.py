@@ -1,6 +1,7 @@
 """llama.cpp's own cells in types of their own (patch set 12). The sliding-window layers' cells
-(TieredConfig.window): q8_0 unless told, where llama.cpp can hold it; counted at their real
-bytes; saved and restored by sessions; and only in the context that asked. The hot window's
+(TieredConfig.window): q8_0 unless told, where llama.cpp can hold it; as many as the hot window's,
+unpadded (patch set 14); counted at their real bytes; saved and restored by sessions; and only in
+the context that asked. The hot window's
 cells (TieredConfig.hot_cells): q8_0 on request, evicted and attended as f16 rows. Tiny
 random-weight models: Gemma 2 (one layer slides over 32 tokens, one is full) and llama, with
 head dim 32 or 64 (q8_0's blocks of 32 divide them) or 16 (they do not).
@@ -82,6 +83,35 @@ def test_window_cells_hold_q8_0_unless_told_and_are_counted_at_their_bytes(model
         held[window] = mem.by_tier["window"].bytes
         llm.close()
     assert held[None] * 64 == held["f16"] * 34  # q8_0: 34 bytes per 32 values, f16 64
+
+
+def cells_held(llm, shape: KVShape, il: int) -> int:
+    """How many cells layer il holds, from the bytes of its K and V (q8_0: 34 bytes per 32 values)."""
+    k, v, n_bytes = hooks.cells_of(llm.ctx, il)
+    assert k == v == Q8_0
+    return n_bytes // ((shape.width(il, 0) + shape.width(il, 1)) // 32 * 34)
+
+
+def test_window_layers_hold_as_many_cells_as_the_hot_window_unpadded(models):
+    """The window layers hold hot + ubatch cells (patch set 14): LiveCache evicts a position from
+    every layer, so llama.cpp's padding to 256 (and swa_full's n_ctx) would hold cells never used."""
+    path = models[32]
+    shape = KVShape.from_gguf(path)
+    full, sliding = shape.full_layers[0], next(il for il in range(shape.n_layer) if il not in shape.full_layers)
+    for swa_full in (True, False):
+        llm = Llama(path, kv_codec=CONFIG, n_ctx=512, flash_attn=True, swa_full=swa_full, **KW)
+        assert cells_held(llm, shape, sliding) == CONFIG.hot + CONFIG.ubatch == 128
+        assert cells_held(llm, shape, full) == 256  # llama.cpp pads n_ctx (128) to 256
+        llm.close()
+    # a stock context the same thread makes next: llama.cpp's own sizes again
+    stock = llama_cpp.Llama(path, n_ctx=512, n_ubatch=32, flash_attn=True, type_k=Q8_0, type_v=Q8_0, **KW)
+    assert cells_held(stock, shape, sliding) == 512  # swa_full: the whole context
+    stock.close()
+    stock = llama_cpp.Llama(
+        path, n_ctx=512, n_ubatch=32, flash_attn=True, type_k=Q8_0, type_v=Q8_0, swa_full=False, **KW
+    )
+    assert cells_held(stock, shape, sliding) == 256  # window 32 + ubatch 32, padded to 256
+    stock.close()
 
 
 def test_a_window_type_llama_cpp_cannot_hold_is_refused_when_named_and_avoided_when_not(models):

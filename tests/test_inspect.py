@@ -15,6 +15,7 @@ from kvgguf.cli import inspect
 from kvgguf.evaluation.text import wikitext2_test
 from kvgguf.model.gguf_file import GGUFError, read_metadata
 from kvgguf.model.shape import KVShape
+from kvgguf.policy.resolve import tiered_preset_for
 
 from test_cli import run_cli
 
@@ -128,7 +129,8 @@ def test_tiered_cache_bytes_are_predicted(name, swa_full, window):
     llm.eval(tokens(llm, 1800))
     mem = llm.kv_memory()
     assert mem.by_tier["archive"].bytes > 0
-    assert_tiered(mem, inspect.kvgguf_bytes(shape, 4096, config, swa_full=swa_full, n_tokens=1800), llm)
+    # swa_full changes nothing: kvgguf asks for as many window cells as hot cells, unpadded
+    assert_tiered(mem, inspect.kvgguf_bytes(shape, 4096, config, n_tokens=1800), llm)
     llm.close()
 
 
@@ -140,7 +142,8 @@ def test_tiered_preset_row_is_what_a_full_context_holds(name):
     llm = Llama(str(path), kv_codec="tiered", n_ctx=2048, **KW)
     llm.eval(tokens(llm, 2048))
     mem = llm.kv_memory()
-    want = inspect.kvgguf_bytes(KVShape.from_gguf(path), 2048, TieredConfig())
+    shape = KVShape.from_gguf(path)
+    want = inspect.kvgguf_bytes(shape, 2048, tiered_preset_for(shape, TieredConfig()))
     assert want["hot"] + want["window"] + want["store"] == predicted(name, "tiered", 2048)
     assert_tiered(mem, want, llm)
     llm.close()

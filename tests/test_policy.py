@@ -6,7 +6,8 @@ import pytest
 
 from kvgguf import TieredConfig
 from kvgguf.enums import Kind, Tier
-from kvgguf.policy import codec_spec, plan
+from kvgguf.model.shape import KVShape
+from kvgguf.policy import codec_spec, plan, resolve
 
 CFG = TieredConfig(hot=256, sinks=4, warm="rotq4", warm_tokens=128, archive="rotq2", block=64)
 
@@ -183,3 +184,37 @@ def test_cache_type_numbers_are_ggmls():
         constant = getattr(llama_cpp, f"GGML_TYPE_{name.upper()}", None)
         assert constant is None or constant == number, name
     assert CACHE_TYPES["bf16"] == 30 and CACHE_TYPES["q8_0"] == llama_cpp.GGML_TYPE_Q8_0
+
+
+def gemma_like(every: int, n_layer: int = 18) -> KVShape:
+    return KVShape.from_metadata(
+        {
+            "general.architecture": "gemma3",
+            "gemma3.block_count": n_layer,
+            "gemma3.attention.head_count": 4,
+            "gemma3.embedding_length": 640,
+            "gemma3.attention.sliding_window": 512,
+            "gemma3.attention.sliding_window_pattern": every,
+        }
+    )
+
+
+def test_tiered_keeps_cold_rows_near_exact_only_where_few_layers_see_everything():
+    """Gemma 3 (one full-attention layer in six): the cold rows are a small share of the bytes,
+    so "tiered" holds them in kivi8; a model with more full layers, or none sliding, keeps the
+    4-bit preset."""
+    gemma3, half = gemma_like(6), gemma_like(2)
+    assert len(gemma3.full_layers) == 3 and resolve.near_exact(gemma3)
+    preset = resolve.tiered_preset_for(gemma3, TieredConfig())
+    assert (preset.warm, preset.archive, preset.group_size) == ("kivi8", None, 64)
+    assert not resolve.near_exact(half)
+    assert resolve.tiered_preset_for(half, TieredConfig()) == TieredConfig()
+    llama = KVShape.from_metadata(
+        {
+            "general.architecture": "llama",
+            "llama.block_count": 8,
+            "llama.attention.head_count": 4,
+            "llama.embedding_length": 256,
+        }
+    )
+    assert not resolve.near_exact(llama)

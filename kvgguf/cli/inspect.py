@@ -28,7 +28,7 @@ from ..policy.held import (  # noqa: F401  (inspect.llama_cache_bytes & co., as 
     pad,
     store_bytes,
 )
-from ..policy.resolve import cell_types
+from ..policy.resolve import cell_types, near_exact, tiered_preset_for
 from ..policy.tiered import TieredConfig, sized_for_model
 
 CONTEXTS = (4096, 32768)
@@ -49,7 +49,6 @@ def kvgguf_bytes(
     *,
     n_batch: Optional[int] = None,
     n_ubatch: int = N_UBATCH,
-    swa_full: bool = True,
     n_tokens: Optional[int] = None,
 ) -> dict:
     """policy.held.context_bytes for the config as kvgguf.Llama fits it to the model
@@ -60,7 +59,6 @@ def kvgguf_bytes(
         fitted_config(shape, config),
         n_batch=n_batch,
         n_ubatch=n_ubatch,
-        swa_full=swa_full,
         n_tokens=n_tokens,
     )
 
@@ -83,7 +81,7 @@ def kv_table(
     size, which sizes the presets' hot window and batch as kvgguf.Llama does (None: the defaults).
     llama.cpp's types as llama-cpp-python builds them with n_ctx=n, n_ubatch; both swa_full
     settings where the model has sliding-window layers. kvgguf's codecs as kvgguf.Llama builds
-    them with kv_codec=<name>, n_ctx=n, n_batch (default: the config's ubatch), swa_full on."""
+    them with kv_codec=<name>, n_ctx=n, n_batch (default: the config's ubatch)."""
     rows = []
     settings = (True, False) if shape.n_swa else (True,)
     for cache in ("f16", "q8_0", "q4_0"):
@@ -100,10 +98,10 @@ def kv_table(
                 }
             )
     for name in ["tiered"] + codecs.names():
-        config = (tiered or TieredConfig()) if name == "tiered" else TieredConfig.parse(name)
+        config = tiered_preset_for(shape, tiered or TieredConfig()) if name == "tiered" else TieredConfig.parse(name)
         if model_bytes:
             config = sized_for_model(config, 2 * shape.values_per_token, model_bytes)
-        label = "tiered (calibrated)" if name == "tiered" and tiered else name
+        label = "tiered (calibrated)" if name == "tiered" and tiered and not near_exact(shape) else name
         if shape.uneven_full_layers:  # Llama(kv_codec=...) refuses it (kvgguf.llamacpp.support)
             rows.append({"cache": label, "from": "kvgguf", "unavailable": shape.uneven_full_layers})
             continue
@@ -116,7 +114,7 @@ def kv_table(
             {
                 "cache": label,
                 "from": "kvgguf",
-                "swa_full": True if shape.n_swa else None,
+                "swa_full": None,
                 "bits_per_value": None,
                 "bytes": {n: s["hot"] + s["window"] + s["store"] for n, s in sizes.items()},
             }
@@ -187,7 +185,7 @@ def format_card(
     notes += [
         f"kvgguf rows: Llama(kv_codec=name, n_ctx=n_ctx, {batch}, n_ubatch={n_ubatch}), presets fitted to "
         f"this model (tiered: hot={hot}): llama.cpp holds min(n_ctx, hot + n_batch) cells on every "
-        f"layer{' (swa_full=True)' if shape.n_swa else ''}, in {preset.hot_cells}"
+        f"layer{' (the sliding-window layers unpadded, whatever swa_full says)' if shape.n_swa else ''}, in {preset.hot_cells}"
         f"{f' (the sliding-window layers in {preset.window})' if shape.n_swa else ''}, the store every older token of the full-attention "
         "layers, encoded.",
         "bits = bytes x 8 / (n_ctx x layers x K+V values per token).",

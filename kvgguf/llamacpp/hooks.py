@@ -82,6 +82,9 @@ PATH_KV, PATH_SWA, PATH_EXPAND, PATH_SHARED = 1, 2, 4, 8
 # where the asked ones cannot serve; layer_cells tells what each layer's cells hold.
 set_window_types = _bind("llama_kvgguf_set_window_types", [ctypes.c_int, ctypes.c_int], ctypes.c_int32)
 GGML_TYPE_COUNT = C.GGML_TYPE_COUNT  # "no window type of its own"
+# The cells of the sliding-window cache of the contexts this thread creates next (0: llama.cpp's
+# choice); llama.cpp raises it to the ring's n_swa + n_ubatch and lowers it to the full cache's.
+set_window_cells = _bind("llama_kvgguf_set_window_cells", [ctypes.c_uint32], None)
 # Whether the full-attention cells of the contexts this thread creates next may hold quantized rows
 # rotated (llama.cpp's Hadamard rotation): kvgguf's store codes rows in their own domain.
 set_full_rotation = _bind("llama_kvgguf_set_full_rotation", [ctypes.c_bool], None)

@@ -108,18 +108,21 @@ def attention_layers(ctx, shape: KVShape) -> AttentionLayers:
 
 
 @contextlib.contextmanager
-def cell_settings(window_type: int):
+def cell_settings(window_type: int, window_cells: int):
     """The contexts this thread creates inside hold their sliding-window cells in window_type (K
-    and V), and their full-attention cells unrotated (llama.cpp rotates quantized cells; the
-    store's codecs and calibrations work on rows as the model makes them); every later context
-    as llama.cpp decides again."""
+    and V), window_cells of them (raised to the ring's window plus a ubatch), and their
+    full-attention cells unrotated (llama.cpp rotates quantized cells; the store's codecs and
+    calibrations work on rows as the model makes them); every later context as llama.cpp
+    decides again."""
     if hooks.set_window_types(window_type, window_type) != 0:
         raise ValueError(f"llama.cpp has no cache type {window_type}")
+    hooks.set_window_cells(window_cells)
     hooks.set_full_rotation(False)
     try:
         yield
     finally:
         hooks.set_window_types(hooks.GGML_TYPE_COUNT, hooks.GGML_TYPE_COUNT)
+        hooks.set_window_cells(0)
         hooks.set_full_rotation(True)
 
 

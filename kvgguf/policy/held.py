@@ -7,12 +7,14 @@ llama.cpp 0c1e570 (src/llama-context.cpp and llama-kv-cache-iswa.cpp):
 
 - llama.cpp pads n_ctx up to a multiple of 256 cells; full-attention layers hold that many;
 - sliding-window layers hold as many with swa_full (llama.cpp's and llama-cpp-python's default),
-  else GGML_PAD(min(n_ctx, n_swa + n_ubatch), 256);
+  else GGML_PAD(min(n_ctx, n_swa + n_ubatch), 256); the patched llama.cpp holds as many as
+  kvgguf asks (llama_kvgguf_set_window_cells), within [n_swa + n_ubatch, the padded n_ctx];
 - a cell of a layer holds n_head_kv x head_dim values of K and as many of V, in the cache
   type's blocks of 32 values;
 - kvgguf.Llama(kv_codec=...) asks llama.cpp for min(n_ctx, hot + n_batch) cells (hot_cells, ubatch
-  min(n_ubatch, n_batch); sliding-window layers' cells in TieredConfig.window) and holds older
-  tokens of the full-attention layers in its store, laid out by the policy's own plans.
+  min(n_ubatch, n_batch)) and as many sliding-window cells (in TieredConfig.window, whatever
+  swa_full says: it evicts a position from every layer at once) and holds older tokens of the
+  full-attention layers in its store, laid out by the policy's own plans.
 """
 
 from __future__ import annotations
@@ -69,10 +71,16 @@ def llama_cells_bytes(
     swa_full: bool = True,
     n_ubatch: int = N_UBATCH,
     window: Optional[str] = None,
+    window_cells: Optional[int] = None,
 ) -> tuple[int, int]:
-    """(full-attention layers' bytes, sliding-window layers' bytes) of llama_cache_bytes."""
+    """(full-attention layers' bytes, sliding-window layers' bytes) of llama_cache_bytes;
+    window_cells: the sliding-window cells a kvgguf context asks for (llama_kvgguf_set_window_cells),
+    which swa_full then does not change."""
     cells = pad(n_ctx)
-    swa_cells = cells if swa_full else pad(min(cells, shape.n_swa + n_ubatch))
+    if window_cells:
+        swa_cells = min(cells, max(shape.n_swa + n_ubatch, window_cells))
+    else:
+        swa_cells = cells if swa_full else pad(min(cells, shape.n_swa + n_ubatch))
     full = set(shape.full_layers)
 
     def layer_bytes(il: int, n_cells: int, t: str) -> int:
@@ -108,26 +116,26 @@ def context_bytes(
     *,
     n_batch: Optional[int] = None,
     n_ubatch: int = N_UBATCH,
-    swa_full: bool = True,
     n_tokens: Optional[int] = None,
 ) -> dict:
     """What kv_memory() of kvgguf.Llama(kv_codec=config, n_ctx=n_ctx, n_batch=n_batch,
-    n_ubatch=n_ubatch, swa_full=swa_full) holds after n_tokens (default n_ctx) were evaluated in
+    n_ubatch=n_ubatch) holds after n_tokens (default n_ctx) were evaluated in
     batches of n_batch, for a config already fitted to the model (its hot window, batch and cell
     types decided: cli/inspect.py's fitted_config): llama.cpp's buffer (config.hot_cells) for the
     hot window plus one batch (n_batch defaults to TieredConfig.ubatch, as kvgguf.Llama's does),
-    its sliding-window layers' cells as many in config.window ("window"), and the store's blocks,
+    its sliding-window layers' cells as many, unpadded, in config.window ("window"), and the store's blocks,
     which the policy's own plans lay out (policy.plan.block_counts: closed form, any context).
     index: the store's block tables (index_bytes); n_cold: the rows the store then holds."""
     n_batch = min(config.ubatch, n_ctx) if n_batch is None else n_batch
     counts, n_cold = plan.block_counts(n_ctx if n_tokens is None else n_tokens, n_batch, config)
+    physical = min(n_ctx, config.hot + n_batch)
     hot, window = llama_cells_bytes(
         shape,
-        min(n_ctx, config.hot + n_batch),
+        physical,
         config.hot_cells,
-        swa_full=swa_full,
         n_ubatch=min(n_ubatch, n_batch),
         window=config.window,
+        window_cells=physical,
     )
     store = store_bytes(shape, counts, config)
     return {"hot": hot, "window": window, "store": store, "index": index_bytes(shape, counts), "n_cold": n_cold}

@@ -27,6 +27,13 @@ F16 = CACHE_TYPES["f16"]
 # The preset where rotations cannot take the head dim (not a power of two: 80, 96, 100, 112):
 # KIVI's integer codes take any head dim, at the preset's bits (warm 4, archive V 2).
 KIVI_PRESET = {"warm": "kivi4", "archive": ("kivi4", "kivi2")}
+# Where few layers attend to the whole context (Gemma 3: 3 of 18; the others keep a window in
+# llama.cpp's q8_0 cells), their cold rows are a small share of what a context holds at the
+# lengths people run, and the 4-bit plan saves few bytes for its loss: there the presets keep
+# them near exact, kivi8 in groups of 64 (8.5 bits, q8_0's), and hold fewer bits than
+# llama.cpp's q8_0 at its KL (docs/quality.md, "Gemma-3: where kvgguf meets q8_0's KL").
+NEAR_EXACT_SHARE = 0.2  # the most full-attention layers, as a share of all, that get it
+NEAR_EXACT_PRESET = {"warm": "kivi8", "warm_tokens": 0, "archive": None, "group_size": 64}
 
 # Measures a model's calibration ("auto" on first use): evaluation.calibration.calibrate, passed
 # in by the facade, which may import the evaluation layer (tests/test_layers.py).
@@ -123,6 +130,8 @@ def resolve(
     config, request = _fit_codecs(
         config, shape, model_path, tiered_preset=tiered_preset, request=request, verbose=verbose
     )
+    if tiered_preset and config.keep is None and near_exact(shape):
+        config, request = _near_exact(config, shape, model_path, verbose)
     n_batch = decode_batch(n_batch, n_ctx, config, verbose)
     calibrated = None
     if request is not None:
@@ -280,6 +289,30 @@ def _fit_codecs(
             file=sys.stderr,
         )
     return replace(config, **KIVI_PRESET), None
+
+
+def near_exact(shape: KVShape) -> bool:
+    """Whether the "tiered" preset keeps this model's cold rows near exact (NEAR_EXACT_PRESET)."""
+    return bool(shape.n_swa) and len(shape.full_layers) <= NEAR_EXACT_SHARE * shape.n_layer
+
+
+def tiered_preset_for(shape: KVShape, config: TieredConfig) -> TieredConfig:
+    """The "tiered" preset's codecs on this model: config (the fixed or calibrated preset), or
+    NEAR_EXACT_PRESET where near_exact says so (`kvgguf inspect` predicts with it)."""
+    return replace(config, **NEAR_EXACT_PRESET) if near_exact(shape) else config
+
+
+def _near_exact(config: TieredConfig, shape: KVShape, model_path: str, verbose: bool) -> tuple[TieredConfig, None]:
+    """The preset on a model with few full-attention layers: NEAR_EXACT_PRESET, no calibration."""
+    if verbose:
+        print(
+            f"kvgguf: {os.path.basename(model_path)} attends to the whole context in {len(shape.full_layers)} of "
+            f"{shape.n_layer} layers: the tiered preset keeps their older rows near exact "
+            f"({NEAR_EXACT_PRESET['warm']}, groups of {NEAR_EXACT_PRESET['group_size']}); "
+            f"'auto:BITS' plans fewer bits",
+            file=sys.stderr,
+        )
+    return replace(config, **NEAR_EXACT_PRESET), None
 
 
 def calibrated_config(
