@@ -8,8 +8,8 @@ Each section sits between `<!-- NAME:begin -->` and `<!-- NAME:end -->` in the f
 file. What each section is made from:
 
 - usage:   benchmarks/results/usage_example.txt   (benchmarks/usage_example.py)
-- headline: rows of benchmarks/results/preset/smollm2-135m_ctx8192x1.md (kvgguf eval),
-           preset/live_cache_4k_8k.md and live_cache_4k_8k_all.md (benchmarks/live_cache.py)
+- headline: rows of benchmarks/results/preset_fast/smollm2-135m_ctx8192x1.md (kvgguf eval) and
+           preset/live_cache_4k_8k_cells.md (benchmarks/live_cache.py)
 - live:    benchmarks/results/live_cache_*.md      (benchmarks/live_cache.py)
 - profile: benchmarks/results/profile/*.md         (benchmarks/profile_phase.py)
 - quality: benchmarks/results/eval/*.md            (kvgguf eval ... --out benchmarks/results/eval)
@@ -94,25 +94,26 @@ HEADLINE_CACHES = ("f16", "q4_0", "tiered:fixed", "tiered (calibrated)")
 def headline(here: Path) -> str:
     """The README's one table: memory and quality of the preset beside llama.cpp's cache types at 8K
     (one kvgguf eval run), with the decode and prefill speed of the same caches against stock f16
-    at its best per phase (benchmarks/live_cache.py; q4_0 from an older run against f16 with flash
-    attention on, marked)."""
+    at its best per phase (one benchmarks/live_cache.py run holding every one of them)."""
     quality_md = RESULTS / "preset_fast" / "smollm2-135m_ctx8192x1.md"
-    speed_md = RESULTS / "preset" / "live_cache_4k_8k_fast.md"
-    older_speed_md = RESULTS / "live_cache_4k_8k_all.md"  # q4_0, which the preset's speed run did not hold
+    speed_md = RESULTS / "preset" / "live_cache_4k_8k_cells.md"
     quality_cmd, quality = table_rows(quality_md, lambda r: r["cache"])
     speed_cmd, speed = table_rows(speed_md, lambda r: (r["context"], r["cache"]))
-    older_cmd, older = table_rows(older_speed_md, lambda r: (r["context"], r["cache"]))
     body = []
     for cache in HEADLINE_CACHES:
         q = pick(quality, cache, quality_md)
-        if ("8K", cache) in speed:
-            s = speed[("8K", cache)]
-            prefill, decode = s["prefill vs f16 best"], s["decode vs f16 best"]
-        else:
-            s = pick(older, ("8K", cache), older_speed_md)
-            prefill, decode = s["prefill vs f16"] + "*", s["decode vs f16"] + "*"
+        s = pick(speed, ("8K", cache), speed_md)
         body.append(
-            [cache, q["from"], q["KV held (peak)"], q["bits/value held"], q["KL mean"], q["top-1"], prefill, decode]
+            [
+                cache,
+                q["from"],
+                q["KV held (peak)"],
+                q["bits/value held"],
+                q["KL mean"],
+                q["top-1"],
+                s["prefill vs f16 best"],
+                s["decode vs f16 best"],
+            ]
         )
     header = [
         "cache",
@@ -124,17 +125,19 @@ def headline(here: Path) -> str:
         "prefill vs stock best",
         "decode vs stock best",
     ]
+    four_k = {cache: speed.get(("4K", cache)) for cache in HEADLINE_CACHES}
+    at_4k = "; ".join(
+        f"{cache} {row['prefill vs f16 best']} / {row['decode vs f16 best']}" for cache, row in four_k.items() if row
+    )
     lines = [
         f"SmolLM2-135M, 8,192 tokens of WikiText-2, 2 threads, flash attention on. Memory and quality: "
         f"`{quality_cmd}`; speed against stock f16 at its best (flash attention on or off, the faster "
-        f"per phase): `{speed_cmd}`, run before the hot cells became q8_0 (issue 45; their speed is not "
-        f"measured yet); for q4_0, which that run did not hold, `{older_cmd}` (an earlier "
-        f"day, against f16 with flash attention on: marked *).",
+        f"per phase), every cache in one run: `{speed_cmd}` (at 4K the same run reads, prefill / decode: {at_4k}).",
         "",
         markdown_table(header, body),
     ]
-    # the table draws on three results: each one's provenance, named, where it has one
-    for md in (quality_md, speed_md, older_speed_md):
+    # the table draws on two results: each one's provenance, named, where it has one
+    for md in (quality_md, speed_md):
         note = provenance_note(md)
         if note:
             lines += ["", f"{md.relative_to(RESULTS).with_suffix('').as_posix()}: {note}"]

@@ -8,7 +8,8 @@
 #   bash scripts/cuda_check.sh --full     then also the package's CUDA build: llama.cpp's CUDA backend
 #                                         (-DGGML_CUDA=ON, which turns KVGGUF_CUDA on) from the local
 #                                         llama-cpp-python sdist, installed into a scratch prefix and its
-#                                         files listed (about 3-4 more minutes on 16 cores)
+#                                         files listed, and the patched ggml-cuda's custom-op dispatch
+#                                         checked against it (about 3-4 more minutes on 16 cores)
 #
 # Environment:
 #   OUT                   a folder for the report (cuda_check_report.txt) and the logs; default build/cuda_check
@@ -136,6 +137,24 @@ if [ "$full" -eq 1 ]; then
             fi
         done
         [ "$n_api" -gt 0 ] || status=1
+        # the patched ggml-cuda's custom-op dispatch (patches/0006), against the libraries installed
+        src_dir=$(find "$pbuild/llama-src" -maxdepth 3 -type d -path '*vendor/llama.cpp' | head -1)
+        check_bin=$out/ggml_custom_op_check
+        carch=native
+        [[ $arch =~ ^[0-9]+$ ]] && carch=sm_$arch
+        if "$nvcc" -std=c++17 -arch="$carch" -I"$src_dir/ggml/include" native/cuda/tests/ggml_custom_op_check.cu \
+                -L"$prefix/kvgguf/lib" -lggml -lggml-base -Xlinker -rpath="$prefix/kvgguf/lib" -o "$check_bin" \
+                > "$out/custom-op-build.log" 2>&1; then
+            timeout 120 "$check_bin" > "$out/custom-op.log" 2>&1
+            crc=$?
+            say "## ggml-cuda custom-op dispatch (native/cuda/tests/ggml_custom_op_check.cu): exit $crc"
+            tee -a "$report" < "$out/custom-op.log" > /dev/null
+            [ "$crc" -eq 0 ] || status=1
+        else
+            say "## ggml-cuda custom-op dispatch: the check did not build"
+            tail -20 "$out/custom-op-build.log" | tee -a "$report"
+            status=1
+        fi
     else
         say "## package build: FAILED after $(( $(date +%s) - t )) s"
         tail -30 "$out/package-configure.log" "$out/package-build.log" 2> /dev/null | tee -a "$report"

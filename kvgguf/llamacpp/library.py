@@ -21,7 +21,8 @@ LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # its vendored llama.cpp (0c1e570) is what 
 # take a share of the cold rows and of the hot cells, 10 the hot cells through libkvgguf's kernels, 11 the same code
 # regrouped into one patch per concern (the graph code in its own file, src/llama-kvgguf-graph.cpp), 12 the
 # sliding-window cells' own cache types (set_window_types, layer_types), 13 q8_0 hot cells read by libkvgguf's
-# kernels (attend_f16 takes the cells' types), 14 the sliding-window cells' count (set_window_cells). Up to 10 each
+# kernels (attend_f16 takes the cells' types), 14 the sliding-window cells' count (set_window_cells)
+# and ggml-cuda's dispatch of custom ops a library registers for the GPU (0006-kvgguf-cuda-custom-op). Up to 10 each
 # version added one patch file, so "patch 000N" in comments and docs names version N.
 PATCH_VERSION = 14
 

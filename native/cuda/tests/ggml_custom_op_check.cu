@@ -1,0 +1,167 @@
+// The patched ggml-cuda's custom-op dispatch (patches/0006-kvgguf-cuda-custom-op.patch), through
+// ggml's public API only, as libllama would use it: a custom op whose CPU function has a GPU
+// implementation registered stays on the GPU (one split, no copy to the host), computes there,
+// and a failing implementation is counted, not an abort; without a registration the node goes
+// back to the CPU and still computes. Built and run by scripts/cuda_check.sh --full against the
+// package's CUDA build; exit 0 when every check passes, 77 without a CUDA device, 1 otherwise.
+
+#include "ggml.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+static int failures = 0;
+
+static void check(bool ok, const char * what) {
+    std::printf("%s: %s\n", ok ? "ok  " : "FAIL", what);
+    failures += ok ? 0 : 1;
+}
+
+// dst = 2 * src[0], rows shared among the CPU's threads
+static void twice_cpu(ggml_tensor * dst, int ith, int nth, void * userdata) {
+    (void) userdata;
+    const ggml_tensor * src = dst->src[0];
+    const int64_t       n   = ggml_nelements(dst);
+    const float *       x   = (const float *) src->data;
+    float *             y   = (float *) dst->data;
+    for (int64_t i = ith; i < n; i += nth) {
+        y[i] = 2.0f * x[i];
+    }
+}
+
+// the same key function shape, registered with a GPU side that always fails
+static void failing_cpu(ggml_tensor * dst, int ith, int nth, void * userdata) {
+    twice_cpu(dst, ith, nth, userdata);
+}
+
+__global__ void twice_kernel(const float * x, float * y, int64_t n) {
+    const int64_t i = (int64_t) blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        y[i] = 2.0f * x[i];
+    }
+}
+
+static int gpu_calls = 0;
+
+static int twice_gpu(ggml_tensor * dst, int device, void * stream, void * userdata) {
+    (void) device;
+    (void) userdata;
+    ++gpu_calls;
+    const int64_t n = ggml_nelements(dst);
+    twice_kernel<<<(unsigned) ((n + 255) / 256), 256, 0, (cudaStream_t) stream>>>(
+        (const float *) dst->src[0]->data, (float *) dst->data, n);
+    return cudaPeekAtLastError() == cudaSuccess ? 0 : 1;
+}
+
+static int failing_gpu(ggml_tensor * dst, int device, void * stream, void * userdata) {
+    (void) dst;
+    (void) device;
+    (void) stream;
+    (void) userdata;
+    ++gpu_calls;
+    return 3;
+}
+
+struct run_result {
+    bool          computed   = false;
+    int           n_splits   = -1;
+    bool          custom_gpu = false;
+    std::vector<float> z;
+};
+
+// z = 0.5 * custom(2 * x): x's values come back where the custom op doubles
+static run_result run(ggml_backend_t gpu, ggml_backend_t cpu, ggml_custom_op_t fun, int64_t n) {
+    run_result r;
+    ggml_init_params params = {64 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true};
+    ggml_context *   ctx    = ggml_init(params);
+    ggml_tensor *    x      = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n);
+    ggml_set_input(x);
+    ggml_tensor * a    = ggml_scale(ctx, x, 2.0f);
+    ggml_tensor * args[1] = {a};
+    ggml_tensor * y    = ggml_custom_4d(ctx, GGML_TYPE_F32, n, 1, 1, 1, args, 1, fun, GGML_N_TASKS_MAX, nullptr);
+    ggml_tensor * z    = ggml_scale(ctx, y, 0.5f);
+    ggml_set_output(z);
+    ggml_cgraph * graph = ggml_new_graph(ctx);
+    ggml_build_forward_expand(graph, z);
+
+    ggml_backend_t       backends[2] = {gpu, cpu};
+    ggml_backend_sched_t sched = ggml_backend_sched_new(backends, nullptr, 2, GGML_DEFAULT_GRAPH_SIZE, false, true);
+    ggml_backend_sched_set_tensor_backend(sched, a, gpu);  // as the model's weights would place it
+    ggml_backend_sched_set_tensor_backend(sched, z, gpu);
+    if (ggml_backend_sched_alloc_graph(sched, graph)) {
+        std::vector<float> xs(n);
+        for (int64_t i = 0; i < n; ++i) {
+            xs[i] = 0.25f * (float) (i % 977) - 7.0f;
+        }
+        ggml_backend_tensor_set(x, xs.data(), 0, n * sizeof(float));
+        r.computed   = ggml_backend_sched_graph_compute(sched, graph) == GGML_STATUS_SUCCESS;
+        r.n_splits   = ggml_backend_sched_get_n_splits(sched);
+        r.custom_gpu = ggml_backend_sched_get_tensor_backend(sched, y) == gpu;
+        r.z.resize(n);
+        ggml_backend_tensor_get(z, r.z.data(), 0, n * sizeof(float));
+        float worst = 0.0f;
+        for (int64_t i = 0; i < n; ++i) {
+            worst = std::fmax(worst, std::fabs(r.z[i] - 2.0f * xs[i]));
+        }
+        if (worst != 0.0f) {
+            r.z.clear();  // marks a wrong result
+        }
+    }
+    ggml_backend_sched_free(sched);
+    ggml_free(ctx);
+    return r;
+}
+
+int main() {
+    int n_cuda = 0;
+    if (cudaGetDeviceCount(&n_cuda) != cudaSuccess || n_cuda == 0) {
+        std::printf("ggml_custom_op_check: no CUDA device\n");
+        return 77;
+    }
+    ggml_backend_reg_t reg = ggml_backend_reg_by_name("CUDA");
+    ggml_backend_t     gpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_GPU, nullptr);
+    ggml_backend_t     cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
+    check(reg && gpu && cpu, "the CUDA and CPU backends start");
+    if (!reg || !gpu || !cpu) {
+        return 1;
+    }
+    auto set_op = (ggml_backend_set_custom_op_gpu_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_cuda_set_custom_op");
+    auto errors = (ggml_backend_custom_op_errors_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_cuda_custom_op_errors");
+    check(set_op && errors, "ggml-cuda exports ggml_backend_cuda_set_custom_op and _custom_op_errors");
+    if (!set_op || !errors) {
+        return 1;
+    }
+    const int64_t n = 100003;  // not a multiple of the block
+
+    check(set_op(twice_cpu, twice_gpu, nullptr, 0), "a GPU implementation registers");
+    run_result on_gpu = run(gpu, cpu, twice_cpu, n);
+    check(on_gpu.computed && !on_gpu.z.empty(), "registered: the graph computes z = x exactly");
+    check(on_gpu.custom_gpu && on_gpu.n_splits == 1, "registered: the custom node runs on the GPU, one split");
+    check(gpu_calls == 1, "registered: the GPU implementation ran once");
+    std::printf("      splits %d, GPU calls %d\n", on_gpu.n_splits, gpu_calls);
+
+    const int64_t before = errors();
+    check(set_op(failing_cpu, failing_gpu, nullptr, 0), "a failing implementation registers");
+    run_result failed = run(gpu, cpu, failing_cpu, n);
+    check(failed.computed, "a failing implementation: the graph still completes (no abort)");
+    check(errors() == before + 1, "a failing implementation: one failure counted");
+
+    check(set_op(twice_cpu, nullptr, nullptr, 0), "the registration is removed");
+    const int calls = gpu_calls;
+    run_result on_cpu = run(gpu, cpu, twice_cpu, n);
+    check(on_cpu.computed && !on_cpu.z.empty(), "unregistered: the graph computes z = x exactly on the CPU's node");
+    check(!on_cpu.custom_gpu && on_cpu.n_splits > 1, "unregistered: the custom node runs on the CPU (the graph splits)");
+    check(gpu_calls == calls, "unregistered: the GPU implementation is not called");
+    std::printf("      splits %d\n", on_cpu.n_splits);
+
+    ggml_backend_free(gpu);
+    ggml_backend_free(cpu);
+    std::printf("%s: %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
+    return failures ? 1 : 0;
+}
