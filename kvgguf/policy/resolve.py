@@ -303,7 +303,7 @@ def tiered_preset_for(shape: KVShape, config: TieredConfig) -> TieredConfig:
 
 
 def _near_exact(config: TieredConfig, shape: KVShape, model_path: str, verbose: bool) -> tuple[TieredConfig, None]:
-    """The preset on a model with few full-attention layers: NEAR_EXACT_PRESET, no calibration."""
+    """The preset on a model with few full-attention layers: tiered_preset_for's, no calibration."""
     if verbose:
         print(
             f"kvgguf: {os.path.basename(model_path)} attends to the whole context in {len(shape.full_layers)} of "
@@ -312,7 +312,7 @@ def _near_exact(config: TieredConfig, shape: KVShape, model_path: str, verbose: 
             f"'auto:BITS' plans fewer bits",
             file=sys.stderr,
         )
-    return replace(config, **NEAR_EXACT_PRESET), None
+    return tiered_preset_for(shape, config), None
 
 
 def calibrated_config(
