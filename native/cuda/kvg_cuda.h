@@ -135,6 +135,57 @@ typedef struct kvg_cuda_attend_args {
 
 KVG_CUDA_API int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * a);
 
+// A layer's attention on the fused path, on the GPU, is: kvg_cuda_attend_begin (the state empty),
+// kvg_cuda_attend over the store's coded rows, kvg_cuda_attend_cells over llama.cpp's own cells,
+// kvg_cuda_attend_finish (the output). All queued on the context's stream without waiting.
+
+// m = -inf, l = 0, acc = 0 for n_q queries of head_dim_v values.
+KVG_CUDA_API int kvg_cuda_attend_begin(kvg_cuda_ctx * ctx, int64_t n_q, int64_t head_dim_v, float * m_dev, float * l_dev,
+                                       float * acc_dev);
+
+// llama.cpp's cells outside the store under a mask, folded into the state: kvg_attend_f16 (kvgguf.h)
+// on the device, with the same arguments (cells [c0, c1) of ggml type k_type / v_type, f16 at any
+// byte strides k_nb / v_nb, q8_0 in whole blocks per head; mask f32 or f16, NULL for none, the
+// value for query token t and cell c at mask + t * mask_nb1 + c * its size; -INFINITY hides a cell,
+// and a query that sees no cell keeps its state). Head dims up to 512.
+typedef struct kvg_cuda_cells_args {
+    const float * q_dev;  // f32 [n_tokens][n_head][head_dim_k], unscaled
+    int32_t       n_tokens, n_head, n_head_kv;
+    int64_t       head_dim_k, head_dim_v;
+    const void *  k_dev;
+    int32_t       k_type;  // enum kvg_cell_type
+    size_t        k_nb[3];
+    const void *  v_dev;
+    int32_t       v_type;
+    size_t        v_nb[3];
+    int64_t       c0, c1;
+    const void *  mask_dev;
+    int32_t       mask_f16;
+    size_t        mask_nb1;
+    float         scale;
+    float         softcap;  // 0: none
+    float *       m_dev;
+    float *       l_dev;
+    float *       acc_dev;
+} kvg_cuda_cells_args;
+
+KVG_CUDA_API int kvg_cuda_attend_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_args * a);
+
+// The output of each query j (caller order, head j % n_head): acc / l, with the attention sink of
+// its head (sinks_dev: f32 [n_head], a logit that joins the softmax's normalizer with no value;
+// NULL: none), zeros where no row reached the query. out_dev: f32 [n_tokens][n_head][head_dim_v].
+typedef struct kvg_cuda_finish_args {
+    const float * m_dev;
+    const float * l_dev;
+    const float * acc_dev;
+    int32_t       n_tokens, n_head;
+    int64_t       head_dim_v;
+    const float * sinks_dev;
+    float *       out_dev;
+} kvg_cuda_finish_args;
+
+KVG_CUDA_API int kvg_cuda_attend_finish(kvg_cuda_ctx * ctx, const kvg_cuda_finish_args * a);
+
 #ifdef __cplusplus
 }
 #endif

@@ -286,7 +286,7 @@ static int ka_check_block(const kvg_cuda_block * b, int kind, int64_t row0, int6
     return KVG_OK;
 }
 
-static int ka_scratch(kvg_cuda_ctx * ctx, size_t bytes) {
+int ka_scratch(kvg_cuda_ctx * ctx, size_t bytes) {
     if (bytes <= ctx->scratch_bytes) {
         return KVG_OK;
     }

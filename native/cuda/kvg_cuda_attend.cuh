@@ -56,6 +56,9 @@ ka_rows_kernel_t ka_rows_kernel(int d, int k_bits, int v_bits, int qt);
 ka_rows_kernel_t ka_rows_kernel_d64(int k_bits, int v_bits, int qt);  // kvg_cuda_attend_rows_d*.cu
 ka_rows_kernel_t ka_rows_kernel_d128(int k_bits, int v_bits, int qt);
 ka_rows_kernel_t ka_rows_kernel_d256(int k_bits, int v_bits, int qt);
+// Grows the context's attention scratch to at least `bytes` (waiting first for the work that may
+// still read it): kvg_cuda_attend's and kvg_cuda_attend_cells' partial sums.
+int ka_scratch(kvg_cuda_ctx * ctx, size_t bytes);
 // Rows a split takes so that about `splits_wanted` splits cover n_rows (whole block steps).
 int64_t ka_rows_split_rows(int64_t n_rows, int64_t splits_wanted);
 

@@ -17,6 +17,10 @@
 //   tests/test_attend.py holds the CPU paths to (m: 1e-5 rel + 1e-5 abs, l: 1e-4 rel, output:
 //   5e-5 of max |v|), GQA and not, 1 and 3 query tokens, soft-capping, a state folded over two
 //   calls, K and V rows at different offsets of their blocks;
+// - llama.cpp's cells (GPU only): kvg_cuda_attend_cells against kvg_attend_f16 from the same
+//   state (f16 cells, V transposed, q8_0 K and V; f32 and f16 masks with hidden cells, a token that
+//   sees none keeping its state bit for bit; GQA; soft-capping; head dims 64-512), and
+//   kvg_cuda_attend_finish against the patched llama.cpp's merge with and without sinks;
 // - timings (GPU only; reported, never asserted): attention at a Llama-3.2-3B layer's shape at 8K
 //   and 32K rows, encode and decode of an eviction batch.
 //
@@ -1030,6 +1034,300 @@ static void run_attend(const char * which) {
            which, n, worst, worst_cc);
 }
 
+// ---- llama.cpp's cells, and the output (GPU) ----------------------------------------------
+
+struct CellsCase {
+    int     k_q8, v_q8, v_trans, mask_f16, use_mask, use_sinks, n_head_kv, n_head, n_tokens;
+    int64_t dk, dv, n_cells, c0, c1;
+    float   softcap;
+};
+
+// ggml's q8_0 of one head vector: per 32 values an f16 scale amax / 127 and the codes round(x / d).
+static void q8_0_row(const float * x, int64_t d, uint8_t * out) {
+    for (int64_t b = 0; b < d / 32; b++) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) {
+            amax = fabsf(x[b * 32 + i]) > amax ? fabsf(x[b * 32 + i]) : amax;
+        }
+        const float dd = amax / 127.0f, id = dd ? 1.0f / dd : 0.0f;
+        const uint16_t h = host_f16(dd);
+        memcpy(out + b * 34, &h, 2);
+        for (int i = 0; i < 32; i++) {
+            out[b * 34 + 2 + i] = (uint8_t) (int8_t) lrintf(x[b * 32 + i] * id);
+        }
+    }
+}
+
+// Cells of n_cells x Hk heads x D as llama.cpp lays them out: f16 [cell][head][dim] (trans: V's
+// [dim][head][cell]), or q8_0 [cell][head][blocks of 34 bytes]; nb: the byte strides of element,
+// head, cell.
+static std::vector<uint8_t> make_cells(Rng & rng, int q8, int trans, int64_t n, int64_t Hk, int64_t D, size_t nb[3]) {
+    std::vector<float> x = kv_rows(rng, n, Hk * D, D);
+    if (q8) {
+        const size_t row = (size_t) (D / 32 * 34);
+        std::vector<uint8_t> out((size_t) (n * Hk) * row);
+        for (int64_t c = 0; c < n; c++) {
+            for (int64_t h = 0; h < Hk; h++) {
+                q8_0_row(&x[(size_t) ((c * Hk + h) * D)], D, &out[(size_t) (c * Hk + h) * row]);
+            }
+        }
+        nb[0] = 34;
+        nb[1] = row;
+        nb[2] = row * (size_t) Hk;
+        return out;
+    }
+    std::vector<uint8_t> out((size_t) (n * Hk * D) * 2);
+    if (trans) {
+        nb[0] = (size_t) (Hk * n) * 2;
+        nb[1] = (size_t) n * 2;
+        nb[2] = 2;
+    } else {
+        nb[0] = 2;
+        nb[1] = (size_t) D * 2;
+        nb[2] = (size_t) (Hk * D) * 2;
+    }
+    for (int64_t c = 0; c < n; c++) {
+        for (int64_t h = 0; h < Hk; h++) {
+            for (int64_t i = 0; i < D; i++) {
+                const uint16_t u = host_f16(x[(size_t) ((c * Hk + h) * D + i)]);
+                memcpy(&out[(size_t) i * nb[0] + (size_t) h * nb[1] + (size_t) c * nb[2]], &u, 2);
+            }
+        }
+    }
+    return out;
+}
+
+// kvg_cuda_attend_cells against kvg_attend_f16 (the CPU's), from the same state, then
+// kvg_cuda_attend_finish against the merge the patched llama.cpp computes (float64 here).
+static void run_cells_case(const CellsCase & a, Rng & rng, double * worst, double * worst_finish) {
+    char buf[320];
+    snprintf(buf, sizeof(buf),
+             "attend_cells K %s / V %s%s dk=%lld dv=%lld heads=%d/%d T=%d cells [%lld, %lld) of %lld mask %s softcap=%g sinks %d",
+             a.k_q8 ? "q8_0" : "f16", a.v_q8 ? "q8_0" : "f16", a.v_trans ? " (transposed)" : "", (long long) a.dk,
+             (long long) a.dv, a.n_head_kv, a.n_head, a.n_tokens, (long long) a.c0, (long long) a.c1, (long long) a.n_cells,
+             a.use_mask ? (a.mask_f16 ? "f16" : "f32") : "none", (double) a.softcap, a.use_sinks);
+    const std::string where = buf;
+    const int64_t     Hk = a.n_head_kv, n_q = (int64_t) a.n_tokens * a.n_head;
+    size_t            k_nb[3], v_nb[3];
+    std::vector<uint8_t> kc = make_cells(rng, a.k_q8, 0, a.n_cells, Hk, a.dk, k_nb);
+    std::vector<uint8_t> vc = make_cells(rng, a.v_q8, a.v_trans, a.n_cells, Hk, a.dv, v_nb);
+    // The mask: token t sees cells up to a causal limit, a few others hidden, small finite biases
+    // on some; the last token sees no cell of [c0, c1) when there are several (its state must stay).
+    std::vector<float> mask((size_t) (a.n_tokens * a.n_cells));
+    for (int64_t t = 0; t < a.n_tokens; t++) {
+        const int64_t limit = a.n_cells - (a.n_tokens - 1 - t) * 3;
+        for (int64_t c = 0; c < a.n_cells; c++) {
+            float x = c < limit ? 0.0f : -INFINITY;
+            if (c % 7 == 3) {
+                x = -INFINITY;
+            } else if (c % 5 == 1 && x == 0.0f) {
+                x = -0.5f * (float) rng.uniform();
+            }
+            if (a.n_tokens > 1 && t == a.n_tokens - 1 && c >= a.c0 && c < a.c1) {
+                x = -INFINITY;
+            }
+            mask[(size_t) (t * a.n_cells + c)] = x;
+        }
+    }
+    std::vector<uint8_t> mbytes;
+    size_t               mask_nb1 = 0;
+    if (a.mask_f16) {
+        mbytes.resize(mask.size() * 2);
+        for (size_t i = 0; i < mask.size(); i++) {
+            const uint16_t u = host_f16(mask[i]);
+            memcpy(&mbytes[i * 2], &u, 2);
+        }
+        mask_nb1 = (size_t) a.n_cells * 2;
+    } else {
+        mbytes.resize(mask.size() * 4);
+        memcpy(mbytes.data(), mask.data(), mbytes.size());
+        mask_nb1 = (size_t) a.n_cells * 4;
+    }
+    std::vector<float> q((size_t) (n_q * a.dk));
+    for (auto & x : q) {
+        x = 2.0f * rng.gauss();
+    }
+    // an incoming state, as after the coded rows: finite everywhere, so a query that sees no
+    // cell is checked to keep it
+    std::vector<float> m((size_t) n_q), l((size_t) n_q), acc((size_t) (n_q * a.dv));
+    for (int64_t j = 0; j < n_q; j++) {
+        m[(size_t) j] = 2.0f * rng.gauss();
+        l[(size_t) j] = 1.0f + (float) rng.uniform() * 20.0f;
+        for (int64_t i = 0; i < a.dv; i++) {
+            acc[(size_t) (j * a.dv + i)] = l[(size_t) j] * rng.gauss();
+        }
+    }
+    const float scale = 1.0f / sqrtf((float) a.dk);
+    const int   kt = a.k_q8 ? KVG_CELLS_Q8_0 : KVG_CELLS_F16, vt = a.v_q8 ? KVG_CELLS_Q8_0 : KVG_CELLS_F16;
+
+    std::vector<float> cm = m, cl = l, cacc = acc;
+    if (kvg_attend_f16(q.data(), a.n_tokens, a.n_head, a.n_head_kv, a.dk, a.dv, kc.data(), kt, k_nb, vc.data(), vt, v_nb, a.c0,
+                       a.c1, a.use_mask ? mbytes.data() : NULL, a.mask_f16, mask_nb1, scale, a.softcap, cm.data(), cl.data(),
+                       cacc.data()) != KVG_OK) {
+        die("kvg_attend_f16: %s", kvg_last_error());
+    }
+
+    DevBuf dkc(kc.size()), dvc(vc.size()), dmask(mbytes.size()), dq(q.size() * 4), dm(m.size() * 4), dl(l.size() * 4),
+        dacc(acc.size() * 4);
+    dkc.put(kc.data(), kc.size());
+    dvc.put(vc.data(), vc.size());
+    dmask.put(mbytes.data(), mbytes.size());
+    dq.put(q.data(), q.size() * 4);
+    dm.put(m.data(), m.size() * 4);
+    dl.put(l.data(), l.size() * 4);
+    dacc.put(acc.data(), acc.size() * 4);
+    kvg_cuda_cells_args args;
+    memset(&args, 0, sizeof(args));
+    args.q_dev      = (const float *) dq.p;
+    args.n_tokens   = a.n_tokens;
+    args.n_head     = a.n_head;
+    args.n_head_kv  = a.n_head_kv;
+    args.head_dim_k = a.dk;
+    args.head_dim_v = a.dv;
+    args.k_dev      = dkc.p;
+    args.k_type     = kt;
+    memcpy(args.k_nb, k_nb, sizeof(k_nb));
+    args.v_dev  = dvc.p;
+    args.v_type = vt;
+    memcpy(args.v_nb, v_nb, sizeof(v_nb));
+    args.c0       = a.c0;
+    args.c1       = a.c1;
+    args.mask_dev = a.use_mask ? dmask.p : NULL;
+    args.mask_f16 = a.mask_f16;
+    args.mask_nb1 = mask_nb1;
+    args.scale    = scale;
+    args.softcap  = a.softcap;
+    args.m_dev    = (float *) dm.p;
+    args.l_dev    = (float *) dl.p;
+    args.acc_dev  = (float *) dacc.p;
+    int st        = kvg_cuda_attend_cells(g_ctx, &args);
+    if (st == KVG_OK) {
+        st = kvg_cuda_sync(g_ctx);
+    }
+    expect_status(where, "kvg_cuda_attend_cells", KVG_OK, st);
+    if (st != KVG_OK) {
+        return;
+    }
+    std::vector<float> gm(m.size()), gl(l.size()), gacc(acc.size());
+    dm.get(gm.data(), gm.size() * 4);
+    dl.get(gl.data(), gl.size() * 4);
+    dacc.get(gacc.data(), gacc.size() * 4);
+    double vmax = 0.0;
+    for (int64_t j = 0; j < n_q; j++) {
+        for (int64_t i = 0; i < a.dv; i++) {
+            const double o = fabs((double) cacc[(size_t) (j * a.dv + i)] / cl[(size_t) j]);
+            vmax           = o > vmax ? o : vmax;
+        }
+    }
+    // the CPU's state as the reference: m, l and the output acc / l in attn_compare's bounds
+    std::vector<double> m_ref(cm.begin(), cm.end()), l_ref(cl.begin(), cl.end()), out_ref(cacc.size());
+    for (int64_t j = 0; j < n_q; j++) {
+        for (int64_t i = 0; i < a.dv; i++) {
+            out_ref[(size_t) (j * a.dv + i)] = (double) cacc[(size_t) (j * a.dv + i)] / cl[(size_t) j];
+        }
+    }
+    attn_compare("cuda vs cpu", where, gm, gl, gacc, m_ref, l_ref, out_ref, a.dv, vmax > 0 ? vmax : 1.0, worst);
+    if (a.n_tokens > 1) {  // the last token saw no cell: its state, bit for bit
+        g_checks++;
+        const int64_t j0 = (int64_t) (a.n_tokens - 1) * a.n_head;
+        for (int64_t j = j0; j < n_q; j++) {
+            if (fbits(gm[(size_t) j]) != fbits(m[(size_t) j]) || fbits(gl[(size_t) j]) != fbits(l[(size_t) j]) ||
+                fbits(gacc[(size_t) (j * a.dv)]) != fbits(acc[(size_t) (j * a.dv)])) {
+                mismatch("%s: query %lld saw no cell and its state changed", where.c_str(), (long long) j);
+                break;
+            }
+        }
+    }
+
+    // the output, with sinks or not, one query's state emptied (no row reached it: zeros)
+    std::vector<float> fm = gm;
+    fm[0]                 = -INFINITY;
+    std::vector<float> sinks((size_t) a.n_head);
+    for (auto & x : sinks) {
+        x = 3.0f * rng.gauss();
+    }
+    DevBuf dsinks(sinks.size() * 4), dout(acc.size() * 4);
+    dsinks.put(sinks.data(), sinks.size() * 4);
+    dm.put(fm.data(), fm.size() * 4);
+    dout.fill(0xff);
+    kvg_cuda_finish_args fa;
+    memset(&fa, 0, sizeof(fa));
+    fa.m_dev      = (const float *) dm.p;
+    fa.l_dev      = (const float *) dl.p;
+    fa.acc_dev    = (const float *) dacc.p;
+    fa.n_tokens   = a.n_tokens;
+    fa.n_head     = a.n_head;
+    fa.head_dim_v = a.dv;
+    fa.sinks_dev  = a.use_sinks ? (const float *) dsinks.p : NULL;
+    fa.out_dev    = (float *) dout.p;
+    st            = kvg_cuda_attend_finish(g_ctx, &fa);
+    if (st == KVG_OK) {
+        st = kvg_cuda_sync(g_ctx);
+    }
+    expect_status(where, "kvg_cuda_attend_finish", KVG_OK, st);
+    if (st != KVG_OK) {
+        return;
+    }
+    std::vector<float> out(acc.size());
+    dout.get(out.data(), out.size() * 4);
+    g_checks++;
+    double err = 0.0;
+    for (int64_t j = 0; j < n_q; j++) {
+        const double M = fm[(size_t) j];
+        const double S = a.use_sinks ? sinks[(size_t) (j % a.n_head)] : -INFINITY;
+        const double Mx = M > S ? M : S, c = exp(M - Mx), L = gl[(size_t) j] * c + (a.use_sinks ? exp(S - Mx) : 0.0);
+        for (int64_t i = 0; i < a.dv; i++) {
+            const double want = M == -INFINITY ? 0.0 : gacc[(size_t) (j * a.dv + i)] * c / L;
+            const double e    = fabs(out[(size_t) (j * a.dv + i)] - want);
+            err               = e > err || e != e ? e : err;
+        }
+    }
+    *worst_finish = err / (vmax > 0 ? vmax : 1.0) > *worst_finish ? err / (vmax > 0 ? vmax : 1.0) : *worst_finish;
+    if (!(err <= 1e-5 * (vmax > 0 ? vmax : 1.0))) {
+        mismatch("%s: kvg_cuda_attend_finish output off by %.3g > 1e-5 * max|out| (%.3g)", where.c_str(), err, vmax);
+    }
+}
+
+static void run_cells() {
+    Rng          rng(0xce115);
+    const int64_t dims[][2]  = { { 64, 64 }, { 128, 128 }, { 256, 256 }, { 96, 64 }, { 512, 512 } };
+    const int     heads[][2] = { { 1, 1 }, { 3, 9 }, { 8, 32 }, { 4, 4 } };
+    const int64_t cells[]    = { 1, 33, 256, 608, 2300 };
+    double        worst = 0.0, worst_finish = 0.0;
+    int           n     = 0;
+    for (int di = 0; di < 5; di++) {
+        for (int hi = 0; hi < 4; hi++) {
+            for (int layout = 0; layout < 4; layout++) {  // f16, f16 with V transposed, q8_0 K, q8_0 both
+                if (g_quick && (di + hi + layout) % 2) {
+                    continue;
+                }
+                CellsCase a;
+                memset(&a, 0, sizeof(a));
+                a.k_q8      = layout >= 2;
+                a.v_q8      = layout == 3;
+                a.v_trans   = layout == 1;
+                a.dk        = dims[di][0];
+                a.dv        = dims[di][1];
+                a.n_head_kv = heads[hi][0];
+                a.n_head    = heads[hi][1];
+                a.n_tokens  = (di + hi + layout) % 3 == 0 ? 1 : (di + layout) % 3 == 1 ? 4 : 33;
+                a.n_cells   = cells[(di + hi + layout) % 5];
+                a.c0        = a.n_cells > 40 ? a.n_cells / 9 : 0;
+                a.c1        = a.n_cells > 40 ? a.n_cells - a.n_cells / 11 : a.n_cells;
+                a.use_mask  = (di + hi) % 4 != 3 || a.n_tokens > 1;
+                a.mask_f16  = (hi + layout) % 2;
+                a.use_sinks = (di + layout) % 2;
+                a.softcap   = (di + hi + layout) % 4 == 1 ? 30.0f : 0.0f;
+                run_cells_case(a, rng, &worst, &worst_finish);
+                n++;
+            }
+        }
+    }
+    printf("attend_cells: %d cases; worst output error %.3g of max|out| against the CPU's kvg_attend_f16 (bound 5e-5); "
+           "attend_finish %.3g (bound 1e-5)\n",
+           n, worst, worst_finish);
+}
+
 // ---- timings (GPU) -------------------------------------------------------------------------
 
 static void run_timing(kvg_cuda_ctx * generic) {
@@ -1282,6 +1580,7 @@ int main(int argc, char ** argv) {
             run_attend("the generic kernel");
         }
         unsetenv("KVGGUF_CUDA_ATTEND");
+        run_cells();
         attend_bad = g_bad - before;
         if (timing) {
             run_timing(generic);

@@ -1,0 +1,478 @@
+// kvg_cuda_attend_cells.cu: the rest of a layer's attention on the fused path, on the GPU: llama.cpp's
+// own cells (the hot window and the ubatch, f16 or q8_0, under the mask) folded into the same
+// online-softmax state as kvg_cuda_attend's coded rows (kvg_cuda_attend_cells, the GPU twin of
+// attend_f16.c's kvg_attend_f16), the state set up (kvg_cuda_attend_begin), and the state turned into
+// the layer's output with the attention sinks (kvg_cuda_attend_finish, what the patched llama.cpp's
+// merge computes on the CPU).
+//
+// kvg_cuda_attend_cells has two kernels on the context's stream:
+// 1. split: grid (cell splits x KV heads x query tiles). Each warp walks its cells 32 at a time:
+//    per cell the lanes read the key's elements where llama.cpp keeps them (strides in bytes, so a
+//    transposed V is only other strides; q8_0 blocks read as scale times code, exactly as the CPU
+//    does), dot them with the tile's scaled queries and reduce over the warp; the mask is added, the
+//    32 scores fold into the warp's (m, l) once, and the weighted values are summed in shared
+//    memory. Warps then merge into the split's (m, l, acc). Masked cells (-inf) weigh nothing, and a
+//    query that sees no cell of a split leaves that split at m = -inf.
+// 2. combine: per query, the splits and the incoming state merge in log-sum-exp form; a query that
+//    saw no cell keeps its state.
+// No cell is converted to f16 or f32 in global memory.
+#include "kvg_cuda_attend.cuh"
+
+#include <math.h>
+#include <string.h>
+
+#define KCL_MAX_DIM     512
+#define KCL_MAX_SPLITS  1024
+#define KCL_Q8_0_BLOCK  32  // ggml's block_q8_0: an f16 scale, then 32 int8 codes
+#define KCL_Q8_0_BYTES  34
+#define KCL_STEP_CELLS  (KA_WARPS * 32)  // cells a block's warps take in one step
+
+struct kcl_args {
+    const uint8_t * k;
+    const uint8_t * v;
+    size_t          k_nb0, k_nb1, k_nb2, v_nb0, v_nb1, v_nb2;
+    int             k_q8, v_q8;
+    int64_t         c0, n_cells;
+    const uint8_t * mask;  // NULL: none
+    int             mask_f16;
+    size_t          mask_nb1;
+    int             dk, dv, n_head, gqa, n_p;
+    float           scale;    // scale / softcap where capped
+    float           softcap;  // 0: none
+    const float *   q;        // [n_q][dk], caller order
+    int             n_splits;
+    int64_t         split_cells;
+    float *         pm;    // [n_q][n_splits]
+    float *         pl;    // [n_q][n_splits]
+    float *         pacc;  // [n_q][n_splits][dv]
+};
+
+// Element i of KV head hk of cell c: f16 at its byte strides, or a q8_0 block's scale times code.
+static __device__ __forceinline__ float kcl_elem(const uint8_t * base, int q8, size_t nb0, size_t nb1, size_t nb2, int hk,
+                                                 int64_t c, int i) {
+    const uint8_t * row = base + (size_t) hk * nb1 + (size_t) c * nb2;
+    if (q8) {
+        const uint8_t * blk = row + (size_t) (i / KCL_Q8_0_BLOCK) * KCL_Q8_0_BYTES;
+        return kc_f16_to_f32(kc_get_u16(blk)) * (float) (int8_t) blk[2 + i % KCL_Q8_0_BLOCK];
+    }
+    return kc_f16_to_f32(kc_get_u16(row + (size_t) i * nb0));
+}
+
+static __device__ __forceinline__ float kcl_mask(const kcl_args & a, int64_t t, int64_t c) {
+    if (a.mask == NULL) {
+        return 0.0f;
+    }
+    const uint8_t * p = a.mask + (size_t) t * a.mask_nb1 + (size_t) c * (a.mask_f16 ? 2 : 4);
+    if (a.mask_f16) {
+        return kc_f16_to_f32(kc_get_u16(p));
+    }
+    float x;
+    memcpy(&x, p, sizeof(x));
+    return x;
+}
+
+// Shared: sq [QT][dk], accs [KA_WARPS][QT][dv], wm and wl [KA_WARPS][QT].
+template <int QT>
+static __global__ void __launch_bounds__(KA_WARPS * 32) kcl_split_kernel(const kcl_args a) {
+    extern __shared__ float kcl_sh[];
+    const int dk = a.dk, dv = a.dv;
+    float *   sq   = kcl_sh;
+    float *   accs = sq + QT * dk;
+    float *   wm   = accs + KA_WARPS * QT * dv;
+    float *   wl   = wm + KA_WARPS * QT;
+
+    const int split = blockIdx.x, hk = blockIdx.y, p0 = blockIdx.z * QT;
+    const int nq    = a.n_p - p0 < QT ? a.n_p - p0 : QT;
+    const int warp  = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+    for (int x = threadIdx.x; x < QT * dk; x += blockDim.x) {
+        const int qq = x / dk;
+        sq[x]        = qq < nq ? a.scale * a.q[ka_query(p0 + qq, hk, a.gqa, a.n_head) * dk + x % dk] : 0.0f;
+    }
+    float * my_acc = accs + warp * QT * dv;
+    for (int x = lane; x < QT * dv; x += 32) {
+        my_acc[x] = 0.0f;
+    }
+    float   m_run[QT], l_run[QT];
+    int64_t tok[QT];  // each query's token: its row of the mask
+#pragma unroll
+    for (int qq = 0; qq < QT; qq++) {
+        m_run[qq] = -INFINITY;
+        l_run[qq] = 0.0f;
+        tok[qq]   = (p0 + qq < a.n_p ? p0 + qq : p0) / a.gqa;
+    }
+    __syncthreads();
+
+    const int64_t r_begin = (int64_t) split * a.split_cells;
+    const int64_t r_end   = r_begin + a.split_cells < a.n_cells ? r_begin + a.split_cells : a.n_cells;
+    for (int64_t base = r_begin + warp * 32; base < r_end; base += KA_WARPS * 32) {
+        const int nc = r_end - base < 32 ? (int) (r_end - base) : 32;
+        float     s_mine[QT];  // lane r: the scores of cell base + r
+#pragma unroll
+        for (int qq = 0; qq < QT; qq++) {
+            s_mine[qq] = -INFINITY;
+        }
+        for (int r = 0; r < nc; r++) {
+            const int64_t c = a.c0 + base + r;
+            float         part[QT];
+#pragma unroll
+            for (int qq = 0; qq < QT; qq++) {
+                part[qq] = 0.0f;
+            }
+            for (int i = lane; i < dk; i += 32) {
+                const float kx = kcl_elem(a.k, a.k_q8, a.k_nb0, a.k_nb1, a.k_nb2, hk, c, i);
+#pragma unroll
+                for (int qq = 0; qq < QT; qq++) {
+                    part[qq] += sq[qq * dk + i] * kx;
+                }
+            }
+#pragma unroll
+            for (int qq = 0; qq < QT; qq++) {
+                float sc = ka_warp_sum(part[qq]);
+                if (lane == r) {
+                    sc          = a.softcap > 0.0f ? a.softcap * tanhf(sc) : sc;
+                    s_mine[qq] = qq < nq ? sc + kcl_mask(a, tok[qq], c) : -INFINITY;
+                }
+            }
+        }
+        float w_mine[QT];
+        int   any = 0;
+#pragma unroll
+        for (int qq = 0; qq < QT; qq++) {
+            const float cmax = ka_warp_max(s_mine[qq]);
+            if (cmax > m_run[qq]) {  // warp-uniform; never while every score is -inf
+                const float corr = expf(m_run[qq] - cmax);  // 0 while m is -inf
+                l_run[qq] *= corr;
+                for (int i = lane; i < dv; i += 32) {
+                    my_acc[qq * dv + i] *= corr;
+                }
+                m_run[qq] = cmax;
+            }
+            w_mine[qq] = s_mine[qq] == -INFINITY ? 0.0f : expf(s_mine[qq] - m_run[qq]);
+            l_run[qq] += ka_warp_sum(w_mine[qq]);
+            any |= cmax != -INFINITY;
+        }
+        if (!any) {
+            continue;  // every cell of the chunk masked for the tile
+        }
+        for (int r = 0; r < nc; r++) {
+            const int64_t c = a.c0 + base + r;
+            float         wr[QT];
+            int           seen = 0;
+#pragma unroll
+            for (int qq = 0; qq < QT; qq++) {
+                wr[qq] = __shfl_sync(0xffffffffu, w_mine[qq], r);
+                seen |= wr[qq] != 0.0f;
+            }
+            if (!seen) {
+                continue;  // warp-uniform: the shuffled weights are the same in every lane
+            }
+            for (int i = lane; i < dv; i += 32) {
+                const float vx = kcl_elem(a.v, a.v_q8, a.v_nb0, a.v_nb1, a.v_nb2, hk, c, i);
+#pragma unroll
+                for (int qq = 0; qq < QT; qq++) {
+                    my_acc[qq * dv + i] += wr[qq] * vx;
+                }
+            }
+        }
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int qq = 0; qq < QT; qq++) {
+            wm[warp * QT + qq] = m_run[qq];
+            wl[warp * QT + qq] = l_run[qq];
+        }
+    }
+    __syncthreads();
+
+    // The block's warps merged: the split's (m, l, acc) per query.
+    for (int x = threadIdx.x; x < nq * dv; x += blockDim.x) {
+        const int qq = x / dv, i = x % dv;
+        float     M  = -INFINITY;
+        for (int w = 0; w < KA_WARPS; w++) {
+            M = fmaxf(M, wm[w * QT + qq]);
+        }
+        float acc = 0.0f;
+        for (int w = 0; w < KA_WARPS; w++) {
+            const float mw = wm[w * QT + qq];
+            if (mw != -INFINITY) {
+                acc += expf(mw - M) * accs[(w * QT + qq) * dv + i];
+            }
+        }
+        const int64_t j = ka_query(p0 + qq, hk, a.gqa, a.n_head);
+        a.pacc[(j * a.n_splits + split) * dv + i] = acc;
+    }
+    for (int qq = threadIdx.x; qq < nq; qq += blockDim.x) {
+        float M = -INFINITY, L = 0.0f;
+        for (int w = 0; w < KA_WARPS; w++) {
+            M = fmaxf(M, wm[w * QT + qq]);
+        }
+        for (int w = 0; w < KA_WARPS; w++) {
+            const float mw = wm[w * QT + qq];
+            if (mw != -INFINITY) {
+                L += expf(mw - M) * wl[w * QT + qq];
+            }
+        }
+        const int64_t j              = ka_query(p0 + qq, hk, a.gqa, a.n_head);
+        a.pm[j * a.n_splits + split] = M;
+        a.pl[j * a.n_splits + split] = L;
+    }
+}
+
+// One block per query: shared c [n_splits], red [blockDim].
+static __global__ void kcl_combine_kernel(const float * pm, const float * pl, const float * pacc, int n_splits, int dv,
+                                          float * m, float * l, float * acc) {
+    extern __shared__ float kcl_sh[];
+    float *       c    = kcl_sh;
+    float *       red  = c + n_splits;
+    const int64_t j    = blockIdx.x;
+    const float   m_in = m[j];
+
+    float mx = m_in;
+    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
+        mx = fmaxf(mx, pm[j * n_splits + s]);
+    }
+    red[threadIdx.x] = mx;
+    __syncthreads();
+    for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+        if (threadIdx.x < o) {
+            red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + o]);
+        }
+        __syncthreads();
+    }
+    const float M = red[0];
+    __syncthreads();
+    if (M == -INFINITY) {
+        return;  // no cell reached the query, nor any call before: the state stays
+    }
+    float part = 0.0f;
+    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
+        const float ms = pm[j * n_splits + s];
+        c[s]           = ms == -INFINITY ? 0.0f : expf(ms - M);
+        part += c[s] * pl[j * n_splits + s];
+    }
+    red[threadIdx.x] = part;
+    __syncthreads();
+    for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+        if (threadIdx.x < o) {
+            red[threadIdx.x] += red[threadIdx.x + o];
+        }
+        __syncthreads();
+    }
+    const float c_in = m_in == -INFINITY ? 0.0f : expf(m_in - M);
+    for (int i = threadIdx.x; i < dv; i += blockDim.x) {
+        float sum = 0.0f;
+        for (int s = 0; s < n_splits; s++) {
+            sum += c[s] * pacc[(j * n_splits + s) * dv + i];
+        }
+        acc[j * dv + i] = acc[j * dv + i] * c_in + sum;
+    }
+    if (threadIdx.x == 0) {
+        l[j] = l[j] * c_in + red[0];
+        m[j] = M;
+    }
+}
+
+static __global__ void kcl_begin_kernel(int64_t n_q, int dv, float * m, float * l, float * acc) {
+    for (int64_t x = (int64_t) blockIdx.x * blockDim.x + threadIdx.x; x < n_q * dv; x += (int64_t) gridDim.x * blockDim.x) {
+        acc[x] = 0.0f;
+        if (x < n_q) {
+            m[x] = -INFINITY;
+            l[x] = 0.0f;
+        }
+    }
+}
+
+// Query j (caller order, head h = j % n_head): out = acc / L with L = l + exp(sink_h - m) (the sink
+// a logit with no value), all taken against max(m, sink_h); zeros where no row reached the query.
+static __global__ void kcl_finish_kernel(const float * m, const float * l, const float * acc, const float * sinks, int n_head,
+                                         int64_t n_q, int dv, float * out) {
+    for (int64_t x = (int64_t) blockIdx.x * blockDim.x + threadIdx.x; x < n_q * dv; x += (int64_t) gridDim.x * blockDim.x) {
+        const int64_t j = x / dv;
+        const float   M = m[j];
+        if (M == -INFINITY) {
+            out[x] = 0.0f;
+            continue;
+        }
+        const float S  = sinks ? sinks[j % n_head] : -INFINITY;
+        const float Mx = fmaxf(M, S);
+        const float c  = expf(M - Mx);
+        const float L  = l[j] * c + (sinks ? expf(S - Mx) : 0.0f);
+        out[x]         = acc[x] * c / L;
+    }
+}
+
+// ---- host ----------------------------------------------------------------------------------
+
+// Whether cells of this ggml type at these strides can be read (attend_f16.c's cells_readable):
+// f16 at any strides, q8_0 in whole blocks per head.
+static int kcl_readable(int32_t type, const size_t * nb, int64_t d) {
+    if (type == KVG_CELLS_F16) {
+        return 1;
+    }
+    return type == KVG_CELLS_Q8_0 && d % KCL_Q8_0_BLOCK == 0 && nb[0] == KCL_Q8_0_BYTES &&
+           nb[1] >= (size_t) (d / KCL_Q8_0_BLOCK * KCL_Q8_0_BYTES);
+}
+
+template <int QT>
+static void kcl_launch_split(const kcl_args & a, dim3 grid, size_t smem, cudaStream_t stream) {
+    kcl_split_kernel<QT><<<grid, KA_WARPS * 32, smem, stream>>>(a);
+}
+
+extern "C" int kvg_cuda_attend_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_args * a) {
+    kvg_clear_error();
+    if (ctx == NULL || a == NULL || a->q_dev == NULL || a->k_dev == NULL || a->v_dev == NULL || a->m_dev == NULL ||
+        a->l_dev == NULL || a->acc_dev == NULL) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend_cells: NULL ctx, args, q, k, v, m, l or acc");
+    }
+    if (a->n_head_kv <= 0 || a->n_tokens <= 0 || a->n_head <= 0 || a->n_head % a->n_head_kv != 0) {
+        return kvg_fail(KVG_ERR_INVALID_ARG,
+                        "kvg_cuda_attend_cells: needs n_tokens > 0 and n_head a positive multiple of n_head_kv, got %d, %d, %d",
+                        (int) a->n_tokens, (int) a->n_head, (int) a->n_head_kv);
+    }
+    if (a->head_dim_k <= 0 || a->head_dim_v <= 0 || a->head_dim_k > KCL_MAX_DIM || a->head_dim_v > KCL_MAX_DIM) {
+        return kvg_fail(KVG_ERR_SHAPE, "kvg_cuda_attend_cells: head dims %lld and %lld; the GPU takes 1 to %d",
+                        (long long) a->head_dim_k, (long long) a->head_dim_v, KCL_MAX_DIM);
+    }
+    if (a->c0 < 0 || a->c1 < a->c0) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend_cells: cells [%lld, %lld)", (long long) a->c0, (long long) a->c1);
+    }
+    if (!isfinite(a->scale) || !isfinite(a->softcap) || a->softcap < 0.0f) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend_cells: scale %g and softcap %g must be finite, softcap >= 0",
+                        (double) a->scale, (double) a->softcap);
+    }
+    if (!kcl_readable(a->k_type, a->k_nb, a->head_dim_k) || !kcl_readable(a->v_type, a->v_nb, a->head_dim_v)) {
+        return kvg_fail(KVG_ERR_UNSUPPORTED,
+                        "kvg_cuda_attend_cells: cells of ggml types %d (K) and %d (V) with these strides cannot be read: "
+                        "f16 (1) at any strides, q8_0 (8) in whole blocks of 34 bytes per head, head dims multiples of 32",
+                        (int) a->k_type, (int) a->v_type);
+    }
+    const int64_t n_cells = a->c1 - a->c0;
+    if (n_cells == 0) {
+        return KVG_OK;
+    }
+    const int64_t dk = a->head_dim_k, dv = a->head_dim_v;
+    const int64_t gqa = a->n_head / a->n_head_kv, n_p = (int64_t) a->n_tokens * gqa;
+    const int64_t n_q = (int64_t) a->n_tokens * a->n_head;
+
+    const int max_qt = (dk > 256 || dv > 256) ? 4 : 8;  // shared memory
+    int       qt     = 1;
+    while (qt < n_p && qt < max_qt) {
+        qt *= 2;
+    }
+    const int64_t n_tiles = (n_p + qt - 1) / qt;
+    if (n_tiles > 65535 || a->n_head_kv > 65535) {
+        return kvg_fail(KVG_ERR_SHAPE, "kvg_cuda_attend_cells: %lld query tiles of %d exceed the grid", (long long) n_tiles, qt);
+    }
+    // Splits of whole block steps, enough for about four blocks a multiprocessor (a decode step's
+    // few queries over a few hundred cells would otherwise keep most of the device idle), fewer
+    // when the partial sums would outgrow the scratch.
+    const int64_t blocks  = 4 * (int64_t) (ctx->sm_count > 0 ? ctx->sm_count : 1);
+    const int64_t per     = (int64_t) a->n_head_kv * n_tiles;
+    int64_t       n_split = (blocks + per - 1) / per;
+    const int64_t steps   = (n_cells + KCL_STEP_CELLS - 1) / KCL_STEP_CELLS;
+    n_split               = n_split < steps ? n_split : steps;
+    n_split               = n_split < KCL_MAX_SPLITS ? n_split : KCL_MAX_SPLITS;
+    const int64_t fit     = (int64_t) ((size_t) 1 << 25) / (n_q * (dv + 2));  // 128 MiB of partial sums
+    n_split               = n_split < fit ? n_split : fit;
+    n_split               = n_split < 1 ? 1 : n_split;
+    const int64_t split_cells = (steps + n_split - 1) / n_split * KCL_STEP_CELLS;
+    n_split                   = (n_cells + split_cells - 1) / split_cells;
+
+    kc_device_scope scope(ctx);
+    if (scope.status != KVG_OK) {
+        return scope.status;
+    }
+    int st = ka_scratch(ctx, (size_t) (n_q * n_split * (dv + 2)) * sizeof(float));
+    if (st != KVG_OK) {
+        return st;
+    }
+    kcl_args args;
+    memset(&args, 0, sizeof(args));
+    args.k           = (const uint8_t *) a->k_dev;
+    args.v           = (const uint8_t *) a->v_dev;
+    args.k_nb0       = a->k_nb[0];
+    args.k_nb1       = a->k_nb[1];
+    args.k_nb2       = a->k_nb[2];
+    args.v_nb0       = a->v_nb[0];
+    args.v_nb1       = a->v_nb[1];
+    args.v_nb2       = a->v_nb[2];
+    args.k_q8        = a->k_type == KVG_CELLS_Q8_0;
+    args.v_q8        = a->v_type == KVG_CELLS_Q8_0;
+    args.c0          = a->c0;
+    args.n_cells     = n_cells;
+    args.mask        = (const uint8_t *) a->mask_dev;
+    args.mask_f16    = a->mask_f16 != 0;
+    args.mask_nb1    = a->mask_nb1;
+    args.dk          = (int) dk;
+    args.dv          = (int) dv;
+    args.n_head      = a->n_head;
+    args.gqa         = (int) gqa;
+    args.n_p         = (int) n_p;
+    args.scale       = a->softcap > 0.0f ? a->scale / a->softcap : a->scale;  // as attend_f16.c caps
+    args.softcap     = a->softcap;
+    args.q           = a->q_dev;
+    args.n_splits    = (int) n_split;
+    args.split_cells = split_cells;
+    args.pm          = (float *) ctx->scratch;
+    args.pl          = args.pm + n_q * n_split;
+    args.pacc        = args.pl + n_q * n_split;
+
+    const dim3   grid((unsigned) n_split, (unsigned) a->n_head_kv, (unsigned) n_tiles);
+    const size_t smem = sizeof(float) * (size_t) (qt * dk + KA_WARPS * qt * dv + 2 * KA_WARPS * qt);
+    switch (qt) {
+    case 1: kcl_launch_split<1>(args, grid, smem, ctx->stream); break;
+    case 2: kcl_launch_split<2>(args, grid, smem, ctx->stream); break;
+    case 4: kcl_launch_split<4>(args, grid, smem, ctx->stream); break;
+    default: kcl_launch_split<8>(args, grid, smem, ctx->stream); break;
+    }
+    st = kc_launch_check("attend_cells split launch");
+    if (st != KVG_OK) {
+        return st;
+    }
+    const int    cthreads = 128;
+    const size_t csmem    = sizeof(float) * (size_t) (n_split + cthreads);
+    kcl_combine_kernel<<<(unsigned) n_q, cthreads, csmem, ctx->stream>>>(args.pm, args.pl, args.pacc, (int) n_split, (int) dv,
+                                                                         a->m_dev, a->l_dev, a->acc_dev);
+    return kc_launch_check("attend_cells combine launch");
+}
+
+static unsigned kcl_grid(int64_t n) {
+    const int64_t g = (n + 255) / 256;
+    return (unsigned) (g < 65535 ? (g > 0 ? g : 1) : 65535);
+}
+
+extern "C" int kvg_cuda_attend_begin(kvg_cuda_ctx * ctx, int64_t n_q, int64_t head_dim_v, float * m_dev, float * l_dev,
+                                     float * acc_dev) {
+    kvg_clear_error();
+    if (ctx == NULL || m_dev == NULL || l_dev == NULL || acc_dev == NULL || n_q <= 0 || head_dim_v <= 0 ||
+        head_dim_v > KCL_MAX_DIM) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend_begin: NULL ctx or state, or n_q %lld / head_dim_v %lld out of range",
+                        (long long) n_q, (long long) head_dim_v);
+    }
+    kc_device_scope scope(ctx);
+    if (scope.status != KVG_OK) {
+        return scope.status;
+    }
+    kcl_begin_kernel<<<kcl_grid(n_q * head_dim_v), 256, 0, ctx->stream>>>(n_q, (int) head_dim_v, m_dev, l_dev, acc_dev);
+    return kc_launch_check("attend_begin launch");
+}
+
+extern "C" int kvg_cuda_attend_finish(kvg_cuda_ctx * ctx, const kvg_cuda_finish_args * a) {
+    kvg_clear_error();
+    if (ctx == NULL || a == NULL || a->m_dev == NULL || a->l_dev == NULL || a->acc_dev == NULL || a->out_dev == NULL) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend_finish: NULL ctx, args, m, l, acc or out");
+    }
+    if (a->n_tokens <= 0 || a->n_head <= 0 || a->head_dim_v <= 0 || a->head_dim_v > KCL_MAX_DIM) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend_finish: n_tokens %d, n_head %d, head_dim_v %lld out of range",
+                        (int) a->n_tokens, (int) a->n_head, (long long) a->head_dim_v);
+    }
+    kc_device_scope scope(ctx);
+    if (scope.status != KVG_OK) {
+        return scope.status;
+    }
+    const int64_t n_q = (int64_t) a->n_tokens * a->n_head;
+    kcl_finish_kernel<<<kcl_grid(n_q * a->head_dim_v), 256, 0, ctx->stream>>>(a->m_dev, a->l_dev, a->acc_dev, a->sinks_dev,
+                                                                            a->n_head, n_q, (int) a->head_dim_v, a->out_dev);
+    return kc_launch_check("attend_finish launch");
+}
