@@ -82,3 +82,28 @@ def test_a_plan_can_leave_codec_families_out():
     assert [c.codec for c in cal.plan(3.25, exclude=("tcq", "wfq")).values()] == ["rotq3", "rotq3"]
     with pytest.raises(ValueError, match="no codec"):
         cal.plan(3.25, exclude=("rotq", "tcq"))
+
+
+def test_a_plan_can_hold_keys_at_a_floor_of_bits_taken_from_the_values():
+    """The calibrated "tiered" gives keys at least kv_codec.PRESET_KEY_BITS bits, paid by the
+    values, where the budget holds that; below, the plan without the floor."""
+    from kvgguf.enums import Kind
+    from kvgguf.policy import kv_codec
+    from kvgguf.policy.calibration_plan import Calibration
+
+    cands = [Candidate("rotq2", 2.25, 0.05), Candidate("rotq3", 3.25, 0.01), Candidate("rotq4", 4.25, 0.004)]
+    keys = [(il, kind) for il in range(2) for kind in Kind]
+    cal = Calibration({}, {k: list(cands) for k in keys}, {k: 192 for k in keys}, {}, 96, 32)
+    # the keys' errors as measured: smaller than the values', so a KL-optimal plan gives keys 3 bits
+    cal.curves[0, Kind.K] = [
+        Candidate("rotq2", 2.25, 0.02),
+        Candidate("rotq3", 3.25, 0.004),
+        Candidate("rotq4", 4.25, 0.003),
+    ]
+    plain = cal.plan(3.75)
+    assert plain[0, Kind.K].codec == "rotq3"
+    floored = cal.plan(3.75, key_bits=kv_codec.PRESET_KEY_BITS)
+    assert [floored[il, Kind.K].codec for il in range(2)] == ["rotq4", "rotq4"]
+    assert average_bits(floored, cal.weights) <= 3.75
+    # 3.0 bits cannot hold 4-bit keys (with 2-bit values they average 3.25): the plan without
+    assert cal.plan(3.0, key_bits=4) == cal.plan(3.0)

@@ -199,11 +199,11 @@ def test_tiered_follows_the_models_calibration_once_it_has_one(tmp_path, monkeyp
     try:
         config = llm.kv_config
         assert llm.kv_calibration == calibration_path(str(smollm2_path))
-        slow = kv_codec.PRESET_SLOW_FAMILIES
-        assert config == cal.config(kv_codec.PRESET_BUDGET, kvgguf.TieredConfig(), len(prompt) + 16, slow)
+        slow, key_bits = kv_codec.PRESET_SLOW_FAMILIES, kv_codec.PRESET_KEY_BITS
+        assert config == cal.config(kv_codec.PRESET_BUDGET, kvgguf.TieredConfig(), len(prompt) + 16, slow, key_bits)
         assert config.archive is None and config.sinks == kvgguf.TieredConfig().sinks
         held = llm.kv_cache.codecs[Tier.WARM]
-        plan = cal.plan(kv_codec.PRESET_BUDGET, len(prompt) + 16, slow)
+        plan = cal.plan(kv_codec.PRESET_BUDGET, len(prompt) + 16, slow, key_bits)
         assert all(held[key] == c.codec for key, c in plan.items())
         assert len(set(held.values())) > 1  # a plan, not one codec
         assert not [c for c in held.values() if codecs.family(c) in slow]  # the preset decodes on the fast kernels

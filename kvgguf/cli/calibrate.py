@@ -15,11 +15,11 @@ def plan_table(cal, budgets=BUDGETS) -> list[str]:
     from ..policy import allocation, kv_codec
 
     lines = ["| kv_codec | bits/value (compressed rows) | predicted KL | K | V |", "|---|---|---|---|---|"]
-    rows = [(f"auto:{b:g}", b, ()) for b in budgets]
-    rows.append(("tiered", kv_codec.PRESET_BUDGET, kv_codec.PRESET_SLOW_FAMILIES))
-    for name, budget, exclude in rows:
+    rows = [(f"auto:{b:g}", b, (), 0) for b in budgets]
+    rows.append(("tiered", kv_codec.PRESET_BUDGET, kv_codec.PRESET_SLOW_FAMILIES, kv_codec.PRESET_KEY_BITS))
+    for name, budget, exclude, key_bits in rows:
         try:
-            choice = cal.plan(budget, exclude=exclude)
+            choice = cal.plan(budget, exclude=exclude, key_bits=key_bits)
         except ValueError as e:
             lines.append(f"| {name} | {e} | | | |")
             continue

@@ -67,11 +67,13 @@ class Calibration:
     books: dict = field(default_factory=dict)  # {(layer, kind, codec): float32 [256, S]}: pq2/vq8 codebooks
 
     def plan(
-        self, budget: float, context: Optional[int] = None, exclude: tuple[str, ...] = ()
+        self, budget: float, context: Optional[int] = None, exclude: tuple[str, ...] = (), key_bits: int = 0
     ) -> dict[tuple[int, int], allocation.Candidate]:
         """The cheapest-error codec per list for an average of budget bits per compressed value,
         each codec's bits counting its plan over a context of that many tokens (PLAN_CONTEXT
-        when None or 0), codecs of the exclude families (codecs.family) left out."""
+        when None or 0), codecs of the exclude families (codecs.family) left out. key_bits: the
+        K lists only take codecs of at least that many bits per value (codecs.info's
+        value_bits) where the budget can hold such keys; where it cannot, the plan without."""
         context = context or PLAN_CONTEXT
         if context < 1:
             raise ValueError(f"context must be a number of tokens >= 1, got {context}")
@@ -85,6 +87,16 @@ class Calibration:
         }
         if any(not cands for cands in curves.values()):
             raise ValueError(f"leaving out {', '.join(exclude)} leaves a list of this calibration no codec")
+        if key_bits:
+            floored = {
+                key: [c for c in cands if key[1] != Kind.K or codecs.info(c.codec).value_bits >= key_bits]
+                for key, cands in curves.items()
+            }
+            if all(floored.values()):
+                try:
+                    return allocation.allocate(floored, self.weights, budget)
+                except ValueError:
+                    pass  # a budget below such keys: the plan without the floor
         return allocation.allocate(curves, self.weights, budget)
 
     def config(
@@ -93,12 +105,13 @@ class Calibration:
         base: Optional[TieredConfig] = None,
         context: Optional[int] = None,
         exclude: tuple[str, ...] = (),
+        key_bits: int = 0,
     ) -> TieredConfig:
         """The tiered config whose compressed rows follow the plan for budget (at context
-        tokens, without the exclude families, see plan): sinks exact, every older token at its
-        list's codec (one tier: the plan already spends bits where they matter), the preset's
-        hot window."""
-        choice = self.plan(budget, context, exclude)
+        tokens, without the exclude families, keys of at least key_bits: see plan): sinks exact,
+        every older token at its list's codec (one tier: the plan already spends bits where
+        they matter), the preset's hot window."""
+        choice = self.plan(budget, context, exclude, key_bits)
         layers = sorted({il for il, _ in choice})
         warm = {il: (choice[il, Kind.K].codec, choice[il, Kind.V].codec) for il in layers}
         most = max(set(warm.values()), key=list(warm.values()).count)

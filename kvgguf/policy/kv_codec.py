@@ -26,6 +26,12 @@ PRESET_BUDGET = 4.0  # "tiered" on a calibrated model: recall like f16's at 5K w
 # live_cache_8k_tcq). "auto:BITS" weighs quality per bit alone and keeps them. A measured speed,
 # not a codec fact: codecs.info has SIMD kernels for both (simd_ops) and no field for this.
 PRESET_SLOW_FAMILIES = ("tcq", "wfq")
+# Bits per value the calibrated "tiered" gives every key at least, taking them from the values:
+# recall lives in the keys. On SmolLM2 at 5K (benchmarks/retrieval.py, 20 facts, docs/recall.md)
+# exact keys found what f16 found (15) with the values at 3-4 bits, and at equal bits held (4.34)
+# 4-bit keys everywhere found 14 where the KL-optimal plan, 3-bit keys on 10 layers, found 11:
+# the calibration's KL, measured on 512 tokens, does not see a fact lost among thousands of keys.
+PRESET_KEY_BITS = 4
 
 
 HELD = "held="  # "auto:held=BITS": BITS per value of everything the context holds, its cells too
@@ -63,6 +69,7 @@ class Request:
     # "auto:held=BITS": budget counts every value the context holds at its n_ctx, llama.cpp's hot
     # and sliding-window cells too (policy/held.py), not only the compressed rows
     held: bool = False
+    key_bits: int = 0  # keys at no fewer bits per value, where the budget holds them (Calibration.plan)
 
 
 def parse(kv_codec) -> tuple[TieredConfig, Optional[Request]]:
@@ -76,7 +83,10 @@ def parse(kv_codec) -> tuple[TieredConfig, Optional[Request]]:
     if budget is not None:
         config, request = TieredConfig(), Request(budget, held=kv_codec.startswith("auto:" + HELD))
     elif kv_codec == "tiered":
-        config, request = TieredConfig(), Request(PRESET_BUDGET, required=False, exclude=PRESET_SLOW_FAMILIES)
+        config, request = (
+            TieredConfig(),
+            Request(PRESET_BUDGET, required=False, exclude=PRESET_SLOW_FAMILIES, key_bits=PRESET_KEY_BITS),
+        )
     else:
         config, request = TieredConfig.parse(kv_codec), None
     if "window" in cells:

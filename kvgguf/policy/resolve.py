@@ -360,10 +360,10 @@ def calibrated_config(
     if request.held:
 
         def config_for(b: float) -> TieredConfig:
-            return cal.config(b, base, context, request.exclude)
+            return cal.config(b, base, context, request.exclude, request.key_bits)
 
         budget = held.budget_for_held(request.budget, config_for, held_of, f"kv_codec 'auto:held={request.budget:g}'")
-    return cal.config(budget, base, context, request.exclude), path
+    return cal.config(budget, base, context, request.exclude, request.key_bits), path
 
 
 def calibration_progress(model_path: str, verbose: bool) -> Callable[[int, int], None]:
