@@ -29,6 +29,8 @@ def open_llama(path: str, cache: str, n_ctx: int, threads: int):
     kw = dict(n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, flash_attn=True, verbose=False, seed=0)
     if cache in LLAMA_TYPES:
         return kvgguf.Llama(path, type_k=cache, type_v=cache, **kw)
+    if cache.startswith(("tiered:key_bits=", "tiered:keys=")):
+        return kvgguf.Llama(path, kv_codec=preset_variant(path, cache, n_ctx), **kw)
     if cache.startswith("k:"):  # "k:A/v:B" (a comma separates caches on the command line)
         return kvgguf.Llama(path, kv_codec=cache.replace("/", ","), **kw)
     # "tiered:archive=SPEC": the preset with another archive tier ("none", a codec, "k:A/v:B")
@@ -43,6 +45,24 @@ def open_llama(path: str, cache: str, n_ctx: int, threads: int):
         else archive
     )
     return kvgguf.Llama(path, kv_codec=dataclasses.replace(kvgguf.TieredConfig.parse(name), archive=spec), **kw)
+
+
+def preset_variant(path: str, cache: str, n_ctx: int):
+    """The calibrated "tiered" of the model with its keys changed: "tiered:key_bits=N" plans with
+    keys of at least N bits (0: the plan by KL alone), "tiered:keys=CODEC" holds every key at CODEC
+    and the values as the preset plans them (which keys cost recall: docs/recall.md)."""
+    from kvgguf.enums import Kind
+    from kvgguf.policy import calibration_plan, kv_codec
+
+    cal = calibration_plan.load_for(path)
+    if cal is None:
+        raise SystemExit(f"{cache}: the model has no calibration (kvgguf calibrate)")
+    what, _, value = cache.partition("=")
+    key_bits = int(value) if what == "tiered:key_bits" else kv_codec.PRESET_KEY_BITS
+    choice = cal.plan(kv_codec.PRESET_BUDGET, n_ctx, kv_codec.PRESET_SLOW_FAMILIES, key_bits)
+    if what == "tiered:keys":
+        choice = {k: dataclasses.replace(c, codec=value) if k[1] == Kind.K else c for k, c in choice.items()}
+    return calibration_plan.Calibration.config_of(choice)
 
 
 def run_cache(path: str, cache: str, n_tokens: int, n_documents: int, threads: int, seed: int) -> dict:
@@ -119,7 +139,9 @@ def main(argv=None) -> int:
     p.add_argument(
         "--caches",
         default="f16,q8_0,q4_0,tiered,rotq4,rotq3,kivi4",
-        help="llama.cpp types, kvgguf codecs, 'tiered', 'tiered:archive=SPEC' (SPEC: none, a codec, k:NAME/v:NAME)",
+        help="llama.cpp types, kvgguf codecs, 'tiered', 'tiered:archive=SPEC' (SPEC: none, a codec, k:NAME/v:NAME), "
+        "'tiered:key_bits=N' (the calibrated preset planned with keys of at least N bits), 'tiered:keys=CODEC' "
+        "(its values, every key at CODEC)",
     )
     p.add_argument("--documents", type=int, default=2, help="documents per context (5 facts each)")
     p.add_argument("--seed", type=int, default=0)
