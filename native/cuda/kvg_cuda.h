@@ -139,6 +139,13 @@ KVG_CUDA_API int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args 
 // kvg_cuda_attend over the store's coded rows, kvg_cuda_attend_cells over llama.cpp's own cells,
 // kvg_cuda_attend_finish (the output). All queued on the context's stream without waiting.
 
+// The queries as the other calls take them, f32 [n_tokens][n_head][head_dim] at dst_dev, from a
+// ggml tensor's f32 elements at any byte strides (element i of head h of token t at src_dev +
+// i * nb[0] + h * nb[1] + t * nb[2]); round_f16: each rounded to f16 (to nearest even) and back,
+// as llama.cpp's attention over an f16 cache takes its queries.
+KVG_CUDA_API int kvg_cuda_gather_q(kvg_cuda_ctx * ctx, const void * src_dev, const size_t * nb, int64_t head_dim, int32_t n_head,
+                                   int32_t n_tokens, int32_t round_f16, float * dst_dev);
+
 // m = -inf, l = 0, acc = 0 for n_q queries of head_dim_v values.
 KVG_CUDA_API int kvg_cuda_attend_begin(kvg_cuda_ctx * ctx, int64_t n_q, int64_t head_dim_v, float * m_dev, float * l_dev,
                                        float * acc_dev);

@@ -302,6 +302,16 @@ static __global__ void kcl_finish_kernel(const float * m, const float * l, const
     }
 }
 
+static __global__ void kcl_gather_q_kernel(const uint8_t * src, size_t nb0, size_t nb1, size_t nb2, int dk, int n_head,
+                                           int64_t n, int round_f16, float * dst) {
+    for (int64_t x = (int64_t) blockIdx.x * blockDim.x + threadIdx.x; x < n; x += (int64_t) gridDim.x * blockDim.x) {
+        const int64_t i = x % dk, h = x / dk % n_head, t = x / dk / n_head;
+        float         v;
+        memcpy(&v, src + (size_t) i * nb0 + (size_t) h * nb1 + (size_t) t * nb2, sizeof(v));
+        dst[x] = round_f16 ? kc_f16_to_f32(kc_f32_to_f16(v)) : v;
+    }
+}
+
 // ---- host ----------------------------------------------------------------------------------
 
 // Whether cells of this ggml type at these strides can be read (attend_f16.c's cells_readable):
@@ -456,6 +466,25 @@ extern "C" int kvg_cuda_attend_begin(kvg_cuda_ctx * ctx, int64_t n_q, int64_t he
     }
     kcl_begin_kernel<<<kcl_grid(n_q * head_dim_v), 256, 0, ctx->stream>>>(n_q, (int) head_dim_v, m_dev, l_dev, acc_dev);
     return kc_launch_check("attend_begin launch");
+}
+
+extern "C" int kvg_cuda_gather_q(kvg_cuda_ctx * ctx, const void * src_dev, const size_t * nb, int64_t head_dim, int32_t n_head,
+                                 int32_t n_tokens, int32_t round_f16, float * dst_dev) {
+    kvg_clear_error();
+    if (ctx == NULL || src_dev == NULL || nb == NULL || dst_dev == NULL || head_dim <= 0 || n_head <= 0 || n_tokens <= 0 ||
+        nb[0] % sizeof(float) || nb[1] % sizeof(float) || nb[2] % sizeof(float)) {
+        return kvg_fail(KVG_ERR_INVALID_ARG,
+                        "kvg_cuda_gather_q: NULL pointers, a shape of %lld x %d x %d, or strides that are not whole floats",
+                        (long long) head_dim, (int) n_head, (int) n_tokens);
+    }
+    kc_device_scope scope(ctx);
+    if (scope.status != KVG_OK) {
+        return scope.status;
+    }
+    const int64_t n = head_dim * n_head * n_tokens;
+    kcl_gather_q_kernel<<<kcl_grid(n), 256, 0, ctx->stream>>>((const uint8_t *) src_dev, nb[0], nb[1], nb[2], (int) head_dim,
+                                                              n_head, n, round_f16 != 0, dst_dev);
+    return kc_launch_check("gather_q launch");
 }
 
 extern "C" int kvg_cuda_attend_finish(kvg_cuda_ctx * ctx, const kvg_cuda_finish_args * a) {

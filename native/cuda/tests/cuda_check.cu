@@ -1288,6 +1288,50 @@ static void run_cells_case(const CellsCase & a, Rng & rng, double * worst, doubl
     }
 }
 
+// kvg_cuda_gather_q from strides that are not [t][h][i] (ggml's permuted q), rounded or not, bit for
+// bit against the host (cuda_fp16.h's round to nearest even).
+static void run_gather_q() {
+    Rng           rng(0x9a7e);
+    const int64_t D = 64, H = 6, T = 5;
+    // the source laid out [h][t][i] with a gap after each head
+    const size_t  nb[3] = { 4, (size_t) (T * D + 3) * 4, (size_t) D * 4 };
+    std::vector<float> src((size_t) (H * (T * D + 3)));
+    for (auto & x : src) {
+        x = 3.0f * rng.gauss();
+    }
+    src[1] = 65519.0f;  // rounds to f16's largest finite value
+    src[2] = 1e-7f;     // an f16 subnormal
+    DevBuf dsrc(src.size() * 4), ddst((size_t) (T * H * D) * 4);
+    dsrc.put(src.data(), src.size() * 4);
+    for (int round = 0; round < 2; round++) {
+        g_checks++;
+        int st = kvg_cuda_gather_q(g_ctx, dsrc.p, nb, D, (int32_t) H, (int32_t) T, round, (float *) ddst.p);
+        if (st == KVG_OK) {
+            st = kvg_cuda_sync(g_ctx);
+        }
+        if (st != KVG_OK) {
+            mismatch("kvg_cuda_gather_q (round %d): %s", round, kvg_last_error());
+            continue;
+        }
+        std::vector<float> got((size_t) (T * H * D));
+        ddst.get(got.data(), got.size() * 4);
+        for (int64_t t = 0; t < T; t++) {
+            for (int64_t h = 0; h < H; h++) {
+                for (int64_t i = 0; i < D; i++) {
+                    const float x    = src[(i * nb[0] + h * nb[1] + t * nb[2]) / 4];
+                    const float want = round ? host_f32(host_f16(x)) : x;
+                    if (fbits(got[(size_t) ((t * H + h) * D + i)]) != fbits(want)) {
+                        mismatch("kvg_cuda_gather_q (round %d): t %lld h %lld i %lld is %.9g, want %.9g", round, (long long) t,
+                                 (long long) h, (long long) i, (double) got[(size_t) ((t * H + h) * D + i)], (double) want);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+    printf("gather_q: permuted f32 queries, as they are and rounded to f16, bit for bit\n");
+}
+
 static void run_cells() {
     Rng          rng(0xce115);
     const int64_t dims[][2]  = { { 64, 64 }, { 128, 128 }, { 256, 256 }, { 96, 64 }, { 512, 512 } };
@@ -1580,6 +1624,7 @@ int main(int argc, char ** argv) {
             run_attend("the generic kernel");
         }
         unsetenv("KVGGUF_CUDA_ATTEND");
+        run_gather_q();
         run_cells();
         attend_bad = g_bad - before;
         if (timing) {
