@@ -149,42 +149,13 @@ static __global__ void __launch_bounds__(KA_WARPS * 32) ka_split_kernel(const ka
     __syncthreads();
 
     // The block's warps merged: the split's (m, l, accr) per query.
-    for (int x = threadIdx.x; x < nq * dv; x += blockDim.x) {
-        const int qq = x / dv, i = x % dv;
-        float     M  = -INFINITY;
-        for (int w = 0; w < KA_WARPS; w++) {
-            M = fmaxf(M, wm[w * QT + qq]);
-        }
-        float acc = 0.0f;
-        for (int w = 0; w < KA_WARPS; w++) {
-            const float mw = wm[w * QT + qq];
-            if (mw != -INFINITY) {
-                acc += expf(mw - M) * accr[(w * QT + qq) * dv + i];
-            }
-        }
-        const int64_t j = ka_query(p0 + qq, hk, a.gqa, a.n_head);
-        a.pacc[(j * a.n_splits + split) * dv + i] = acc;
-    }
-    for (int qq = threadIdx.x; qq < nq; qq += blockDim.x) {
-        float M = -INFINITY, L = 0.0f;
-        for (int w = 0; w < KA_WARPS; w++) {
-            M = fmaxf(M, wm[w * QT + qq]);
-        }
-        for (int w = 0; w < KA_WARPS; w++) {
-            const float mw = wm[w * QT + qq];
-            if (mw != -INFINITY) {
-                L += expf(mw - M) * wl[w * QT + qq];
-            }
-        }
-        const int64_t j          = ka_query(p0 + qq, hk, a.gqa, a.n_head);
-        a.pm[j * a.n_splits + split] = M;
-        a.pl[j * a.n_splits + split] = L;
-    }
+    ka_merge_warps(wm, wl, accr, QT, nq, dv, p0, hk, a.gqa, a.n_head, a.n_splits, split, a.pm, a.pl, a.pacc);
 }
 
-// One block per query: shared y [dv], c [n_splits], red [blockDim].
+// One block per query: shared y [dv], c [n_splits], red [blockDim]. rotated: y goes back through W
+// and the signs (kvg_cuda_attend's values); else it is added as it is (kvg_cuda_attend_cells').
 static __global__ void ka_combine_kernel(const float * pm, const float * pl, const float * pacc, int n_splits, int dv,
-                                         uint64_t seed, float * m, float * l, float * acc) {
+                                         int rotated, uint64_t seed, float * m, float * l, float * acc) {
     extern __shared__ float ka_sh[];
     float *       y   = ka_sh;
     float *       c   = y + dv;
@@ -231,9 +202,11 @@ static __global__ void ka_combine_kernel(const float * pm, const float * pl, con
         }
         y[i] = sum;
     }
-    kc_fwht_block(y, dv);
+    if (rotated) {  // uniform over the block, so kc_fwht_block's barriers are safe; unrotated, each
+        kc_fwht_block(y, dv);  // thread reads back only the y[i] it wrote
+    }
     for (int i = threadIdx.x; i < dv; i += blockDim.x) {
-        acc[j * dv + i] = acc[j * dv + i] * c_in + kc_sign(seed, i) * y[i];
+        acc[j * dv + i] = acc[j * dv + i] * c_in + (rotated ? kc_sign(seed, i) * y[i] : y[i]);
     }
     if (threadIdx.x == 0) {
         l[j] = l[j] * c_in + red[0];
@@ -449,9 +422,14 @@ extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * 
     if (st != KVG_OK) {
         return st;
     }
+    return ka_combine_launch(ctx, args.pm, args.pl, args.pacc, n_q, (int) n_splits, (int) dv, 1, a->seed, a->m_dev, a->l_dev,
+                             a->acc_dev);
+}
+
+int ka_combine_launch(kvg_cuda_ctx * ctx, const float * pm, const float * pl, const float * pacc, int64_t n_q, int n_splits,
+                      int dv, int rotated, uint64_t seed, float * m, float * l, float * acc) {
     const int    cthreads = 128;
     const size_t csmem    = sizeof(float) * (size_t) (dv + n_splits + cthreads);
-    ka_combine_kernel<<<(unsigned) n_q, cthreads, csmem, ctx->stream>>>(args.pm, args.pl, args.pacc, (int) n_splits, (int) dv,
-                                                                        a->seed, a->m_dev, a->l_dev, a->acc_dev);
-    return kc_launch_check("attend combine launch");
+    ka_combine_kernel<<<(unsigned) n_q, cthreads, csmem, ctx->stream>>>(pm, pl, pacc, n_splits, dv, rotated, seed, m, l, acc);
+    return kc_launch_check(rotated ? "attend combine launch" : "attend_cells combine launch");
 }

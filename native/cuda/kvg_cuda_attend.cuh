@@ -46,6 +46,52 @@ static __device__ __forceinline__ int64_t ka_query(int p, int hk, int gqa, int n
     return (int64_t) (p / gqa) * n_head + (int64_t) hk * gqa + p % gqa;
 }
 
+// The split's partial sums from its block's KA_WARPS warps: per query qq < nq of the tile starting
+// at query p0 of KV head hk, M = max over the warps' wm, L = sum exp(wm - M) * wl, and each value
+// coordinate i < dv the same weights over wacc, written at pm / pl [j][n_splits] and pacc
+// [j][n_splits][dv] (j the caller's index). wm, wl: [KA_WARPS][qt], wacc: [KA_WARPS][qt][dv].
+// Called by every thread of the block after the warps have written theirs (__syncthreads).
+static __device__ __forceinline__ void ka_merge_warps(const float * wm, const float * wl, const float * wacc, int qt, int nq,
+                                                      int dv, int p0, int hk, int gqa, int n_head, int n_splits, int split,
+                                                      float * pm, float * pl, float * pacc) {
+    for (int x = threadIdx.x; x < nq * dv; x += blockDim.x) {
+        const int qq = x / dv, i = x % dv;
+        float     M  = -INFINITY;
+        for (int w = 0; w < KA_WARPS; w++) {
+            M = fmaxf(M, wm[w * qt + qq]);
+        }
+        float sum = 0.0f;
+        for (int w = 0; w < KA_WARPS; w++) {
+            const float mw = wm[w * qt + qq];
+            if (mw != -INFINITY) {
+                sum += expf(mw - M) * wacc[(w * qt + qq) * dv + i];
+            }
+        }
+        pacc[(ka_query(p0 + qq, hk, gqa, n_head) * n_splits + split) * dv + i] = sum;
+    }
+    for (int qq = threadIdx.x; qq < nq; qq += blockDim.x) {
+        float M = -INFINITY, L = 0.0f;
+        for (int w = 0; w < KA_WARPS; w++) {
+            M = fmaxf(M, wm[w * qt + qq]);
+        }
+        for (int w = 0; w < KA_WARPS; w++) {
+            const float mw = wm[w * qt + qq];
+            if (mw != -INFINITY) {
+                L += expf(mw - M) * wl[w * qt + qq];
+            }
+        }
+        const int64_t j            = ka_query(p0 + qq, hk, gqa, n_head);
+        pm[j * n_splits + split] = M;
+        pl[j * n_splits + split] = L;
+    }
+}
+
+// Queues the combine kernel: per query (n_q of them), the n_splits partial sums and the incoming
+// state (m, l, acc) merge in log-sum-exp form; rotated: the summed values are in rotq's rotated
+// domain and go back through the Walsh-Hadamard transform and the signs of `seed` once.
+int ka_combine_launch(kvg_cuda_ctx * ctx, const float * pm, const float * pl, const float * pacc, int64_t n_q, int n_splits,
+                      int dv, int rotated, uint64_t seed, float * m, float * l, float * acc);
+
 // The row-parallel kernel (kvg_cuda_attend_rows.cu): head dims 64, 128 or 256 alike for K and V,
 // rotq2..rotq4 codes.
 int ka_rows_covers(int dk, int dv, int k_bits, int v_bits);

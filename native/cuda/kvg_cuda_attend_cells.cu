@@ -14,7 +14,7 @@
 //    memory. Warps then merge into the split's (m, l, acc). Masked cells (-inf) weigh nothing, and a
 //    query that sees no cell of a split leaves that split at m = -inf.
 // 2. combine: per query, the splits and the incoming state merge in log-sum-exp form; a query that
-//    saw no cell keeps its state.
+//    saw no cell keeps its state (kvg_cuda_attend's combine kernel, without the inverse rotation).
 // No cell is converted to f16 or f32 in global memory.
 #include "kvg_cuda_attend.cuh"
 
@@ -186,91 +186,7 @@ static __global__ void __launch_bounds__(KA_WARPS * 32) kcl_split_kernel(const k
     __syncthreads();
 
     // The block's warps merged: the split's (m, l, acc) per query.
-    for (int x = threadIdx.x; x < nq * dv; x += blockDim.x) {
-        const int qq = x / dv, i = x % dv;
-        float     M  = -INFINITY;
-        for (int w = 0; w < KA_WARPS; w++) {
-            M = fmaxf(M, wm[w * QT + qq]);
-        }
-        float acc = 0.0f;
-        for (int w = 0; w < KA_WARPS; w++) {
-            const float mw = wm[w * QT + qq];
-            if (mw != -INFINITY) {
-                acc += expf(mw - M) * accs[(w * QT + qq) * dv + i];
-            }
-        }
-        const int64_t j = ka_query(p0 + qq, hk, a.gqa, a.n_head);
-        a.pacc[(j * a.n_splits + split) * dv + i] = acc;
-    }
-    for (int qq = threadIdx.x; qq < nq; qq += blockDim.x) {
-        float M = -INFINITY, L = 0.0f;
-        for (int w = 0; w < KA_WARPS; w++) {
-            M = fmaxf(M, wm[w * QT + qq]);
-        }
-        for (int w = 0; w < KA_WARPS; w++) {
-            const float mw = wm[w * QT + qq];
-            if (mw != -INFINITY) {
-                L += expf(mw - M) * wl[w * QT + qq];
-            }
-        }
-        const int64_t j              = ka_query(p0 + qq, hk, a.gqa, a.n_head);
-        a.pm[j * a.n_splits + split] = M;
-        a.pl[j * a.n_splits + split] = L;
-    }
-}
-
-// One block per query: shared c [n_splits], red [blockDim].
-static __global__ void kcl_combine_kernel(const float * pm, const float * pl, const float * pacc, int n_splits, int dv,
-                                          float * m, float * l, float * acc) {
-    extern __shared__ float kcl_sh[];
-    float *       c    = kcl_sh;
-    float *       red  = c + n_splits;
-    const int64_t j    = blockIdx.x;
-    const float   m_in = m[j];
-
-    float mx = m_in;
-    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
-        mx = fmaxf(mx, pm[j * n_splits + s]);
-    }
-    red[threadIdx.x] = mx;
-    __syncthreads();
-    for (int o = blockDim.x / 2; o > 0; o >>= 1) {
-        if (threadIdx.x < o) {
-            red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + o]);
-        }
-        __syncthreads();
-    }
-    const float M = red[0];
-    __syncthreads();
-    if (M == -INFINITY) {
-        return;  // no cell reached the query, nor any call before: the state stays
-    }
-    float part = 0.0f;
-    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
-        const float ms = pm[j * n_splits + s];
-        c[s]           = ms == -INFINITY ? 0.0f : expf(ms - M);
-        part += c[s] * pl[j * n_splits + s];
-    }
-    red[threadIdx.x] = part;
-    __syncthreads();
-    for (int o = blockDim.x / 2; o > 0; o >>= 1) {
-        if (threadIdx.x < o) {
-            red[threadIdx.x] += red[threadIdx.x + o];
-        }
-        __syncthreads();
-    }
-    const float c_in = m_in == -INFINITY ? 0.0f : expf(m_in - M);
-    for (int i = threadIdx.x; i < dv; i += blockDim.x) {
-        float sum = 0.0f;
-        for (int s = 0; s < n_splits; s++) {
-            sum += c[s] * pacc[(j * n_splits + s) * dv + i];
-        }
-        acc[j * dv + i] = acc[j * dv + i] * c_in + sum;
-    }
-    if (threadIdx.x == 0) {
-        l[j] = l[j] * c_in + red[0];
-        m[j] = M;
-    }
+    ka_merge_warps(wm, wl, accs, QT, nq, dv, p0, hk, a.gqa, a.n_head, a.n_splits, split, a.pm, a.pl, a.pacc);
 }
 
 static __global__ void kcl_begin_kernel(int64_t n_q, int dv, float * m, float * l, float * acc) {
@@ -440,11 +356,8 @@ extern "C" int kvg_cuda_attend_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_ar
     if (st != KVG_OK) {
         return st;
     }
-    const int    cthreads = 128;
-    const size_t csmem    = sizeof(float) * (size_t) (n_split + cthreads);
-    kcl_combine_kernel<<<(unsigned) n_q, cthreads, csmem, ctx->stream>>>(args.pm, args.pl, args.pacc, (int) n_split, (int) dv,
-                                                                         a->m_dev, a->l_dev, a->acc_dev);
-    return kc_launch_check("attend_cells combine launch");
+    return ka_combine_launch(ctx, args.pm, args.pl, args.pacc, n_q, (int) n_split, (int) dv, 0, 0, a->m_dev, a->l_dev,
+                             a->acc_dev);
 }
 
 static unsigned kcl_grid(int64_t n) {

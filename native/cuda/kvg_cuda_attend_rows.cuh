@@ -233,35 +233,8 @@ static __global__ void __launch_bounds__(KA_WARPS * 32) kr_split_kernel(const ka
     __syncthreads();
 
     // The block's warps merged: the split's (m, l, accr) per query, as the generic kernel does.
-    for (int x = threadIdx.x; x < nq * D; x += blockDim.x) {
-        const int qq = x / D, i = x % D;
-        float     M  = -INFINITY;
-        for (int wi = 0; wi < KA_WARPS; wi++) {
-            M = fmaxf(M, wm[wi][qq]);
-        }
-        float sum = 0.0f;
-        for (int wi = 0; wi < KA_WARPS; wi++) {
-            if (wm[wi][qq] != -INFINITY) {
-                sum += expf(wm[wi][qq] - M) * wacc[wi][qq][i];
-            }
-        }
-        const int64_t j = ka_query(p0 + qq, hk, a.gqa, a.n_head);
-        a.pacc[(j * a.n_splits + blockIdx.x) * D + i] = sum;
-    }
-    for (int qq = threadIdx.x; qq < nq; qq += blockDim.x) {
-        float M = -INFINITY, L = 0.0f;
-        for (int wi = 0; wi < KA_WARPS; wi++) {
-            M = fmaxf(M, wm[wi][qq]);
-        }
-        for (int wi = 0; wi < KA_WARPS; wi++) {
-            if (wm[wi][qq] != -INFINITY) {
-                L += expf(wm[wi][qq] - M) * wl[wi][qq];
-            }
-        }
-        const int64_t j              = ka_query(p0 + qq, hk, a.gqa, a.n_head);
-        a.pm[j * a.n_splits + blockIdx.x] = M;
-        a.pl[j * a.n_splits + blockIdx.x] = L;
-    }
+    ka_merge_warps(&wm[0][0], &wl[0][0], &wacc[0][0][0], QT, nq, D, p0, hk, a.gqa, a.n_head, a.n_splits, blockIdx.x, a.pm,
+                   a.pl, a.pacc);
 }
 
 template <int D, int KB, int VB>
