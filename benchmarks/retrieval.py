@@ -50,19 +50,20 @@ def open_llama(path: str, cache: str, n_ctx: int, threads: int):
 def preset_variant(path: str, cache: str, n_ctx: int):
     """The calibrated "tiered" of the model with its keys changed: "tiered:key_bits=N" plans with
     keys of at least N bits (0: the plan by KL alone), "tiered:keys=CODEC" holds every key at CODEC
-    and the values as the preset plans them (which keys cost recall: docs/recall.md)."""
-    from kvgguf.enums import Kind
-    from kvgguf.policy import calibration_plan, kv_codec
+    and the values as the preset plans them (which keys cost recall: docs/recall.md). Planned
+    through the preset's own Request, so it cannot drift from what "tiered" asks for."""
+    from kvgguf.policy import kv_codec, resolve
 
-    cal = calibration_plan.load_for(path)
-    if cal is None:
-        raise SystemExit(f"{cache}: the model has no calibration (kvgguf calibrate)")
     what, _, value = cache.partition("=")
-    key_bits = int(value) if what == "tiered:key_bits" else kv_codec.PRESET_KEY_BITS
-    choice = cal.plan(kv_codec.PRESET_BUDGET, n_ctx, kv_codec.PRESET_SLOW_FAMILIES, key_bits)
+    request = kv_codec.parse("tiered")[1]
+    if what == "tiered:key_bits":
+        request = dataclasses.replace(request, key_bits=int(value))
+    config, followed = resolve.calibrated_config(path, request, context=n_ctx)
+    if followed is None:
+        raise SystemExit(f"{cache}: the model has no calibration (kvgguf calibrate)")
     if what == "tiered:keys":
-        choice = {k: dataclasses.replace(c, codec=value) if k[1] == Kind.K else c for k, c in choice.items()}
-    return calibration_plan.Calibration.config_of(choice)
+        config = dataclasses.replace(config, warm={layer: (value, v) for layer, (_, v) in config.warm.items()})
+    return config
 
 
 def run_cache(path: str, cache: str, n_tokens: int, n_documents: int, threads: int, seed: int) -> dict:

@@ -111,14 +111,7 @@ class Calibration:
         tokens, without the exclude families, keys of at least key_bits: see plan): sinks exact,
         every older token at its list's codec (one tier: the plan already spends bits where
         they matter), the preset's hot window."""
-        return self.config_of(self.plan(budget, context, exclude, key_bits), base)
-
-    @staticmethod
-    def config_of(
-        choice: dict[tuple[int, int], allocation.Candidate], base: Optional[TieredConfig] = None
-    ) -> TieredConfig:
-        """The tiered config holding every compressed token at its list's codec in choice (a
-        plan), the rest as base has it."""
+        choice = self.plan(budget, context, exclude, key_bits)
         layers = sorted({il for il, _ in choice})
         warm = {il: (choice[il, Kind.K].codec, choice[il, Kind.V].codec) for il in layers}
         most = max(set(warm.values()), key=list(warm.values()).count)
