@@ -35,6 +35,12 @@ else
     say "sanitizers skipped (no GPU, no check binary, or no compute-sanitizer)"
 fi
 
+# The tool brings back files of at most 16 MiB: keep each log's first and last MiB, and the
+# report beside the archive.
+find "$work" -type f -size +2M | while read -r f; do
+    { head -c 1M "$f"; printf '\n[... cut by cuda_device_call.sh ...]\n'; tail -c 1M "$f"; } > "$f.cut" && mv "$f.cut" "$f"
+done
+cp "$work/check/cuda_check_report.txt" "$out/" 2> /dev/null
 tar czf "$out/cuda_device_call.tgz" -C "$work" . && rm -rf "$work"
 say "logs: $out/cuda_device_call.tgz"
 exit "$status"
