@@ -2,14 +2,16 @@
 # The one script a GPU machine runs (issue "kvgguf on the GPU"): builds libkvgguf's CUDA kernels and
 # native/cuda/tests/cuda_check.cu, runs the check (codes byte-equal to the C reference, decoded
 # values bit-equal, refusals, fused attention within the CPU path's bounds, timings), and writes a
-# report. Works without network. Nothing here needs Python packages.
+# report. Works without network. Only --full's last step needs Python (the GPU kit's wheels).
 #
 #   bash scripts/cuda_check.sh            the kernels and the check (about 1-2 minutes on 16 cores)
 #   bash scripts/cuda_check.sh --full     then also the package's CUDA build: llama.cpp's CUDA backend
 #                                         (-DGGML_CUDA=ON, which turns KVGGUF_CUDA on) from the local
 #                                         llama-cpp-python sdist, installed into a scratch prefix and its
 #                                         files listed, and the patched ggml-cuda's custom-op dispatch
-#                                         checked against it (about 3-4 more minutes on 16 cores)
+#                                         checked against it (about 3-4 more minutes on 16 cores); then
+#                                         the fused path end to end on it (scripts/gpu_path_check.py),
+#                                         where the GPU kit lies beside KVGGUF_LLAMA_SDIST
 #
 # Environment:
 #   OUT                   a folder for the report (cuda_check_report.txt) and the logs; default build/cuda_check
@@ -17,6 +19,7 @@
 #   KVGGUF_LLAMA_SDIST    the llama-cpp-python sdist for --full (offline; the GPU kit's trimmed one), else
 #                         ~/.cache/kvgguf/sdist/llama_cpp_python-0.3.36.tar.gz as cmake/llama_source.cmake finds it
 #   CUDA_CHECK_TIMEOUT    seconds the check binary may run (default 300)
+#   GPU_PATH_TIMEOUT      seconds scripts/gpu_path_check.py may run (default 300)
 #
 # Exit status: 0 when every stage passed, 1 otherwise (77 when the machine has no CUDA device).
 set -uo pipefail
@@ -154,6 +157,27 @@ if [ "$full" -eq 1 ]; then
             say "## ggml-cuda custom-op dispatch: the check did not build"
             tail -20 "$out/custom-op-build.log" | tee -a "$report"
             status=1
+        fi
+        # the fused path end to end (scripts/gpu_path_check.py) on the package just installed, with
+        # the Python pieces of the GPU kit that KVGGUF_LLAMA_SDIST lies in (wheels, llama_cpp's
+        # bindings from the sdist, SmolLM2's tokenizer for the random-weight model)
+        kit=$(dirname "${KVGGUF_LLAMA_SDIST:-/nonexistent/x}")
+        if [ -d "$kit/whl" ] && [ -f "$kit/smollm2-tokenizer.pkl" ]; then
+            site=$(mktemp -d)
+            python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$kit"/whl/*.whl > "$out/gpu-path.log" 2>&1
+            tar -xzf "$KVGGUF_LLAMA_SDIST" -C "$site" && cp -r "$site"/llama_cpp_python-*/llama_cpp "$site"/
+            plib=$prefix/kvgguf/lib
+            PYTHONPATH=$site:$PWD KVGGUF_LLAMA_LIB_DIR=$plib KVGGUF_LIB=$plib/libkvgguf.so \
+                KVGGUF_HEADER=$prefix/kvgguf/include/kvgguf.h KVGGUF_CUDA_HEADER=$prefix/kvgguf/include/kvg_cuda.h \
+                timeout "${GPU_PATH_TIMEOUT:-300}" python3 scripts/gpu_path_check.py --tokenizer "$kit/smollm2-tokenizer.pkl" \
+                >> "$out/gpu-path.log" 2>&1
+            grc=$?
+            rm -rf "$site"
+            say "## the fused path on the GPU (scripts/gpu_path_check.py): exit $grc"
+            tail -30 "$out/gpu-path.log" | tee -a "$report" > /dev/null
+            [ "$grc" -eq 0 ] || status=1
+        else
+            say "## the fused path on the GPU: skipped (no GPU kit with whl/ and smollm2-tokenizer.pkl beside KVGGUF_LLAMA_SDIST)"
         fi
     else
         say "## package build: FAILED after $(( $(date +%s) - t )) s"

@@ -31,3 +31,4 @@ def test_the_cuda_kernels_agree_with_the_c_reference_on_the_gpu():
     out = check.stdout + check.stderr
     assert check.returncode == 0 and out.rstrip().endswith("PASS"), out
     assert "attend (the row-parallel kernel" in out and "attend (the generic kernel)" in out, out
+    assert "attend_cells:" in out and "store hooks:" in out, out

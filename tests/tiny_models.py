@@ -160,9 +160,15 @@ class TinySpec:
 @functools.lru_cache(maxsize=None)
 def _tokenizer_fields(source: str) -> tuple:
     """(name, value, types) of source's tokenizer.* keys, read once per process: SmolLM2's GGUF
-    holds 49K-token arrays that take seconds to read."""
+    holds 49K-token arrays that take seconds to read. A .pkl source is the GPU kit's copy of them
+    (../shared/gpu-kit/make-kit.sh: {name: (types, value)}), where the 98 MB model cannot travel."""
     import gguf
 
+    if source.endswith(".pkl"):
+        import pickle
+
+        with open(source, "rb") as f:
+            return tuple((name, value, types) for name, (types, value) in pickle.load(f).items())
     reader = gguf.GGUFReader(source)
     return tuple((name, f.contents(), f.types) for name, f in reader.fields.items() if name.startswith("tokenizer."))
 

@@ -107,3 +107,36 @@ def cells_of(ctx, il: int):
     if layer_cells(ctx, il, ctypes.byref(k), ctypes.byref(v), ctypes.byref(n)) != 0:
         return None
     return k.value, v.value, n.value
+
+
+# Where layer il's cells live (patch 15): 1 host memory, 0 a device's, -1 no cells of its own; the
+# buffer type's name ("CPU", "CUDA0", ...) into the buffer.
+layer_buffer = _bind(
+    "llama_kvgguf_layer_buffer",
+    [C.llama_context_p_ctypes, ctypes.c_int32, ctypes.c_char_p, ctypes.c_size_t],
+    ctypes.c_int32,
+)
+
+
+def buffer_of(ctx, il: int):
+    """(name of the buffer type, whether the host reads it) of layer il's cells, or None."""
+    name = ctypes.create_string_buffer(64)
+    where = layer_buffer(ctx, il, name, len(name))
+    if where < 0:
+        return None
+    return name.value.decode(errors="replace"), where == 1
+
+
+class llama_kvgguf_cuda(ctypes.Structure):
+    """struct llama_kvgguf_cuda (patch 15): the fused path's ops on a GPU. llama.cpp copies it."""
+
+    _fields_ = [
+        ("user", ctypes.c_void_p),
+        ("attend", ctypes.c_void_p),  # int32_t (*)(void *, const struct llama_kvgguf_cuda_attn *, int32_t, void *)
+        ("finish", ctypes.c_void_p),  # int32_t (*)(void *, const struct llama_kvgguf_cuda_finish *, int32_t, void *)
+        ("supports", ctypes.c_void_p),  # int32_t (*)(void *, int32_t il, int32_t device)
+    ]
+
+
+# 0; -1 a bad context or a hook missing; -2 no CUDA backend in this libllama that takes custom ops.
+set_cuda = _bind("llama_kvgguf_set_cuda", [C.llama_context_p_ctypes, ctypes.POINTER(llama_kvgguf_cuda)], ctypes.c_int32)

@@ -19,7 +19,7 @@ from ..llamacpp import hooks, q8_0
 from .memory import KVMemory, TierMemory
 from .signals import TokenSignals
 from ..model.shape import KVShape
-from ..bindings import codecs
+from ..bindings import codecs, cuda_store
 from ..bindings.binding import KvgError
 from ..enums import Kind, Tier
 from ..bindings.store import MASS_ROWS, KVStore
@@ -69,11 +69,78 @@ class LiveCache:
         self.blocks: list[plan.Block] = []
         self.signals = TokenSignals(config.keep, config.sinks)
         self.books: dict[tuple[int, int, str], np.ndarray] = {}  # use_books: given codebooks, kept across clears
+        # (CUDA device, its layers) where the layers' cells live in a GPU's memory: their fused ops
+        # run there, over a device copy of the store (device_store), synced before every batch
+        self.gpu = self._gpu_layers()
+        self.device_store: cuda_store.DeviceStore | None = None
+        if self.gpu is not None and self.fused_max_tokens > 0:
+            # every ubatch fused: the expanding path's ops run on the CPU
+            self.fused_max_tokens = max(self.fused_max_tokens, C.llama_n_ubatch(ctx))
         self._attach(self.store)
+
+    def _gpu_layers(self) -> tuple[int, set[int]] | None:
+        """(device, layers) of the layers whose cells a CUDA device holds, None where none does.
+        Raises ValueError before the first token for what the GPU path cannot run."""
+        where = {il: hooks.buffer_of(self.ctx, il) for il in self.layers}
+        names = {w[0] for w in where.values() if w is not None and not w[1]}
+        if not names:
+            return None
+        cuda = sorted(n for n in names if n.startswith("CUDA") and n[4:].isdigit())
+        why = (
+            f"the layers' cells live in {sorted(names)}, and the GPU path takes one CUDA device"
+            if len(cuda) != 1 or len(names) != 1
+            else cuda_store.unavailable()
+        )
+        if why:
+            warnings.warn(
+                f"kvgguf: {why}; the GPU layers' attention over compressed rows runs on the CPU, "
+                "their cells crossing the bus every layer (slow)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return None
+        layers = {il for il, w in where.items() if w is not None and not w[1]}
+        for tier, table in self.codecs.items():
+            for il in sorted(layers):
+                k, v = table[il, Kind.K], table[il, Kind.V]
+                both_f16 = k == v == "f16"
+                both_rotq = k.startswith("rotq") and v.startswith("rotq")
+                if not (both_f16 or both_rotq) or k not in cuda_store.GPU_CODECS or v not in cuda_store.GPU_CODECS:
+                    raise ValueError(
+                        f"layer {il} is on the GPU ({cuda[0]}), which attends over rotq1-4 rows (K and V both) "
+                        f"and f16 rows (both), not K {k} / V {v} (tier {Tier(tier).name.lower()}); choose such "
+                        "codecs, or keep this layer on the CPU (n_gpu_layers, offload_kqv=False)"
+                    )
+        if self.config.keep == "mass":
+            raise ValueError(
+                "keep='mass' counts the attention mass on the fused path, which GPU layers do not report "
+                "yet; use another keep signal, or keep the layers on the CPU"
+            )
+        return int(cuda[0][4:]), layers
+
+    def _attach_gpu(self, store: KVStore) -> cuda_store.DeviceStore | None:
+        """A device copy of store, synced, with llama.cpp's CUDA hooks pointed at it."""
+        if self.gpu is None:
+            return None
+        device, layers = self.gpu
+        dev = cuda_store.DeviceStore(store, device)
+        for il in range(self.shape.n_layer):
+            if il not in layers:
+                dev.set_layer(il, False)
+        dev.sync()
+        table = hooks.llama_kvgguf_cuda(dev.address, *dev.hook_functions())
+        status = hooks.set_cuda(self.ctx, ctypes.byref(table))
+        if status != 0:
+            raise RuntimeError(
+                "llama.cpp took no CUDA hooks for kvgguf's fused path "
+                + ("(its CUDA backend does not run custom ops)" if status == -2 else f"(status {status})")
+            )
+        return dev
 
     def _attach(self, store: KVStore) -> None:
         """Points llama.cpp's hooks at store (the C entry points read it, no Python)."""
         self._install_books(store)  # first: if it fails, the hooks still point at the old store
+        device_store = self._attach_gpu(store)  # so is this
         n_cold_fn, decode_fn = store.hook_functions()
         table = hooks.llama_kvgguf_hooks(store.address, n_cold_fn, decode_fn, 0, 0)
         if hooks.set_hooks(self.ctx, ctypes.byref(table)) != 0:
@@ -85,6 +152,7 @@ class LiveCache:
         store.set_mass(fused)
         hooks.set_mass(self.ctx, store.mass_function() if fused else None)
         self.store = store
+        self.device_store = device_store
 
     def use_books(self, books: dict[tuple[int, int, str], np.ndarray]) -> None:
         """pq2/vq8/vq8f codebooks ({(layer, kind, codec): book}, a calibration's) for the lists this
@@ -167,6 +235,7 @@ class LiveCache:
     def close(self) -> None:
         if self.ctx is not None:
             hooks.set_mass(self.ctx, None)
+            hooks.set_cuda(self.ctx, None)
             hooks.set_attend(self.ctx, None, 0)
             hooks.set_hooks(self.ctx, None)
             self.ctx = None
@@ -186,6 +255,9 @@ class LiveCache:
         if n_evict:
             self._evict(n_cold, n_cold + n_evict)
             self._age()
+        if self.device_store is not None:
+            # what changed since the last batch (evictions, aging, a truncation, a clear)
+            self.device_store.sync()
 
     @property
     def wants_logits(self) -> bool:

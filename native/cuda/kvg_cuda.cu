@@ -191,6 +191,23 @@ extern "C" void kvg_cuda_ctx_free(kvg_cuda_ctx * ctx) {
     free(ctx);
 }
 
+extern "C" void * kvg_cuda_ctx_set_stream(kvg_cuda_ctx * ctx, void * stream) {
+    if (ctx == NULL) {
+        return NULL;
+    }
+    void * prev = (void *) ctx->stream;
+    ctx->stream = (cudaStream_t) stream;
+    return prev;
+}
+
+extern "C" size_t kvg_cuda_ctx_scratch_bytes(const kvg_cuda_ctx * ctx) {
+    return ctx ? ctx->scratch_bytes : 0;
+}
+
+extern "C" int kvg_cuda_ctx_device(const kvg_cuda_ctx * ctx) {
+    return ctx ? ctx->device : -1;
+}
+
 extern "C" int kvg_cuda_sync(kvg_cuda_ctx * ctx) {
     kvg_clear_error();
     if (ctx == NULL) {

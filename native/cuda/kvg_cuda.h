@@ -47,6 +47,7 @@ enum kvg_cuda_type {
     KVG_CUDA_F16 = 1  // IEEE binary16, as llama.cpp's K/V cells hold them
 };
 
+// cffi-cuda-begin (kvgguf/bindings/cuda_store.py gives cffi the regions so marked, KVG_CUDA_API dropped)
 typedef struct kvg_cuda_ctx kvg_cuda_ctx;
 
 // Devices the CUDA runtime sees: KVG_OK with 0 where there is no device or no driver.
@@ -56,6 +57,12 @@ KVG_CUDA_API int kvg_cuda_device_count(int * out_count);
 // destroyed with the context). KVG_ERR_UNSUPPORTED without a device.
 KVG_CUDA_API int  kvg_cuda_ctx_init(int device, void * stream, kvg_cuda_ctx ** out);
 KVG_CUDA_API void kvg_cuda_ctx_free(kvg_cuda_ctx * ctx);
+// cffi-cuda-end
+// Queues the context's work on `stream` from now on (a cudaStream_t of the context's device:
+// llama.cpp's, for the calls of one op); returns the stream it used before, to put back.
+KVG_CUDA_API void * kvg_cuda_ctx_set_stream(kvg_cuda_ctx * ctx, void * stream);
+// The context's device (-1 for NULL).
+KVG_CUDA_API int    kvg_cuda_ctx_device(const kvg_cuda_ctx * ctx);
 // Waits for the context's stream; reports a CUDA error raised by work queued earlier (attend).
 KVG_CUDA_API int  kvg_cuda_sync(kvg_cuda_ctx * ctx);
 
@@ -192,6 +199,72 @@ typedef struct kvg_cuda_finish_args {
 } kvg_cuda_finish_args;
 
 KVG_CUDA_API int kvg_cuda_attend_finish(kvg_cuda_ctx * ctx, const kvg_cuda_finish_args * a);
+
+// ---- A store's coded blocks on the device (kvg_cuda_store.c) --------------------------------
+//
+// A copy of a kvg_store's blocks in device memory, byte for byte, for attention on the GPU. The
+// host store stays the store: every change goes through kvgguf.h's calls (append, retier,
+// truncate, a session restored), then kvg_cuda_store_sync brings the copy up to date, copying in
+// only blocks it does not hold yet (each block has an id that changes with its bytes).
+// llama.cpp's CUDA op calls the three hooks below with the kvg_cuda_store as `user`.
+
+// cffi-cuda-begin
+typedef struct kvg_cuda_store kvg_cuda_store;
+
+// An empty copy of host's blocks on ctx's device. The copy owns ctx from then on (freed with it)
+// and reads host, which must outlive it. Every layer is on; kvg_cuda_store_set_layer turns one off.
+KVG_CUDA_API int  kvg_cuda_store_init(kvg_cuda_ctx * ctx, const kvg_store * host, kvg_cuda_store ** out);
+KVG_CUDA_API void kvg_cuda_store_free(kvg_cuda_store * d);
+// Whether layer il's attention runs on the GPU (hook_supports); an off layer's blocks are freed at
+// the next sync, and llama.cpp then runs that layer's op on the CPU, through the host store.
+KVG_CUDA_API int  kvg_cuda_store_set_layer(kvg_cuda_store * d, int32_t il, int32_t on);
+// Makes the copy hold host's blocks as they are now, and waits for the copies. All or nothing: on
+// a failure (out of device memory) the copy keeps what it held, marked stale, and attend leaves
+// the store's rows out (counted as failed reads) until a sync succeeds.
+KVG_CUDA_API int  kvg_cuda_store_sync(kvg_cuda_store * d);
+// Device memory held: the blocks, and the scratch of the queries and of attend's splits.
+KVG_CUDA_API int  kvg_cuda_store_bytes(const kvg_cuda_store * d, uint64_t * out_blocks, uint64_t * out_scratch);
+// How often llama.cpp called hook_attend and hook_finish: where a layer's ops ran on the GPU.
+KVG_CUDA_API int  kvg_cuda_store_calls(const kvg_cuda_store * d, uint64_t * out_attend, uint64_t * out_finish);
+
+// One layer's attention on the fused path, as llama.cpp's CUDA op hands it over (the patched
+// llama.cpp's struct llama_kvgguf_cuda_attn, field for field). Everything is on the device.
+typedef struct kvg_cuda_layer_args {
+    int32_t       il;
+    int64_t       n_cold;      // the store's rows [0, n_cold) of layer il
+    const void *  q_dev;       // f32: element i of head h of token t at q_dev + i*q_nb[0] + h*q_nb[1] + t*q_nb[2]
+    size_t        q_nb[3];
+    int32_t       n_tokens, n_head, n_head_kv;
+    int64_t       head_dim_k, head_dim_v;
+    const void *  k_dev;       // llama.cpp's cells [0, n_kv), as kvg_cuda_cells_args takes them
+    int32_t       k_type;
+    size_t        k_nb[3];
+    const void *  v_dev;
+    int32_t       v_type;
+    size_t        v_nb[3];
+    int64_t       n_kv;
+    const void *  mask_dev;    // f32 or f16 [n_kv, >= n_tokens], NULL: none
+    int32_t       mask_f16;
+    size_t        mask_nb1;
+    float         scale;
+    float         softcap;     // 0: none
+    float *       m_dev;       // the state out: [n_tokens * n_head], queries in (token, head) order
+    float *       l_dev;
+    float *       acc_dev;     // [n_tokens * n_head][head_dim_v]
+} kvg_cuda_layer_args;
+
+// The state of layer il's queries over [the store's rows | llama.cpp's cells], on `stream` of
+// `device` (llama.cpp's): the queries rounded to f16 as the CPU's fused path takes them, the state
+// emptied, the coded rows folded in (kvg_cuda_attend, one call per run of blocks), then the cells
+// (kvg_cuda_attend_cells). Rows that cannot be read (a stale copy, a codec the GPU does not attend)
+// are left out, as if masked, counted in host's kvg_store_read_failures(KVG_READ_ATTEND), and the
+// status says why; the cells are attended all the same. Queued without waiting.
+KVG_CUDA_API int32_t kvg_cuda_store_hook_attend(void * user, const kvg_cuda_layer_args * a, int32_t device, void * stream);
+// The output from that state (kvg_cuda_attend_finish), on `stream`.
+KVG_CUDA_API int32_t kvg_cuda_store_hook_finish(void * user, const kvg_cuda_finish_args * a, int32_t device, void * stream);
+// 1 where layer il's attention runs on the GPU of `device` (-1: any of the copy's), else 0.
+KVG_CUDA_API int32_t kvg_cuda_store_hook_supports(void * user, int32_t il, int32_t device);
+// cffi-cuda-end
 
 #ifdef __cplusplus
 }

@@ -5,6 +5,7 @@
 #ifndef KVG_CUDA_INTERNAL_H
 #define KVG_CUDA_INTERNAL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #if defined(__GNUC__) && !defined(_WIN32)
@@ -29,6 +30,10 @@ KVG_CUDA_HIDDEN void kvg_clear_error(void);
 // floats the CPU encoder compares against (rotq.c computes them in double, so they cannot be
 // recomputed from the public centroids). KVG_ERR_NO_MEMORY if the book cannot be built.
 KVG_CUDA_HIDDEN int kvg_cuda_rotq_tables(int bits, int64_t head_dim, float * centroids, float * boundaries);
+
+// kvg_cuda.cu: the bytes of a context's attention scratch (kvg_cuda_store_bytes counts them).
+struct kvg_cuda_ctx;
+KVG_CUDA_HIDDEN size_t kvg_cuda_ctx_scratch_bytes(const struct kvg_cuda_ctx * ctx);
 
 #ifdef __cplusplus
 }

@@ -487,7 +487,12 @@ typedef struct kvg_block {
     size_t    n_bytes;
     uint8_t * data;
     int32_t   fail_reads;  // kvg_store_debug_fail_reads: every read of this block fails (tests)
+    uint64_t  id;          // set when its bytes are: no other block of the process has had it, so a
+                           // device copy (native/cuda/kvg_cuda_store.c) knows whether it is current
 } kvg_block;
+
+// The next block id (kvg_block.id), never 0.
+uint64_t kvg_block_new_id(void);
 
 typedef struct kvg_rows {
     float *     book[KVG_BOOK_SLOTS];  // pq2's, vq8's, vq8f's codebooks, wfq's plans (NULL: none yet)

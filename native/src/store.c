@@ -266,9 +266,16 @@ static int reserve_block(kvg_rows * r) {
     return KVG_OK;
 }
 
+static _Atomic uint64_t g_block_ids = 0;
+
+uint64_t kvg_block_new_id(void) {
+    return atomic_fetch_add_explicit(&g_block_ids, 1, memory_order_relaxed) + 1;
+}
+
 // Puts block b after the last row (reserve_block must have succeeded).
 static void link_block(kvg_rows * r, kvg_block * b) {
     b->row0                  = r->n_rows;
+    b->id                    = kvg_block_new_id();
     r->blocks[r->n_blocks++] = *b;
     r->n_rows += b->n_rows;
 }
@@ -651,6 +658,7 @@ int kvg_store_retier_lists(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, 
         kvg_block * b = &s->rows[st[k].li].blocks[st[k].bi];
         free(b->data);
         *b            = st[k].nb;
+        b->id         = kvg_block_new_id();
         st[k].nb.data = NULL;
     }
     for (int64_t li = 0; li < n_lists; ++li) {
@@ -720,8 +728,9 @@ int kvg_store_truncate(kvg_store * s, int64_t n_rows) {
         }
         rows_drop_from(r, bi + 1);
         free(r->blocks[bi].data);
-        r->blocks[bi] = cut[li];
-        r->n_rows     = n_rows;
+        r->blocks[bi]    = cut[li];
+        r->blocks[bi].id = kvg_block_new_id();
+        r->n_rows        = n_rows;
     }
     free(cut);
     kvg_mass_forget_from(s, n_rows);

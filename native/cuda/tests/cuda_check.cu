@@ -1372,6 +1372,263 @@ static void run_cells() {
            n, worst, worst_finish);
 }
 
+// ---- the store's device copy and llama.cpp's hooks (kvg_cuda_store.c) ------------------------
+
+// The CPU's fused path for one layer, as the patched llama.cpp computes it with the host store:
+// q rounded to f16, the store's rows (kvg_store_hook_attend_capped), then the cells
+// (kvg_attend_f16), from an empty state.
+static void store_cpu_state(kvg_store * s, int32_t il, int64_t n_cold, const std::vector<float> & q, int T, int H, int Hk,
+                            int64_t dk, int64_t dv, const std::vector<uint8_t> & kc, const size_t * k_nb,
+                            const std::vector<uint8_t> & vc, const size_t * v_nb, int64_t n_kv,
+                            const std::vector<float> & mask, float scale, float softcap, std::vector<float> & m,
+                            std::vector<float> & l, std::vector<float> & acc) {
+    const int64_t      n_q = (int64_t) T * H;
+    std::vector<float> qr(q.size());
+    for (size_t i = 0; i < q.size(); i++) {
+        qr[i] = host_f32(host_f16(q[i]));
+    }
+    m.assign((size_t) n_q, -INFINITY);
+    l.assign((size_t) n_q, 0.0f);
+    acc.assign((size_t) (n_q * dv), 0.0f);
+    if (n_cold > 0 && kvg_store_hook_attend_capped(s, il, 0, n_cold, qr.data(), T, H, scale, softcap, m.data(), l.data(),
+                                                   acc.data()) != KVG_OK) {
+        die("kvg_store_hook_attend_capped: %s", kvg_last_error());
+    }
+    if (kvg_attend_f16(qr.data(), T, H, Hk, dk, dv, kc.data(), KVG_CELLS_F16, k_nb, vc.data(), KVG_CELLS_F16, v_nb, 0, n_kv,
+                       mask.data(), 0, (size_t) n_kv * 4, scale, softcap, m.data(), l.data(), acc.data()) != KVG_OK) {
+        die("kvg_attend_f16: %s", kvg_last_error());
+    }
+}
+
+static void run_store_hooks() {
+    Rng           rng(0x570e);
+    const int     L = 3, Hk = 2, H = 6, T = 5, il = 1;
+    const int64_t dk = 128, dv = 64, n_kv = 70;
+    const float   scale = 1.0f / sqrtf((float) dk), softcap = 20.0f;
+    kvg_store_params p;
+    kvg_store_default_params(&p);
+    p.n_layer    = L;
+    p.n_head_kv  = Hk;
+    p.head_dim_k = (int32_t) dk;
+    p.head_dim_v = (int32_t) dv;
+    kvg_store * s = NULL;
+    if (kvg_store_init(&p, &s) != KVG_OK) {
+        die("kvg_store_init: %s", kvg_last_error());
+    }
+    // f16 sinks, then K and V in blocks that do not line up, codecs mixed: runs of every overlap
+    const int64_t kb[] = { 4, 100, 37, 200 }, vb[] = { 4, 50, 150, 137 };
+    const int     kc_[] = { KVG_CODEC_F16, KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ3, KVG_CODEC_ROTQ4 },
+              vc_[] = { KVG_CODEC_F16, KVG_CODEC_ROTQ2, KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ3 };
+    for (int layer = 0; layer < L; layer++) {
+        for (int i = 0; i < 4; i++) {
+            std::vector<float> xk = kv_rows(rng, kb[i], Hk * dk, dk), xv = kv_rows(rng, vb[i], Hk * dv, dv);
+            if (kvg_store_append(s, layer, KVG_KIND_K, KVG_TIER_WARM, kc_[i], xk.data(), xk.size(), kb[i]) != KVG_OK ||
+                kvg_store_append(s, layer, KVG_KIND_V, KVG_TIER_WARM, vc_[i], xv.data(), xv.size(), vb[i]) != KVG_OK) {
+                die("kvg_store_append: %s", kvg_last_error());
+            }
+        }
+    }
+    size_t               k_nb[3], v_nb[3];
+    std::vector<uint8_t> kc = make_cells(rng, 0, 0, n_kv, Hk, dk, k_nb);
+    std::vector<uint8_t> vc = make_cells(rng, 0, 1, n_kv, Hk, dv, v_nb);  // V transposed, as llama.cpp keeps it without flash attention
+    std::vector<float>   mask((size_t) (T * n_kv));
+    for (int t = 0; t < T; t++) {
+        for (int64_t c = 0; c < n_kv; c++) {
+            mask[(size_t) (t * n_kv + c)] = c < n_kv - (T - 1 - t) ? 0.0f : -INFINITY;
+        }
+    }
+    // q as ggml hands it: [head_dim, n_head, n_tokens] with a gap after each token
+    const size_t       q_nb[3] = { 4, (size_t) dk * 4, (size_t) (H * dk + 5) * 4 };
+    std::vector<float> qsrc((size_t) (T * (H * dk + 5))), q((size_t) (T * H * dk));
+    for (int t = 0; t < T; t++) {
+        for (int h = 0; h < H; h++) {
+            for (int64_t i = 0; i < dk; i++) {
+                const float x                             = 2.0f * rng.gauss();
+                qsrc[(size_t) (t * (H * dk + 5) + h * dk + i)] = x;
+                q[(size_t) ((t * H + h) * dk + i)]             = x;
+            }
+        }
+    }
+
+    kvg_cuda_ctx * ctx = NULL;
+    if (kvg_cuda_ctx_init(0, NULL, &ctx) != KVG_OK) {
+        die("kvg_cuda_ctx_init: %s", kvg_last_error());
+    }
+    kvg_cuda_store * d = NULL;
+    if (kvg_cuda_store_init(ctx, s, &d) != KVG_OK) {
+        die("kvg_cuda_store_init: %s", kvg_last_error());
+    }
+    DevBuf dq(qsrc.size() * 4), dkc(kc.size()), dvc(vc.size()), dmask(mask.size() * 4);
+    dq.put(qsrc.data(), qsrc.size() * 4);
+    dkc.put(kc.data(), kc.size());
+    dvc.put(vc.data(), vc.size());
+    dmask.put(mask.data(), mask.size() * 4);
+    const int64_t n_q = (int64_t) T * H;
+    DevBuf        dm((size_t) n_q * 4), dl((size_t) n_q * 4), dacc((size_t) (n_q * dv) * 4), dout((size_t) (n_q * dv) * 4);
+
+    auto host_bytes = [&]() {
+        uint64_t n = 0;
+        for (int layer = 0; layer < L; layer++) {
+            for (int kind = 0; kind < 2; kind++) {
+                int64_t nb = 0;
+                kvg_store_n_blocks(s, layer, kind, &nb);
+                for (int64_t b = 0; b < nb; b++) {
+                    kvg_block_info info;
+                    kvg_store_block(s, layer, kind, b, &info, NULL, 0);
+                    n += info.n_bytes;
+                }
+            }
+        }
+        return n;
+    };
+    // one layer through the hooks against the CPU's path over its first ref_cold rows; want_status: the hook's
+    int  n_cases = 0;
+    auto check   = [&](const char * what, int64_t n_cold, int want_status, int64_t ref_cold) {
+        char where[160];
+        snprintf(where, sizeof(where), "store hooks, %s (layer %d, %lld cold rows, %lld cells)", what, il, (long long) n_cold,
+                 (long long) n_kv);
+        kvg_cuda_layer_args a;
+        memset(&a, 0, sizeof(a));
+        a.il       = il;
+        a.n_cold   = n_cold;
+        a.q_dev    = dq.p;
+        memcpy(a.q_nb, q_nb, sizeof(q_nb));
+        a.n_tokens   = T;
+        a.n_head     = H;
+        a.n_head_kv  = Hk;
+        a.head_dim_k = dk;
+        a.head_dim_v = dv;
+        a.k_dev      = dkc.p;
+        a.k_type     = KVG_CELLS_F16;
+        memcpy(a.k_nb, k_nb, sizeof(k_nb));
+        a.v_dev  = dvc.p;
+        a.v_type = KVG_CELLS_F16;
+        memcpy(a.v_nb, v_nb, sizeof(v_nb));
+        a.n_kv     = n_kv;
+        a.mask_dev = dmask.p;
+        a.mask_nb1 = (size_t) n_kv * 4;
+        a.scale    = scale;
+        a.softcap  = softcap;
+        a.m_dev    = (float *) dm.p;
+        a.l_dev    = (float *) dl.p;
+        a.acc_dev  = (float *) dacc.p;
+        const int64_t fails = kvg_store_read_failures(s, KVG_READ_ATTEND);
+        int st = kvg_cuda_store_hook_attend(d, &a, 0, g_stream);
+        expect_status(where, "kvg_cuda_store_hook_attend", want_status, st);
+        g_checks++;
+        if (kvg_store_read_failures(s, KVG_READ_ATTEND) != fails + (want_status != KVG_OK)) {
+            mismatch("%s: read failures %lld, %lld before", where, (long long) kvg_store_read_failures(s, KVG_READ_ATTEND),
+                     (long long) fails);
+        }
+        kvg_cuda_finish_args f;
+        memset(&f, 0, sizeof(f));
+        f.m_dev      = (const float *) dm.p;
+        f.l_dev      = (const float *) dl.p;
+        f.acc_dev    = (const float *) dacc.p;
+        f.n_tokens   = T;
+        f.n_head     = H;
+        f.head_dim_v = dv;
+        f.out_dev    = (float *) dout.p;
+        st           = kvg_cuda_store_hook_finish(d, &f, 0, g_stream);
+        if (st == KVG_OK) {
+            st = kvg_cuda_sync(g_ctx);
+        }
+        expect_status(where, "kvg_cuda_store_hook_finish", KVG_OK, st);
+        std::vector<float> cm, cl, cacc;
+        store_cpu_state(s, il, ref_cold, q, T, H, Hk, dk, dv, kc, k_nb, vc, v_nb, n_kv, mask, scale, softcap,
+                        cm, cl, cacc);
+        std::vector<float> gm((size_t) n_q), gl((size_t) n_q), gacc((size_t) (n_q * dv)), out((size_t) (n_q * dv));
+        dm.get(gm.data(), gm.size() * 4);
+        dl.get(gl.data(), gl.size() * 4);
+        dacc.get(gacc.data(), gacc.size() * 4);
+        dout.get(out.data(), out.size() * 4);
+        std::vector<double> m_ref(cm.begin(), cm.end()), l_ref(cl.begin(), cl.end()), out_ref(cacc.size());
+        double              vmax = 0.0;
+        for (int64_t j = 0; j < n_q; j++) {
+            for (int64_t i = 0; i < dv; i++) {
+                out_ref[(size_t) (j * dv + i)] = (double) cacc[(size_t) (j * dv + i)] / cl[(size_t) j];
+                vmax = fabs(out_ref[(size_t) (j * dv + i)]) > vmax ? fabs(out_ref[(size_t) (j * dv + i)]) : vmax;
+            }
+        }
+        double worst = 0.0;
+        attn_compare("cuda store vs cpu store", where, gm, gl, gacc, m_ref, l_ref, out_ref, dv, vmax > 0 ? vmax : 1.0, &worst);
+        g_checks++;
+        double err = 0.0;
+        for (size_t i = 0; i < out.size(); i++) {
+            const double e = fabs(out[i] - out_ref[i]);
+            err            = e > err || e != e ? e : err;
+        }
+        if (!(err <= 5e-5 * (vmax > 0 ? vmax : 1.0))) {
+            mismatch("%s: finished output off by %.3g > 5e-5 * max|out| (%.3g)", where, err, vmax);
+        }
+        n_cases++;
+    };
+    auto expect_bytes = [&](const char * what, uint64_t want) {
+        uint64_t got = 0;
+        g_checks++;
+        if (kvg_cuda_store_bytes(d, &got, NULL) != KVG_OK || got != want) {
+            mismatch("store hooks, %s: the device copy holds %llu bytes of blocks, want %llu", what, (unsigned long long) got,
+                     (unsigned long long) want);
+        }
+    };
+
+    if (kvg_cuda_store_sync(d) != KVG_OK) {
+        die("kvg_cuda_store_sync: %s", kvg_last_error());
+    }
+    expect_bytes("first sync", host_bytes());
+    check("every row", 341, KVG_OK, 341);
+    check("rows [0, 180)", 180, KVG_OK, 180);
+    check("no cold row", 0, KVG_OK, 0);
+    // re-encoded and cut: the copy follows the store after a sync
+    if (kvg_store_retier_list(s, il, KVG_KIND_K, 4, 104, KVG_TIER_ARCHIVE, KVG_CODEC_ROTQ2) != KVG_OK ||
+        kvg_store_truncate(s, 300) != KVG_OK || kvg_cuda_store_sync(d) != KVG_OK) {
+        die("retier / truncate / sync: %s", kvg_last_error());
+    }
+    expect_bytes("after retier and truncate", host_bytes());
+    check("after retier and truncate", 300, KVG_OK, 300);
+    // a codec the GPU does not attend: its rows left out and counted, the cells attended
+    std::vector<float> xk = kv_rows(rng, 20, Hk * dk, dk), xv = kv_rows(rng, 20, Hk * dv, dv);
+    for (int layer = 0; layer < L; layer++) {
+        if (kvg_store_append(s, layer, KVG_KIND_K, KVG_TIER_WARM, KVG_CODEC_KIVI4, xk.data(), xk.size(), 20) != KVG_OK ||
+            kvg_store_append(s, layer, KVG_KIND_V, KVG_TIER_WARM, KVG_CODEC_ROTQ4, xv.data(), xv.size(), 20) != KVG_OK) {
+            die("kvg_store_append: %s", kvg_last_error());
+        }
+    }
+    if (kvg_cuda_store_sync(d) != KVG_OK) {
+        die("kvg_cuda_store_sync: %s", kvg_last_error());
+    }
+    kvg_store_truncate(s, 300);
+    // the copy still holds the kivi block (no sync since): the hook leaves that run out, counted,
+    // and attends the rows before it and the cells
+    check("a kivi4 K block in the copy", 320, KVG_ERR_UNSUPPORTED, 300);
+    // a layer turned off: freed at the next sync, refused by supports
+    kvg_cuda_store_set_layer(d, 0, 0);
+    kvg_cuda_store_sync(d);
+    uint64_t off_bytes = 0;
+    for (int kind = 0; kind < 2; kind++) {
+        int64_t nb = 0;
+        kvg_store_n_blocks(s, 0, kind, &nb);
+        for (int64_t b = 0; b < nb; b++) {
+            kvg_block_info info;
+            kvg_store_block(s, 0, kind, b, &info, NULL, 0);
+            off_bytes += info.n_bytes;
+        }
+    }
+    expect_bytes("layer 0 off", host_bytes() - off_bytes);
+    g_checks++;
+    if (kvg_cuda_store_hook_supports(d, 0, 0) != 0 || kvg_cuda_store_hook_supports(d, il, 0) != 1 ||
+        kvg_cuda_store_hook_supports(d, il, -1) != 1 || kvg_cuda_store_hook_supports(d, il, 1) != 0 ||
+        kvg_cuda_store_hook_supports(d, L, 0) != 0) {
+        mismatch("store hooks: kvg_cuda_store_hook_supports answers wrong");
+    }
+    check("after layer 0 went off", 300, KVG_OK, 300);
+    kvg_cuda_store_free(d);
+    kvg_store_free(s);
+    printf("store hooks: %d cases through kvg_cuda_store_hook_attend / _finish against the CPU store's fused path "
+           "(bound 5e-5 of max|out|); syncs after append, retier, truncate, a layer off\n",
+           n_cases);
+}
+
 // ---- timings (GPU) -------------------------------------------------------------------------
 
 static void run_timing(kvg_cuda_ctx * generic) {
@@ -1626,6 +1883,7 @@ int main(int argc, char ** argv) {
         unsetenv("KVGGUF_CUDA_ATTEND");
         run_gather_q();
         run_cells();
+        run_store_hooks();
         attend_bad = g_bad - before;
         if (timing) {
             run_timing(generic);

@@ -1,0 +1,134 @@
+"""A store's coded blocks in GPU memory (libkvgguf's native/cuda/kvg_cuda_store.c), for the fused
+path's ops that the patched llama.cpp runs on the GPU where a layer's cells live there.
+
+The host :class:`~kvgguf.bindings.store.KVStore` stays the store: every change goes through it,
+then :meth:`DeviceStore.sync` copies in the blocks the device lacks and frees the ones the store
+dropped. Only a CUDA build of libkvgguf (``CMAKE_ARGS="-DGGML_CUDA=ON"``) has these calls; its
+header ``kvgguf/include/kvg_cuda.h`` marks the declarations cffi reads.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from .binding import KvgLoadError, check, library_path
+from ..files import installed_file
+
+_BEGIN, _END = "// cffi-cuda-begin", "// cffi-cuda-end"
+# types the marked regions name but do not define (kvgguf.h's store; the finish hook's argument)
+_PREAMBLE = "typedef struct kvg_store kvg_store;\ntypedef struct kvg_cuda_finish_args kvg_cuda_finish_args;\n"
+CUDA_HEADER_ENV = "KVGGUF_CUDA_HEADER"
+
+# What the GPU attends over in a layer's store (kvg_cuda_store_hook_attend): rotq blocks, and f16
+# where K and V both are (the sinks). Any other codec in a GPU layer is refused before the first token.
+GPU_CODECS = ("f16", "rotq1", "rotq2", "rotq3", "rotq4")
+
+_lock = threading.Lock()
+_loaded = None  # (ffi, lib), or the reason they are not there
+
+
+def header_path() -> Path:
+    override = os.environ.get(CUDA_HEADER_ENV)
+    return Path(override) if override else installed_file("include", "kvg_cuda.h")
+
+
+def cdef_source(text: str) -> str:
+    """The regions between ``// cffi-cuda-begin`` and ``// cffi-cuda-end``, without KVG_CUDA_API."""
+    parts, pos = [], 0
+    while (begin := text.find(_BEGIN, pos)) >= 0:
+        start = text.find("\n", begin) + 1
+        end = text.find(_END, start)
+        if end < 0:
+            raise KvgLoadError(f"kvg_cuda.h: a '{_BEGIN}' without its '{_END}'")
+        parts.append(text[start:end])
+        pos = end + len(_END)
+    if not parts:
+        raise KvgLoadError(f"kvg_cuda.h has no '{_BEGIN}' ... '{_END}' region to give cffi")
+    return _PREAMBLE + "".join(parts).replace("KVG_CUDA_API", "")
+
+
+def _load():
+    """(ffi, lib) of libkvgguf's CUDA calls, or a string saying why there are none."""
+    global _loaded
+    with _lock:
+        if _loaded is not None:
+            return _loaded
+        path = header_path()
+        if not path.exists():
+            _loaded = 'this kvgguf was built without CUDA (reinstall with CMAKE_ARGS="-DGGML_CUDA=ON")'
+            return _loaded
+        from cffi import FFI
+
+        ffi = FFI()
+        ffi.cdef(cdef_source(path.read_text(encoding="utf-8")))
+        lib = ffi.dlopen(str(library_path()))
+        try:
+            lib.kvg_cuda_device_count
+        except AttributeError:
+            _loaded = f"{library_path()} has no CUDA kernels, though {path} is installed: reinstall kvgguf"
+            return _loaded
+        _loaded = (ffi, lib)
+        return _loaded
+
+
+def unavailable() -> str | None:
+    """None where libkvgguf can put a store on a GPU, else why it cannot."""
+    loaded = _load()
+    if isinstance(loaded, str):
+        return loaded
+    ffi, lib = loaded
+    n = ffi.new("int *")
+    check(lib.kvg_cuda_device_count(n), "kvg_cuda_device_count")
+    return None if n[0] > 0 else "the CUDA runtime sees no device"
+
+
+class DeviceStore:
+    """The blocks of ``store`` (a KVStore, kept alive by this object) on CUDA device ``device``."""
+
+    def __init__(self, store, device: int):
+        loaded = _load()
+        if isinstance(loaded, str):
+            raise KvgLoadError(loaded)
+        self._ffi, self._lib = ffi, lib = loaded
+        self.store, self.device = store, device
+        ctx = ffi.new("kvg_cuda_ctx **")
+        check(lib.kvg_cuda_ctx_init(device, ffi.NULL, ctx), f"a CUDA context on device {device}")
+        out = ffi.new("kvg_cuda_store **")
+        status = lib.kvg_cuda_store_init(ctx[0], ffi.cast("kvg_store *", store.address), out)
+        if status != 0:
+            lib.kvg_cuda_ctx_free(ctx[0])
+            check(status, "the store's device copy")
+        self._ptr = ffi.gc(out[0], lib.kvg_cuda_store_free)  # frees the context too
+
+    @property
+    def address(self) -> int:
+        return int(self._ffi.cast("uintptr_t", self._ptr))
+
+    def set_layer(self, il: int, on: bool) -> None:
+        check(self._lib.kvg_cuda_store_set_layer(self._ptr, il, int(on)), f"layer {il}")
+
+    def sync(self) -> None:
+        """Copies in what the store holds and the device does not (all or nothing)."""
+        check(self._lib.kvg_cuda_store_sync(self._ptr), "copying the store's blocks to the GPU")
+
+    def bytes(self) -> tuple[int, int]:
+        """(device bytes of the blocks, device bytes of the attention's scratch)."""
+        blocks, scratch = self._ffi.new("uint64_t *"), self._ffi.new("uint64_t *")
+        check(self._lib.kvg_cuda_store_bytes(self._ptr, blocks, scratch))
+        return int(blocks[0]), int(scratch[0])
+
+    def calls(self) -> tuple[int, int]:
+        """How often llama.cpp ran a layer's (attention, output) op on the GPU through this copy."""
+        attend, finish = self._ffi.new("uint64_t *"), self._ffi.new("uint64_t *")
+        check(self._lib.kvg_cuda_store_calls(self._ptr, attend, finish))
+        return int(attend[0]), int(finish[0])
+
+    def hook_functions(self) -> tuple[int, int, int]:
+        """Addresses of the attend, finish and supports hooks (struct llama_kvgguf_cuda)."""
+        ffi, lib = self._ffi, self._lib
+        return tuple(
+            int(ffi.cast("uintptr_t", fn))
+            for fn in (lib.kvg_cuda_store_hook_attend, lib.kvg_cuda_store_hook_finish, lib.kvg_cuda_store_hook_supports)
+        )

@@ -1,0 +1,104 @@
+"""The fused path on a GPU: libkvgguf's device copy of the store (native/cuda/kvg_cuda_store.c)
+behind llama.cpp's CUDA hooks (patch 15).
+
+The kernels and the hooks are checked against the CPU's store by native/cuda/tests/cuda_check.cu
+(test_cuda_kernels.py); here, what a user sees: the Python binding on any machine, and on a
+machine with a GPU and a CUDA build, a context whose layers live on the GPU against the same
+context on the CPU (marked cuda: skipped, saying why, elsewhere).
+"""
+
+from pathlib import Path
+
+import pytest
+from cffi import FFI
+
+from kvgguf.bindings import cuda_store
+from kvgguf.bindings.binding import KvgLoadError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_cuda_header_marks_what_cffi_reads():
+    """The regions of kvg_cuda.h that the binding gives cffi parse, and hold every call it makes."""
+    ffi = FFI()
+    ffi.cdef(cuda_store.cdef_source((ROOT / "native/cuda/kvg_cuda.h").read_text()))
+    for name in (
+        "kvg_cuda_device_count",
+        "kvg_cuda_ctx_init",
+        "kvg_cuda_ctx_free",
+        "kvg_cuda_store_init",
+        "kvg_cuda_store_free",
+        "kvg_cuda_store_set_layer",
+        "kvg_cuda_store_sync",
+        "kvg_cuda_store_bytes",
+        "kvg_cuda_store_calls",
+        "kvg_cuda_store_hook_attend",
+        "kvg_cuda_store_hook_finish",
+        "kvg_cuda_store_hook_supports",
+    ):
+        assert "function " + name in ffi._parser._declarations, name
+    # the hook's argument as llama.cpp's struct llama_kvgguf_cuda_attn lays it out, field for field
+    fields = [f for f, _ in ffi.typeof("kvg_cuda_layer_args").fields]
+    assert fields[:3] == ["il", "n_cold", "q_dev"] and fields[-3:] == ["m_dev", "l_dev", "acc_dev"]
+    with pytest.raises(KvgLoadError, match="without its"):
+        cuda_store.cdef_source("// cffi-cuda-begin\nint f(void);\n")
+
+
+def _fields(text: str, start: str) -> list[tuple[str, str]]:
+    """(type, name) of each field of the struct whose definition starts with `start` (a patch's
+    added lines read as they are)."""
+    body = text[text.index(start) :]
+    body = body[body.index("{") + 1 : body.index("}")]
+    out = []
+    for line in body.splitlines():
+        line = line.split("//")[0].strip().lstrip("+").strip().rstrip(";")
+        if not line:
+            continue
+        first, *more = line.split(",")
+        tokens = first.replace("*", " * ").split()
+        ctype = " ".join(tokens[:-1])
+        for name in [tokens[-1], *more]:
+            name = name.strip().split("[")[0]
+            out.append((ctype, name[: -len("_dev")] if name.endswith("_dev") else name))
+    return out
+
+
+@pytest.mark.parametrize(
+    "theirs, ours, n",
+    [
+        ("struct llama_kvgguf_cuda_attn {", "typedef struct kvg_cuda_layer_args {", 24),
+        ("struct llama_kvgguf_cuda_finish {", "typedef struct kvg_cuda_finish_args {", 8),
+    ],
+)
+def test_the_patch_and_the_library_agree_on_the_hooks_arguments(theirs, ours, n):
+    """llama.cpp's structs (patches/0001) and libkvgguf's (kvg_cuda.h), which the hooks pass between
+    them, have the same fields in the same order with the same types."""
+    patch = _fields((ROOT / "patches/0001-kvgguf-c-api.patch").read_text(), theirs)
+    header = _fields((ROOT / "native/cuda/kvg_cuda.h").read_text(), ours)
+    assert header == patch
+    assert len(patch) == n
+
+
+def test_without_a_gpu_build_the_device_store_says_why(smollm2_path):
+    why = cuda_store.unavailable()
+    if why is None:
+        pytest.skip("this machine has a CUDA build and a GPU")
+    assert "CUDA" in why or "device" in why
+    with pytest.raises(KvgLoadError if "built without" in why else Exception):
+        cuda_store.DeviceStore(object(), 0)
+
+
+@pytest.mark.cuda
+def test_the_fused_path_on_the_gpu_gives_what_the_cpu_and_llama_cpp_give(smollm2_path, tmp_path):
+    """scripts/gpu_path_check.py: every layer on the GPU, cold rows in VRAM and attended there, an
+    exact store against llama.cpp's own CUDA cache and coded rows against kvgguf's CPU path."""
+    why = cuda_store.unavailable()
+    if why:
+        pytest.skip(why)
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_path_check
+
+    failures = gpu_path_check.check(smollm2_path, tmp_path)
+    assert not failures, failures
