@@ -46,6 +46,15 @@ def _calibrate(model_path: str, progress):
     return calibrate(model_path, progress=progress)
 
 
+def _on_gpu(kwargs) -> bool:
+    """Whether llama.cpp will keep layers' KV cells on a GPU that kvgguf's fused path can use."""
+    if kwargs.get("n_gpu_layers", 0) == 0 or not kwargs.get("offload_kqv", True):
+        return False
+    from .bindings import cuda_store
+
+    return cuda_store.unavailable() is None
+
+
 class Llama(SessionCalls):
     """llama_cpp.Llama with a compressed KV cache.
 
@@ -161,6 +170,7 @@ class Llama(SessionCalls):
             verbose=verbose,
             calibrate=_calibrate,
             flash_attn=bool(kwargs["flash_attn"]),
+            gpu=_on_gpu(kwargs),
         )
         config, shape, n_batch = plan.config, plan.shape, plan.n_batch
         # llama.cpp's cells: the hot window plus one batch (it pads this to a multiple of 256;
@@ -409,8 +419,18 @@ class Llama(SessionCalls):
     def kv_memory(self) -> KVMemory:
         """Bytes held for the KV cache now, per tier, and bits per value."""
         if self._kv is None:
-            hot = TierMemory("hot", "llama.cpp", int(hooks.kv_bytes(self._ctx.ctx)))
-            return KVMemory((hot,), 0, self.n_tokens, self._values_per_token(), int(hooks.compute_bytes(self._ctx.ctx)))
+            ctx = self._ctx.ctx
+            hot = TierMemory("hot", "llama.cpp", int(hooks.kv_bytes(ctx)))
+            where = [hooks.buffer_of(ctx, il) for il in range(llama_cpp.llama_model_n_layer(self._model.model))]
+            on_device = any(w is not None and not w[1] for w in where)
+            return KVMemory(
+                (hot,),
+                0,
+                self.n_tokens,
+                self._values_per_token(),
+                int(hooks.compute_bytes(ctx)),
+                cells_on_device=on_device,
+            )
         return self._kv.memory(self.n_tokens)
 
     def _values_per_token(self) -> int:

@@ -74,6 +74,15 @@ fi
 echo "cuda_compile_check: compiled and linked in $(( $(date +%s) - start )) s"
 [ "$build_only" -eq 1 ] && exit 0
 
+# The device store's bookkeeping (kvg_cuda_store.c) on the host, with stand-ins for the device calls.
+host_objs=()
+for src in native/src/*.c native/cuda/kvg_cuda_store.c; do
+    host_objs+=("$out/$(basename "$src" .c).o")
+done
+"${CC:-cc}" "${cflags[@]}" -Inative/cuda native/cuda/tests/store_sync_check.c "${host_objs[@]}" -o "$out/store_sync_check" -lpthread -lm &&
+    "$out/store_sync_check" > "$out/store_sync.log" 2>&1 || { cat "$out/store_sync.log"; echo "cuda_compile_check: store_sync_check FAILED"; exit 1; }
+tail -2 "$out/store_sync.log"
+
 "$out/cuda_check" --emulate --quick > "$out/emulate.log" 2>&1 || { cat "$out/emulate.log"; echo "cuda_compile_check: emulation FAILED"; exit 1; }
 tail -2 "$out/emulate.log"
 set +e

@@ -101,7 +101,7 @@ def check(tokenizer_from: Path, out_dir: Path, say=print) -> list[str]:
     held = kv.store.held().bytes if kv is not None else 0
     say(
         f"kvgguf f16 cold rows on the GPU against llama.cpp's CUDA f16: KL {kl:.3g} (bound {bound:.3g}); "
-        f"{kv.n_cold if kv else 0} cold rows, {blocks} bytes of blocks in VRAM (host store {held}); {seconds:.2f} s"
+        f"{kv.n_cold if kv else 0} cold rows, {blocks} bytes of segments in VRAM (host store {held}); {seconds:.2f} s"
     )
     calls = kv.device_store.calls() if on_gpu else (0, 0)
     say(f"  the GPU ran the attention op {calls[0]} times and the output op {calls[1]} times")
@@ -109,8 +109,9 @@ def check(tokenizer_from: Path, out_dir: Path, say=print) -> list[str]:
         failures.append(f"the f16 context's layers did not take the GPU path (calls {calls})")
     if not kl <= bound:
         failures.append(f"f16 cold rows on the GPU: KL {kl:.3g} > {bound:.3g}")
-    if on_gpu and blocks != held:
-        failures.append(f"the device holds {blocks} bytes of blocks, the store {held}")
+    # the device's segments hold every byte of the store's, with room to grow (a quarter, or 256 rows)
+    if on_gpu and not held <= blocks <= 2 * held + (1 << 20):
+        failures.append(f"the device holds {blocks} bytes of segments for {held} bytes of blocks")
     if kv is not None and kv.read_failures() != (0, 0, 0):
         failures.append(f"failed reads on the GPU path: {kv.read_failures()}")
     del llm

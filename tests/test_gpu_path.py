@@ -102,3 +102,45 @@ def test_the_fused_path_on_the_gpu_gives_what_the_cpu_and_llama_cpp_give(smollm2
 
     failures = gpu_path_check.check(smollm2_path, tmp_path)
     assert not failures, failures
+
+
+def test_kv_memory_says_where_the_bytes_are():
+    """A GPU context's KV memory: llama.cpp's cells and the store's copy in VRAM, the store on the
+    host; on a CPU, all of it on the host and nothing in VRAM."""
+    from kvgguf.runtime.memory import KVMemory, TierMemory
+
+    tiers = (TierMemory("hot", "f16", 1000), TierMemory("warm", "rotq4", 300), TierMemory("archive", "rotq2", 100))
+    gpu = KVMemory(tiers, 20, 64, 10, device_bytes=500, cells_on_device=True)
+    assert (gpu.vram_bytes, gpu.host_bytes, gpu.total_bytes) == (1500, 420, 1420)
+    assert "in VRAM" in str(gpu) and "on the host" in str(gpu)
+    cpu = KVMemory(tiers, 20, 64, 10)
+    assert (cpu.vram_bytes, cpu.host_bytes) == (0, 1420)
+    assert "VRAM" not in str(cpu)
+
+
+def test_a_cpu_context_holds_nothing_in_vram(smollm2_path):
+    from kvgguf import Llama, TieredConfig
+
+    llm = Llama(str(smollm2_path), kv_codec=TieredConfig(hot=64, block=32), n_ctx=512, n_batch=32, verbose=False)
+    llm.eval(llm.tokenize(b"The cache on the CPU: " * 20))
+    mem = llm.kv_memory()
+    assert llm._kv.gpu is None and llm._kv.device_store is None
+    assert mem.vram_bytes == 0 and mem.host_bytes == mem.total_bytes > 0
+
+
+def test_a_plan_for_a_gpu_takes_only_what_the_gpu_attends_over():
+    """kv_codec="tiered" / "auto" on a GPU: the calibrated plan leaves out every codec family but
+    f16 and rotq, the preset's own exclusions and key floor kept; without a GPU build or with no
+    layer offloaded, kvgguf plans for the CPU."""
+    from kvgguf.bindings import codecs
+    from kvgguf.llama import _on_gpu
+    from kvgguf.policy import kv_codec, resolve
+
+    request = kv_codec.parse("tiered")[1]
+    gpu = resolve.gpu_request(request)
+    families = {codecs.family(n) for n in codecs.names()}
+    assert families - set(gpu.exclude) == {"f16", "rotq"}
+    assert set(request.exclude) <= set(gpu.exclude) and gpu.key_bits == request.key_bits
+    assert resolve.gpu_request(None) is None
+    assert not _on_gpu({"n_gpu_layers": 0}) and not _on_gpu({"n_gpu_layers": -1, "offload_kqv": False})
+    assert _on_gpu({"n_gpu_layers": -1}) == (cuda_store.unavailable() is None)

@@ -114,7 +114,7 @@ class DeviceStore:
         check(self._lib.kvg_cuda_store_sync(self._ptr), "copying the store's blocks to the GPU")
 
     def bytes(self) -> tuple[int, int]:
-        """(device bytes of the blocks, device bytes of the attention's scratch)."""
+        """(device bytes of the segments holding the blocks, with their room to grow; of the scratch)."""
         blocks, scratch = self._ffi.new("uint64_t *"), self._ffi.new("uint64_t *")
         check(self._lib.kvg_cuda_store_bytes(self._ptr, blocks, scratch))
         return int(blocks[0]), int(scratch[0])

@@ -107,6 +107,19 @@ class Resolved:
     window: Optional[str] = None  # None: the model has no sliding-window layers
 
 
+# The codec families a GPU layer attends over (kvgguf.bindings.cuda_store.GPU_CODECS): a calibrated
+# plan for a context on a GPU leaves the others out.
+GPU_FAMILIES = ("f16", "rotq")
+
+
+def gpu_request(request: Optional[Request]) -> Optional[Request]:
+    """The request with every codec family the GPU does not attend over left out of its plan."""
+    if request is None:
+        return None
+    others = {codecs.family(name) for name in codecs.names()} - set(GPU_FAMILIES)
+    return replace(request, exclude=tuple(sorted(set(request.exclude) | others)))
+
+
 def resolve(
     model_path: str,
     kv_codec: Union[str, TieredConfig],
@@ -116,12 +129,16 @@ def resolve(
     verbose: bool,
     calibrate: Calibrate,
     flash_attn: bool = True,
+    gpu: bool = False,
 ) -> Resolved:
     """The cache a kv_codec asks for on this model, checked against its shape and head dims;
     "auto" and "tiered" are allocated from its calibration (measured by `calibrate` for "auto"
-    when it has none)."""
+    when it has none). gpu: the context's layers will be on a GPU, so a calibrated plan takes only
+    the codecs it attends over (GPU_FAMILIES)."""
     preset = isinstance(kv_codec, str)
     config, request = parse_kv_codec(kv_codec)  # request: "auto[:BITS]" or "tiered", calibration decides
+    if gpu:
+        request = gpu_request(request)
     config, shape = _config_for_model(config, preset, model_path)
     cells = _fit_cell_types(config, shape, model_path, flash_attn=flash_attn, verbose=verbose)
     if preset:  # the presets' hot window and batch follow the model's size (policy.tiered.WIDE_SHARE)
@@ -130,7 +147,7 @@ def resolve(
     config, request = _fit_codecs(
         config, shape, model_path, tiered_preset=tiered_preset, request=request, verbose=verbose
     )
-    if tiered_preset and config.keep is None and near_exact(shape):
+    if tiered_preset and config.keep is None and near_exact(shape) and not gpu:  # kivi8: not on a GPU
         config, request = _near_exact(config, shape, model_path, verbose)
     n_batch = decode_batch(n_batch, n_ctx, config, verbose)
     calibrated = None

@@ -417,6 +417,8 @@ class LiveCache:
             self.shape.values_per_token,
             int(hooks.compute_bytes(self.ctx)),
             self.store.held().values,
+            sum(self.device_store.bytes()) if self.device_store is not None else 0,
+            self.gpu is not None,
         )
 
 

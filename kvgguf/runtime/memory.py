@@ -29,6 +29,11 @@ class KVMemory:
     ``compute_bytes`` stands beside the total, not in it: llama.cpp's compute buffers, the
     transient scratch of its graphs at their peak so far (with cold rows, the f16 rows the
     attention expands them to; it grows with the context). Stock llama.cpp has one too.
+
+    On a GPU (layers whose cells llama.cpp keeps in VRAM, ``cells_on_device``), ``device_bytes``
+    is the store's copy there: its segments of coded rows with their room to grow, and the
+    attention's scratch. It stands beside the total too, which counts the store's host bytes:
+    ``vram_bytes`` and ``host_bytes`` say where the bytes are.
     """
 
     tiers: tuple[TierMemory, ...]
@@ -37,6 +42,8 @@ class KVMemory:
     values_per_token: int
     compute_bytes: int = 0
     cold_values: int = 0  # K/V values the store's tiers stand for
+    device_bytes: int = 0  # the store's copy in VRAM (kvgguf.bindings.cuda_store)
+    cells_on_device: bool = False  # llama.cpp's cells in VRAM
     by_tier: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -52,6 +59,22 @@ class KVMemory:
         return sum(t.bytes for t in self.tiers if t.name not in LLAMA_TIERS)
 
     @property
+    def cell_bytes(self) -> int:
+        """llama.cpp's own buffers ("hot", "window")."""
+        return sum(t.bytes for t in self.tiers if t.name in LLAMA_TIERS)
+
+    @property
+    def vram_bytes(self) -> int:
+        """Bytes of the KV cache in GPU memory: llama.cpp's cells where it keeps them there, and
+        the store's device copy."""
+        return self.device_bytes + (self.cell_bytes if self.cells_on_device else 0)
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes of the KV cache in host memory: the store (and llama.cpp's cells on a CPU)."""
+        return self.total_bytes - (self.cell_bytes if self.cells_on_device else 0)
+
+    @property
     def bits_per_value(self) -> float:
         values = self.n_tokens * self.values_per_token
         return self.total_bytes * 8 / values if values else float("nan")
@@ -60,7 +83,13 @@ class KVMemory:
         parts = ", ".join(f"{t.name} {t.codec} {t.bytes / MIB:.2f}" for t in self.tiers)
         # n/a without tokens, or on a recurrent model (a state per sequence, no K/V values per token)
         bpv = f"{self.bits_per_value:.2f}" if self.n_tokens * self.values_per_token else "n/a"
+        where = (
+            f"; in VRAM {self.vram_bytes / MIB:.2f} MiB (the store's copy {self.device_bytes / MIB:.2f}), "
+            f"on the host {self.host_bytes / MIB:.2f} MiB"
+            if self.cells_on_device or self.device_bytes
+            else ""
+        )
         return (
             f"kv cache: size = {self.total_bytes / MIB:.2f} MiB ({parts}), {bpv} bits/value over "
-            f"{self.n_tokens} tokens; compute scratch {self.compute_bytes / MIB:.2f} MiB (peak)"
+            f"{self.n_tokens} tokens; compute scratch {self.compute_bytes / MIB:.2f} MiB (peak){where}"
         )

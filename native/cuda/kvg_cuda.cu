@@ -284,6 +284,10 @@ extern "C" int kvg_cuda_copy_out(kvg_cuda_ctx * ctx, void * dst_host, const void
     return kc_copy(ctx, dst_host, src_dev, bytes, cudaMemcpyDeviceToHost, "kvg_cuda_copy_out");
 }
 
+extern "C" int kvg_cuda_copy_dev(kvg_cuda_ctx * ctx, void * dst_dev, const void * src_dev, size_t bytes) {
+    return kc_copy(ctx, dst_dev, src_dev, bytes, cudaMemcpyDeviceToDevice, "kvg_cuda_copy_dev");
+}
+
 // ---- codecs --------------------------------------------------------------------------------
 
 #define KC_GPU_CODECS "f16, kivi2, kivi3, kivi4, kivi8, rotq1, rotq2, rotq3, rotq4"

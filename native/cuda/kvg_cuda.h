@@ -72,6 +72,7 @@ KVG_CUDA_API int kvg_cuda_free(kvg_cuda_ctx * ctx, void * dev);
 // Copies that finish before they return (a session saved or restored; a block moved).
 KVG_CUDA_API int kvg_cuda_copy_in(kvg_cuda_ctx * ctx, void * dst_dev, const void * src_host, size_t bytes);
 KVG_CUDA_API int kvg_cuda_copy_out(kvg_cuda_ctx * ctx, void * dst_host, const void * src_dev, size_t bytes);
+KVG_CUDA_API int kvg_cuda_copy_dev(kvg_cuda_ctx * ctx, void * dst_dev, const void * src_dev, size_t bytes);
 
 // Whether the GPU encodes and decodes `type` at this head_dim: KVG_OK, or KVG_ERR_UNSUPPORTED /
 // KVG_ERR_SHAPE / KVG_ERR_UNKNOWN_CODEC with kvg_last_error() naming the codecs it runs. No device
@@ -222,7 +223,8 @@ KVG_CUDA_API int  kvg_cuda_store_set_layer(kvg_cuda_store * d, int32_t il, int32
 // a failure (out of device memory) the copy keeps what it held, marked stale, and attend leaves
 // the store's rows out (counted as failed reads) until a sync succeeds.
 KVG_CUDA_API int  kvg_cuda_store_sync(kvg_cuda_store * d);
-// Device memory held: the blocks, and the scratch of the queries and of attend's splits.
+// Device memory held: the segments (the blocks, with room to grow), and the scratch of the
+// queries and of attend's splits.
 KVG_CUDA_API int  kvg_cuda_store_bytes(const kvg_cuda_store * d, uint64_t * out_blocks, uint64_t * out_scratch);
 // How often llama.cpp called hook_attend and hook_finish: where a layer's ops ran on the GPU.
 KVG_CUDA_API int  kvg_cuda_store_calls(const kvg_cuda_store * d, uint64_t * out_attend, uint64_t * out_finish);

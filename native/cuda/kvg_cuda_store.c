@@ -2,9 +2,19 @@
 // calls (kvg_cuda.h, "A store's coded blocks on the device").
 //
 // The host store stays the store (store.c): Python changes it between llama_decode calls, then
-// syncs this copy. A block's id changes whenever its bytes do, so a sync copies in only what the
-// copy lacks and frees what the store dropped. C on the host side only: the kernels are the
-// kvg_cuda_* calls, queued on llama.cpp's stream during a hook.
+// syncs this copy. C on the host side only: the kernels are the kvg_cuda_* calls, queued on
+// llama.cpp's stream during a hook.
+//
+// Layout: a store keeps one block per eviction (64 rows by default), and one kvg_cuda_attend per
+// block would be hundreds of launches per layer at 32K. So the copy keeps each run of blocks of
+// one codec as one segment: a buffer of `cap` rows laid out as a block of cap rows is
+// ([per-row part: rotq's norms] for cap rows, then [codes] for cap rows), which kvg_cuda_attend
+// reads as one block, rows [skip, skip + n_rows) live. Rows come in at the tail (evictions, a
+// block aged into the run before) and leave at the head (the oldest block aging out), so a sync
+// copies in only blocks the copy lacks (a block's id changes with its bytes), and a segment is
+// rebuilt from the host's bytes only when its run changed otherwise (a cut, a block re-encoded
+// in the middle). Codecs whose rows cannot be concatenated so (kivi's token groups) are kept as
+// segments without data: attend leaves their rows out and says so.
 #include "kvg_cuda.h"
 #include "kvg_cuda_internal.h"
 #include "kvg_internal.h"
@@ -13,18 +23,29 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct dev_block {
-    uint64_t id;  // the host block's (kvg_block.id) whose bytes these are
-    int64_t  row0, n_rows;
-    int32_t  codec;
-    size_t   n_bytes;
-    void *   data;  // device
-    int      kept;  // sync: still in the store
-} dev_block;
+typedef struct seg_block {
+    uint64_t id;  // the host block's (kvg_block.id)
+    int64_t  n_rows;
+} seg_block;
+
+typedef struct segment {
+    int32_t     codec;
+    size_t      head_b, code_b;  // bytes per row of the per-row part and of the codes (0, 0: no data)
+    void *      data;            // device: [head_b * cap][code_b * cap]
+    int64_t     cap;             // rows the buffer holds
+    int64_t     skip;            // rows at the buffer's start that left the run
+    int64_t     row0;            // the store's row of the first live row
+    int64_t     n_rows;          // live rows
+    seg_block * blocks;          // the live blocks, in order
+    int64_t     n_blocks;
+    int         claimed;  // sync: taken over by a run of the new list
+    int         fresh;    // sync: data allocated by this sync (freed if it fails)
+    void *      old_data; // sync: the buffer a grown segment leaves (freed if it succeeds)
+} segment;
 
 typedef struct dev_list {
-    dev_block * b;
-    int64_t     n;
+    segment * s;
+    int64_t   n;
 } dev_list;
 
 struct kvg_cuda_store {
@@ -33,7 +54,7 @@ struct kvg_cuda_store {
     dev_list *        lists;  // n_layer * 2, as the host's rows
     int32_t *         on;     // per layer: attention on the GPU
     int               stale;  // the last sync failed: the copy is not the store
-    uint64_t          bytes;  // device bytes of the blocks
+    uint64_t          bytes;  // device bytes of the segments
     float *           q_dev;  // the queries, gathered (attend's scratch is the context's)
     size_t            q_floats;
     uint64_t          calls[2];  // hook_attend's and hook_finish's calls (proof the GPU took the ops)
@@ -41,6 +62,33 @@ struct kvg_cuda_store {
 
 static int64_t n_lists(const kvg_cuda_store * d) {
     return (int64_t) d->host->p.n_layer * 2;
+}
+
+// Bytes per row of a block's per-row part and of its codes, for codecs whose blocks are those two
+// parts, each row after row (f16: no per-row part; rotq: the f16 norms). 0 for the others.
+static int row_layout(const kvg_store * s, int32_t kind, int32_t codec, size_t * head_b, size_t * code_b) {
+    const int64_t H = s->p.n_head_kv, D = kind == KVG_KIND_K ? s->p.head_dim_k : s->p.head_dim_v;
+    *head_b = *code_b = 0;
+    if (codec == KVG_CODEC_F16) {
+        *code_b = (size_t) (2 * H * D);
+    } else if (codec >= KVG_CODEC_ROTQ1 && codec <= KVG_CODEC_ROTQ4 && (D * (codec - KVG_CODEC_ROTQ1 + 1)) % 8 == 0) {
+        *head_b = (size_t) (2 * H);
+        *code_b = (size_t) (H * D * (codec - KVG_CODEC_ROTQ1 + 1) / 8);
+    } else {
+        return 0;
+    }
+    // the layout this assumes, as the library sizes it (a block of 2 rows is 2 rows' parts)
+    size_t two = 0;
+    const kvg_codec_params p = kvg_store_list_params(s, 0, codec, NULL);
+    if (kvg_encoded_size(codec, kind, 2, H, D, &p, &two) != KVG_OK || two != 2 * (*head_b + *code_b)) {
+        *head_b = *code_b = 0;
+        return 0;
+    }
+    return 1;
+}
+
+static size_t seg_bytes(const segment * g) {
+    return (size_t) g->cap * (g->head_b + g->code_b);
 }
 
 int kvg_cuda_store_init(kvg_cuda_ctx * ctx, const kvg_store * host, kvg_cuda_store ** out) {
@@ -74,11 +122,11 @@ int kvg_cuda_store_init(kvg_cuda_ctx * ctx, const kvg_store * host, kvg_cuda_sto
 
 static void free_list(kvg_cuda_store * d, dev_list * l) {
     for (int64_t i = 0; i < l->n; ++i) {
-        kvg_cuda_free(d->ctx, l->b[i].data);
-        d->bytes -= l->b[i].n_bytes;
+        kvg_cuda_free(d->ctx, l->s[i].data);
+        free(l->s[i].blocks);
     }
-    free(l->b);
-    l->b = NULL;
+    free(l->s);
+    l->s = NULL;
     l->n = 0;
 }
 
@@ -106,16 +154,139 @@ int kvg_cuda_store_set_layer(kvg_cuda_store * d, int32_t il, int32_t on) {
     return KVG_OK;
 }
 
-// The device block of host block hb in list l, searched from *hint (blocks keep their order).
-static dev_block * find_block(dev_list * l, uint64_t id, int64_t * hint) {
-    for (int64_t k = 0; k < l->n; ++k) {
-        const int64_t i = (*hint + k) % l->n;
-        if (l->b[i].id == id) {
-            *hint = i + 1;
-            return &l->b[i];
+// ---- sync ----------------------------------------------------------------------------------
+
+// The unclaimed segment of l holding block `id`, and the block's index in it.
+static segment * find_segment(dev_list * l, uint64_t id, int64_t * at) {
+    for (int64_t i = 0; i < l->n; ++i) {
+        segment * g = &l->s[i];
+        for (int64_t b = 0; !g->claimed && b < g->n_blocks; ++b) {
+            if (g->blocks[b].id == id) {
+                *at = b;
+                return g;
+            }
         }
     }
     return NULL;
+}
+
+// Copies host block hb into g's buffer at buffer row `at`.
+static int put_block(kvg_cuda_store * d, segment * g, const kvg_block * hb, int64_t at) {
+    const size_t head = (size_t) hb->n_rows * g->head_b;
+    int          rc   = kvg_cuda_copy_in(d->ctx, (uint8_t *) g->data + (size_t) at * g->head_b, hb->data, head);
+    if (rc == KVG_OK) {
+        rc = kvg_cuda_copy_in(d->ctx, (uint8_t *) g->data + (size_t) g->cap * g->head_b + (size_t) at * g->code_b,
+                              hb->data + head, (size_t) hb->n_rows * g->code_b);
+    }
+    return rc;
+}
+
+// Rows for a run of n: a quarter more, at least 256, even (the codes start 4-byte aligned).
+static int64_t grown(int64_t n) {
+    int64_t c = n + (n / 4 > 256 ? n / 4 : 256);
+    return c + (c & 1);
+}
+
+// The segment of host blocks [i0, i1) of r (one codec) into *g: the old segment that holds the
+// run's first block taken over where the run only dropped blocks at its head and added blocks at
+// its tail, else a new buffer with every block copied in. Only fresh memory and rows past the old
+// segment's live ones are written, so a failure leaves the old list readable.
+static int stage_run(kvg_cuda_store * d, int32_t kind, const kvg_rows * r, int64_t i0, int64_t i1, dev_list * old,
+                     segment * g) {
+    const kvg_block * hb = &r->blocks[i0];
+    memset(g, 0, sizeof(*g));
+    g->codec    = hb->codec;
+    g->row0     = hb->row0;
+    g->n_blocks = i1 - i0;
+    g->blocks   = (seg_block *) malloc((size_t) g->n_blocks * sizeof(seg_block));
+    if (!g->blocks) {
+        return kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda_store_sync: a segment's index");
+    }
+    for (int64_t i = i0; i < i1; ++i) {
+        g->blocks[i - i0] = (seg_block) { r->blocks[i].id, r->blocks[i].n_rows };
+        g->n_rows += r->blocks[i].n_rows;
+    }
+    if (!row_layout(d->host, kind, g->codec, &g->head_b, &g->code_b)) {
+        return KVG_OK;  // kept without data: attend leaves these rows out
+    }
+    // an old segment this run continues: its blocks from `at` on are the run's first ones
+    int64_t   at = 0, kept = 0, kept_rows = 0, dropped_rows = 0;
+    segment * o  = find_segment(old, hb->id, &at);
+    if (o && o->codec == g->codec && o->data) {
+        kept = o->n_blocks - at;
+        for (int64_t b = 0; o && b < o->n_blocks; ++b) {
+            if (b < at) {
+                dropped_rows += o->blocks[b].n_rows;
+            } else if (b - at >= g->n_blocks || o->blocks[b].id != g->blocks[b - at].id) {
+                o = NULL;  // a block in the middle or at the end changed: rebuild
+            } else {
+                kept_rows += o->blocks[b].n_rows;
+            }
+        }
+    } else {
+        o = NULL;
+    }
+    if (!o) {
+        kept = kept_rows = 0;
+    }
+    int     rc    = KVG_OK;
+    int64_t first = 0;  // the run's first block not in the buffer yet
+    if (o) {
+        o->claimed = 1;
+        g->data    = o->data;
+        g->cap     = o->cap;
+        g->skip    = o->skip + dropped_rows;
+        first      = kept;
+        // grown or compacted into a new buffer when the rows do not fit, or when most of it
+        // is rows that left the head
+        if (g->skip + g->n_rows > g->cap || g->skip > g->n_rows + 256) {
+            const int64_t cap = grown(g->n_rows);
+            void *        buf = NULL;
+            rc                = kvg_cuda_malloc(d->ctx, (size_t) cap * (g->head_b + g->code_b), &buf);
+            if (rc == KVG_OK) {
+                rc = kvg_cuda_copy_dev(d->ctx, buf, (const uint8_t *) o->data + (size_t) g->skip * g->head_b,
+                                       (size_t) kept_rows * g->head_b);
+            }
+            if (rc == KVG_OK) {
+                rc = kvg_cuda_copy_dev(d->ctx, (uint8_t *) buf + (size_t) cap * g->head_b,
+                                       (const uint8_t *) o->data + (size_t) o->cap * g->head_b + (size_t) g->skip * g->code_b,
+                                       (size_t) kept_rows * g->code_b);
+            }
+            if (rc != KVG_OK) {
+                kvg_cuda_free(d->ctx, buf);
+                return rc;
+            }
+            g->old_data = o->data;
+            g->data     = buf;
+            g->cap      = cap;
+            g->skip     = 0;
+            g->fresh    = 1;
+        }
+    } else {
+        g->cap = grown(g->n_rows);
+        rc     = kvg_cuda_malloc(d->ctx, (size_t) g->cap * (g->head_b + g->code_b), &g->data);
+        if (rc != KVG_OK) {
+            g->data = NULL;
+            return rc;
+        }
+        g->fresh = 1;
+    }
+    int64_t row = g->skip + kept_rows;
+    for (int64_t i = i0 + first; i < i1 && rc == KVG_OK; ++i) {
+        rc = put_block(d, g, &r->blocks[i], row);
+        row += r->blocks[i].n_rows;
+    }
+    return rc;
+}
+
+static void unstage(kvg_cuda_store * d, dev_list * l) {
+    for (int64_t i = 0; i < l->n; ++i) {
+        if (l->s[i].fresh) {
+            kvg_cuda_free(d->ctx, l->s[i].data);
+        }
+        free(l->s[i].blocks);
+    }
+    free(l->s);
 }
 
 int kvg_cuda_store_sync(kvg_cuda_store * d) {
@@ -129,68 +300,57 @@ int kvg_cuda_store_sync(kvg_cuda_store * d) {
         d->stale = 1;
         return kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda_store_sync: the index");
     }
-    // Stage: every list as the store has it, reusing the blocks the copy holds and copying in
-    // the others into fresh device memory nobody reads yet.
+    for (int64_t li = 0; li < nl; ++li) {
+        for (int64_t i = 0; i < d->lists[li].n; ++i) {
+            d->lists[li].s[i].claimed = 0;
+        }
+    }
     int rc = KVG_OK;
     for (int64_t li = 0; li < nl && rc == KVG_OK; ++li) {
         const kvg_rows * r = &d->host->rows[li];
-        dev_list *       l = &d->lists[li];
-        for (int64_t i = 0; i < l->n; ++i) {
-            l->b[i].kept = 0;
-        }
         if (!d->on[li / 2] || !d->host->enabled[li / 2] || r->n_blocks == 0) {
             continue;
         }
-        staged[li].b = (dev_block *) calloc((size_t) r->n_blocks, sizeof(dev_block));
-        if (!staged[li].b) {
+        int64_t n_runs = 0;
+        for (int64_t i = 0; i < r->n_blocks; ++i) {
+            n_runs += i == 0 || r->blocks[i].codec != r->blocks[i - 1].codec;
+        }
+        staged[li].s = (segment *) calloc((size_t) n_runs, sizeof(segment));
+        if (!staged[li].s) {
             rc = kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda_store_sync: the index of list %lld", (long long) li);
             break;
         }
-        int64_t hint = 0;
-        for (int64_t i = 0; i < r->n_blocks && rc == KVG_OK; ++i) {
-            const kvg_block * hb  = &r->blocks[i];
-            dev_block *       old = find_block(l, hb->id, &hint);
-            dev_block *       nb  = &staged[li].b[staged[li].n++];
-            if (old) {
-                *nb       = *old;
-                nb->kept  = 0;  // 0 on the staged entry: sync frees only fresh memory on a failure
-                old->kept = 1;
-                continue;
+        for (int64_t i0 = 0, i1; i0 < r->n_blocks && rc == KVG_OK; i0 = i1) {
+            for (i1 = i0 + 1; i1 < r->n_blocks && r->blocks[i1].codec == r->blocks[i0].codec; ++i1) {
             }
-            *nb = (dev_block) { hb->id, hb->row0, hb->n_rows, hb->codec, hb->n_bytes, NULL, 1 };
-            rc  = kvg_cuda_malloc(d->ctx, hb->n_bytes ? hb->n_bytes : 1, &nb->data);
-            if (rc == KVG_OK) {
-                rc = kvg_cuda_copy_in(d->ctx, nb->data, hb->data, hb->n_bytes);
-            }
+            rc = stage_run(d, (int32_t) (li % 2), r, i0, i1, &d->lists[li], &staged[li].s[staged[li].n++]);
         }
     }
     if (rc != KVG_OK) {
         for (int64_t li = 0; li < nl; ++li) {
-            for (int64_t i = 0; i < staged[li].n; ++i) {
-                if (staged[li].b[i].kept) {
-                    kvg_cuda_free(d->ctx, staged[li].b[i].data);
-                }
-            }
-            free(staged[li].b);
+            unstage(d, &staged[li]);
         }
         free(staged);
         d->stale = 1;
         return rc;
     }
-    // Commit: free what the store dropped, take the staged lists.
+    // Commit: free the buffers no segment took over and those grown segments left.
+    d->bytes = 0;
     for (int64_t li = 0; li < nl; ++li) {
         dev_list * l = &d->lists[li];
         for (int64_t i = 0; i < l->n; ++i) {
-            if (!l->b[i].kept) {
-                kvg_cuda_free(d->ctx, l->b[i].data);
-                d->bytes -= l->b[i].n_bytes;
+            if (!l->s[i].claimed) {
+                kvg_cuda_free(d->ctx, l->s[i].data);
             }
+            free(l->s[i].blocks);
         }
-        free(l->b);
+        free(l->s);
         for (int64_t i = 0; i < staged[li].n; ++i) {
-            if (staged[li].b[i].kept) {
-                d->bytes += staged[li].b[i].n_bytes;
-            }
+            segment * g = &staged[li].s[i];
+            kvg_cuda_free(d->ctx, g->old_data);
+            g->old_data = NULL;
+            g->fresh    = 0;
+            d->bytes += seg_bytes(g);
         }
         *l = staged[li];
     }
@@ -235,9 +395,16 @@ int32_t kvg_cuda_store_hook_supports(void * user, int32_t il, int32_t device) {
     return device < 0 || device == kvg_cuda_ctx_device(d->ctx);
 }
 
-// Rows [r0, r1) of an f16 K block and an f16 V block (the codec's layout is the rows as they
-// are: [token][head][i]) into the state, as llama.cpp's cells with no mask.
-static int attend_f16_run(kvg_cuda_store * d, const kvg_cuda_layer_args * a, const dev_block * kb, const dev_block * vb,
+// ---- attention -----------------------------------------------------------------------------
+
+// The buffer row of the store's row `row` in segment g.
+static int64_t buf_row(const segment * g, int64_t row) {
+    return g->skip + (row - g->row0);
+}
+
+// Rows [r0, r1) of an f16 K segment and an f16 V segment (the codec's rows as they are:
+// [token][head][i]) into the state, as llama.cpp's cells with no mask.
+static int attend_f16_run(kvg_cuda_store * d, const kvg_cuda_layer_args * a, const segment * kg, const segment * vg,
                           int64_t r0, int64_t r1) {
     const int64_t       hk = a->n_head_kv;
     kvg_cuda_cells_args c;
@@ -248,12 +415,12 @@ static int attend_f16_run(kvg_cuda_store * d, const kvg_cuda_layer_args * a, con
     c.n_head_kv  = a->n_head_kv;
     c.head_dim_k = a->head_dim_k;
     c.head_dim_v = a->head_dim_v;
-    c.k_dev      = (const uint8_t *) kb->data + (size_t) ((r0 - kb->row0) * hk * a->head_dim_k) * 2;
+    c.k_dev      = (const uint8_t *) kg->data + (size_t) buf_row(kg, r0) * kg->code_b;
     c.k_type     = KVG_CELLS_F16;
     c.k_nb[0]    = 2;
     c.k_nb[1]    = (size_t) a->head_dim_k * 2;
     c.k_nb[2]    = (size_t) (hk * a->head_dim_k) * 2;
-    c.v_dev      = (const uint8_t *) vb->data + (size_t) ((r0 - vb->row0) * hk * a->head_dim_v) * 2;
+    c.v_dev      = (const uint8_t *) vg->data + (size_t) buf_row(vg, r0) * vg->code_b;
     c.v_type     = KVG_CELLS_F16;
     c.v_nb[0]    = 2;
     c.v_nb[1]    = (size_t) a->head_dim_v * 2;
@@ -268,15 +435,16 @@ static int attend_f16_run(kvg_cuda_store * d, const kvg_cuda_layer_args * a, con
     return kvg_cuda_attend_cells(d->ctx, &c);
 }
 
-// Rows [r0, r1) of a coded K block and V block (kvg_cuda_attend: rotq) into the state.
-static int attend_coded_run(kvg_cuda_store * d, const kvg_cuda_layer_args * a, const dev_block * kb, const dev_block * vb,
+// Rows [r0, r1) of a coded K segment and V segment into the state: kvg_cuda_attend reads each
+// buffer as one block of cap rows.
+static int attend_coded_run(kvg_cuda_store * d, const kvg_cuda_layer_args * a, const segment * kg, const segment * vg,
                             int64_t r0, int64_t r1) {
     kvg_cuda_attend_args x;
     memset(&x, 0, sizeof(x));
-    x.k          = (kvg_cuda_block) { kb->codec, kb->data, kb->n_bytes, kb->n_rows };
-    x.v          = (kvg_cuda_block) { vb->codec, vb->data, vb->n_bytes, vb->n_rows };
-    x.k_row0     = r0 - kb->row0;
-    x.v_row0     = r0 - vb->row0;
+    x.k          = (kvg_cuda_block) { kg->codec, kg->data, seg_bytes(kg), kg->cap };
+    x.v          = (kvg_cuda_block) { vg->codec, vg->data, seg_bytes(vg), vg->cap };
+    x.k_row0     = buf_row(kg, r0);
+    x.v_row0     = buf_row(vg, r0);
     x.n_rows     = r1 - r0;
     x.n_head_kv  = a->n_head_kv;
     x.head_dim_k = a->head_dim_k;
@@ -293,9 +461,10 @@ static int attend_coded_run(kvg_cuda_store * d, const kvg_cuda_layer_args * a, c
     return kvg_cuda_attend(d->ctx, &x);
 }
 
-// Layer il's rows [0, n_cold) into the state: one call per run where a K block and a V block
+// Layer il's rows [0, n_cold) into the state: one call per run where a K segment and a V segment
 // overlap (kvg_cuda_attend for rotq, the cells' kernel for f16 on both). A run that cannot be read
-// (another codec, K and V of different families) is left out; the first failure is returned.
+// (a codec without data here, K and V of different families) is left out; the first failure is
+// returned.
 static int attend_rows(kvg_cuda_store * d, const kvg_cuda_layer_args * a) {
     if (a->n_cold == 0) {
         return KVG_OK;
@@ -305,28 +474,35 @@ static int attend_rows(kvg_cuda_store * d, const kvg_cuda_layer_args * a) {
     }
     const dev_list * kl = &d->lists[a->il * 2 + KVG_KIND_K];
     const dev_list * vl = &d->lists[a->il * 2 + KVG_KIND_V];
-    const int64_t    nk = kl->n ? kl->b[kl->n - 1].row0 + kl->b[kl->n - 1].n_rows : 0;
-    const int64_t    nv = vl->n ? vl->b[vl->n - 1].row0 + vl->b[vl->n - 1].n_rows : 0;
+    const int64_t    nk = kl->n ? kl->s[kl->n - 1].row0 + kl->s[kl->n - 1].n_rows : 0;
+    const int64_t    nv = vl->n ? vl->s[vl->n - 1].row0 + vl->s[vl->n - 1].n_rows : 0;
     if (a->n_cold > nk || a->n_cold > nv) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "layer %d: %lld cold rows asked for, the device copy holds %lld", (int) a->il,
                         (long long) a->n_cold, (long long) (nk < nv ? nk : nv));
     }
     int     first = KVG_OK;
-    int64_t bk = 0, bv = 0;
+    int64_t sk = 0, sv = 0;
     for (int64_t row = 0; row < a->n_cold;) {
-        const dev_block * kb = &kl->b[bk];
-        const dev_block * vb = &vl->b[bv];
-        const int64_t     ke = kb->row0 + kb->n_rows, ve = vb->row0 + vb->n_rows;
-        int64_t           e  = ke < ve ? ke : ve;
-        e                    = e < a->n_cold ? e : a->n_cold;
-        const int rc = kb->codec == KVG_CODEC_F16 && vb->codec == KVG_CODEC_F16 ? attend_f16_run(d, a, kb, vb, row, e)
-                                                                              : attend_coded_run(d, a, kb, vb, row, e);
+        const segment * kg = &kl->s[sk];
+        const segment * vg = &vl->s[sv];
+        const int64_t   ke = kg->row0 + kg->n_rows, ve = vg->row0 + vg->n_rows;
+        int64_t         e  = ke < ve ? ke : ve;
+        e                  = e < a->n_cold ? e : a->n_cold;
+        int rc;
+        if (!kg->data || !vg->data) {
+            rc = kvg_fail(KVG_ERR_UNSUPPORTED, "layer %d: rows of %s K / %s V, which the GPU does not attend over (f16, rotq1-4)",
+                          (int) a->il, kvg_codec_name(kg->codec), kvg_codec_name(vg->codec));
+        } else if (kg->codec == KVG_CODEC_F16 && vg->codec == KVG_CODEC_F16) {
+            rc = attend_f16_run(d, a, kg, vg, row, e);  // the sinks, kept exact
+        } else {
+            rc = attend_coded_run(d, a, kg, vg, row, e);
+        }
         if (rc != KVG_OK && first == KVG_OK) {
             first = rc;
         }
         row = e;
-        bk += e == ke;
-        bv += e == ve;
+        sk += e == ke;
+        sv += e == ve;
     }
     return first;
 }

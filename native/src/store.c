@@ -358,7 +358,7 @@ int kvg_store_append_encoded(kvg_store * s, int32_t il, int32_t kind, int32_t ti
     if (rc != KVG_OK) {
         return rc;
     }
-    kvg_block b = { 0, n_rows, codec, tier, n_bytes, (uint8_t *) malloc(n_bytes ? n_bytes : 1), 0 };
+    kvg_block b = { 0, n_rows, codec, tier, n_bytes, (uint8_t *) malloc(n_bytes ? n_bytes : 1), 0, 0 };
     if (!b.data) {
         return kvg_fail(KVG_ERR_NO_MEMORY, "block of %zu bytes", n_bytes);
     }

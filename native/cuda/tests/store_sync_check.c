@@ -1,0 +1,347 @@
+// store_sync_check.c: kvg_cuda_store.c's bookkeeping on the host, no GPU needed.
+//
+// The device calls are replaced by host stand-ins (malloc for device memory, memcpy for copies;
+// the attention calls read the rows they are handed and compare them, value for value, with the
+// host store's kvg_store_decode of the same rows). A long run of appends, agings, cuts and
+// clears, synced as Python syncs, must leave the copy's segments holding exactly the store's
+// rows; an allocation that fails mid-sync must leave the copy as it was (stale) and leak nothing.
+// scripts/cuda_compile_check.sh builds and runs it; cuda_check.cu checks the same on a GPU.
+#include "kvg_cuda.h"
+#include "kvg_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ---- stand-ins for the device ----------------------------------------------------------------
+
+static long   g_live_allocs, g_fail_at = -1, g_allocs;
+static size_t g_live_bytes;
+
+typedef struct {
+    size_t n;
+} hdr;
+
+int kvg_cuda_malloc(kvg_cuda_ctx * ctx, size_t bytes, void ** out) {
+    (void) ctx;
+    if (g_allocs++ == g_fail_at) {
+        return KVG_ERR_NO_MEMORY;
+    }
+    hdr * h = (hdr *) malloc(sizeof(hdr) + bytes);
+    if (!h) {
+        return KVG_ERR_NO_MEMORY;
+    }
+    h->n = bytes;
+    memset(h + 1, 0xab, bytes);  // rows never written read as garbage
+    g_live_allocs++;
+    g_live_bytes += bytes;
+    *out = h + 1;
+    return KVG_OK;
+}
+
+int kvg_cuda_free(kvg_cuda_ctx * ctx, void * p) {
+    (void) ctx;
+    if (p) {
+        hdr * h = (hdr *) p - 1;
+        g_live_allocs--;
+        g_live_bytes -= h->n;
+        free(h);
+    }
+    return KVG_OK;
+}
+
+int kvg_cuda_copy_in(kvg_cuda_ctx * ctx, void * dst, const void * src, size_t n) {
+    (void) ctx;
+    memcpy(dst, src, n);
+    return KVG_OK;
+}
+
+int kvg_cuda_copy_dev(kvg_cuda_ctx * ctx, void * dst, const void * src, size_t n) {
+    (void) ctx;
+    memmove(dst, src, n);
+    return KVG_OK;
+}
+
+void   kvg_cuda_ctx_free(kvg_cuda_ctx * ctx) { (void) ctx; }
+int    kvg_cuda_ctx_device(const kvg_cuda_ctx * ctx) { (void) ctx; return 0; }
+void * kvg_cuda_ctx_set_stream(kvg_cuda_ctx * ctx, void * s) { (void) ctx; (void) s; return NULL; }
+size_t kvg_cuda_ctx_scratch_bytes(const struct kvg_cuda_ctx * ctx) { (void) ctx; return 0; }
+
+int kvg_cuda_attend_begin(kvg_cuda_ctx * ctx, int64_t n_q, int64_t dv, float * m, float * l, float * acc) {
+    (void) ctx, (void) n_q, (void) dv, (void) m, (void) l, (void) acc;
+    return KVG_OK;
+}
+
+int kvg_cuda_gather_q(kvg_cuda_ctx * ctx, const void * src, const size_t * nb, int64_t d, int32_t h, int32_t t, int32_t r,
+                      float * dst) {
+    (void) ctx, (void) src, (void) nb, (void) d, (void) h, (void) t, (void) r, (void) dst;
+    return KVG_OK;
+}
+
+int kvg_cuda_attend_finish(kvg_cuda_ctx * ctx, const kvg_cuda_finish_args * a) {
+    (void) ctx, (void) a;
+    return KVG_OK;
+}
+
+// ---- the attention stand-ins: compare the rows handed over with the store's ------------------
+
+static const kvg_store * g_store;
+static int32_t           g_il;
+static int64_t           g_row;  // the store row the next call starts at
+static long              g_checks, g_bad;
+static int               H, DK, DV;
+
+static void bad(const char * what) {
+    if (g_bad++ < 20) {
+        printf("MISMATCH: %s (layer %d, row %lld)\n", what, (int) g_il, (long long) g_row);
+    }
+}
+
+// Host store rows [g_row, g_row + n) of `kind` as floats.
+static float * store_rows(int kind, int64_t n) {
+    const int64_t d   = kind == KVG_KIND_K ? DK : DV;
+    float *       out = (float *) malloc((size_t) (n * H * d) * sizeof(float));
+    if (!out || kvg_store_decode(g_store, g_il, kind, g_row, g_row + n, out, (size_t) (n * H * d)) != KVG_OK) {
+        bad("kvg_store_decode");
+    }
+    return out;
+}
+
+// Rows [row0, row0 + n) of a block of b->n_rows rows laid out [per-row part][codes], as one block
+// of n rows decoded.
+static void check_coded(int kind, const kvg_cuda_block * b, int64_t row0, int64_t n) {
+    const int64_t d = kind == KVG_KIND_K ? DK : DV;
+    size_t        full = 0, two = 0;
+    kvg_codec_params p;
+    kvg_codec_default_params(&p);
+    if (kvg_encoded_size(b->codec, kind, b->n_rows, H, d, &p, &full) != KVG_OK || full != b->n_bytes ||
+        kvg_encoded_size(b->codec, kind, 2, H, d, &p, &two) != KVG_OK) {
+        bad("a block's size");
+        return;
+    }
+    const size_t head_b = (size_t) (2 * H), code_b = two / 2 - head_b;
+    uint8_t *    blk    = (uint8_t *) malloc((size_t) n * (head_b + code_b));
+    memcpy(blk, (const uint8_t *) b->data_dev + (size_t) row0 * head_b, (size_t) n * head_b);
+    memcpy(blk + (size_t) n * head_b, (const uint8_t *) b->data_dev + (size_t) b->n_rows * head_b + (size_t) row0 * code_b,
+           (size_t) n * code_b);
+    float * got  = (float *) malloc((size_t) (n * H * d) * sizeof(float));
+    float * want = store_rows(kind, n);
+    g_checks++;
+    if (kvg_decode(b->codec, kind, blk, (size_t) n * (head_b + code_b), n, H, d, &p, got, (size_t) (n * H * d)) != KVG_OK ||
+        memcmp(got, want, (size_t) (n * H * d) * sizeof(float)) != 0) {
+        bad(kind == KVG_KIND_K ? "coded K rows" : "coded V rows");
+    }
+    free(blk);
+    free(got);
+    free(want);
+}
+
+int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * a) {
+    (void) ctx;
+    if (a->k.codec < KVG_CODEC_ROTQ1 || a->k.codec > KVG_CODEC_ROTQ4 || a->v.codec < KVG_CODEC_ROTQ1 ||
+        a->v.codec > KVG_CODEC_ROTQ4) {
+        return KVG_ERR_UNSUPPORTED;  // as the kernel refuses them
+    }
+    check_coded(KVG_KIND_K, &a->k, a->k_row0, a->n_rows);
+    check_coded(KVG_KIND_V, &a->v, a->v_row0, a->n_rows);
+    g_row += a->n_rows;
+    return KVG_OK;
+}
+
+static void check_f16(int kind, const void * base, const size_t * nb, int64_t n) {
+    const int64_t d    = kind == KVG_KIND_K ? DK : DV;
+    float *       want = store_rows(kind, n);
+    g_checks++;
+    for (int64_t c = 0; c < n; c++) {
+        for (int64_t h = 0; h < H; h++) {
+            for (int64_t i = 0; i < d; i++) {
+                uint16_t u;
+                memcpy(&u, (const uint8_t *) base + c * nb[2] + h * nb[1] + i * nb[0], 2);
+                const float f = kvg_f16_to_f32(u);
+                if (memcmp(&f, &want[(c * H + h) * d + i], sizeof(float)) != 0) {
+                    bad(kind == KVG_KIND_K ? "f16 K rows" : "f16 V rows");
+                    free(want);
+                    return;
+                }
+            }
+        }
+    }
+    free(want);
+}
+
+int kvg_cuda_attend_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_args * a) {
+    (void) ctx;
+    if (a->mask_dev) {
+        return KVG_OK;  // llama.cpp's own cells: not the store's
+    }
+    check_f16(KVG_KIND_K, a->k_dev, a->k_nb, a->c1 - a->c0);
+    check_f16(KVG_KIND_V, a->v_dev, a->v_nb, a->c1 - a->c0);
+    g_row += a->c1 - a->c0;
+    return KVG_OK;
+}
+
+// ---- the check -------------------------------------------------------------------------------
+
+// Every layer's rows through the attend hook: each must arrive once, in order, as the store has it.
+static void check_all(kvg_cuda_store * d, int n_layer, const char * when) {
+    for (int il = 0; il < n_layer; il++) {
+        int64_t nk = 0;
+        kvg_store_n_rows(g_store, il, KVG_KIND_K, &nk);
+        kvg_cuda_layer_args a;
+        memset(&a, 0, sizeof(a));
+        a.il         = il;
+        a.n_cold     = nk;
+        a.n_tokens   = 1;
+        a.n_head     = H;
+        a.n_head_kv  = H;
+        a.head_dim_k = DK;
+        a.head_dim_v = DV;
+        a.n_kv       = 1;
+        a.mask_dev   = &a;  // marks llama.cpp's cells
+        g_il         = il;
+        g_row        = 0;
+        const long before = g_bad;
+        const int  st     = kvg_cuda_store_hook_attend(d, &a, 0, NULL);
+        g_checks++;
+        if (st != KVG_OK || g_row != nk) {
+            printf("MISMATCH: %s: layer %d, status %d, %lld of %lld rows attended (%s)\n", when, il, st, (long long) g_row,
+                   (long long) nk, kvg_last_error());
+            g_bad++;
+        } else if (g_bad != before) {
+            printf("  (%s)\n", when);
+        }
+    }
+}
+
+static void rows(uint64_t * seed, float * x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        *seed = *seed * 6364136223846793005ull + 1442695040888963407ull;
+        x[i]  = (float) ((int64_t) (*seed >> 33) % 2001 - 1000) / 250.0f;
+    }
+}
+
+int main(void) {
+    H = 2, DK = 64, DV = 32;
+    const int        L = 2;
+    kvg_store_params p;
+    kvg_store_default_params(&p);
+    p.n_layer    = L;
+    p.n_head_kv  = H;
+    p.head_dim_k = DK;
+    p.head_dim_v = DV;
+    kvg_store * s = NULL;
+    if (kvg_store_init(&p, &s) != KVG_OK) {
+        printf("kvg_store_init: %s\n", kvg_last_error());
+        return 1;
+    }
+    g_store              = s;
+    kvg_cuda_store * d   = NULL;
+    if (kvg_cuda_store_init((kvg_cuda_ctx *) &p, s, &d) != KVG_OK) {  // the context is never read here
+        printf("kvg_cuda_store_init: %s\n", kvg_last_error());
+        return 1;
+    }
+    uint64_t seed = 1;
+    float *  xk   = (float *) malloc(sizeof(float) * 64 * H * DK);
+    float *  xv   = (float *) malloc(sizeof(float) * 64 * H * DV);
+    int      syncs = 0, fails = 0, aged = 0;
+    // sinks (f16), then 60 evictions of 64 rows (K rotq4, V rotq3); from the 5th on, the oldest
+    // warm block but the newest four ages to rotq2, every 7th to rotq4 (the same codec, new bytes,
+    // another tier); every 13th step cuts inside the newest block; twice the store is cleared
+    for (int step = 0; step < 61; step++) {
+        const int     sinks = step == 0 || step == 31 || step == 51;
+        const int64_t nr    = sinks ? 4 : 64;
+        if (step == 31 || step == 51) {
+            kvg_store_clear(s);
+        }
+        rows(&seed, xk, nr * H * DK);
+        rows(&seed, xv, nr * H * DV);
+        for (int il = 0; il < L; il++) {
+            if (kvg_store_append(s, il, KVG_KIND_K, sinks ? KVG_TIER_SINK : KVG_TIER_WARM, sinks ? KVG_CODEC_F16 : KVG_CODEC_ROTQ4,
+                                 xk, (size_t) (nr * H * DK), nr) != KVG_OK ||
+                kvg_store_append(s, il, KVG_KIND_V, sinks ? KVG_TIER_SINK : KVG_TIER_WARM, sinks ? KVG_CODEC_F16 : KVG_CODEC_ROTQ3,
+                                 xv, (size_t) (nr * H * DV), nr) != KVG_OK) {
+                printf("kvg_store_append: %s\n", kvg_last_error());
+                return 1;
+            }
+        }
+        int64_t nb = 0;
+        kvg_store_n_blocks(s, 0, KVG_KIND_K, &nb);
+        for (int64_t b = 0; b + 4 < nb; b++) {
+            kvg_block_info info;
+            kvg_store_block(s, 0, KVG_KIND_K, b, &info, NULL, 0);
+            if (info.tier == KVG_TIER_WARM) {
+                const int codec = aged++ % 7 == 3 ? KVG_CODEC_ROTQ4 : KVG_CODEC_ROTQ2;
+                if (kvg_store_retier(s, info.row0, info.row0 + info.n_rows, KVG_TIER_ARCHIVE, codec) != KVG_OK) {
+                    printf("kvg_store_retier: %s\n", kvg_last_error());
+                    return 1;
+                }
+                break;
+            }
+        }
+        int64_t n = 0;
+        kvg_store_n_rows(s, 0, KVG_KIND_K, &n);
+        if (step % 13 == 12 && n > 100) {
+            if (kvg_store_truncate(s, n - 40) != KVG_OK) {
+                printf("kvg_store_truncate: %s\n", kvg_last_error());
+                return 1;
+            }
+        }
+        // a failed allocation in every fifth sync: the copy must stay as it was, stale, and leak nothing
+        if (step % 5 == 3) {
+            const long   live = g_live_allocs;
+            const size_t held = g_live_bytes;
+            g_fail_at         = g_allocs + 1;
+            const int st      = kvg_cuda_store_sync(d);
+            g_fail_at         = -1;
+            g_checks++;
+            if (st == KVG_OK) {
+                // nothing to allocate past the first: fine, but then it must be current
+                check_all(d, L, "a sync that needed at most one allocation");
+            } else {
+                fails++;
+                if (g_live_allocs != live || g_live_bytes != held) {
+                    printf("MISMATCH: a failed sync leaked (%ld allocations, %zu bytes; before %ld, %zu)\n", g_live_allocs,
+                           g_live_bytes, live, held);
+                    g_bad++;
+                }
+                kvg_cuda_layer_args a;
+                memset(&a, 0, sizeof(a));
+                a.il = 0, a.n_cold = 1, a.n_tokens = 1, a.n_head = H, a.n_head_kv = H, a.head_dim_k = DK, a.head_dim_v = DV;
+                g_checks++;
+                if (kvg_cuda_store_hook_attend(d, &a, 0, NULL) == KVG_OK) {
+                    printf("MISMATCH: a stale copy attended\n");
+                    g_bad++;
+                }
+            }
+        }
+        if (kvg_cuda_store_sync(d) != KVG_OK) {
+            printf("kvg_cuda_store_sync: %s\n", kvg_last_error());
+            return 1;
+        }
+        syncs++;
+        uint64_t dev = 0, scratch = 0;
+        kvg_cuda_store_bytes(d, &dev, &scratch);
+        g_checks++;
+        if (dev + scratch != g_live_bytes) {
+            printf("MISMATCH: the copy says it holds %llu + %llu bytes, %zu are allocated\n", (unsigned long long) dev,
+                   (unsigned long long) scratch, g_live_bytes);
+            g_bad++;
+        }
+        char when[64];
+        snprintf(when, sizeof(when), "after step %d", step);
+        check_all(d, L, when);
+    }
+    kvg_cuda_store_free(d);
+    kvg_store_free(s);
+    free(xk);
+    free(xv);
+    g_checks++;
+    if (g_live_allocs != 0) {
+        printf("MISMATCH: %ld allocations left after kvg_cuda_store_free\n", g_live_allocs);
+        g_bad++;
+    }
+    printf("store_sync_check: %d syncs (%d failed on purpose), %ld checks, %ld mismatches\n%s\n", syncs, fails, g_checks,
+           g_bad, g_bad ? "FAIL" : "PASS");
+    return g_bad ? 1 : 0;
+}
