@@ -12,6 +12,8 @@ on (`f16`) and off (`f16:fa0`; llama.cpp's one-token CPU flash attention is its 
 
     .venv/bin/python benchmarks/live_cache.py --contexts 4096,8192,32768
     .venv/bin/python benchmarks/live_cache.py --model llama-3.2-1b   # a real shape (benchmarks/shapes.py)
+    python3 benchmarks/live_cache.py --gpu --text random --model llama-3.2-3b --contexts 8192,32768 \
+        --caches f16,q8_0,q4_0,tiered      # every layer on the GPU (a CUDA build; issue 44's table)
 
 writes benchmarks/results/live_cache.json and .md.
 """
@@ -43,18 +45,32 @@ from common import (
 HERE = Path(__file__).resolve().parent
 
 
-def run_one(model: str, n_ctx: int, cache: str, n_decode: int, threads: int, batch: int) -> dict:
+def run_one(
+    model: str,
+    n_ctx: int,
+    cache: str,
+    n_decode: int,
+    threads: int,
+    batch: int,
+    gpu: bool = False,
+    text: str = "wikitext",
+) -> dict:
     import kvgguf
     from kvgguf.evaluation import harness
     from kvgguf.policy import kv_codec
-    from kvgguf.evaluation.text import wikitext2_test
 
     path = str(model_path(model))
-    text = wikitext2_test()
     import llama_cpp
 
     vocab = llama_cpp.Llama(path, vocab_only=True, verbose=False)
-    tokens = vocab.tokenize(text.encode("utf-8"))
+    if text == "random":  # a shape model's text is gibberish anyway; no text package needed (a GPU machine)
+        import numpy as np
+
+        tokens = [int(t) for t in np.random.default_rng(0).integers(10, min(vocab.n_vocab(), 40000), n_ctx)]
+    else:
+        from kvgguf.evaluation.text import wikitext2_test
+
+        tokens = vocab.tokenize(wikitext2_test().encode("utf-8"))
     del vocab
     n_prefill = n_ctx - n_decode
     if len(tokens) < n_ctx:
@@ -70,6 +86,8 @@ def run_one(model: str, n_ctx: int, cache: str, n_decode: int, threads: int, bat
         flash_attn=flash_attn,
         verbose=False,
     )
+    if gpu:  # every layer on the GPU, stock and kvgguf alike
+        kw["n_gpu_layers"] = -1
     rss0 = rss_bytes()
     if cache in ("f16", "q8_0", "q4_0"):
         llm = kvgguf.Llama(path, type_k=cache, type_v=cache, **kw)
@@ -108,6 +126,8 @@ def run_one(model: str, n_ctx: int, cache: str, n_decode: int, threads: int, bat
         "prefill_tok_s": n_prefill / (t1 - t0),
         "decode_tok_s": n_decode / (t2 - t1),
         "kv_bytes": mem.total_bytes,
+        "gpu": gpu,
+        "vram_kv_bytes": mem.vram_bytes,  # llama.cpp's cells in VRAM and the store's copy there
         "kv_tiers": {t.name: [t.codec, t.bytes] for t in mem.tiers},
         "bits_per_value": mem.bits_per_value,
         "kv_memory": str(mem),
@@ -115,6 +135,17 @@ def run_one(model: str, n_ctx: int, cache: str, n_decode: int, threads: int, bat
         "rss_growth_bytes": rss_bytes() - rss0,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
+
+
+def gpu_name() -> str:
+    """The GPU and its driver, as nvidia-smi names them (every GPU figure names its card)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True
+        )
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown GPU"
+    except OSError:
+        return "no nvidia-smi"
 
 
 def model_path(model: str):
@@ -179,17 +210,22 @@ def table(rows: list[dict]) -> str:
         "decode tok/s",
         "decode vs f16 best",
     ]
+    gpu = any(r.get("gpu") for r in rows)
+    if gpu:  # where the bytes are: llama.cpp's cells and the store's copy in VRAM
+        header.insert(3, "KV in VRAM")
     body = []
     for r in rows:
         base = stock_best(rows, r["model"], r["n_ctx"])
         ratio = f"1/{base['kv_bytes'] / r['kv_bytes']:.1f}" if base else "n/a"
         speed = f"{r['decode_tok_s'] / base['decode_tok_s']:.2f}x" if base else "n/a"
         prefill = f"{r['prefill_tok_s'] / base['prefill_tok_s']:.2f}x" if base else "n/a"
+        vram = [f"{r.get('vram_kv_bytes', 0) / 2**20:.1f} MiB"] if gpu else []
         body.append(
             [
                 f"{r['n_ctx'] // 1024}K",
                 r["cache"],
                 f"{r['kv_bytes'] / 2**20:.1f} MiB",
+                *vram,
                 f"{r['bits_per_value']:.2f}",
                 ratio,
                 f"{r.get('compute_bytes', 0) / 2**20:.1f} MiB",
@@ -227,13 +263,30 @@ def main(argv=None) -> int:
     add_threads_option(p)
     p.add_argument("--repeats", type=int, default=1, help="runs of each configuration (speeds: their median)")
     add_out_option(p, HERE / "results" / "live_cache")
+    p.add_argument(
+        "--gpu",
+        action="store_true",
+        help="every layer on the GPU (n_gpu_layers=-1), stock and kvgguf alike: needs a CUDA build",
+    )
+    p.add_argument(
+        "--text",
+        default="wikitext",
+        choices=("wikitext", "random"),
+        help="the tokens: WikiText-2, or random ids (shape models, where no text package is installed)",
+    )
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     contexts = [int(c) for c in args.contexts.split(",")]
     caches = args.caches.split(",")
     if args.one:
-        print(json.dumps(run_one(args.model, contexts[0], caches[0], args.decode, args.threads, args.batch)))
+        print(
+            json.dumps(
+                run_one(args.model, contexts[0], caches[0], args.decode, args.threads, args.batch, args.gpu, args.text)
+            )
+        )
         return 0
+    if args.gpu and gpu_name() in ("no nvidia-smi", "unknown GPU"):
+        raise SystemExit("--gpu: nvidia-smi finds no NVIDIA GPU here")
     model_path(args.model)  # a real shape is written here, not inside a timed process
     runs = []
     for n_ctx, cache in [(n, c) for _ in range(args.repeats) for n in contexts for c in caches]:
@@ -253,7 +306,9 @@ def main(argv=None) -> int:
             str(args.threads),
             "--batch",
             str(args.batch),
-        ]
+            "--text",
+            args.text,
+        ] + (["--gpu"] if args.gpu else [])
         busy = busy_cpus()
         # llama.cpp's threads spin: anything else running makes decode several times slower.
         note = f" ({busy:.2f} CPUs busy: the machine is not idle, speed figures are unreliable)" if busy > 0.2 else ""
@@ -268,12 +323,15 @@ def main(argv=None) -> int:
         "command": command(__file__, argv),
         "threads": args.threads,
         "repeats": args.repeats,
+        "gpu": gpu_name() if args.gpu else None,
         "rows": rows,
         "runs": runs,
     }
     md = (
-        f"`{result['command']}` ({args.model}, {args.threads} threads; flash attention on unless the row says "
-        f"off; ratios against stock f16 at its best, per phase"
+        f"`{result['command']}` ({args.model}, {args.threads} threads"
+        + (f", every layer on the GPU: {result['gpu']}" if args.gpu else "")
+        + "; flash attention on unless the row says "
+        "off; ratios against stock f16 at its best, per phase"
         + (f"; speeds are medians of {args.repeats} runs, their range in brackets" if args.repeats > 1 else "")
         + f")\n\n{table(rows)}\n"
     )

@@ -14,6 +14,7 @@ Their text is gibberish and their quality means nothing: only speed and memory a
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -91,7 +92,10 @@ def path(name: str, weights: str = "q4_0") -> Path:
         out.parent.mkdir(parents=True, exist_ok=True)
         partial = out.with_suffix(".partial")
         print(f"writing {out} (random weights, once) ...", file=sys.stderr, flush=True)
-        tiny_models.write(partial, dataclasses.replace(SHAPES[name], weights=weights), kvgguf.models.path())
+        # SmolLM2's tokenizer: its GGUF, or where the model package is absent (a GPU machine) the GPU
+        # kit's copy of its keys (KVGGUF_TOKENIZER_FROM=.gpu-kit/smollm2-tokenizer.pkl)
+        tokenizer = os.environ.get("KVGGUF_TOKENIZER_FROM") or kvgguf.models.path()
+        tiny_models.write(partial, dataclasses.replace(SHAPES[name], weights=weights), Path(tokenizer))
         partial.replace(out)
     return out
 
