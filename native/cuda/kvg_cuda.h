@@ -223,8 +223,16 @@ KVG_CUDA_API int  kvg_cuda_store_set_layer(kvg_cuda_store * d, int32_t il, int32
 // a failure (out of device memory) the copy keeps what it held, marked stale, and attend leaves
 // the store's rows out (counted as failed reads) until a sync succeeds.
 KVG_CUDA_API int  kvg_cuda_store_sync(kvg_cuda_store * d);
-// Device memory held: the segments (the blocks, with room to grow), and the scratch of the
-// queries and of attend's splits.
+// Encodes n_rows rows on the device (kvg_cuda_encode: the bytes the CPU's encoders write) and appends
+// them to list (il, kind) of the host store, as kvg_store_append_encoded does: the rows never reach
+// the host, only their codes, and the next sync takes the block from the device. Element i of head h
+// of row t is read at src_dev[t * row_stride + (h * head_dim + i) * col_stride] (elements of
+// src_type), so llama.cpp's cells are read in place (a transposed V too). All or nothing.
+KVG_CUDA_API int kvg_cuda_store_encode(kvg_cuda_store * d, int32_t il, int32_t kind, int32_t tier, int32_t codec,
+                                       const void * src_dev, int src_type, int64_t row_stride, int64_t col_stride,
+                                       int64_t n_rows);
+// Device memory held: the segments (the blocks, with room to grow) and the blocks coded since the
+// last sync; the scratch of the queries and of attend's splits.
 KVG_CUDA_API int  kvg_cuda_store_bytes(const kvg_cuda_store * d, uint64_t * out_blocks, uint64_t * out_scratch);
 // How often llama.cpp called hook_attend and hook_finish: where a layer's ops ran on the GPU.
 KVG_CUDA_API int  kvg_cuda_store_calls(const kvg_cuda_store * d, uint64_t * out_attend, uint64_t * out_finish);

@@ -48,6 +48,14 @@ typedef struct dev_list {
     int64_t   n;
 } dev_list;
 
+// A block kvg_cuda_store_encode coded on the device: the next sync takes its bytes from here
+// (device to device) instead of from the host, and frees it.
+typedef struct pending {
+    uint64_t id;
+    void *   data;
+    size_t   n_bytes;
+} pending;
+
 struct kvg_cuda_store {
     kvg_cuda_ctx *    ctx;
     const kvg_store * host;
@@ -58,6 +66,8 @@ struct kvg_cuda_store {
     float *           q_dev;  // the queries, gathered (attend's scratch is the context's)
     size_t            q_floats;
     uint64_t          calls[2];  // hook_attend's and hook_finish's calls (proof the GPU took the ops)
+    pending *         pend;      // blocks coded here since the last sync
+    int64_t           n_pend, cap_pend;
 };
 
 static int64_t n_lists(const kvg_cuda_store * d) {
@@ -130,6 +140,13 @@ static void free_list(kvg_cuda_store * d, dev_list * l) {
     l->n = 0;
 }
 
+static void free_pending(kvg_cuda_store * d) {
+    for (int64_t i = 0; i < d->n_pend; ++i) {
+        kvg_cuda_free(d->ctx, d->pend[i].data);
+    }
+    d->n_pend = 0;
+}
+
 void kvg_cuda_store_free(kvg_cuda_store * d) {
     if (!d) {
         return;
@@ -137,6 +154,8 @@ void kvg_cuda_store_free(kvg_cuda_store * d) {
     for (int64_t li = 0; li < n_lists(d); ++li) {
         free_list(d, &d->lists[li]);
     }
+    free_pending(d);
+    free(d->pend);
     kvg_cuda_free(d->ctx, d->q_dev);
     kvg_cuda_ctx_free(d->ctx);
     free(d->lists);
@@ -170,15 +189,24 @@ static segment * find_segment(dev_list * l, uint64_t id, int64_t * at) {
     return NULL;
 }
 
-// Copies host block hb into g's buffer at buffer row `at`.
+// Copies host block hb into g's buffer at buffer row `at`: from the device where
+// kvg_cuda_store_encode coded it, else from the host.
 static int put_block(kvg_cuda_store * d, segment * g, const kvg_block * hb, int64_t at) {
-    const size_t head = (size_t) hb->n_rows * g->head_b;
-    int          rc   = kvg_cuda_copy_in(d->ctx, (uint8_t *) g->data + (size_t) at * g->head_b, hb->data, head);
-    if (rc == KVG_OK) {
-        rc = kvg_cuda_copy_in(d->ctx, (uint8_t *) g->data + (size_t) g->cap * g->head_b + (size_t) at * g->code_b,
-                              hb->data + head, (size_t) hb->n_rows * g->code_b);
+    const size_t    head = (size_t) hb->n_rows * g->head_b, codes = (size_t) hb->n_rows * g->code_b;
+    uint8_t * const dst  = (uint8_t *) g->data;
+    for (int64_t i = 0; i < d->n_pend; ++i) {
+        if (d->pend[i].id == hb->id && d->pend[i].n_bytes == head + codes) {
+            const uint8_t * src = (const uint8_t *) d->pend[i].data;
+            int rc = kvg_cuda_copy_dev(d->ctx, dst + (size_t) at * g->head_b, src, head);
+            return rc == KVG_OK ? kvg_cuda_copy_dev(d->ctx, dst + (size_t) g->cap * g->head_b + (size_t) at * g->code_b,
+                                                    src + head, codes)
+                                : rc;
+        }
     }
-    return rc;
+    int rc = kvg_cuda_copy_in(d->ctx, dst + (size_t) at * g->head_b, hb->data, head);
+    return rc == KVG_OK ? kvg_cuda_copy_in(d->ctx, dst + (size_t) g->cap * g->head_b + (size_t) at * g->code_b,
+                                           hb->data + head, codes)
+                        : rc;
 }
 
 // Rows for a run of n: a quarter more, at least 256, even (the codes start 4-byte aligned).
@@ -355,7 +383,57 @@ int kvg_cuda_store_sync(kvg_cuda_store * d) {
         *l = staged[li];
     }
     free(staged);
+    free_pending(d);  // taken by the segments above, or their blocks are gone
     d->stale = 0;
+    return KVG_OK;
+}
+
+int kvg_cuda_store_encode(kvg_cuda_store * d, int32_t il, int32_t kind, int32_t tier, int32_t codec, const void * src_dev,
+                          int src_type, int64_t row_stride, int64_t col_stride, int64_t n_rows) {
+    kvg_clear_error();
+    if (!d || il < 0 || il >= d->host->p.n_layer || (kind != KVG_KIND_K && kind != KVG_KIND_V) || n_rows <= 0) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_store_encode: no copy, or layer %d / kind %d / %lld rows out of range",
+                        (int) il, (int) kind, (long long) n_rows);
+    }
+    kvg_store * const      host = (kvg_store *) d->host;  // the copy reads it; this call appends to it
+    const int64_t          li = (int64_t) il * 2 + kind, H = host->p.n_head_kv;
+    const int64_t          D  = kind == KVG_KIND_K ? host->p.head_dim_k : host->p.head_dim_v;
+    const kvg_codec_params p  = kvg_store_list_params(host, li, codec, NULL);
+    size_t                 n_bytes = 0;
+    int                    rc      = kvg_encoded_size(codec, kind, n_rows, H, D, &p, &n_bytes);
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    if (d->n_pend == d->cap_pend) {
+        const int64_t cap = d->cap_pend ? 2 * d->cap_pend : 64;
+        pending *     np  = (pending *) realloc(d->pend, (size_t) cap * sizeof(pending));
+        if (!np) {
+            return kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda_store_encode: the pending list");
+        }
+        d->pend     = np;
+        d->cap_pend = cap;
+    }
+    void *    dev   = NULL;
+    uint8_t * bytes = (uint8_t *) malloc(n_bytes ? n_bytes : 1);
+    rc              = bytes ? kvg_cuda_malloc(d->ctx, n_bytes ? n_bytes : 1, &dev)
+                            : kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda_store_encode: %zu bytes on the host", n_bytes);
+    if (rc == KVG_OK) {
+        rc = kvg_cuda_encode(d->ctx, codec, kind, src_dev, src_type, row_stride, col_stride, n_rows, H, D, &p, dev, n_bytes,
+                             NULL);
+    }
+    if (rc == KVG_OK) {
+        rc = kvg_cuda_copy_out(d->ctx, bytes, dev, n_bytes);  // the host store keeps the codes, not the rows
+    }
+    if (rc == KVG_OK) {
+        rc = kvg_store_append_encoded(host, il, kind, tier, codec, n_rows, bytes, n_bytes);
+    }
+    free(bytes);
+    if (rc != KVG_OK) {
+        kvg_cuda_free(d->ctx, dev);
+        return rc;
+    }
+    const kvg_rows * r    = &host->rows[li];
+    d->pend[d->n_pend++] = (pending) { r->blocks[r->n_blocks - 1].id, dev, n_bytes };
     return KVG_OK;
 }
 
@@ -366,6 +444,9 @@ int kvg_cuda_store_bytes(const kvg_cuda_store * d, uint64_t * out_blocks, uint64
     }
     if (out_blocks) {
         *out_blocks = d->bytes;
+        for (int64_t i = 0; i < d->n_pend; ++i) {
+            *out_blocks += d->pend[i].n_bytes ? d->pend[i].n_bytes : 1;
+        }
     }
     if (out_scratch) {
         *out_scratch = d->q_floats * sizeof(float) + kvg_cuda_ctx_scratch_bytes(d->ctx);

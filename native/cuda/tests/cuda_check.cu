@@ -1645,10 +1645,63 @@ static void run_store_hooks() {
             check(what, n_rows, KVG_OK, n_rows);
         }
     }
+    // an eviction coded on the GPU from f16 cells (K as rows, V transposed): the host store gets
+    // the C encoder's bytes, and the next sync takes the block from the device
+    {
+        const int64_t         nr = 64;
+        std::vector<float>    k64 = kv_rows(rng, nr, Hk * dk, dk), v64 = kv_rows(rng, nr, Hk * dv, dv);
+        std::vector<uint16_t> ck((size_t) (nr * Hk * dk)), cv((size_t) (nr * Hk * dv));
+        for (int64_t t = 0; t < nr; t++) {
+            for (int64_t e = 0; e < Hk * dk; e++) {
+                ck[(size_t) (t * Hk * dk + e)] = host_f16(k64[(size_t) (t * Hk * dk + e)]);
+                k64[(size_t) (t * Hk * dk + e)] = host_f32(ck[(size_t) (t * Hk * dk + e)]);
+            }
+            for (int64_t e = 0; e < Hk * dv; e++) {
+                cv[(size_t) (e * nr + t)]       = host_f16(v64[(size_t) (t * Hk * dv + e)]);
+                v64[(size_t) (t * Hk * dv + e)] = host_f32(cv[(size_t) (e * nr + t)]);
+            }
+        }
+        DevBuf dck(ck.size() * 2), dcv(cv.size() * 2);
+        dck.put(ck.data(), ck.size() * 2);
+        dcv.put(cv.data(), cv.size() * 2);
+        for (int layer = 0; layer < L; layer++) {
+            if (kvg_cuda_store_encode(d, layer, KVG_KIND_K, KVG_TIER_WARM, KVG_CODEC_ROTQ4, dck.p, KVG_CUDA_F16, Hk * dk, 1, nr) !=
+                    KVG_OK ||
+                kvg_cuda_store_encode(d, layer, KVG_KIND_V, KVG_TIER_WARM, KVG_CODEC_ROTQ3, dcv.p, KVG_CUDA_F16, 1, nr, nr) !=
+                    KVG_OK) {
+                die("kvg_cuda_store_encode: %s", kvg_last_error());
+            }
+        }
+        const int            kinds[2] = { KVG_KIND_K, KVG_KIND_V }, cods[2] = { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ3 };
+        const std::vector<float> * src[2] = { &k64, &v64 };
+        for (int j = 0; j < 2; j++) {
+            int64_t nb = 0;
+            kvg_store_n_blocks(s, il, kinds[j], &nb);
+            kvg_block_info info;
+            kvg_store_block(s, il, kinds[j], nb - 1, &info, NULL, 0);
+            std::vector<uint8_t> got(info.n_bytes), want(info.n_bytes);
+            kvg_store_block(s, il, kinds[j], nb - 1, &info, got.data(), got.size());
+            kvg_codec_params cp;
+            kvg_codec_default_params(&cp);
+            size_t w = 0;
+            g_checks++;
+            if (kvg_encode(cods[j], kinds[j], src[j]->data(), src[j]->size(), nr, Hk, j ? dv : dk, &cp, want.data(), want.size(),
+                           &w) != KVG_OK ||
+                w != got.size() || memcmp(got.data(), want.data(), w) != 0) {
+                mismatch("store hooks: the %s block coded on the GPU is not the C encoder's", j ? "V" : "K");
+            }
+        }
+        if (kvg_cuda_store_sync(d) != KVG_OK) {
+            die("kvg_cuda_store_sync: %s", kvg_last_error());
+        }
+        n_rows += nr;
+        expect_bytes("after an eviction coded on the GPU", host_bytes(0));
+        check("after an eviction coded on the GPU", n_rows, KVG_OK, n_rows);
+    }
     kvg_cuda_store_free(d);
     kvg_store_free(s);
     printf("store hooks: %d cases through kvg_cuda_store_hook_attend / _finish against the CPU store's fused path "
-           "(bound 5e-5 of max|out|); syncs after append, retier, truncate, a layer off, 24 evictions and agings\n",
+           "(bound 5e-5 of max|out|); syncs after append, retier, truncate, a layer off, 24 evictions and agings, an eviction coded on the GPU\n",
            n_cases);
 }
 

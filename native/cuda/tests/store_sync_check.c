@@ -5,6 +5,9 @@
 // host store's kvg_store_decode of the same rows). A long run of appends, agings, cuts and
 // clears, synced as Python syncs, must leave the copy's segments holding exactly the store's
 // rows; an allocation that fails mid-sync must leave the copy as it was (stale) and leak nothing.
+// Every other eviction is coded "on the device" (kvg_cuda_store_encode, the C encoder standing in
+// for the GPU's byte-equal one): the host store must get the C encoder's bytes, and the sync must
+// take the block from the device.
 // scripts/cuda_compile_check.sh builds and runs it; cuda_check.cu checks the same on a GPU.
 #include "kvg_cuda.h"
 #include "kvg_internal.h"
@@ -40,8 +43,15 @@ int kvg_cuda_malloc(kvg_cuda_ctx * ctx, size_t bytes, void ** out) {
     return KVG_OK;
 }
 
+static const void * g_coded[4096];  // the blocks the device's encoder wrote, until freed
+static int          g_n_coded;
+static long         g_from_device;  // the copies a sync took from them
+
 int kvg_cuda_free(kvg_cuda_ctx * ctx, void * p) {
     (void) ctx;
+    for (int i = 0; i < g_n_coded && p; i++) {
+        g_coded[i] = g_coded[i] == p ? NULL : g_coded[i];
+    }
     if (p) {
         hdr * h = (hdr *) p - 1;
         g_live_allocs--;
@@ -59,8 +69,44 @@ int kvg_cuda_copy_in(kvg_cuda_ctx * ctx, void * dst, const void * src, size_t n)
 
 int kvg_cuda_copy_dev(kvg_cuda_ctx * ctx, void * dst, const void * src, size_t n) {
     (void) ctx;
+    for (int i = 0; i < g_n_coded && n > 0; i++) {
+        g_from_device += g_coded[i] == src;  // a block's first part: once per block
+    }
     memmove(dst, src, n);
     return KVG_OK;
+}
+
+int kvg_cuda_copy_out(kvg_cuda_ctx * ctx, void * dst, const void * src, size_t n) {
+    (void) ctx;
+    memcpy(dst, src, n);
+    return KVG_OK;
+}
+
+// The device's encoder: the rows read as the kernel reads them, then the C encoder (the GPU's are
+// byte-equal to it: cuda_check).
+int kvg_cuda_encode(kvg_cuda_ctx * ctx, int type, int kind, const void * src, int src_type, int64_t rs, int64_t cs,
+                    int64_t T, int64_t Hh, int64_t D, const kvg_codec_params * p, void * dst, size_t dst_bytes,
+                    size_t * out_written) {
+    (void) ctx;
+    if (g_n_coded < 4096) {
+        g_coded[g_n_coded++] = dst;
+    }
+    float * x = (float *) malloc((size_t) (T * Hh * D) * sizeof(float));
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t e = 0; e < Hh * D; e++) {
+            const int64_t at = t * rs + e * cs;
+            if (src_type == KVG_CUDA_F16) {
+                uint16_t u;
+                memcpy(&u, (const uint8_t *) src + at * 2, 2);
+                x[t * Hh * D + e] = kvg_f16_to_f32(u);
+            } else {
+                x[t * Hh * D + e] = ((const float *) src)[at];
+            }
+        }
+    }
+    const int rc = kvg_encode(type, kind, x, (size_t) (T * Hh * D), T, Hh, D, p, dst, dst_bytes, out_written);
+    free(x);
+    return rc;
 }
 
 void   kvg_cuda_ctx_free(kvg_cuda_ctx * ctx) { (void) ctx; }
@@ -245,6 +291,7 @@ int main(void) {
     float *  xk   = (float *) malloc(sizeof(float) * 64 * H * DK);
     float *  xv   = (float *) malloc(sizeof(float) * 64 * H * DV);
     int      syncs = 0, fails = 0, aged = 0;
+    long     from_device = 0;  // device-coded blocks a sync must take from the device
     // sinks (f16), then 60 evictions of 64 rows (K rotq4, V rotq3); from the 5th on, the oldest
     // warm block but the newest four ages to rotq2, every 7th to rotq4 (the same codec, new bytes,
     // another tier); every 13th step cuts inside the newest block; twice the store is cleared
@@ -256,13 +303,58 @@ int main(void) {
         }
         rows(&seed, xk, nr * H * DK);
         rows(&seed, xv, nr * H * DV);
-        for (int il = 0; il < L; il++) {
-            if (kvg_store_append(s, il, KVG_KIND_K, sinks ? KVG_TIER_SINK : KVG_TIER_WARM, sinks ? KVG_CODEC_F16 : KVG_CODEC_ROTQ4,
-                                 xk, (size_t) (nr * H * DK), nr) != KVG_OK ||
-                kvg_store_append(s, il, KVG_KIND_V, sinks ? KVG_TIER_SINK : KVG_TIER_WARM, sinks ? KVG_CODEC_F16 : KVG_CODEC_ROTQ3,
-                                 xv, (size_t) (nr * H * DV), nr) != KVG_OK) {
-                printf("kvg_store_append: %s\n", kvg_last_error());
-                return 1;
+        const int kc = sinks ? KVG_CODEC_F16 : KVG_CODEC_ROTQ4, vc = sinks ? KVG_CODEC_F16 : KVG_CODEC_ROTQ3;
+        const int tier = sinks ? KVG_TIER_SINK : KVG_TIER_WARM;
+        if (step % 2) {
+            // coded on the "device" from f16 cells, K as rows and V transposed (llama.cpp without
+            // flash attention), as an eviction on a GPU codes them: the host store must get the
+            // bytes the C encoder gives the same values
+            uint16_t * ck = (uint16_t *) malloc(sizeof(uint16_t) * (size_t) (nr * H * DK));
+            uint16_t * cv = (uint16_t *) malloc(sizeof(uint16_t) * (size_t) (nr * H * DV));
+            for (int64_t t = 0; t < nr; t++) {
+                for (int64_t e = 0; e < H * DK; e++) {
+                    ck[t * H * DK + e] = kvg_f32_to_f16(xk[t * H * DK + e]);
+                    xk[t * H * DK + e] = kvg_f16_to_f32(ck[t * H * DK + e]);
+                }
+                for (int64_t e = 0; e < H * DV; e++) {
+                    cv[e * nr + t]     = kvg_f32_to_f16(xv[t * H * DV + e]);
+                    xv[t * H * DV + e] = kvg_f16_to_f32(cv[e * nr + t]);
+                }
+            }
+            for (int il = 0; il < L; il++) {
+                if (kvg_cuda_store_encode(d, il, KVG_KIND_K, tier, kc, ck, KVG_CUDA_F16, H * DK, 1, nr) != KVG_OK ||
+                    kvg_cuda_store_encode(d, il, KVG_KIND_V, tier, vc, cv, KVG_CUDA_F16, 1, nr, nr) != KVG_OK) {
+                    printf("kvg_cuda_store_encode: %s\n", kvg_last_error());
+                    return 1;
+                }
+                int64_t nb = 0;
+                kvg_store_n_blocks(s, il, KVG_KIND_V, &nb);
+                kvg_block_info info;
+                kvg_store_block(s, il, KVG_KIND_V, nb - 1, &info, NULL, 0);
+                uint8_t * got  = (uint8_t *) malloc(info.n_bytes);
+                uint8_t * want = (uint8_t *) malloc(info.n_bytes);
+                size_t    w    = 0;
+                kvg_codec_params cp;
+                kvg_codec_default_params(&cp);
+                kvg_store_block(s, il, KVG_KIND_V, nb - 1, &info, got, info.n_bytes);
+                g_checks++;
+                if (kvg_encode(vc, KVG_KIND_V, xv, (size_t) (nr * H * DV), nr, H, DV, &cp, want, info.n_bytes, &w) != KVG_OK ||
+                    w != info.n_bytes || memcmp(got, want, w) != 0) {
+                    printf("MISMATCH: step %d: the block coded on the device is not the C encoder's\n", step);
+                    g_bad++;
+                }
+                free(got);
+                free(want);
+            }
+            free(ck);
+            free(cv);
+        } else {
+            for (int il = 0; il < L; il++) {
+                if (kvg_store_append(s, il, KVG_KIND_K, tier, kc, xk, (size_t) (nr * H * DK), nr) != KVG_OK ||
+                    kvg_store_append(s, il, KVG_KIND_V, tier, vc, xv, (size_t) (nr * H * DV), nr) != KVG_OK) {
+                    printf("kvg_store_append: %s\n", kvg_last_error());
+                    return 1;
+                }
             }
         }
         int64_t nb = 0;
@@ -281,7 +373,9 @@ int main(void) {
         }
         int64_t n = 0;
         kvg_store_n_rows(s, 0, KVG_KIND_K, &n);
+        from_device += step % 2 ? 2 * L : 0;
         if (step % 13 == 12 && n > 100) {
+            from_device -= step % 2 ? 2 * L : 0;  // the newest blocks, cut and coded again on the host
             if (kvg_store_truncate(s, n - 40) != KVG_OK) {
                 printf("kvg_store_truncate: %s\n", kvg_last_error());
                 return 1;
@@ -291,9 +385,13 @@ int main(void) {
         if (step % 5 == 3) {
             const long   live = g_live_allocs;
             const size_t held = g_live_bytes;
-            g_fail_at         = g_allocs + 1;
-            const int st      = kvg_cuda_store_sync(d);
-            g_fail_at         = -1;
+            const long   taken = g_from_device;
+            g_fail_at          = g_allocs + 1;
+            const int st       = kvg_cuda_store_sync(d);
+            g_fail_at          = -1;
+            if (st != KVG_OK) {
+                g_from_device = taken;  // what a failed sync copied, the next one copies again
+            }
             g_checks++;
             if (st == KVG_OK) {
                 // nothing to allocate past the first: fine, but then it must be current
@@ -320,6 +418,15 @@ int main(void) {
             return 1;
         }
         syncs++;
+        g_checks++;
+        for (int i = 0; i < g_n_coded; i++) {
+            if (g_coded[i]) {
+                printf("MISMATCH: step %d: a block coded on the device outlived the sync that took it\n", step);
+                g_bad++;
+                break;
+            }
+        }
+        g_n_coded = 0;
         uint64_t dev = 0, scratch = 0;
         kvg_cuda_store_bytes(d, &dev, &scratch);
         g_checks++;
@@ -336,12 +443,19 @@ int main(void) {
     kvg_store_free(s);
     free(xk);
     free(xv);
+    // every block coded on the device and still in the store at the next sync came from the device
+    g_checks++;
+    if (g_from_device != from_device) {
+        printf("MISMATCH: %ld blocks taken from the device's encoder, %ld expected\n", g_from_device, from_device);
+        g_bad++;
+    }
     g_checks++;
     if (g_live_allocs != 0) {
         printf("MISMATCH: %ld allocations left after kvg_cuda_store_free\n", g_live_allocs);
         g_bad++;
     }
-    printf("store_sync_check: %d syncs (%d failed on purpose), %ld checks, %ld mismatches\n%s\n", syncs, fails, g_checks,
-           g_bad, g_bad ? "FAIL" : "PASS");
+    printf("store_sync_check: %d syncs (%d failed on purpose), %ld blocks coded on the device and taken from there; "
+           "%ld checks, %ld mismatches\n%s\n",
+           syncs, fails, g_from_device, g_checks, g_bad, g_bad ? "FAIL" : "PASS");
     return g_bad ? 1 : 0;
 }
