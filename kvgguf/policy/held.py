@@ -141,7 +141,7 @@ def context_bytes(
     return {"hot": hot, "window": window, "store": store, "index": index_bytes(shape, counts), "n_cold": n_cold}
 
 
-BLOCK_ENTRY_BYTES = 48  # sizeof(kvg_block), native/src/kvg_internal.h, on 64-bit machines
+BLOCK_ENTRY_BYTES = 56  # sizeof(kvg_block), native/src/kvg_internal.h (a static assert there), on 64-bit machines
 
 
 def index_bytes(shape: KVShape, counts: dict[tuple[int, int], int]) -> int:

@@ -491,6 +491,9 @@ typedef struct kvg_block {
                            // device copy (native/cuda/kvg_cuda_store.c) knows whether it is current
 } kvg_block;
 
+// kvgguf/policy/held.py plans the store's block tables at BLOCK_ENTRY_BYTES an entry.
+_Static_assert(sizeof(void *) != 8 || sizeof(kvg_block) == 56, "change BLOCK_ENTRY_BYTES in kvgguf/policy/held.py too");
+
 // The next block id (kvg_block.id), never 0.
 uint64_t kvg_block_new_id(void);
 
