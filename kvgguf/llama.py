@@ -421,8 +421,7 @@ class Llama(SessionCalls):
         if self._kv is None:
             ctx = self._ctx.ctx
             hot = TierMemory("hot", "llama.cpp", int(hooks.kv_bytes(ctx)))
-            where = [hooks.buffer_of(ctx, il) for il in range(llama_cpp.llama_model_n_layer(self._model.model))]
-            on_device = any(w is not None and not w[1] for w in where)
+            on_device = bool(hooks.device_cells(ctx, range(llama_cpp.llama_model_n_layer(self._model.model))))
             return KVMemory(
                 (hot,),
                 0,

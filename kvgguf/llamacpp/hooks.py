@@ -118,13 +118,15 @@ layer_buffer = _bind(
 )
 
 
-def buffer_of(ctx, il: int):
-    """(name of the buffer type, whether the host reads it) of layer il's cells, or None."""
+def device_cells(ctx, layers) -> dict[int, str]:
+    """{layer: buffer type ("CUDA0", ...)} of those of `layers` whose cells live in a device's
+    memory, not the host's."""
+    out = {}
     name = ctypes.create_string_buffer(64)
-    where = layer_buffer(ctx, il, name, len(name))
-    if where < 0:
-        return None
-    return name.value.decode(errors="replace"), where == 1
+    for il in layers:
+        if layer_buffer(ctx, il, name, len(name)) == 0:
+            out[il] = name.value.decode(errors="replace")
+    return out
 
 
 class llama_kvgguf_cuda(ctypes.Structure):

@@ -81,8 +81,8 @@ class LiveCache:
     def _gpu_layers(self) -> tuple[int, set[int]] | None:
         """(device, layers) of the layers whose cells a CUDA device holds, None where none does.
         Raises ValueError before the first token for what the GPU path cannot run."""
-        where = {il: hooks.buffer_of(self.ctx, il) for il in self.layers}
-        names = {w[0] for w in where.values() if w is not None and not w[1]}
+        where = hooks.device_cells(self.ctx, self.layers)
+        names = set(where.values())
         if not names:
             return None
         cuda = sorted(n for n in names if n.startswith("CUDA") and n[4:].isdigit())
@@ -99,7 +99,7 @@ class LiveCache:
                 stacklevel=3,
             )
             return None
-        layers = {il for il, w in where.items() if w is not None and not w[1]}
+        layers = set(where)
         for tier, table in self.codecs.items():
             for il in sorted(layers):
                 k, v = table[il, Kind.K], table[il, Kind.V]

@@ -483,11 +483,9 @@ static int64_t buf_row(const segment * g, int64_t row) {
     return g->skip + (row - g->row0);
 }
 
-// Rows [r0, r1) of an f16 K segment and an f16 V segment (the codec's rows as they are:
-// [token][head][i]) into the state, as llama.cpp's cells with no mask.
-static int attend_f16_run(kvg_cuda_store * d, const kvg_cuda_layer_args * a, const segment * kg, const segment * vg,
-                          int64_t r0, int64_t r1) {
-    const int64_t       hk = a->n_head_kv;
+// The arguments of the cells kernel that every call of a hook shares: the gathered queries, the
+// shape, the scores' scale and cap, the state.
+static kvg_cuda_cells_args cells_args(const kvg_cuda_store * d, const kvg_cuda_layer_args * a) {
     kvg_cuda_cells_args c;
     memset(&c, 0, sizeof(c));
     c.q_dev      = d->q_dev;
@@ -496,23 +494,31 @@ static int attend_f16_run(kvg_cuda_store * d, const kvg_cuda_layer_args * a, con
     c.n_head_kv  = a->n_head_kv;
     c.head_dim_k = a->head_dim_k;
     c.head_dim_v = a->head_dim_v;
-    c.k_dev      = (const uint8_t *) kg->data + (size_t) buf_row(kg, r0) * kg->code_b;
-    c.k_type     = KVG_CELLS_F16;
-    c.k_nb[0]    = 2;
-    c.k_nb[1]    = (size_t) a->head_dim_k * 2;
-    c.k_nb[2]    = (size_t) (hk * a->head_dim_k) * 2;
-    c.v_dev      = (const uint8_t *) vg->data + (size_t) buf_row(vg, r0) * vg->code_b;
-    c.v_type     = KVG_CELLS_F16;
-    c.v_nb[0]    = 2;
-    c.v_nb[1]    = (size_t) a->head_dim_v * 2;
-    c.v_nb[2]    = (size_t) (hk * a->head_dim_v) * 2;
-    c.c0         = 0;
-    c.c1         = r1 - r0;
     c.scale      = a->scale;
     c.softcap    = a->softcap;
     c.m_dev      = a->m_dev;
     c.l_dev      = a->l_dev;
     c.acc_dev    = a->acc_dev;
+    return c;
+}
+
+// Rows [r0, r1) of an f16 K segment and an f16 V segment (the codec's rows as they are:
+// [token][head][i]) into the state, as llama.cpp's cells with no mask.
+static int attend_f16_run(kvg_cuda_store * d, const kvg_cuda_layer_args * a, const segment * kg, const segment * vg,
+                          int64_t r0, int64_t r1) {
+    const int64_t       hk = a->n_head_kv;
+    kvg_cuda_cells_args c  = cells_args(d, a);
+    c.k_dev                = (const uint8_t *) kg->data + (size_t) buf_row(kg, r0) * kg->code_b;
+    c.k_type               = KVG_CELLS_F16;
+    c.k_nb[0]              = 2;
+    c.k_nb[1]              = (size_t) a->head_dim_k * 2;
+    c.k_nb[2]              = (size_t) (hk * a->head_dim_k) * 2;
+    c.v_dev                = (const uint8_t *) vg->data + (size_t) buf_row(vg, r0) * vg->code_b;
+    c.v_type               = KVG_CELLS_F16;
+    c.v_nb[0]              = 2;
+    c.v_nb[1]              = (size_t) a->head_dim_v * 2;
+    c.v_nb[2]              = (size_t) (hk * a->head_dim_v) * 2;
+    c.c1                   = r1 - r0;
     return kvg_cuda_attend_cells(d->ctx, &c);
 }
 
@@ -626,31 +632,18 @@ int32_t kvg_cuda_store_hook_attend(void * user, const kvg_cuda_layer_args * a, i
     if (cold != KVG_OK) {
         atomic_fetch_add_explicit(&((kvg_store *) d->host)->read_failures[KVG_READ_ATTEND], 1, memory_order_relaxed);
     }
-    if (a->n_kv > 0) {
-        kvg_cuda_cells_args c;
-        memset(&c, 0, sizeof(c));
-        c.q_dev      = d->q_dev;
-        c.n_tokens   = a->n_tokens;
-        c.n_head     = a->n_head;
-        c.n_head_kv  = a->n_head_kv;
-        c.head_dim_k = a->head_dim_k;
-        c.head_dim_v = a->head_dim_v;
-        c.k_dev      = a->k_dev;
-        c.k_type     = a->k_type;
+    if (a->n_kv > 0) {  // llama.cpp's own cells, under its mask
+        kvg_cuda_cells_args c = cells_args(d, a);
+        c.k_dev               = a->k_dev;
+        c.k_type              = a->k_type;
         memcpy(c.k_nb, a->k_nb, sizeof(c.k_nb));
         c.v_dev  = a->v_dev;
         c.v_type = a->v_type;
         memcpy(c.v_nb, a->v_nb, sizeof(c.v_nb));
-        c.c0       = 0;
         c.c1       = a->n_kv;
         c.mask_dev = a->mask_dev;
         c.mask_f16 = a->mask_f16;
         c.mask_nb1 = a->mask_nb1;
-        c.scale    = a->scale;
-        c.softcap  = a->softcap;
-        c.m_dev    = a->m_dev;
-        c.l_dev    = a->l_dev;
-        c.acc_dev  = a->acc_dev;
         rc         = kvg_cuda_attend_cells(d->ctx, &c);
     }
     kvg_cuda_ctx_set_stream(d->ctx, prev);
