@@ -274,6 +274,13 @@ def main(argv=None) -> int:
         choices=("wikitext", "random"),
         help="the tokens: WikiText-2, or random ids (shape models, where no text package is installed)",
     )
+    p.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="a configuration that fails or runs out of time is reported and left out of the table, "
+        "and the others still run (exit status 1 at the end)",
+    )
+    p.add_argument("--run-timeout", type=float, default=None, help="seconds each configuration may run")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     contexts = [int(c) for c in args.contexts.split(",")]
@@ -288,7 +295,7 @@ def main(argv=None) -> int:
     if args.gpu and gpu_name() in ("no nvidia-smi", "unknown GPU"):
         raise SystemExit("--gpu: nvidia-smi finds no NVIDIA GPU here")
     model_path(args.model)  # a real shape is written here, not inside a timed process
-    runs = []
+    runs, failed = [], []
     for n_ctx, cache in [(n, c) for _ in range(args.repeats) for n in contexts for c in caches]:
         cmd = [
             sys.executable,
@@ -313,11 +320,21 @@ def main(argv=None) -> int:
         # llama.cpp's threads spin: anything else running makes decode several times slower.
         note = f" ({busy:.2f} CPUs busy: the machine is not idle, speed figures are unreliable)" if busy > 0.2 else ""
         progress(f"{n_ctx} {cache} ...{note}")
-        out = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE)
-        if out.returncode != 0:
-            raise SystemExit(f"{n_ctx} {cache} failed:\n{out.stderr[-3000:]}")
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE, timeout=args.run_timeout)
+            why = None if out.returncode == 0 else f"exit {out.returncode}:\n{out.stderr[-3000:]}"
+        except subprocess.TimeoutExpired:
+            why = f"still running after {args.run_timeout:g} s"
+        if why:
+            if not args.keep_going:
+                raise SystemExit(f"{n_ctx} {cache} failed: {why}")
+            progress(f"{n_ctx} {cache} FAILED: {why}")
+            failed.append(f"{n_ctx} {cache}: {why.splitlines()[0]}")
+            continue
         runs.append(dict(json.loads(out.stdout.strip().splitlines()[-1]), busy_cpus_before=busy))
         print(table(runs[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    if not runs:
+        raise SystemExit("no configuration ran: " + "; ".join(failed))
     rows = median_rows(runs)
     result = {
         "command": command(__file__, argv),
@@ -326,6 +343,7 @@ def main(argv=None) -> int:
         "gpu": gpu_name() if args.gpu else None,
         "rows": rows,
         "runs": runs,
+        "failed": failed,
     }
     md = (
         f"`{result['command']}` ({args.model}, {args.threads} threads"
@@ -334,10 +352,11 @@ def main(argv=None) -> int:
         "off; ratios against stock f16 at its best, per phase"
         + (f"; speeds are medians of {args.repeats} runs, their range in brackets" if args.repeats > 1 else "")
         + f")\n\n{table(rows)}\n"
+        + "".join(f"\nFailed: {f}\n" for f in failed)
     )
     write_result(args.out, result, md, args.threads, indent=2)
     print(md)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -82,19 +82,29 @@ def path(name: str, weights: str = "q4_0") -> Path:
     """The GGUF of shape `name`, written into kvgguf's cache folder on first use (a minute or two)."""
     import dataclasses
 
-    import kvgguf
     import tiny_models
 
     if name not in SHAPES:
         raise ValueError(f"unknown shape {name!r}; choose one of: {', '.join(SHAPES)}")
-    out = kvgguf.models.cache_dir() / "shapes" / f"{name}.{weights}.gguf"
+    # kvgguf's cache folder; KVGGUF_CACHE_DIR and KVGGUF_TOKENIZER_FROM given, nothing of kvgguf is
+    # imported (a GPU machine writes these while its CUDA build of kvgguf is still compiling)
+    cache = os.environ.get("KVGGUF_CACHE_DIR")
+    if not cache:
+        import kvgguf
+
+        cache = kvgguf.models.cache_dir()
+    out = Path(cache) / "shapes" / f"{name}.{weights}.gguf"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         partial = out.with_suffix(".partial")
         print(f"writing {out} (random weights, once) ...", file=sys.stderr, flush=True)
         # SmolLM2's tokenizer: its GGUF, or where the model package is absent (a GPU machine) the GPU
         # kit's copy of its keys (KVGGUF_TOKENIZER_FROM=.gpu-kit/smollm2-tokenizer.pkl)
-        tokenizer = os.environ.get("KVGGUF_TOKENIZER_FROM") or kvgguf.models.path()
+        tokenizer = os.environ.get("KVGGUF_TOKENIZER_FROM")
+        if not tokenizer:
+            import kvgguf
+
+            tokenizer = kvgguf.models.path()
         tiny_models.write(partial, dataclasses.replace(SHAPES[name], weights=weights), Path(tokenizer))
         partial.replace(out)
     return out

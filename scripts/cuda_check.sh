@@ -20,6 +20,23 @@
 #                         ~/.cache/kvgguf/sdist/llama_cpp_python-0.3.36.tar.gz as cmake/llama_source.cmake finds it
 #   CUDA_CHECK_TIMEOUT    seconds the check binary may run (default 300)
 #   GPU_PATH_TIMEOUT      seconds scripts/gpu_path_check.py may run (default 300)
+#   KVGGUF_CUDA_PREFIX    (--full) a CUDA package already built and installed (cmake --install --component
+#                         kvgguf --prefix DIR, e.g. on a machine without a GPU): used instead of building
+#                         one here, which saves the 3-4 minutes of llama.cpp's CUDA backend
+#   KVGGUF_CUDA_CHECK_BIN the check program already built (scripts/cuda_compile_check.sh --build-only), instead
+#                         of building it here
+#   GPU_SPEED             (--full) the GPU speed table after the checks: shape:contexts[:caches] items, e.g.
+#                         "llama-3.2-1b:8192 llama-3.2-3b:8192,32768" (benchmarks/live_cache.py --gpu, caches
+#                         f16,q8_0,q4_0,tiered unless given); each shape model is written here first, from the
+#                         kit's tokenizer, while the checks run
+#   GPU_SPEED_TIMEOUT     seconds each configuration of the speed table may run (default 150)
+#   SPEED_BY              seconds from the start by which the speed table must be done (default: no limit):
+#                         a configuration still running then is stopped, its shape's table left as its log has it
+#   SANITIZE=1            also compute-sanitizer's memcheck and racecheck on the check (--quick --no-timing),
+#                         each for at most SANITIZE_TIMEOUT seconds (default 90), while the package builds
+#
+# With --full the package builds in the background from the start, beside the kernels' checks: their
+# timings are then taken on a busy host (the kernels' own times are the GPU's; launch overheads may grow).
 #
 # Exit status: 0 when every stage passed, 1 otherwise (77 when the machine has no CUDA device).
 set -uo pipefail
@@ -49,11 +66,64 @@ nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 say "nvcc: $("$nvcc" --version 2>&1 | tail -1)"
 say "cmake: $(cmake --version 2> /dev/null | head -1 || echo none)"
 
+# (--full) the package's CUDA build starts first, in the background: it is most of the time, and
+# the kernels' checks (and the sanitizers) run on the GPU meanwhile
+pbuild=build/cuda-package
+pkg_pid=
+if [ "$full" -eq 1 ] && [ -z "${KVGGUF_CUDA_PREFIX:-}" ]; then
+    prefix=$PWD/build/cuda-package-install
+    rm -rf "$prefix"
+    pgen=()
+    command -v ninja > /dev/null && pgen=(-G Ninja)
+    t_pkg=$(date +%s)
+    (cmake -S . -B "$pbuild" "${pgen[@]}" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+            -DCMAKE_CUDA_COMPILER="$nvcc" > "$out/package-configure.log" 2>&1 &&
+        cmake --build "$pbuild" -j "$jobs" > "$out/package-build.log" 2>&1 &&
+        cmake --install "$pbuild" --component kvgguf --prefix "$prefix" > "$out/package-install.log" 2>&1) &
+    pkg_pid=$!
+fi
+
+# The Python side (the fused path end to end, the speed table) runs with the GPU kit's pieces that
+# KVGGUF_LLAMA_SDIST lies in (wheels, llama_cpp's bindings from the sdist, SmolLM2's tokenizer for the
+# random-weight models) and the package's libraries from its install prefix.
+kit=$(dirname "${KVGGUF_LLAMA_SDIST:-/nonexistent/x}")
+site=
+shapes_pid=
+make_site() {  # fills $site once; false without a kit
+    [ -n "$site" ] && return 0
+    [ -d "$kit/whl" ] && [ -f "$kit/smollm2-tokenizer.pkl" ] || return 1
+    site=$(mktemp -d)
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$kit"/whl/*.whl > "$out/site.log" 2>&1
+    tar -xzf "$KVGGUF_LLAMA_SDIST" -C "$site" && cp -r "$site"/llama_cpp_python-*/llama_cpp "$site"/
+}
+py() {  # python3 with kvgguf from this checkout on the installed package's libraries; PY_TIMEOUT: seconds
+    local plib=$prefix/kvgguf/lib
+    PYTHONPATH=$site:$PWD:$PWD/benchmarks KVGGUF_LLAMA_LIB_DIR=$plib KVGGUF_LIB=$plib/libkvgguf.so \
+        KVGGUF_HEADER=$prefix/kvgguf/include/kvgguf.h KVGGUF_CUDA_HEADER=$prefix/kvgguf/include/kvg_cuda.h \
+        KVGGUF_TOKENIZER_FROM=$kit/smollm2-tokenizer.pkl timeout "${PY_TIMEOUT:-0}" python3 "$@"
+}
+start_shapes() {  # writes the speed table's shape models in the background (a minute or two each)
+    [ -n "${GPU_SPEED:-}" ] && [ -z "$shapes_pid" ] && make_site || return 0
+    local names
+    names=$(for item in $GPU_SPEED; do echo "${item%%:*}"; done | sort -u | tr '\n' ' ')
+    # shellcheck disable=SC2086
+    (for n in $names; do
+        PYTHONPATH=$site KVGGUF_TOKENIZER_FROM=$kit/smollm2-tokenizer.pkl python3 benchmarks/shapes.py "$n" &
+    done; wait) > "$out/shapes.log" 2>&1 &
+    shapes_pid=$!
+}
+# kvgguf's cache folder, as kvgguf.models.cache_dir() finds it: the shape models live there
+export KVGGUF_CACHE_DIR=${KVGGUF_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kvgguf}
+[ "$full" -eq 1 ] && start_shapes
+
 # ---- 1. build the kernels and the check ---------------------------------------------------------
 status=0
 bin=
 build=build/cuda-check
-if command -v cmake > /dev/null; then
+if [ -n "${KVGGUF_CUDA_CHECK_BIN:-}" ] && [ -x "$KVGGUF_CUDA_CHECK_BIN" ]; then
+    bin=$KVGGUF_CUDA_CHECK_BIN
+    say "build: the check program prebuilt ($bin)"
+elif command -v cmake > /dev/null; then
     gen=()
     command -v ninja > /dev/null && gen=(-G Ninja)
     t=$(date +%s)
@@ -105,6 +175,7 @@ cat "$out/gpu.log" >> "$report"
 tail -3 "$out/gpu.log"
 if [ "$rc" -eq 77 ]; then
     say "RESULT: no CUDA device after $(elapsed)"
+    [ -n "$pkg_pid" ] && kill "$pkg_pid" 2> /dev/null
     exit 77
 elif [ "$rc" -eq 124 ]; then
     say "cuda_check: TIMED OUT after ${CUDA_CHECK_TIMEOUT:-300} s"
@@ -113,39 +184,67 @@ elif [ "$rc" -ne 0 ]; then
     status=1
 fi
 
+# ---- 2b. (SANITIZE=1) compute-sanitizer's memcheck and racecheck on the check (--quick
+# --no-timing), each for at most SANITIZE_TIMEOUT seconds, while the package builds
+if [ "${SANITIZE:-0}" = 1 ]; then
+    cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    if [ -x "$cs" ]; then
+        for tool in memcheck racecheck; do
+            t=$(date +%s)
+            timeout "${SANITIZE_TIMEOUT:-90}" "$cs" --tool "$tool" "$bin" --quick --no-timing > "$out/$tool.log" 2>&1
+            say ""
+            say "## compute-sanitizer --tool $tool: exit $? in $(( $(date +%s) - t )) s (124: stopped at ${SANITIZE_TIMEOUT:-90} s)"
+            grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Program hit" "$out/$tool.log" | sort | uniq -c | head -5 | tee -a "$report" > /dev/null
+        done
+    else
+        say "## sanitizers: no compute-sanitizer"
+    fi
+fi
+
 # ---- 3. (--full) the package's CUDA build ---------------------------------------------------
 if [ "$full" -eq 1 ]; then
     say ""
-    t=$(date +%s)
-    pbuild=build/cuda-package
-    prefix=$out/cuda-package-install
-    rm -rf "$prefix"
-    gen=()
-    command -v ninja > /dev/null && gen=(-G Ninja)
-    cuda_arch=$arch
-    if cmake -S . -B "$pbuild" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$cuda_arch" \
-            -DCMAKE_CUDA_COMPILER="$nvcc" > "$out/package-configure.log" 2>&1 &&
-       cmake --build "$pbuild" -j "$jobs" > "$out/package-build.log" 2>&1 &&
-       cmake --install "$pbuild" --component kvgguf --prefix "$prefix" > "$out/package-install.log" 2>&1; then
-        say "## package build (-DGGML_CUDA=ON, CMAKE_CUDA_ARCHITECTURES=$cuda_arch): built and installed in $(( $(date +%s) - t )) s"
-        grep -E "kvgguf: (installs|CUDA kernels)" "$out/package-configure.log" | tee -a "$report" > /dev/null
+    built=0
+    if [ -n "${KVGGUF_CUDA_PREFIX:-}" ] && [ -f "$KVGGUF_CUDA_PREFIX/kvgguf/lib/libkvgguf.so" ]; then
+        prefix=$(cd "$KVGGUF_CUDA_PREFIX" && pwd)
+        say "## package: prebuilt, installed in $prefix (KVGGUF_CUDA_PREFIX; built elsewhere, not here)"
+        built=1
+    elif [ -n "$pkg_pid" ]; then
+        if wait "$pkg_pid"; then
+            say "## package build (-DGGML_CUDA=ON, CMAKE_CUDA_ARCHITECTURES=$arch): built and installed in $(( $(date +%s) - t_pkg )) s (beside the checks above)"
+            grep -E "kvgguf: (installs|CUDA kernels)" "$out/package-configure.log" | tee -a "$report" > /dev/null
+            built=1
+        else
+            say "## package build: FAILED after $(( $(date +%s) - t_pkg )) s"
+            tail -30 "$out/package-configure.log" "$out/package-build.log" 2> /dev/null | tee -a "$report"
+            status=1
+        fi
+    else
+        say "## package build: KVGGUF_CUDA_PREFIX=${KVGGUF_CUDA_PREFIX:-} holds no kvgguf/lib/libkvgguf.so"
+        status=1
+    fi
+    if [ "$built" -eq 1 ]; then
         (cd "$prefix" && find . -type f | sort | sed 's/^/  /') | tee -a "$report" > /dev/null
         lib=$prefix/kvgguf/lib/libkvgguf.so
         n_api=$(nm -D --defined-only "$lib" 2> /dev/null | grep -c ' kvg_cuda_' || true)
         say "libkvgguf.so exports $n_api kvg_cuda_* functions"
         for need in libggml-cuda.so kvg_cuda.h; do
-            if ! find "$prefix" -name "$need" | grep -q .; then
+            if ! find "$prefix" -name "$need*" | grep -q .; then
                 say "package: $need MISSING from the install"
                 status=1
             fi
         done
         [ "$n_api" -gt 0 ] || status=1
         # the patched ggml-cuda's custom-op dispatch (patches/0006), against the libraries installed
-        src_dir=$(find "$pbuild/llama-src" -maxdepth 3 -type d -path '*vendor/llama.cpp' | head -1)
+        inc=$(find "$pbuild/llama-src" -maxdepth 4 -type d -path '*vendor/llama.cpp/ggml/include' 2> /dev/null | head -1)
+        if [ -z "$inc" ] && [ -f "$KVGGUF_LLAMA_SDIST" ]; then  # a prebuilt package: the headers from the sdist
+            tar -xzf "$KVGGUF_LLAMA_SDIST" -C "$out" --wildcards '*/vendor/llama.cpp/ggml/include/*'
+            inc=$(find "$out" -maxdepth 5 -type d -path '*vendor/llama.cpp/ggml/include' | head -1)
+        fi
         check_bin=$out/ggml_custom_op_check
         carch=native
         [[ $arch =~ ^[0-9]+$ ]] && carch=sm_$arch
-        if "$nvcc" -std=c++17 -arch="$carch" -I"$src_dir/ggml/include" native/cuda/tests/ggml_custom_op_check.cu \
+        if "$nvcc" -std=c++17 -arch="$carch" -I"$inc" native/cuda/tests/ggml_custom_op_check.cu \
                 -L"$prefix/kvgguf/lib" -lggml -lggml-base -Xlinker -rpath="$prefix/kvgguf/lib" -o "$check_bin" \
                 > "$out/custom-op-build.log" 2>&1; then
             timeout 120 "$check_bin" > "$out/custom-op.log" 2>&1
@@ -158,32 +257,49 @@ if [ "$full" -eq 1 ]; then
             tail -20 "$out/custom-op-build.log" | tee -a "$report"
             status=1
         fi
-        # the fused path end to end (scripts/gpu_path_check.py) on the package just installed, with
-        # the Python pieces of the GPU kit that KVGGUF_LLAMA_SDIST lies in (wheels, llama_cpp's
-        # bindings from the sdist, SmolLM2's tokenizer for the random-weight model)
-        kit=$(dirname "${KVGGUF_LLAMA_SDIST:-/nonexistent/x}")
-        if [ -d "$kit/whl" ] && [ -f "$kit/smollm2-tokenizer.pkl" ]; then
-            site=$(mktemp -d)
-            python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$kit"/whl/*.whl > "$out/gpu-path.log" 2>&1
-            tar -xzf "$KVGGUF_LLAMA_SDIST" -C "$site" && cp -r "$site"/llama_cpp_python-*/llama_cpp "$site"/
-            plib=$prefix/kvgguf/lib
-            PYTHONPATH=$site:$PWD KVGGUF_LLAMA_LIB_DIR=$plib KVGGUF_LIB=$plib/libkvgguf.so \
-                KVGGUF_HEADER=$prefix/kvgguf/include/kvgguf.h KVGGUF_CUDA_HEADER=$prefix/kvgguf/include/kvg_cuda.h \
-                timeout "${GPU_PATH_TIMEOUT:-300}" python3 scripts/gpu_path_check.py --tokenizer "$kit/smollm2-tokenizer.pkl" \
-                >> "$out/gpu-path.log" 2>&1
+        # the fused path end to end (scripts/gpu_path_check.py) on the package just installed
+        if make_site; then
+            t=$(date +%s)
+            PY_TIMEOUT=${GPU_PATH_TIMEOUT:-300} py scripts/gpu_path_check.py --tokenizer "$kit/smollm2-tokenizer.pkl" >> "$out/gpu-path.log" 2>&1
             grc=$?
-            rm -rf "$site"
-            say "## the fused path on the GPU (scripts/gpu_path_check.py): exit $grc"
+            say "## the fused path on the GPU (scripts/gpu_path_check.py): exit $grc in $(( $(date +%s) - t )) s"
             tail -30 "$out/gpu-path.log" | tee -a "$report" > /dev/null
             [ "$grc" -eq 0 ] || status=1
         else
             say "## the fused path on the GPU: skipped (no GPU kit with whl/ and smollm2-tokenizer.pkl beside KVGGUF_LLAMA_SDIST)"
         fi
-    else
-        say "## package build: FAILED after $(( $(date +%s) - t )) s"
-        tail -30 "$out/package-configure.log" "$out/package-build.log" 2> /dev/null | tee -a "$report"
-        status=1
+        # ---- 4. (--full, GPU_SPEED) the speed table: stock f16/q8_0/q4_0 against kvgguf, every
+        # layer on the GPU, each configuration in its own process (benchmarks/live_cache.py --gpu)
+        if [ -n "${GPU_SPEED:-}" ] && [ -n "$site" ]; then
+            [ -n "$shapes_pid" ] && wait "$shapes_pid"
+            tail -5 "$out/shapes.log" >> "$report"
+            for item in $GPU_SPEED; do
+                IFS=: read -r shape contexts caches <<< "$item"
+                t=$(date +%s)
+                left=$(( ${SPEED_BY:-1000000} - (t - t_start) ))
+                if [ "$left" -lt 20 ]; then
+                    say ""
+                    say "## speed, $shape at $contexts: not run (SPEED_BY=${SPEED_BY:-} s reached)"
+                    status=1
+                    continue
+                fi
+                PY_TIMEOUT=$left py benchmarks/live_cache.py --gpu --text random --model "$shape" --contexts "$contexts" \
+                    --caches "${caches:-f16,q8_0,q4_0,tiered}" --decode 64 --batch 512 --threads "$jobs" \
+                    --keep-going --run-timeout "${GPU_SPEED_TIMEOUT:-150}" --out "$out/speed-$shape" \
+                    > "$out/speed-$shape.log" 2>&1
+                src=$?
+                say ""
+                say "## speed, $shape at $contexts (benchmarks/live_cache.py --gpu): exit $src in $(( $(date +%s) - t )) s"
+                if [ -f "$out/speed-$shape.md" ]; then
+                    tee -a "$report" < "$out/speed-$shape.md" > /dev/null
+                else
+                    tail -25 "$out/speed-$shape.log" | tee -a "$report" > /dev/null
+                fi
+                [ "$src" -eq 0 ] || status=1
+            done
+        fi
     fi
+    [ -n "$site" ] && rm -rf "$site"
 fi
 
 say ""

@@ -55,8 +55,9 @@ def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
     return float(np.mean(np.sum(np.exp(lp) * (lp - lq), -1)))
 
 
-def _run(path: Path, tokens: list[int], kv_codec, n_gpu_layers: int):
-    """(logits [n, vocab], seconds, the kvgguf LiveCache or None) of one context over tokens."""
+def _run(path: Path, tokens: list[int], kv_codec, n_gpu_layers: int, encode_on_gpu: bool = True):
+    """(logits [n, vocab], seconds, the kvgguf LiveCache or None, the Llama) of one context over
+    tokens; encode_on_gpu=False: evicted cells read out and coded on the CPU, as before patch 16."""
     import llama_cpp
 
     from kvgguf import Llama
@@ -66,11 +67,39 @@ def _run(path: Path, tokens: list[int], kv_codec, n_gpu_layers: int):
         llm = llama_cpp.Llama(str(path), flash_attn=True, **kw)
     else:
         llm = Llama(str(path), kv_codec=kv_codec, **kw)
+        llm._kv.encode_on_gpu = encode_on_gpu
     t = time.perf_counter()
     llm.eval(tokens)
     seconds = time.perf_counter() - t
     logits = np.array(llm.scores[: len(tokens)], dtype=np.float32)
     return logits, seconds, getattr(llm, "_kv", None), llm
+
+
+def _same_codes(path: Path, tokens: list[int], config, kv, say) -> list[str]:
+    """Cells coded on the GPU where they lie (kv, patch 16) against the same GPU context's cells read
+    out and coded on the CPU: the store's bytes must be equal, block for block."""
+    _, _, host_kv, host_llm = _run(path, tokens, config, -1, encode_on_gpu=False)
+    lists = [(il, kind) for il in range(SPEC.n_layer) for kind in (0, 1)]
+    gpu_blocks = [b for il, kind in lists for b in kv.store.blocks(il, kind)]
+    cpu_blocks = [b for il, kind in lists for b in host_kv.store.blocks(il, kind)]
+    same = len(gpu_blocks) == len(cpu_blocks) and all(
+        (a.codec, a.n_rows, bytes(a.data)) == (b.codec, b.n_rows, bytes(b.data)) for a, b in zip(gpu_blocks, cpu_blocks)
+    )
+    n_diff = sum(bytes(a.data) != bytes(b.data) for a, b in zip(gpu_blocks, cpu_blocks))
+    say(
+        f"  codes of the cells coded on the GPU ({kv.rows_coded_on_gpu} rows x lists) against those read out and "
+        f"coded on the CPU: {len(gpu_blocks)} / {len(cpu_blocks)} blocks, {n_diff} differ"
+    )
+    del host_llm
+    if kv.rows_coded_on_gpu == 0:
+        return ["no evicted cells were coded on the GPU"]
+    return (
+        []
+        if same
+        else [
+            f"codes coded on the GPU differ from the CPU's: {n_diff} blocks, counts {len(gpu_blocks)}/{len(cpu_blocks)}"
+        ]
+    )
 
 
 def check(tokenizer_from: Path, out_dir: Path, say=print) -> list[str]:
@@ -132,6 +161,8 @@ def check(tokenizer_from: Path, out_dir: Path, say=print) -> list[str]:
             failures.append(f"{name}: KL {kl:.3g} > {bound:.3g}")
         if kv is not None and kv.read_failures() != (0, 0, 0):
             failures.append(f"{name}: failed reads on the GPU path: {kv.read_failures()}")
+        if config is coded and kv is not None:
+            failures += _same_codes(path, tokens, config, kv, say)
         del cpu_llm, gpu_llm
     return failures
 

@@ -144,3 +144,56 @@ def test_a_plan_for_a_gpu_takes_only_what_the_gpu_attends_over():
     assert resolve.gpu_request(None) is None
     assert not _on_gpu({"n_gpu_layers": 0}) and not _on_gpu({"n_gpu_layers": -1, "offload_kqv": False})
     assert _on_gpu({"n_gpu_layers": -1}) == (cuda_store.unavailable() is None)
+
+
+@pytest.mark.parametrize("flash_attn", [True, False])  # off: llama.cpp transposes V
+def test_view_cells_reads_what_read_rows_copies(smollm2_path, flash_attn):
+    """llama_kvgguf_view_cells (patch 16), through which a GPU codes an eviction's cells where they
+    lie: on a CPU context it points at host memory, and reading it with its strides gives the
+    rows read_rows copies, value for value; cells that are not one run, or quantized, give None."""
+    import ctypes
+
+    import llama_cpp
+    import numpy as np
+
+    from kvgguf.llamacpp import hooks
+
+    llm = llama_cpp.Llama(str(smollm2_path), n_ctx=256, n_batch=64, flash_attn=flash_attn, n_threads=1, verbose=False)
+    ctx = llm._ctx.ctx
+    llm.eval(llm.tokenize(b"Rows read in place, where the cells lie. " * 6)[:60])
+    for il in (0, 17):
+        for kind in (0, 1):
+            view = hooks.view_cells(ctx, 0, il, kind, 10, 40)
+            assert view is not None and view.is_host == 1 and view.n_rows == 30 and view.device
+            assert view.type == 1  # GGML_TYPE_F16
+            width = 576 // 9 * 3  # n_embd_gqa: 3 KV heads of 64
+            # every element the strides reach, read from the cells' memory
+            reach = (29 * view.row_stride + (width - 1) * view.col_stride + 1) * 2
+            flat = np.frombuffer((ctypes.c_char * reach).from_address(view.data), dtype=np.uint16)
+            t, e = np.meshgrid(np.arange(30), np.arange(width), indexing="ij")
+            got = flat[t * view.row_stride + e * view.col_stride]
+            rows = np.empty((30, width), np.uint16)
+            assert hooks.read_rows(ctx, 0, il, kind, 10, 40, rows.ctypes.data, rows.nbytes, None) == 30
+            assert np.array_equal(got, rows), (il, kind)
+    with pytest.raises(ValueError):
+        hooks.view_cells(ctx, 0, 99, 0, 0, 10)  # no such layer
+    # a hole in the positions: the cells of [0, 50) are two runs now
+    assert llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(ctx), 0, 20, 30)
+    assert hooks.view_cells(ctx, 0, 0, 0, 0, 50) is None
+    assert hooks.view_cells(ctx, 0, 0, 0, 30, 50).n_rows == 20
+    llm.close()
+    q8 = llama_cpp.Llama(str(smollm2_path), n_ctx=256, type_k=8, type_v=8, flash_attn=True, n_threads=1, verbose=False)
+    q8.eval(q8.tokenize(b"Quantized cells are copied. " * 3))
+    assert hooks.view_cells(q8._ctx.ctx, 0, 0, 0, 0, 8) is None
+    q8.close()
+
+
+def test_on_a_gpu_the_preset_keeps_its_hot_cells_in_f16(smollm2_path):
+    """The GPU codes evicted cells where they lie from f16 only: a preset's hot cells are f16 there
+    (q8_0 on the CPU, where llama.cpp can hold them); a type the config names is kept."""
+    from kvgguf.policy import resolve
+
+    kw = dict(n_ctx=1024, n_batch=None, verbose=False, calibrate=None)
+    assert resolve.resolve(str(smollm2_path), "tiered", **kw).hot_cells == "q8_0"
+    assert resolve.resolve(str(smollm2_path), "tiered", gpu=True, **kw).hot_cells == "f16"
+    assert resolve.resolve(str(smollm2_path), "tiered:hot=q8_0", gpu=True, **kw).hot_cells == "q8_0"

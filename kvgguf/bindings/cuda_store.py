@@ -113,6 +113,31 @@ class DeviceStore:
         """Copies in what the store holds and the device does not (all or nothing)."""
         check(self._lib.kvg_cuda_store_sync(self._ptr), "copying the store's blocks to the GPU")
 
+    def encode(
+        self, il: int, kind: int, tier: int, codec: str, src: int, row_stride: int, col_stride: int, n_rows: int
+    ):
+        """Codes n_rows f16 rows that lie in this device's memory at address src (element i of head h
+        of row t at src + 2 * (t * row_stride + (h * head_dim + i) * col_stride)) and appends their
+        codes to list (il, kind) of the store: the bytes its CPU encoder writes, while the rows stay
+        on the GPU. The next sync takes the block from the device. All or nothing."""
+        from . import codecs
+
+        check(
+            self._lib.kvg_cuda_store_encode(
+                self._ptr,
+                il,
+                kind,
+                tier,
+                codecs.get(codec).type,
+                self._ffi.cast("const void *", src),
+                self._lib.KVG_CUDA_F16,
+                row_stride,
+                col_stride,
+                n_rows,
+            ),
+            f"coding {n_rows} rows of layer {il} {'KV'[kind]} as {codec} on the GPU",
+        )
+
     def bytes(self) -> tuple[int, int]:
         """(device bytes of the segments holding the blocks, with their room to grow; of the scratch)."""
         blocks, scratch = self._ffi.new("uint64_t *"), self._ffi.new("uint64_t *")

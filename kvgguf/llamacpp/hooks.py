@@ -129,6 +129,47 @@ def device_cells(ctx, layers) -> dict[int, str]:
     return out
 
 
+class llama_kvgguf_cells_view(ctypes.Structure):
+    """struct llama_kvgguf_cells_view (patch 16): where an eviction's cells lie, read in place."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("type", ctypes.c_int32),  # enum ggml_type
+        ("row_stride", ctypes.c_int64),  # elements between consecutive rows
+        ("col_stride", ctypes.c_int64),  # elements between a row's consecutive values
+        ("n_rows", ctypes.c_int64),
+        ("is_host", ctypes.c_int32),
+        ("device", ctypes.c_char * 32),
+    ]
+
+
+# The cells of positions [p0, p1) of one layer and kind, when they are one run of an unquantized
+# type: the number of rows, or -1 bad arguments, -3 quantized cells, -4 not one run.
+_view_cells = _bind(
+    "llama_kvgguf_view_cells",
+    [
+        C.llama_context_p_ctypes,
+        ctypes.c_int32,  # seq_id
+        ctypes.c_int32,  # il
+        ctypes.c_int32,  # kind
+        ctypes.c_int32,  # p0
+        ctypes.c_int32,  # p1
+        ctypes.POINTER(llama_kvgguf_cells_view),
+    ],
+    ctypes.c_int64,
+)
+
+
+def view_cells(ctx, seq: int, il: int, kind: int, p0: int, p1: int) -> "llama_kvgguf_cells_view | None":
+    """Where the cells of [p0, p1) lie, or None where llama_kvgguf_read_rows must copy them
+    (quantized cells, cells not in one run)."""
+    view = llama_kvgguf_cells_view()
+    n = _view_cells(ctx, seq, il, kind, p0, p1, ctypes.byref(view))
+    if n == -1:
+        raise ValueError(f"kvgguf: no cells to view for layer {il} kind {kind} [{p0}, {p1})")
+    return view if n >= 0 else None
+
+
 class llama_kvgguf_cuda(ctypes.Structure):
     """struct llama_kvgguf_cuda (patch 15): the fused path's ops on a GPU. llama.cpp copies it."""
 

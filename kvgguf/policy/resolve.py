@@ -140,7 +140,7 @@ def resolve(
     if gpu:
         request = gpu_request(request)
     config, shape = _config_for_model(config, preset, model_path)
-    cells = _fit_cell_types(config, shape, model_path, flash_attn=flash_attn, verbose=verbose)
+    cells = _fit_cell_types(config, shape, model_path, flash_attn=flash_attn, verbose=verbose, gpu=gpu)
     if preset:  # the presets' hot window and batch follow the model's size (policy.tiered.WIDE_SHARE)
         config = sized_for_model(config, 2 * shape.values_per_token, os.path.getsize(model_path))
     tiered_preset = preset and kv_codec.split(":")[0] == "tiered"  # "tiered", "tiered:fixed", "tiered:keep=..."
@@ -233,10 +233,14 @@ def window_refusal(window: str, shape: KVShape, flash_attn: bool = True, *, slid
     return None
 
 
-def cell_types(config: TieredConfig, shape: KVShape, flash_attn: bool = True) -> TieredConfig:
+def cell_types(config: TieredConfig, shape: KVShape, flash_attn: bool = True, gpu: bool = False) -> TieredConfig:
     """The config with the types llama.cpp's cells get on this model: a window or hot_cells of
     None becomes q8_0 (PRESET_WINDOW, PRESET_HOT_CELLS) where llama.cpp can hold it, else f16.
-    A model without sliding-window layers keeps window as it is."""
+    A model without sliding-window layers keeps window as it is. On a GPU the hot cells default to
+    f16: the GPU codes evicted cells where they lie from f16 only (q8_0 cells are read out to the
+    host and coded there), and a few hundred cells are little of the VRAM."""
+    if config.hot_cells is None and gpu:
+        config = replace(config, hot_cells="f16")
     if config.hot_cells is None:
         fits = window_refusal(PRESET_HOT_CELLS, shape, flash_attn, sliding=False) is None
         config = replace(config, hot_cells=PRESET_HOT_CELLS if fits else "f16")
@@ -247,7 +251,7 @@ def cell_types(config: TieredConfig, shape: KVShape, flash_attn: bool = True) ->
 
 
 def _fit_cell_types(
-    config: TieredConfig, shape: KVShape, model_path: str, *, flash_attn: bool, verbose: bool
+    config: TieredConfig, shape: KVShape, model_path: str, *, flash_attn: bool, verbose: bool, gpu: bool = False
 ) -> TieredConfig:
     """cell_types, and a type the config names that llama.cpp cannot hold here refused."""
     if config.hot_cells is not None:
@@ -258,14 +262,15 @@ def _fit_cell_types(
         why = window_refusal(config.window, shape, flash_attn)
         if why:
             raise ValueError(f"{model_path}: sliding-window cells in {config.window} {why}; use ':window=f16'")
-    fitted = cell_types(config, shape, flash_attn)
+    fitted = cell_types(config, shape, flash_attn, gpu)
     for what, asked, got, default, sliding in (
         ("sliding-window", config.window, fitted.window, PRESET_WINDOW, True),
         ("hot", config.hot_cells, fitted.hot_cells, PRESET_HOT_CELLS, False),
     ):
         if verbose and asked is None and got == "f16" and (sliding is False or shape.n_swa):
             why = window_refusal(default, shape, flash_attn, sliding=sliding)
-            print(f"kvgguf: the {what} cells stay f16 ({default} cells {why})", file=sys.stderr)
+            if why:  # else chosen (hot cells on a GPU)
+                print(f"kvgguf: the {what} cells stay f16 ({default} cells {why})", file=sys.stderr)
     return fitted
 
 

@@ -9,6 +9,7 @@ Cold rows are exactly positions [0, n_cold) of the sequence; hot ones follow.
 from __future__ import annotations
 
 import copy
+import os
 import ctypes
 import warnings
 
@@ -73,6 +74,9 @@ class LiveCache:
         # run there, over a device copy of the store (device_store), synced before every batch
         self.gpu = self._gpu_layers()
         self.device_store: cuda_store.DeviceStore | None = None
+        # evicted f16 cells coded on the GPU (KVGGUF_GPU_ENCODE=0: read out and coded on the CPU, to compare)
+        self.encode_on_gpu = os.environ.get("KVGGUF_GPU_ENCODE", "1") != "0"
+        self.rows_coded_on_gpu = 0  # (rows, one layer and kind each) that never left the GPU
         if self.gpu is not None and self.fused_max_tokens > 0:
             # every ubatch fused: the expanding path's ops run on the CPU
             self.fused_max_tokens = max(self.fused_max_tokens, C.llama_n_ubatch(ctx))
@@ -303,6 +307,8 @@ class LiveCache:
         try:
             for il in self.layers:
                 for kind in Kind:
+                    if self._encode_on_device(il, kind, p0, p1, parts):
+                        continue
                     rows = self.read_rows(il, kind, p0, p1)
                     for tier, a, b in parts:
                         self.store.append(il, kind, tier, self.codecs[tier][il, kind], rows[a:b])
@@ -319,6 +325,23 @@ class LiveCache:
         # only for caches kvgguf refuses when it attaches; the rows are consistent either way.)
         if hooks.compact(self.ctx) != 0:
             raise RuntimeError("kvgguf: llama.cpp could not compact its KV cache after an eviction")
+
+    def _encode_on_device(self, il: int, kind: int, p0: int, p1: int, parts) -> bool:
+        """Codes the cells of [p0, p1) on the GPU where they lie, appending only their codes to the
+        host store (the bytes its CPU encoders would write); False where they must be read out
+        (a CPU layer, q8_0 cells, cells not in one run)."""
+        if self.device_store is None or il not in self.gpu[1] or not self.encode_on_gpu:
+            return False
+        view = hooks.view_cells(self.ctx, SEQ, il, kind, p0, p1)
+        if view is None or view.is_host or view.n_rows != p1 - p0 or view.type != CACHE_TYPES["f16"]:
+            return False
+        for tier, a, b in parts:
+            src = view.data + 2 * a * view.row_stride  # f16 rows: 2 bytes an element
+            self.device_store.encode(
+                il, kind, tier, self.codecs[tier][il, kind], src, view.row_stride, view.col_stride, b - a
+            )
+        self.rows_coded_on_gpu += p1 - p0
+        return True
 
     def _age(self) -> None:
         """Warm blocks that left the warm window go to the archive tier: each block in one

@@ -41,13 +41,13 @@
 extern "C" {
 #endif
 
+// cffi-cuda-begin (kvgguf/bindings/cuda_store.py gives cffi the regions so marked, KVG_CUDA_API dropped)
 // Element types of the rows encode reads and decode writes.
 enum kvg_cuda_type {
     KVG_CUDA_F32 = 0,
     KVG_CUDA_F16 = 1  // IEEE binary16, as llama.cpp's K/V cells hold them
 };
 
-// cffi-cuda-begin (kvgguf/bindings/cuda_store.py gives cffi the regions so marked, KVG_CUDA_API dropped)
 typedef struct kvg_cuda_ctx kvg_cuda_ctx;
 
 // Devices the CUDA runtime sees: KVG_OK with 0 where there is no device or no driver.

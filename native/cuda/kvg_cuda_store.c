@@ -46,6 +46,7 @@ typedef struct segment {
 typedef struct dev_list {
     segment * s;
     int64_t   n;
+    int       kept;  // sync: the host's list has not changed since the copy was made (nothing staged)
 } dev_list;
 
 // A block kvg_cuda_store_encode coded on the device: the next sync takes its bytes from here
@@ -61,6 +62,7 @@ struct kvg_cuda_store {
     const kvg_store * host;
     dev_list *        lists;  // n_layer * 2, as the host's rows
     int32_t *         on;     // per layer: attention on the GPU
+    uint64_t *        seen;   // per list: 1 + the host list's version the copy holds (0: look again)
     int               stale;  // the last sync failed: the copy is not the store
     uint64_t          bytes;  // device bytes of the segments
     float *           q_dev;  // the queries, gathered (attend's scratch is the context's)
@@ -112,11 +114,13 @@ int kvg_cuda_store_init(kvg_cuda_ctx * ctx, const kvg_store * host, kvg_cuda_sto
     if (d) {
         d->lists = (dev_list *) calloc((size_t) nl * 2, sizeof(dev_list));
         d->on    = (int32_t *) malloc((size_t) nl * sizeof(int32_t));
+        d->seen  = (uint64_t *) calloc((size_t) nl * 2, sizeof(uint64_t));
     }
-    if (!d || !d->lists || !d->on) {
+    if (!d || !d->lists || !d->on || !d->seen) {
         if (d) {
             free(d->lists);
             free(d->on);
+            free(d->seen);
         }
         free(d);
         return kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda_store_init: the index");
@@ -160,6 +164,7 @@ void kvg_cuda_store_free(kvg_cuda_store * d) {
     kvg_cuda_ctx_free(d->ctx);
     free(d->lists);
     free(d->on);
+    free(d->seen);
     free(d);
 }
 
@@ -168,6 +173,9 @@ int kvg_cuda_store_set_layer(kvg_cuda_store * d, int32_t il, int32_t on) {
     if (!d || il < 0 || il >= d->host->p.n_layer) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_store_set_layer: no copy, or layer %d outside [0, %d)", (int) il,
                         d ? (int) d->host->p.n_layer : 0);
+    }
+    if (d->on[il] != (on != 0)) {
+        d->seen[il * 2] = d->seen[il * 2 + 1] = 0;  // the next sync adds or frees this layer's lists
     }
     d->on[il] = on != 0;
     return KVG_OK;
@@ -336,6 +344,10 @@ int kvg_cuda_store_sync(kvg_cuda_store * d) {
     int rc = KVG_OK;
     for (int64_t li = 0; li < nl && rc == KVG_OK; ++li) {
         const kvg_rows * r = &d->host->rows[li];
+        if (!d->stale && d->seen[li] == r->version + 1) {
+            staged[li].kept = 1;  // held as the host has it: decode syncs before every token
+            continue;
+        }
         if (!d->on[li / 2] || !d->host->enabled[li / 2] || r->n_blocks == 0) {
             continue;
         }
@@ -366,6 +378,13 @@ int kvg_cuda_store_sync(kvg_cuda_store * d) {
     d->bytes = 0;
     for (int64_t li = 0; li < nl; ++li) {
         dev_list * l = &d->lists[li];
+        d->seen[li]  = d->host->rows[li].version + 1;
+        if (staged[li].kept) {
+            for (int64_t i = 0; i < l->n; ++i) {
+                d->bytes += seg_bytes(&l->s[i]);
+            }
+            continue;
+        }
         for (int64_t i = 0; i < l->n; ++i) {
             if (!l->s[i].claimed) {
                 kvg_cuda_free(d->ctx, l->s[i].data);

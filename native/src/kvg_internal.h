@@ -503,6 +503,7 @@ typedef struct kvg_rows {
     int64_t     n_blocks;
     int64_t     cap;
     int64_t     n_rows;
+    uint64_t    version;  // bumped by every change to the blocks: a device copy skips a list it holds as is
 } kvg_rows;
 
 // What one attend call saw for the attention mass (mass.c), until the layer's normalizers

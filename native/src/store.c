@@ -107,6 +107,7 @@ static void rows_drop_from(kvg_rows * r, int64_t first_block) {
         free(r->blocks[b].data);
     }
     if (first_block < r->n_blocks) {
+        r->version++;
         r->n_blocks = first_block;
         r->n_rows   = first_block > 0 ? r->blocks[first_block - 1].row0 + r->blocks[first_block - 1].n_rows : 0;
     }
@@ -277,6 +278,7 @@ static void link_block(kvg_rows * r, kvg_block * b) {
     b->row0                  = r->n_rows;
     b->id                    = kvg_block_new_id();
     r->blocks[r->n_blocks++] = *b;
+    r->version++;
     r->n_rows += b->n_rows;
 }
 
@@ -659,6 +661,7 @@ int kvg_store_retier_lists(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, 
         free(b->data);
         *b            = st[k].nb;
         b->id         = kvg_block_new_id();
+        s->rows[st[k].li].version++;
         st[k].nb.data = NULL;
     }
     for (int64_t li = 0; li < n_lists; ++li) {
@@ -731,6 +734,7 @@ int kvg_store_truncate(kvg_store * s, int64_t n_rows) {
         r->blocks[bi]    = cut[li];
         r->blocks[bi].id = kvg_block_new_id();
         r->n_rows        = n_rows;
+        r->version++;
     }
     free(cut);
     kvg_mass_forget_from(s, n_rows);

@@ -19,7 +19,7 @@
 
 // ---- stand-ins for the device ----------------------------------------------------------------
 
-static long   g_live_allocs, g_fail_at = -1, g_allocs;
+static long   g_live_allocs, g_fail_at = -1, g_allocs, g_copies;
 static size_t g_live_bytes;
 
 typedef struct {
@@ -63,12 +63,14 @@ int kvg_cuda_free(kvg_cuda_ctx * ctx, void * p) {
 
 int kvg_cuda_copy_in(kvg_cuda_ctx * ctx, void * dst, const void * src, size_t n) {
     (void) ctx;
+    g_copies++;
     memcpy(dst, src, n);
     return KVG_OK;
 }
 
 int kvg_cuda_copy_dev(kvg_cuda_ctx * ctx, void * dst, const void * src, size_t n) {
     (void) ctx;
+    g_copies++;
     for (int i = 0; i < g_n_coded && n > 0; i++) {
         g_from_device += g_coded[i] == src;  // a block's first part: once per block
     }
@@ -438,6 +440,32 @@ int main(void) {
         char when[64];
         snprintf(when, sizeof(when), "after step %d", step);
         check_all(d, L, when);
+        // decode syncs before every token, mostly with nothing changed: such a sync must copy and
+        // allocate nothing, and leave the copy as current as it was
+        const long allocs = g_allocs, copies = g_copies;
+        g_checks++;
+        if (kvg_cuda_store_sync(d) != KVG_OK || g_allocs != allocs || g_copies != copies) {
+            printf("MISMATCH: step %d: a sync with nothing changed made %ld allocations and %ld copies\n", step,
+                   g_allocs - allocs, g_copies - copies);
+            g_bad++;
+        }
+        snprintf(when, sizeof(when), "after step %d and a sync with nothing changed", step);
+        check_all(d, L, when);
+        if (step == 40) {  // a layer turned off and on: its lists go and come back at the next syncs
+            const size_t before = g_live_bytes;
+            kvg_cuda_store_set_layer(d, 1, 0);
+            g_checks++;
+            if (kvg_cuda_store_sync(d) != KVG_OK || g_live_bytes >= before) {
+                printf("MISMATCH: turning layer 1 off freed none of its segments\n");
+                g_bad++;
+            }
+            kvg_cuda_store_set_layer(d, 1, 1);
+            if (kvg_cuda_store_sync(d) != KVG_OK) {
+                printf("kvg_cuda_store_sync: %s\n", kvg_last_error());
+                return 1;
+            }
+            check_all(d, L, "after layer 1 went off and on");
+        }
     }
     kvg_cuda_store_free(d);
     kvg_store_free(s);
