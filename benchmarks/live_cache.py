@@ -54,6 +54,7 @@ def run_one(
     batch: int,
     gpu: bool = False,
     text: str = "wikitext",
+    phases: bool = False,
 ) -> dict:
     import kvgguf
     from kvgguf.evaluation import harness
@@ -107,12 +108,15 @@ def run_one(
             del kw["n_batch"]
         llm = kvgguf.Llama(path, kv_codec=config if sizes else codec, kv_attention=attention, **kw)
         kw["n_batch"] = llm.n_batch
+    clock = PhaseClock(llm) if phases else None
     t0 = time.perf_counter()
     llm.eval(tokens[:n_prefill])
     t1 = time.perf_counter()
+    prefill_phases = clock.take() if clock else None
     for tok in tokens[n_prefill:n_ctx]:
         llm.eval([tok])
     t2 = time.perf_counter()
+    decode_phases = clock.take() if clock else None
     mem = llm.kv_memory()
     return {
         "model": model,
@@ -134,7 +138,43 @@ def run_one(
         "compute_bytes": mem.compute_bytes,
         "rss_growth_bytes": rss_bytes() - rss0,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        **({"phases": {"prefill": prefill_phases, "decode": decode_phases}} if clock else {}),
     }
+
+
+class PhaseClock:
+    """--phases: seconds spent in llama_decode (graph build and launch; on a GPU its kernels finish
+    later, when the logits are read) and, for a kvgguf cache, in LiveCache's steps between batches
+    (before_batch: eviction, aging, the device copy's sync), by wrapping them; take() returns the
+    sums since the last take and starts again."""
+
+    def __init__(self, llm):
+        import llama_cpp.llama_cpp as C
+
+        self.sums: dict[str, float] = {}
+        self._wrap(C, "llama_decode", "llama_decode")
+        kv = getattr(llm, "_kv", None)
+        if kv is not None:
+            for name in ("before_batch", "after_batch", "_evict", "_age"):
+                self._wrap(kv, name, name)
+            if kv.device_store is not None:
+                self._wrap(kv.device_store, "sync", "device sync")
+
+    def _wrap(self, owner, attr: str, key: str) -> None:
+        fn = getattr(owner, attr)
+
+        def timed(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.sums[key] = self.sums.get(key, 0.0) + time.perf_counter() - t
+
+        setattr(owner, attr, timed)
+
+    def take(self) -> dict[str, float]:
+        out, self.sums = self.sums, {}
+        return out
 
 
 def gpu_name() -> str:
@@ -281,14 +321,34 @@ def main(argv=None) -> int:
         "and the others still run (exit status 1 at the end)",
     )
     p.add_argument("--run-timeout", type=float, default=None, help="seconds each configuration may run")
+    p.add_argument(
+        "--phases",
+        action="store_true",
+        help="also time llama_decode and kvgguf's steps between batches (in the JSON, per phase)",
+    )
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     contexts = [int(c) for c in args.contexts.split(",")]
     caches = args.caches.split(",")
     if args.one:
+        import faulthandler
+        import os
+
+        # where a native crash happened, on a copy of stderr (llama-cpp-python silences fd 2 while loading)
+        faulthandler.enable(file=os.fdopen(os.dup(2), "w"), all_threads=True)
         print(
             json.dumps(
-                run_one(args.model, contexts[0], caches[0], args.decode, args.threads, args.batch, args.gpu, args.text)
+                run_one(
+                    args.model,
+                    contexts[0],
+                    caches[0],
+                    args.decode,
+                    args.threads,
+                    args.batch,
+                    args.gpu,
+                    args.text,
+                    args.phases,
+                )
             )
         )
         return 0
@@ -297,25 +357,29 @@ def main(argv=None) -> int:
     model_path(args.model)  # a real shape is written here, not inside a timed process
     runs, failed = [], []
     for n_ctx, cache in [(n, c) for _ in range(args.repeats) for n in contexts for c in caches]:
-        cmd = [
-            sys.executable,
-            __file__,
-            "--one",
-            "--model",
-            args.model,
-            "--contexts",
-            str(n_ctx),
-            "--caches",
-            cache,
-            "--decode",
-            str(args.decode),
-            "--threads",
-            str(args.threads),
-            "--batch",
-            str(args.batch),
-            "--text",
-            args.text,
-        ] + (["--gpu"] if args.gpu else [])
+        cmd = (
+            [
+                sys.executable,
+                __file__,
+                "--one",
+                "--model",
+                args.model,
+                "--contexts",
+                str(n_ctx),
+                "--caches",
+                cache,
+                "--decode",
+                str(args.decode),
+                "--threads",
+                str(args.threads),
+                "--batch",
+                str(args.batch),
+                "--text",
+                args.text,
+            ]
+            + (["--gpu"] if args.gpu else [])
+            + (["--phases"] if args.phases else [])
+        )
         busy = busy_cpus()
         # llama.cpp's threads spin: anything else running makes decode several times slower.
         note = f" ({busy:.2f} CPUs busy: the machine is not idle, speed figures are unreliable)" if busy > 0.2 else ""
@@ -333,6 +397,8 @@ def main(argv=None) -> int:
             continue
         runs.append(dict(json.loads(out.stdout.strip().splitlines()[-1]), busy_cpus_before=busy))
         print(table(runs[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+        if "phases" in runs[-1]:
+            print(f"  phases (s): {json.dumps(runs[-1]['phases'])}", file=sys.stderr, flush=True)
     if not runs:
         raise SystemExit("no configuration ran: " + "; ".join(failed))
     rows = median_rows(runs)

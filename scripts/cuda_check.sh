@@ -96,12 +96,13 @@ make_site() {  # fills $site once; false without a kit
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$kit"/whl/*.whl > "$out/site.log" 2>&1
     tar -xzf "$KVGGUF_LLAMA_SDIST" -C "$site" && cp -r "$site"/llama_cpp_python-*/llama_cpp "$site"/
 }
-py() {  # python3 with kvgguf from this checkout on the installed package's libraries; PY_TIMEOUT: seconds
+with_env() {  # a command with kvgguf from this checkout on the installed package's libraries; PY_TIMEOUT: seconds
     local plib=$prefix/kvgguf/lib
     PYTHONPATH=$site:$PWD:$PWD/benchmarks KVGGUF_LLAMA_LIB_DIR=$plib KVGGUF_LIB=$plib/libkvgguf.so \
         KVGGUF_HEADER=$prefix/kvgguf/include/kvgguf.h KVGGUF_CUDA_HEADER=$prefix/kvgguf/include/kvg_cuda.h \
-        KVGGUF_TOKENIZER_FROM=$kit/smollm2-tokenizer.pkl timeout "${PY_TIMEOUT:-0}" python3 "$@"
+        KVGGUF_TOKENIZER_FROM=$kit/smollm2-tokenizer.pkl timeout "${PY_TIMEOUT:-0}" "$@"
 }
+py() { with_env python3 "$@"; }
 start_shapes() {  # writes the speed table's shape models in the background (a minute or two each)
     [ -n "${GPU_SPEED:-}" ] && [ -z "$shapes_pid" ] && make_site || return 0
     local names
@@ -236,10 +237,10 @@ if [ "$full" -eq 1 ]; then
         done
         [ "$n_api" -gt 0 ] || status=1
         # the patched ggml-cuda's custom-op dispatch (patches/0006), against the libraries installed
-        inc=$(find "$pbuild/llama-src" -maxdepth 4 -type d -path '*vendor/llama.cpp/ggml/include' 2> /dev/null | head -1)
+        inc=$(find "$pbuild/llama-src" -maxdepth 6 -type d -path '*vendor/llama.cpp/ggml/include' 2> /dev/null | head -1)
         if [ -z "$inc" ] && [ -f "$KVGGUF_LLAMA_SDIST" ]; then  # a prebuilt package: the headers from the sdist
             tar -xzf "$KVGGUF_LLAMA_SDIST" -C "$out" --wildcards '*/vendor/llama.cpp/ggml/include/*'
-            inc=$(find "$out" -maxdepth 5 -type d -path '*vendor/llama.cpp/ggml/include' | head -1)
+            inc=$(find "$out" -maxdepth 7 -type d -path '*vendor/llama.cpp/ggml/include' | head -1)
         fi
         check_bin=$out/ggml_custom_op_check
         carch=native
@@ -260,10 +261,17 @@ if [ "$full" -eq 1 ]; then
         # the fused path end to end (scripts/gpu_path_check.py) on the package just installed
         if make_site; then
             t=$(date +%s)
-            PY_TIMEOUT=${GPU_PATH_TIMEOUT:-300} py scripts/gpu_path_check.py --tokenizer "$kit/smollm2-tokenizer.pkl" >> "$out/gpu-path.log" 2>&1
+            PY_TIMEOUT=${GPU_PATH_TIMEOUT:-300} py -u scripts/gpu_path_check.py --tokenizer "$kit/smollm2-tokenizer.pkl" >> "$out/gpu-path.log" 2>&1
             grc=$?
             say "## the fused path on the GPU (scripts/gpu_path_check.py): exit $grc in $(( $(date +%s) - t )) s"
             tail -30 "$out/gpu-path.log" | tee -a "$report" > /dev/null
+            if [ "$grc" -ge 128 ] && [ "$grc" -ne 137 ] && command -v gdb > /dev/null; then
+                # a native crash: again under gdb, for the native stack (faulthandler gives Python's)
+                PY_TIMEOUT=120 with_env gdb -q -batch -ex run -ex "thread apply all bt 25" --args \
+                    python3 scripts/gpu_path_check.py --tokenizer "$kit/smollm2-tokenizer.pkl" > "$out/gpu-path-gdb.log" 2>&1
+                say "  under gdb: $out/gpu-path-gdb.log"
+                grep -E "^#[0-9]+ " "$out/gpu-path-gdb.log" | head -25 | tee -a "$report" > /dev/null
+            fi
             [ "$grc" -eq 0 ] || status=1
         else
             say "## the fused path on the GPU: skipped (no GPU kit with whl/ and smollm2-tokenizer.pkl beside KVGGUF_LLAMA_SDIST)"
@@ -284,7 +292,7 @@ if [ "$full" -eq 1 ]; then
                     continue
                 fi
                 PY_TIMEOUT=$left py benchmarks/live_cache.py --gpu --text random --model "$shape" --contexts "$contexts" \
-                    --caches "${caches:-f16,q8_0,q4_0,tiered}" --decode 64 --batch 512 --threads "$jobs" \
+                    --caches "${caches:-f16,q8_0,q4_0,tiered}" --decode 64 --batch 512 --threads "$jobs" --phases \
                     --keep-going --run-timeout "${GPU_SPEED_TIMEOUT:-150}" --out "$out/speed-$shape" \
                     > "$out/speed-$shape.log" 2>&1
                 src=$?

@@ -8,6 +8,10 @@ the model copies. scripts/cuda_check.sh --full runs it against the CUDA package 
 tests/test_gpu_path.py runs check() where a GPU and a CUDA build are at hand. Prints one line per
 comparison and exits 1 when one fails, 77 when there is no GPU path to check.
 
+It also compares the store's bytes of cells coded on the GPU where they lie with those of the same
+cells read out and coded on the CPU, and the splits of a decode graph (GGML_SCHED_DEBUG) with
+stock's: the ops run where the cells are, so no layer's attention crosses to the CPU.
+
 Random weights prove the mechanism (the same rows, scored and summed right, on the GPU), not
 quality. The bounds: an exact cold store (f16) on the GPU within a few times the distance between
 llama.cpp's own CUDA and CPU caches (the arithmetic floor of two exact computations); coded rows
@@ -62,6 +66,13 @@ def _run(path: Path, tokens: list[int], kv_codec, n_gpu_layers: int, encode_on_g
 
     from kvgguf import Llama
 
+    # where a crash happened, in the log (llama.cpp's own messages go nowhere with verbose=False)
+    print(
+        f"[{time.strftime('%X')}] a context: {'stock' if kv_codec is None else 'kvgguf'}, n_gpu_layers={n_gpu_layers}, "
+        f"encode_on_gpu={encode_on_gpu}",
+        file=sys.stderr,
+        flush=True,
+    )
     kw = dict(n_ctx=N_CTX, n_batch=N_BATCH, n_ubatch=N_BATCH, logits_all=True, n_gpu_layers=n_gpu_layers, verbose=False)
     if kv_codec is None:
         llm = llama_cpp.Llama(str(path), flash_attn=True, **kw)
@@ -100,6 +111,38 @@ def _same_codes(path: Path, tokens: list[int], config, kv, say) -> list[str]:
             f"codes coded on the GPU differ from the CPU's: {n_diff} blocks, counts {len(gpu_blocks)}/{len(cpu_blocks)}"
         ]
     )
+
+
+def _last_graph_splits(path: Path, coded: bool) -> list[str]:
+    """The backends of the splits of the last graph ggml's scheduler assigned (GGML_SCHED_DEBUG=1)
+    for a context over every layer on the GPU, after a prefill past the hot window and one decoded
+    token: stock's f16 cache (coded=False) or the coded kvgguf cache. Run in a child process (the
+    variable is read when a context is made; llama.cpp logs through llama_cpp's logger)."""
+    import os
+    import re
+    import subprocess
+
+    env = dict(os.environ, GGML_SCHED_DEBUG="1")
+    cmd = [sys.executable, __file__, "--child-splits", str(path)] + (["--coded"] if coded else [])
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise RuntimeError(f"the split count's child failed ({out.returncode}): {out.stderr[-2000:]}")
+    heads = re.findall(r"## SPLIT #(\d+): (\S+) #", out.stderr)
+    starts = [i for i, (n, _) in enumerate(heads) if n == "0"]
+    return [backend for _, backend in heads[starts[-1] :]] if starts else []
+
+
+def _child_splits(path: str, coded: bool) -> int:
+    import llama_cpp
+
+    from kvgguf import Llama
+
+    kw = dict(n_ctx=N_CTX, n_batch=N_BATCH, n_ubatch=N_BATCH, n_gpu_layers=-1, verbose=True)
+    llm = Llama(path, kv_codec=_configs()[1], **kw) if coded else llama_cpp.Llama(path, flash_attn=True, **kw)
+    tokens = [int(t) for t in np.random.default_rng(5).integers(10, 4000, 300)]
+    llm.eval(tokens)  # past the hot window: cold rows in the coded context's graph
+    llm.eval([11])
+    return 0
 
 
 def check(tokenizer_from: Path, out_dir: Path, say=print) -> list[str]:
@@ -163,15 +206,32 @@ def check(tokenizer_from: Path, out_dir: Path, say=print) -> list[str]:
             failures.append(f"{name}: failed reads on the GPU path: {kv.read_failures()}")
         if config is coded and kv is not None:
             failures += _same_codes(path, tokens, config, kv, say)
+            # GGML_SCHED_DEBUG: the ops run where the cells are, so the graph splits no more than stock's
+            stock_splits, coded_splits = _last_graph_splits(path, False), _last_graph_splits(path, True)
+            say(f"  splits of a decode graph (GGML_SCHED_DEBUG): stock {stock_splits}, kvgguf {coded_splits}")
+            if not coded_splits or len(coded_splits) > len(stock_splits):
+                failures.append(f"kvgguf's graph splits more than stock's: {coded_splits} against {stock_splits}")
         del cpu_llm, gpu_llm
     return failures
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokenizer", required=True, type=Path)
+    p.add_argument("--tokenizer", type=Path, help="SmolLM2's GGUF, or the GPU kit's smollm2-tokenizer.pkl")
     p.add_argument("--out", type=Path, default=None, help="folder for the model (default: a temporary one)")
+    p.add_argument("--child-splits", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--coded", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.child_splits:
+        return _child_splits(a.child_splits, a.coded)
+    if a.tokenizer is None:
+        p.error("--tokenizer is required")
+    import faulthandler
+    import os
+
+    # a crash in a native library says where it happened, on a copy of stderr: llama-cpp-python
+    # points fd 2 at /dev/null while it loads a model (verbose=False)
+    faulthandler.enable(file=os.fdopen(os.dup(2), "w"), all_threads=True)
     from kvgguf.bindings import cuda_store
 
     why = cuda_store.unavailable()
@@ -181,7 +241,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = a.out or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
-        failures = check(a.tokenizer, out)
+        failures = check(a.tokenizer, out, say=lambda line: print(line, flush=True))
     for f in failures:
         print(f"FAILED: {f}")
     print("gpu_path_check:", "FAIL" if failures else "PASS")
