@@ -131,11 +131,23 @@ def cdef_source(path: Path | None = None) -> str:
             f"kvgguf's C header is not readable at {path} ({e.strerror}); reinstall kvgguf "
             f"or set {HEADER_ENV} to the full path of kvgguf.h"
         ) from e
-    begin = text.find(_CDEF_BEGIN)
-    end = text.find(_CDEF_END)
-    if begin < 0 or end < begin:
-        raise KvgLoadError(f"{path} has no '{_CDEF_BEGIN}' ... '{_CDEF_END}' region to give cffi")
-    return text[begin + len(_CDEF_BEGIN) : end]
+    return "".join(marked_regions(text, _CDEF_BEGIN, _CDEF_END, str(path)))
+
+
+def marked_regions(text: str, begin: str, end: str, where: str) -> list[str]:
+    """The text between each line that holds `begin` and the next `end`, in order (the marker
+    lines left out): what a header gives cffi (kvgguf.h's one region, kvg_cuda.h's several)."""
+    parts, pos = [], 0
+    while (b := text.find(begin, pos)) >= 0:
+        start = text.find("\n", b) + 1
+        e = text.find(end, start)
+        if start == 0 or e < 0:
+            raise KvgLoadError(f"{where}: a '{begin}' without its '{end}'")
+        parts.append(text[start:e])
+        pos = e + len(end)
+    if not parts:
+        raise KvgLoadError(f"{where} has no '{begin}' ... '{end}' region to give cffi")
+    return parts
 
 
 def _load():

@@ -13,7 +13,7 @@ import os
 import threading
 from pathlib import Path
 
-from .binding import KvgLoadError, check, library_path
+from .binding import KvgLoadError, check, library_path, marked_regions
 from ..files import installed_file
 
 _BEGIN, _END = "// cffi-cuda-begin", "// cffi-cuda-end"
@@ -36,17 +36,7 @@ def header_path() -> Path:
 
 def cdef_source(text: str) -> str:
     """The regions between ``// cffi-cuda-begin`` and ``// cffi-cuda-end``, without KVG_CUDA_API."""
-    parts, pos = [], 0
-    while (begin := text.find(_BEGIN, pos)) >= 0:
-        start = text.find("\n", begin) + 1
-        end = text.find(_END, start)
-        if end < 0:
-            raise KvgLoadError(f"kvg_cuda.h: a '{_BEGIN}' without its '{_END}'")
-        parts.append(text[start:end])
-        pos = end + len(_END)
-    if not parts:
-        raise KvgLoadError(f"kvg_cuda.h has no '{_BEGIN}' ... '{_END}' region to give cffi")
-    return _PREAMBLE + "".join(parts).replace("KVG_CUDA_API", "")
+    return _PREAMBLE + "".join(marked_regions(text, _BEGIN, _END, "kvg_cuda.h")).replace("KVG_CUDA_API", "")
 
 
 def _load():
