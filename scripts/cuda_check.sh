@@ -193,8 +193,9 @@ if [ "${SANITIZE:-0}" = 1 ]; then
         for tool in memcheck racecheck; do
             t=$(date +%s)
             timeout "${SANITIZE_TIMEOUT:-90}" "$cs" --tool "$tool" "$bin" --quick --no-timing > "$out/$tool.log" 2>&1
+            src=$?
             say ""
-            say "## compute-sanitizer --tool $tool: exit $? in $(( $(date +%s) - t )) s (124: stopped at ${SANITIZE_TIMEOUT:-90} s)"
+            say "## compute-sanitizer --tool $tool: exit $src in $(( $(date +%s) - t )) s (124: stopped at ${SANITIZE_TIMEOUT:-90} s)"
             grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Program hit" "$out/$tool.log" | sort | uniq -c | head -5 | tee -a "$report" > /dev/null
         done
     else
