@@ -93,10 +93,9 @@ def _same_codes(path: Path, tokens: list[int], config, kv, say) -> list[str]:
     lists = [(il, kind) for il in range(SPEC.n_layer) for kind in (0, 1)]
     gpu_blocks = [b for il, kind in lists for b in kv.store.blocks(il, kind)]
     cpu_blocks = [b for il, kind in lists for b in host_kv.store.blocks(il, kind)]
-    same = len(gpu_blocks) == len(cpu_blocks) and all(
-        (a.codec, a.n_rows, bytes(a.data)) == (b.codec, b.n_rows, bytes(b.data)) for a, b in zip(gpu_blocks, cpu_blocks)
+    n_diff = sum(
+        (x.codec, x.n_rows, bytes(x.data)) != (y.codec, y.n_rows, bytes(y.data)) for x, y in zip(gpu_blocks, cpu_blocks)
     )
-    n_diff = sum(bytes(a.data) != bytes(b.data) for a, b in zip(gpu_blocks, cpu_blocks))
     say(
         f"  codes of the cells coded on the GPU ({kv.rows_coded_on_gpu} rows x lists) against those read out and "
         f"coded on the CPU: {len(gpu_blocks)} / {len(cpu_blocks)} blocks, {n_diff} differ"
@@ -104,13 +103,11 @@ def _same_codes(path: Path, tokens: list[int], config, kv, say) -> list[str]:
     del host_llm
     if kv.rows_coded_on_gpu == 0:
         return ["no evicted cells were coded on the GPU"]
-    return (
-        []
-        if same
-        else [
+    if n_diff or len(gpu_blocks) != len(cpu_blocks):
+        return [
             f"codes coded on the GPU differ from the CPU's: {n_diff} blocks, counts {len(gpu_blocks)}/{len(cpu_blocks)}"
         ]
-    )
+    return []
 
 
 def _last_graph_splits(path: Path, coded: bool) -> list[str]:

@@ -37,19 +37,18 @@ layer_info = _bind(
     [C.llama_context_p_ctypes, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int32)],
     ctypes.c_int32,
 )
+# Which cells a call reads: (ctx, seq_id, il, kind, p0, p1), as read_rows and view_cells take them.
+_CELLS_OF = [
+    C.llama_context_p_ctypes,
+    ctypes.c_int32,  # seq_id
+    ctypes.c_int32,  # il
+    ctypes.c_int32,  # kind
+    ctypes.c_int32,  # p0
+    ctypes.c_int32,  # p1
+]
 read_rows = _bind(
     "llama_kvgguf_read_rows",
-    [
-        C.llama_context_p_ctypes,
-        ctypes.c_int32,  # seq_id
-        ctypes.c_int32,  # il
-        ctypes.c_int32,  # kind
-        ctypes.c_int32,  # p0
-        ctypes.c_int32,  # p1
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-        ctypes.POINTER(ctypes.c_int32),
-    ],
+    [*_CELLS_OF, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int32)],
     ctypes.c_int64,
 )
 compact = _bind("llama_kvgguf_compact", [C.llama_context_p_ctypes], ctypes.c_int32)
@@ -145,19 +144,7 @@ class llama_kvgguf_cells_view(ctypes.Structure):
 
 # The cells of positions [p0, p1) of one layer and kind, when they are one run of an unquantized
 # type: the number of rows, or -1 bad arguments, -3 quantized cells, -4 not one run.
-_view_cells = _bind(
-    "llama_kvgguf_view_cells",
-    [
-        C.llama_context_p_ctypes,
-        ctypes.c_int32,  # seq_id
-        ctypes.c_int32,  # il
-        ctypes.c_int32,  # kind
-        ctypes.c_int32,  # p0
-        ctypes.c_int32,  # p1
-        ctypes.POINTER(llama_kvgguf_cells_view),
-    ],
-    ctypes.c_int64,
-)
+_view_cells = _bind("llama_kvgguf_view_cells", [*_CELLS_OF, ctypes.POINTER(llama_kvgguf_cells_view)], ctypes.c_int64)
 
 
 def view_cells(ctx, seq: int, il: int, kind: int, p0: int, p1: int) -> "llama_kvgguf_cells_view | None":
