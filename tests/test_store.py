@@ -50,6 +50,45 @@ def test_retier_reencodes_whole_blocks_and_refuses_cut_blocks():
     assert err < 0.5  # 2-bit rows, still the same rows
 
 
+def test_aging_keeps_a_codec_s_bytes_and_codes_rotq_again_from_its_codes():
+    s = make_store()
+    x = rows(64)
+    for kind in Kind:
+        s.append(0, kind, Tier.WARM, "rotq4", x[:32])
+        s.append(0, kind, Tier.WARM, "rotq4", x[32:])
+    k_bytes = s.blocks(0, Kind.K)[0].data
+    v_rows = s.decode(0, Kind.V, 0, 32)
+    s.retier_lists(0, 32, Tier.ARCHIVE, {(0, Kind.K): "rotq4", (0, Kind.V): "rotq2"})
+    # the same codec: the tier alone changes, the bytes stay (no second rounding)
+    k = s.blocks(0, Kind.K)[0]
+    assert (k.tier, k.codec, k.data) == (Tier.ARCHIVE, "rotq4", k_bytes)
+    # rotq4 -> rotq2 from the codes: what encoding the decoded rows gives, up to the rounding
+    # of the two rotations that the codes skip
+    v = s.blocks(0, Kind.V)[0]
+    ref = bytes(codecs.encode("rotq2", v_rows.reshape(32, 2, 64), "v"))
+    assert (v.tier, v.codec, len(v.data)) == (Tier.ARCHIVE, "rotq2", len(ref))
+    n_norms = 32 * 2 * 2
+    norms = np.frombuffer(v.data[:n_norms], np.float16).astype(np.float32)
+    ref_norms = np.frombuffer(ref[:n_norms], np.float16).astype(np.float32)
+    assert np.allclose(norms, ref_norms, rtol=2e-3)
+    codes = np.unpackbits(np.frombuffer(v.data[n_norms:], np.uint8))
+    ref_codes = np.unpackbits(np.frombuffer(ref[n_norms:], np.uint8))
+    assert np.mean(codes == ref_codes) > 0.99
+    got, want = s.decode(0, Kind.V, 0, 32), codecs.decode("rotq2", ref, (32, 2, 64), "v").reshape(32, 128)
+    assert np.abs(got - want).mean() < 0.01 * np.abs(want).mean()
+
+
+def test_a_rotq_block_cut_by_truncate_keeps_its_rows_exactly():
+    s = make_store()
+    for kind in Kind:
+        s.append(0, kind, Tier.WARM, "rotq3", rows(64))
+    before = s.decode(0, Kind.V, 0, 64)
+    s.truncate(40)
+    assert s.n_rows(0, Kind.V) == 40
+    assert np.array_equal(s.decode(0, Kind.V, 0, 40), before[:40])  # the codes copied, not coded again
+    assert s.held().bytes == 2 * codecs.encoded_size("rotq3", (40, 2, 64))
+
+
 def test_retier_of_one_layer_and_kind_leaves_the_other_lists_alone():
     s = make_store()
     for il in range(3):

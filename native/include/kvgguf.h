@@ -328,7 +328,9 @@ int kvg_store_decode_f16(const kvg_store * s, int32_t il, int32_t kind, int64_t 
                          uint16_t * dst, size_t count);
 
 // Every layer and kind: re-encodes each block that lies wholly inside [r0, r1) and is not
-// already in `tier` with `codec`. Fails before changing anything if a block straddles r0 or r1.
+// already in `tier` with `codec`; a block already in `codec` is only retagged (its bytes stay:
+// coding them again would cost time and add a second rounding), and rotq into rotq is coded from
+// the codes. Fails before changing anything if a block straddles r0 or r1.
 int kvg_store_retier(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, int32_t codec);
 // The same for one layer (il = -1: every layer) and one kind (kind = -1: K and V): per-layer,
 // per-kind plans age each list into its own codec.
@@ -340,8 +342,8 @@ int kvg_store_retier_list(kvg_store * s, int32_t il, int32_t kind, int64_t r0, i
 int kvg_store_retier_lists(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, const int32_t * codecs,
                            size_t n_codecs);
 
-// Every layer and kind: keeps rows [0, n_rows). A block cut in two is re-encoded; a cut on a block
-// boundary (undoing appends) allocates nothing and cannot fail.
+// Every layer and kind: keeps rows [0, n_rows). A block cut in two is re-encoded (a rotq block's
+// codes are copied); a cut on a block boundary (undoing appends) allocates nothing and cannot fail.
 int kvg_store_truncate(kvg_store * s, int64_t n_rows);
 void kvg_store_clear(kvg_store * s);
 

@@ -320,6 +320,10 @@ typedef struct kvg_rotq_ops {
 } kvg_rotq_ops;
 
 const kvg_rotq_book * kvg_rotq_get_book(int64_t head_dim);  // NULL if out of memory
+// The first nv of the nv_src vectors of a rotq block (src) coded again with bits_out bits into a
+// block of nv vectors (dst): what decoding and encoding them gives, from the codes (rotq.c).
+int kvg_rotq_transcode(int64_t nv_src, int64_t nv, int64_t d, int bits_in, const uint8_t * src, int bits_out,
+                       uint8_t * dst);
 void  kvg_rotq_signs(uint64_t seed, int64_t d, float * sgn);  // +-1.0f per coordinate
 // Sum of squares in 8 interleaved float lanes (lane i % 8) reduced as
 // ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)), the order an AVX2 register reduction takes (and the

@@ -443,6 +443,93 @@ int kvg_rotq_decode_ref(const kvg_job * job, const uint8_t * src, float * dst) {
     return kvg_rotq_decode_with(job, src, dst, &k_rotq_ops_ref);
 }
 
+// ---- transcoding (retier between rotq widths) -----------------------------------------------
+
+// A decoded vector is x' = s * W(c) * n / d, and coding it again rotates it back: W(s * x') = n c
+// (W W = d I), so its codes are those of y = c * n / n' with n' = f16(|x'|) = f16(n |c| / sqrt(d)).
+// The codes come from the codes: no rotation either way, and no rounding from the two transforms.
+// The same width copies the codes (a block cut by truncate): exact, where coding again would not be.
+int kvg_rotq_transcode(int64_t nv_src, int64_t nv, int64_t d, int bits_in, const uint8_t * src, int bits_out,
+                       uint8_t * dst) {
+    if (nv < 0 || nv > nv_src || bits_in < 1 || bits_in > KVG_ROTQ_MAX_BITS || bits_out < 1 ||
+        bits_out > KVG_ROTQ_MAX_BITS || log2_exact(d) < 0) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "rotq transcode: %lld of %lld vectors, head_dim %lld, %d -> %d bits",
+                        (long long) nv, (long long) nv_src, (long long) d, bits_in, bits_out);
+    }
+    const kvg_rotq_book * book = kvg_rotq_get_book(d);
+    uint8_t *             q    = (uint8_t *) malloc((size_t) d);
+    if (book == NULL || q == NULL) {
+        free(q);
+        return kvg_fail(KVG_ERR_NO_MEMORY, "rotq transcode: codebook or scratch");
+    }
+    const uint8_t * codes_in  = src + (size_t) nv_src * 2;
+    uint8_t *       codes_out = dst + (size_t) nv * 2;
+    if (bits_in == bits_out) {  // the same width: the vectors' norms and codes as they are
+        free(q);
+        memcpy(dst, src, (size_t) nv * 2);
+        const uint64_t bits = (uint64_t) (nv * d) * (uint64_t) bits_in;
+        memcpy(codes_out, codes_in, (size_t) (bits / 8));
+        if (bits % 8) {  // the last byte's codes past the prefix are cleared
+            codes_out[bits / 8] = (uint8_t) (codes_in[bits / 8] & ((1u << (bits % 8)) - 1u));
+        }
+        return KVG_OK;
+    }
+    memset(codes_out, 0, (size_t) kvg_code_bytes(nv * d, bits_out));
+    const float * cb     = book->centroid[bits_in];
+    const float * bnd    = book->boundary[bits_out];
+    const int     nb     = (1 << bits_out) - 1;
+    const float   inv_sd = 1.0f / sqrtf((float) d);
+    int           st     = KVG_OK;
+    const int levels = 1 << bits_in;
+    float     csq[1 << KVG_ROTQ_MAX_BITS];
+    for (int k = 0; k < levels; k++) {
+        csq[k] = cb[k] * cb[k];
+    }
+    for (int64_t v = 0; v < nv && st == KVG_OK; v++) {
+        const uint16_t n16 = kvg_get_u16(src + 2 * v);
+        uint16_t       m16 = 0;
+        if (n16 != 0) {
+            kvg_unpack_bits(codes_in, (uint64_t) (v * d) * (uint64_t) bits_in, q, (size_t) d, bits_in);
+            float part[4] = { 0.0f, 0.0f, 0.0f, 0.0f };  // |c|^2 in four chains
+            int64_t i = 0;
+            for (; i + 4 <= d; i += 4) {
+                for (int k = 0; k < 4; k++) {
+                    part[k] += csq[q[i + k]];
+                }
+            }
+            for (; i < d; i++) {
+                part[0] += csq[q[i]];
+            }
+            const float ss = (part[0] + part[1]) + (part[2] + part[3]);
+            m16 = kvg_f32_to_f16(kvg_f16_to_f32(n16) * sqrtf(ss) * inv_sd);
+            if (!kvg_f16_is_finite(m16)) {
+                st = kvg_fail(KVG_ERR_RANGE, "rotq transcode: vector %lld's norm does not fit in f16", (long long) v);
+                break;
+            }
+        }
+        if (m16 != 0) {
+            // each input level's new code: the number of new boundaries below its scaled value
+            const float f = kvg_f16_to_f32(n16) / kvg_f16_to_f32(m16);
+            uint8_t     map[1 << KVG_ROTQ_MAX_BITS];
+            for (int k = 0; k < levels; k++) {
+                const float y = cb[k] * f;
+                uint8_t     c = 0;
+                for (int j = 0; j < nb; j++) {
+                    c = (uint8_t) (c + (y > bnd[j]));
+                }
+                map[k] = c;
+            }
+            for (int64_t i = 0; i < d; i++) {
+                q[i] = map[q[i]];
+            }
+            kvg_pack_bits(codes_out, (uint64_t) (v * d) * (uint64_t) bits_out, q, (size_t) d, bits_out);
+        }
+        kvg_put_u16(dst + 2 * v, m16);
+    }
+    free(q);
+    return st;
+}
+
 // ---- attention (scalar oracle) -------------------------------------------------------------
 //
 // x' = s * W(c) * n / d and W is symmetric, so q . x' = (n / d) * (W(s * q)) . c: attend.c

@@ -523,8 +523,54 @@ int kvg_store_decode_f16(const kvg_store * s, int32_t il, int32_t kind, int64_t 
 
 // Decodes block b of list li and encodes its first n_rows rows with (tier, codec) into *out
 // (fresh: as in encode_block).
+static int is_rotq(int32_t codec) {
+    return codec >= KVG_CODEC_ROTQ1 && codec <= KVG_CODEC_ROTQ4;
+}
+
+// rotq into rotq: the first n_rows of b coded again from their codes (kvg_rotq_transcode), what
+// decoding and encoding them gives without the two rotations (aging's warm -> archive step).
+static int transcode_block(const kvg_store * s, int64_t li, const kvg_block * b, int64_t n_rows, int32_t tier,
+                           int32_t codec, kvg_block * out) {
+    if (b->fail_reads) {
+        return kvg_fail(KVG_ERR_NO_MEMORY, "injected read failure (kvg_store_debug_fail_reads)");
+    }
+    int rc = kvg_injected_failure("encode a block");
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    const int32_t          kind = (int32_t) (li % 2);
+    const int64_t          H = s->p.n_head_kv, D = head_dim_of(s, kind);
+    const kvg_codec_params cp      = kvg_store_list_params(s, li, codec, NULL);
+    size_t                 n_bytes = 0;
+    rc = kvg_encoded_size(codec, kind, n_rows, H, D, &cp, &n_bytes);
+    uint8_t * data = rc == KVG_OK ? (uint8_t *) malloc(n_bytes ? n_bytes : 1) : NULL;
+    if (!data) {
+        return rc != KVG_OK ? rc : kvg_fail(KVG_ERR_NO_MEMORY, "block of %zu bytes", n_bytes);
+    }
+    rc = kvg_rotq_transcode(b->n_rows * H, n_rows * H, D, b->codec - KVG_CODEC_ROTQ1 + 1, b->data,
+                            codec - KVG_CODEC_ROTQ1 + 1, data);
+    if (rc == KVG_OK) {
+        rc = kvg_check_encoded(codec, kind, data, n_bytes, n_rows, H, D, &cp);
+    }
+    if (rc != KVG_OK) {
+        free(data);
+        return rc;
+    }
+    out->row0       = b->row0;
+    out->n_rows     = n_rows;
+    out->codec      = codec;
+    out->tier       = tier;
+    out->n_bytes    = n_bytes;
+    out->data       = data;
+    out->fail_reads = 0;
+    return KVG_OK;
+}
+
 static int reencode_block(const kvg_store * s, int64_t li, const kvg_block * b, int64_t n_rows,
                           int32_t tier, int32_t codec, float ** fresh, kvg_block * out) {
+    if (is_rotq(b->codec) && is_rotq(codec)) {
+        return transcode_block(s, li, b, n_rows, tier, codec, out);
+    }
     const size_t w   = (size_t) row_width(s, (int32_t) (li % 2));
     float *      tmp = (float *) malloc((size_t) b->n_rows * w * sizeof(float));
     if (!tmp) {
@@ -573,7 +619,8 @@ int kvg_store_retier_list(kvg_store * s, int32_t il, int32_t kind, int64_t r0, i
     return rc;
 }
 
-// A block re-encoded but not yet swapped in: list li, block bi.
+// A block re-encoded but not yet swapped in: list li, block bi (nb.data NULL: its tier alone
+// changes, its codec and bytes stay).
 typedef struct kvg_staged {
     int64_t   li;
     int64_t   bi;
@@ -641,7 +688,11 @@ int kvg_store_retier_lists(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, 
             if (b->row0 < r0 || b->row0 + b->n_rows > r1 || (b->tier == tier && b->codec == codecs[li])) {
                 continue;
             }
-            rc = reencode_block(s, li, b, b->n_rows, tier, codecs[li], &fresh[li], &st[k].nb);
+            if (b->codec == codecs[li]) {
+                st[k].nb.data = NULL;  // the tier alone changes: the bytes stay (and so does the id)
+            } else {
+                rc = reencode_block(s, li, b, b->n_rows, tier, codecs[li], &fresh[li], &st[k].nb);
+            }
             st[k].li = li;
             st[k].bi = bi;
             k += rc == KVG_OK;
@@ -658,10 +709,14 @@ int kvg_store_retier_lists(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, 
     // Commit: pointer swaps only.
     for (k = 0; k < n_todo; ++k) {
         kvg_block * b = &s->rows[st[k].li].blocks[st[k].bi];
+        s->rows[st[k].li].version++;
+        if (!st[k].nb.data) {
+            b->tier = tier;
+            continue;
+        }
         free(b->data);
         *b            = st[k].nb;
         b->id         = kvg_block_new_id();
-        s->rows[st[k].li].version++;
         st[k].nb.data = NULL;
     }
     for (int64_t li = 0; li < n_lists; ++li) {
