@@ -109,14 +109,17 @@ def run_one(
         llm = kvgguf.Llama(path, kv_codec=config if sizes else codec, kv_attention=attention, **kw)
         kw["n_batch"] = llm.n_batch
     clock = PhaseClock(llm) if phases else None
+    ops = GpuOps(llm)
     t0 = time.perf_counter()
     llm.eval(tokens[:n_prefill])
     t1 = time.perf_counter()
     prefill_phases = clock.take() if clock else None
+    prefill_ops = ops.take()
     for tok in tokens[n_prefill:n_ctx]:
         llm.eval([tok])
     t2 = time.perf_counter()
     decode_phases = clock.take() if clock else None
+    decode_ops = ops.take()
     mem = llm.kv_memory()
     return {
         "model": model,
@@ -139,7 +142,52 @@ def run_one(
         "rss_growth_bytes": rss_bytes() - rss0,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         **({"phases": {"prefill": prefill_phases, "decode": decode_phases}} if clock else {}),
+        **({"gpu_ops": {"prefill": prefill_ops, "decode": decode_ops}} if ops.on else {}),
     }
+
+
+class GpuOps:
+    """A kvgguf cache on a GPU: how often llama.cpp ran kvgguf's attention op there (the device
+    copy's hook calls; a layer whose op fell back to the CPU path does not count), against the
+    calls that every layer of every llama_decode would make, and the rows coded on the GPU.
+    take() returns the counts since the last take."""
+
+    def __init__(self, llm):
+        import llama_cpp.llama_cpp as C
+
+        kv = getattr(llm, "_kv", None)
+        self.kv = kv
+        self.on = kv is not None and kv.device_store is not None
+        self.n_layers = len(kv.gpu[1]) if self.on else 0
+        self.decodes = 0
+        if self.on:
+            fn = C.llama_decode
+
+            def counted(*a, **k):
+                self.decodes += 1
+                return fn(*a, **k)
+
+            C.llama_decode = counted
+        self._last = self._now()
+
+    def _now(self) -> tuple[int, int, int, int]:
+        if not self.on:
+            return (0, 0, 0, 0)
+        attend, finish = self.kv.device_store.calls()
+        return attend, finish, self.decodes, self.kv.rows_coded_on_gpu
+
+    def take(self) -> dict:
+        now = self._now()
+        attend, finish, decodes, coded = (a - b for a, b in zip(now, self._last))
+        self._last = now
+        # llama_decode splits a batch into ubatches; each runs every layer's op once where cold rows exist
+        return {
+            "attend_calls": attend,
+            "finish_calls": finish,
+            "llama_decode_calls": decodes,
+            "gpu_layers": self.n_layers,
+            "rows_coded_on_gpu": coded,
+        }
 
 
 class PhaseClock:
@@ -399,6 +447,8 @@ def main(argv=None) -> int:
         print(table(runs[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
         if "phases" in runs[-1]:
             print(f"  phases (s): {json.dumps(runs[-1]['phases'])}", file=sys.stderr, flush=True)
+        if "gpu_ops" in runs[-1]:
+            print(f"  kvgguf's ops on the GPU: {json.dumps(runs[-1]['gpu_ops'])}", file=sys.stderr, flush=True)
     if not runs:
         raise SystemExit("no configuration ran: " + "; ".join(failed))
     rows = median_rows(runs)

@@ -32,6 +32,9 @@
 #   GPU_SPEED_TIMEOUT     seconds each configuration of the speed table may run (default 150)
 #   SPEED_BY              seconds from the start by which the speed table must be done (default: no limit):
 #                         a configuration still running then is stopped, its shape's table left as its log has it
+#   GPU_PROFILE           (--full) shape:context:cache, e.g. "llama-3.2-3b:8192:tiered": that configuration
+#                         once more after the speed table, under nsys where it is installed (kernels and CUDA
+#                         API calls summed), else under torch's profiler (benchmarks/gpu_profile.py)
 #   SANITIZE=1            also compute-sanitizer's memcheck and racecheck on the check (--quick --no-timing),
 #                         each for at most SANITIZE_TIMEOUT seconds (default 90), while the package builds
 #
@@ -262,7 +265,7 @@ if [ "$full" -eq 1 ]; then
         # the fused path end to end (scripts/gpu_path_check.py) on the package just installed
         if make_site; then
             t=$(date +%s)
-            PY_TIMEOUT=${GPU_PATH_TIMEOUT:-300} py -u scripts/gpu_path_check.py --tokenizer "$kit/smollm2-tokenizer.pkl" >> "$out/gpu-path.log" 2>&1
+            PY_TIMEOUT=${GPU_PATH_TIMEOUT:-300} py -X faulthandler -u scripts/gpu_path_check.py --tokenizer "$kit/smollm2-tokenizer.pkl" >> "$out/gpu-path.log" 2>&1
             grc=$?
             say "## the fused path on the GPU (scripts/gpu_path_check.py): exit $grc in $(( $(date +%s) - t )) s"
             tail -30 "$out/gpu-path.log" | tee -a "$report" > /dev/null
@@ -301,11 +304,45 @@ if [ "$full" -eq 1 ]; then
                 say "## speed, $shape at $contexts (benchmarks/live_cache.py --gpu): exit $src in $(( $(date +%s) - t )) s"
                 if [ -f "$out/speed-$shape.md" ]; then
                     tee -a "$report" < "$out/speed-$shape.md" > /dev/null
+                    # each row's phases and kvgguf's op calls on the GPU (--phases), after the row
+                    grep -B1 -E "^  (phases|kvgguf's ops)" "$out/speed-$shape.log" | grep -v "^--" >> "$report"
                 else
                     tail -25 "$out/speed-$shape.log" | tee -a "$report" > /dev/null
                 fi
                 [ "$src" -eq 0 ] || status=1
             done
+        fi
+        # ---- 5. (--full, GPU_PROFILE) where one configuration's time goes, kernel by kernel
+        if [ -n "${GPU_PROFILE:-}" ] && [ -n "$site" ]; then
+            IFS=: read -r pshape pctx pcache <<< "$GPU_PROFILE"
+            t=$(date +%s)
+            nsys_bin=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2> /dev/null | head -1)
+            one=(benchmarks/live_cache.py --one --gpu --text random --model "$pshape" --contexts "$pctx"
+                 --caches "${pcache:-tiered}" --decode 64 --batch 512 --threads "$jobs" --phases)
+            if [ -n "$nsys_bin" ]; then
+                PY_TIMEOUT=${GPU_SPEED_TIMEOUT:-150} with_env "$nsys_bin" profile --trace=cuda,osrt --sample=none \
+                    --cpuctxsw=none --force-overwrite=true -o "$out/profile" python3 "${one[@]}" > "$out/profile.log" 2>&1
+                prc=$?
+                say ""
+                say "## profile of $GPU_PROFILE (nsys, $nsys_bin): exit $prc in $(( $(date +%s) - t )) s"
+                for r in cuda_gpu_kern_sum cuda_api_sum gpukernsum cudaapisum; do
+                    "$nsys_bin" stats --report "$r" --format csv --output "$out/profile" "$out/profile.nsys-rep" \
+                        >> "$out/profile.log" 2>&1 || continue
+                done
+                for f in "$out"/profile_*.csv; do
+                    [ -f "$f" ] || continue
+                    say "### $(basename "$f")"
+                    head -30 "$f" | cut -c1-220 | tee -a "$report" > /dev/null
+                done
+            else
+                PY_TIMEOUT=${GPU_SPEED_TIMEOUT:-150} py benchmarks/gpu_profile.py --model "$pshape" --context "$pctx" \
+                    --cache "${pcache:-tiered}" --threads "$jobs" > "$out/profile.log" 2>&1
+                prc=$?
+                say ""
+                say "## profile of $GPU_PROFILE (no nsys; torch's profiler, benchmarks/gpu_profile.py): exit $prc in $(( $(date +%s) - t )) s"
+                head -45 "$out/profile.log" | cut -c1-220 | tee -a "$report" > /dev/null
+            fi
+            tail -3 "$out/profile.log" | cut -c1-1500 >> "$report"
         fi
     fi
     [ -n "$site" ] && rm -rf "$site"
