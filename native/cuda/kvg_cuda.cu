@@ -142,6 +142,7 @@ extern "C" int kvg_cuda_ctx_init(int device, void * stream, kvg_cuda_ctx ** out)
     ctx->device = device;
     const char * which  = getenv("KVGGUF_CUDA_ATTEND");
     ctx->attend_generic = which != NULL && strcmp(which, "generic") == 0;
+    ctx->attend_no_tc   = ctx->attend_generic || (which != NULL && strcmp(which, "rows") == 0);
     {
         kc_device_scope scope(ctx);
         st = scope.status;
@@ -155,6 +156,13 @@ extern "C" int kvg_cuda_ctx_init(int device, void * stream, kvg_cuda_ctx ** out)
         if (st == KVG_OK) {
             const cudaError_t e = cudaDeviceGetAttribute(&ctx->sm_count, cudaDevAttrMultiProcessorCount, device);
             st                  = e == cudaSuccess ? KVG_OK : kc_cuda_fail(e, "cudaDeviceGetAttribute (multiprocessors)");
+        }
+        if (st == KVG_OK) {
+            cudaError_t e = cudaDeviceGetAttribute(&ctx->cc_major, cudaDevAttrComputeCapabilityMajor, device);
+            if (e == cudaSuccess) {
+                e = cudaDeviceGetAttribute(&ctx->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+            }
+            st = e == cudaSuccess ? KVG_OK : kc_cuda_fail(e, "cudaDeviceGetAttribute (compute capability)");
         }
         if (st == KVG_OK) {
             const cudaError_t e = cudaMalloc((void **) &ctx->d_status, sizeof(kc_status));

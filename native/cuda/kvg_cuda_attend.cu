@@ -314,15 +314,18 @@ extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * 
     const int64_t gqa = a->n_head / a->n_head_kv, n_p = (int64_t) a->n_tokens * gqa;
     const int64_t n_q = (int64_t) a->n_tokens * a->n_head;
 
-    // Query tiles: up to 8 queries of a KV head per block (4 past head_dim 256: shared memory).
+    // Query tiles: up to 8 queries of a KV head per block (4 past head_dim 256: shared memory), or
+    // 64 on the tensor cores where many queries share a KV head (prefill).
+    const int k_bits = a->k.codec - KVG_CODEC_ROTQ1 + 1, v_bits = a->v.codec - KVG_CODEC_ROTQ1 + 1;
+    const int tc     = ka_tc_covers(ctx, (int) dk, (int) dv, k_bits, v_bits, n_p);
     const int max_qt = (dk > 256 || dv > 256) ? 4 : 8;
     int       qt     = 1;
     while (qt < n_p && qt < max_qt) {
         qt *= 2;
     }
-    const int rows_kernel = !ctx->attend_generic &&
-                            ka_rows_covers((int) dk, (int) dv, a->k.codec - KVG_CODEC_ROTQ1 + 1, a->v.codec - KVG_CODEC_ROTQ1 + 1);
+    const int rows_kernel = !tc && !ctx->attend_generic && ka_rows_covers((int) dk, (int) dv, k_bits, v_bits);
     qt                    = rows_kernel && qt == 2 ? 4 : qt;  // its tiles are 1, 4 or 8 queries
+    qt                    = tc ? KA_TC_QUERIES : qt;
     const int64_t n_tiles = (n_p + qt - 1) / qt;
     if (n_tiles > 65535 || a->n_head_kv > 65535) {
         return kvg_fail(KVG_ERR_SHAPE, "kvg_cuda_attend: %lld query tiles of %d exceed the grid", (long long) n_tiles, qt);
@@ -332,7 +335,13 @@ extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * 
     // splits either way when the partial sums would outgrow the scratch.
     int64_t n_splits = (a->n_rows + KA_SPLIT_ROWS - 1) / KA_SPLIT_ROWS;
     ka_rows_kernel_t kernel = NULL;
-    if (rows_kernel) {
+    if (tc) {
+        // about two blocks a multiprocessor (each holds over 100 KB of shared memory at head dim 128)
+        const int64_t blocks = 2 * (int64_t) (ctx->sm_count > 0 ? ctx->sm_count : 1);
+        const int64_t per    = (int64_t) a->n_head_kv * n_tiles;
+        const int64_t rows   = ka_tc_split_rows(a->n_rows, (blocks + per - 1) / per);
+        n_splits             = (a->n_rows + rows - 1) / rows;
+    } else if (rows_kernel) {
         // About four blocks a multiprocessor. (Filling exactly the blocks the device holds at once,
         // from cudaOccupancyMaxActiveBlocksPerMultiprocessor, measured 1-10% slower on an H100.)
         kernel               = ka_rows_kernel((int) dk, a->k.codec - KVG_CODEC_ROTQ1 + 1, a->v.codec - KVG_CODEC_ROTQ1 + 1, qt);
@@ -345,8 +354,9 @@ extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * 
     const int64_t fit = ((int64_t) KA_SCRATCH_FLOATS - n_q * dk) / (n_q * (dv + 2));
     n_splits          = n_splits < fit ? n_splits : fit;
     n_splits          = n_splits < 1 ? 1 : n_splits;
-    const int64_t split_rows = (a->n_rows + n_splits - 1) / n_splits;
-    n_splits                 = (a->n_rows + split_rows - 1) / split_rows;
+    int64_t split_rows = (a->n_rows + n_splits - 1) / n_splits;
+    split_rows         = tc ? ka_tc_split_rows(a->n_rows, n_splits) : split_rows;  // whole chunks of rows
+    n_splits           = (a->n_rows + split_rows - 1) / split_rows;
 
     kc_device_scope scope(ctx);
     if (scope.status != KVG_OK) {
@@ -360,8 +370,8 @@ extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * 
 
     ka_args args;
     memset(&args, 0, sizeof(args));
-    args.k_bits = a->k.codec - KVG_CODEC_ROTQ1 + 1;
-    args.v_bits = a->v.codec - KVG_CODEC_ROTQ1 + 1;
+    args.k_bits = k_bits;
+    args.v_bits = v_bits;
     st          = kc_get_rotq_tab(args.k_bits, dk, &args.ktab);
     if (st == KVG_OK) {
         st = kc_get_rotq_tab(args.v_bits, dv, &args.vtab);
@@ -407,7 +417,12 @@ extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * 
 
     const dim3   grid((unsigned) n_splits, (unsigned) a->n_head_kv, (unsigned) n_tiles);
     const size_t smem = sizeof(float) * (size_t) (qt * dk + KA_WARPS * qt * dv + 2 * KA_WARPS * qt);
-    if (rows_kernel) {
+    if (tc) {
+        st = ka_tc_launch(ctx, args, n_tiles);
+        if (st != KVG_OK) {
+            return st;
+        }
+    } else if (rows_kernel) {
         kernel<<<grid, KA_WARPS * 32, 0, ctx->stream>>>(args, ((uintptr_t) args.k_codes & 3) == 0,
                                                         ((uintptr_t) args.v_codes & 3) == 0);
     } else {

@@ -102,6 +102,16 @@ ka_rows_kernel_t ka_rows_kernel(int d, int k_bits, int v_bits, int qt);
 ka_rows_kernel_t ka_rows_kernel_d64(int k_bits, int v_bits, int qt);  // kvg_cuda_attend_rows_d*.cu
 ka_rows_kernel_t ka_rows_kernel_d128(int k_bits, int v_bits, int qt);
 ka_rows_kernel_t ka_rows_kernel_d256(int k_bits, int v_bits, int qt);
+// The tensor-core kernel (kvg_cuda_attend_tc.cu) for many queries a KV head (prefill): tiles of
+// KA_TC_QUERIES queries over chunks of 64 rows decoded into shared memory, from KA_TC_MIN_QUERIES
+// queries a KV head on, on GPUs of compute capability 8.0 and up (KVGGUF_CUDA_ATTEND=rows: never).
+#define KA_TC_QUERIES     64
+#define KA_TC_MIN_QUERIES 64
+int     ka_tc_covers(const kvg_cuda_ctx * ctx, int dk, int dv, int k_bits, int v_bits, int64_t n_p);
+// Rows a split takes (whole chunks of 64) so that about `splits_wanted` splits cover n_rows.
+int64_t ka_tc_split_rows(int64_t n_rows, int64_t splits_wanted);
+// Queues the kernel over grid (args.n_splits, KV heads, n_tiles query tiles).
+int     ka_tc_launch(kvg_cuda_ctx * ctx, const ka_args & args, int64_t n_tiles);
 // Grows the context's attention scratch to at least `bytes` (waiting first for the work that may
 // still read it): kvg_cuda_attend's and kvg_cuda_attend_cells' partial sums.
 int ka_scratch(kvg_cuda_ctx * ctx, size_t bytes);

@@ -47,6 +47,9 @@ struct kvg_cuda_ctx {
     size_t       scratch_bytes;
     int          sm_count;        // multiprocessors: how many blocks keep the device busy
     int          attend_generic;  // KVGGUF_CUDA_ATTEND=generic: the generic split kernel only (comparisons)
+    int          attend_no_tc;    // KVGGUF_CUDA_ATTEND=rows: no tensor-core kernel for many queries either
+    int          cc_major;        // compute capability: the tensor-core kernel needs 8.0 (bf16/f16 WMMA, big smem)
+    int          smem_optin;      // bytes of shared memory a block may opt in to
 };
 
 // kvg_fail with the CUDA error mapped to a status (kvg_cuda.h), naming the call that failed.

@@ -799,6 +799,15 @@ static void attn_reference(const AttnCase & a, const std::vector<float> & q, con
     }
 }
 
+// The bounds of attn_compare and of the GPU against the CPU's fused path: the scalar kernels' by
+// default; the tensor-core kernel's (f16 queries, codebook values and weights) in run_attend_prefill.
+struct AttnTol {
+    double m_abs, m_rel, l_rel, out;
+};
+static const AttnTol k_tol_exact = { 1e-5, 1e-5, 1e-4, 5e-5 };
+static const AttnTol k_tol_f16   = { 5e-3, 5e-3, 2e-2, 4e-3 };
+static AttnTol       g_tol       = k_tol_exact;
+
 static void attn_compare(const char * who, const std::string & where, const std::vector<float> & m,
                          const std::vector<float> & l, const std::vector<float> & acc, const std::vector<double> & m_ref,
                          const std::vector<double> & l_ref, const std::vector<double> & out_ref, int64_t dv, double vmax,
@@ -806,11 +815,11 @@ static void attn_compare(const char * who, const std::string & where, const std:
     g_checks++;
     double err = 0.0;
     for (size_t j = 0; j < m.size(); j++) {
-        if (!(fabs(m[j] - m_ref[j]) <= 1e-5 + 1e-5 * fabs(m_ref[j]))) {
+        if (!(fabs(m[j] - m_ref[j]) <= g_tol.m_abs + g_tol.m_rel * fabs(m_ref[j]))) {
             mismatch("%s %s: m[%zu] = %.9g, reference %.9g", who, where.c_str(), j, (double) m[j], m_ref[j]);
             return;
         }
-        if (!(fabs(l[j] - l_ref[j]) <= 1e-4 * fabs(l_ref[j]))) {
+        if (!(fabs(l[j] - l_ref[j]) <= g_tol.l_rel * fabs(l_ref[j]))) {
             mismatch("%s %s: l[%zu] = %.9g, reference %.9g", who, where.c_str(), j, (double) l[j], l_ref[j]);
             return;
         }
@@ -823,8 +832,8 @@ static void attn_compare(const char * who, const std::string & where, const std:
     if (worst) {
         *worst = err / vmax > *worst ? err / vmax : *worst;
     }
-    if (!(err <= 5e-5 * vmax)) {
-        mismatch("%s %s: output error %.3g > 5e-5 * max|v| (%.3g)", who, where.c_str(), err, vmax);
+    if (!(err <= g_tol.out * vmax)) {
+        mismatch("%s %s: output error %.3g > %.3g * max|v| (%.3g)", who, where.c_str(), err, g_tol.out, vmax);
     }
 }
 
@@ -975,11 +984,41 @@ static void run_attend_case(const AttnCase & a, Rng & rng, double * worst_gpu, d
         }
         *worst_cpu_gpu = e / vmax > *worst_cpu_gpu ? e / vmax : *worst_cpu_gpu;
         g_checks++;
-        if (!(e <= 5e-5 * vmax)) {
-            mismatch("cuda vs cpu %s: output differs by %.3g > 5e-5 * max|v|", w.c_str(), e);
+        if (!(e <= g_tol.out * vmax)) {
+            mismatch("cuda vs cpu %s: output differs by %.3g > %.3g * max|v|", w.c_str(), e, g_tol.out);
         }
     }
     kvg_store_free(store);
+}
+
+// Many queries a KV head (a prefill ubatch): the tensor-core kernel where the context takes it
+// (f16 bounds), else the scalar kernels (their own bounds). Tiles of 64 queries, full and partial,
+// head dims 64, 128 and 256, rotq1-4, soft-capping, chunks of 64 rows full and partial.
+static void run_attend_prefill(const char * which, const AttnTol & tol) {
+    Rng            rng(0x9ef111);
+    const AttnCase cases[] = {
+        { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2, 8, 24, 32, 128, 128, 700, 0.0f },    // 96 queries a KV head
+        { KVG_CODEC_ROTQ3, KVG_CODEC_ROTQ3, 2, 8, 40, 64, 64, 2000, 30.0f },     // 160: a last tile of 32
+        { KVG_CODEC_ROTQ2, KVG_CODEC_ROTQ4, 1, 4, 16, 256, 256, 300, 0.0f },     // 64: one tile
+        { KVG_CODEC_ROTQ1, KVG_CODEC_ROTQ4, 4, 16, 20, 128, 128, 1500, 0.0f },   // rotq1 keys
+        { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ4, 8, 32, 24, 64, 64, 4100, 50.0f },    // 96, many rows, capped
+        { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2, 2, 6, 30, 128, 128, 37, 0.0f },      // 90, fewer rows than a chunk
+    };
+    const AttnTol saved = g_tol;
+    g_tol               = tol;
+    double worst = 0.0, worst_cc = 0.0;
+    int    n     = 0;
+    for (const AttnCase & a : cases) {
+        if (g_quick && a.n_rows > 2000) {
+            continue;
+        }
+        run_attend_case(a, rng, &worst, &worst_cc);
+        n++;
+    }
+    g_tol = saved;
+    printf("attend, many queries (%s): %d cases; worst output error %.3g of max|v| against float64, %.3g against the "
+           "CPU's fused path (bound %.3g)\n",
+           which, n, worst, worst_cc, tol.out);
 }
 
 static void run_attend(const char * which) {
@@ -1707,6 +1746,89 @@ static void run_store_hooks() {
 
 // ---- timings (GPU) -------------------------------------------------------------------------
 
+// One prefill ubatch of one layer of the 3B shape (256 tokens, 8/24 heads, d=128) over 8K and 32K
+// coded rows: the default kernels (the tensor cores from compute capability 8.0) against the scalar
+// row-parallel kernel (rows_ctx). Not asserted.
+static void run_timing_prefill(kvg_cuda_ctx * rows_ctx) {
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    Rng           rng(0x7172);
+    const int     Hk = 8, Hq = 24, T = 256;
+    const int64_t D  = 128;
+    for (int64_t R : { (int64_t) 8192, (int64_t) 32768 }) {
+        std::vector<float> x((size_t) (R * Hk * D));
+        for (auto & v : x) {
+            v = rng.gauss();
+        }
+        DevBuf src(x.size() * 4);
+        src.put(x.data(), x.size() * 4);
+        size_t ks = 0, vs = 0;
+        kvg_encoded_size(KVG_CODEC_ROTQ4, KVG_KIND_K, R, Hk, D, NULL, &ks);
+        kvg_encoded_size(KVG_CODEC_ROTQ2, KVG_KIND_V, R, Hk, D, NULL, &vs);
+        const size_t nq = (size_t) T * Hq;
+        DevBuf       kb(ks), vb(vs), q(nq * D * 4), m(nq * 4), l(nq * 4), acc(nq * D * 4);
+        if (kvg_cuda_encode(g_ctx, KVG_CODEC_ROTQ4, KVG_KIND_K, src.p, KVG_CUDA_F32, Hk * D, 1, R, Hk, D, NULL, kb.p, ks,
+                            NULL) ||
+            kvg_cuda_encode(g_ctx, KVG_CODEC_ROTQ2, KVG_KIND_V, src.p, KVG_CUDA_F32, Hk * D, 1, R, Hk, D, NULL, vb.p, vs,
+                            NULL)) {
+            mismatch("prefill timing encode: %s", kvg_last_error());
+            return;
+        }
+        std::vector<float> qh(nq * D), mh(nq, -INFINITY), zero(nq * D, 0.0f);
+        for (auto & v : qh) {
+            v = rng.gauss();
+        }
+        q.put(qh.data(), qh.size() * 4);
+        kvg_cuda_attend_args a;
+        memset(&a, 0, sizeof(a));
+        a.k          = { KVG_CODEC_ROTQ4, kb.p, ks, R };
+        a.v          = { KVG_CODEC_ROTQ2, vb.p, vs, R };
+        a.n_rows     = R;
+        a.n_head_kv  = Hk;
+        a.head_dim_k = D;
+        a.head_dim_v = D;
+        a.seed       = KVG_DEFAULT_SEED;
+        a.q_dev      = (const float *) q.p;
+        a.n_tokens   = T;
+        a.n_head     = Hq;
+        a.scale      = 0.088f;
+        a.m_dev      = (float *) m.p;
+        a.l_dev      = (float *) l.p;
+        a.acc_dev    = (float *) acc.p;
+        for (int which = 0; which < 2; which++) {
+            kvg_cuda_ctx * ctx = which ? rows_ctx : g_ctx;
+            if (ctx == NULL) {
+                continue;
+            }
+            std::vector<float> ms;
+            for (int it = 0; it < 8; it++) {
+                m.put(mh.data(), mh.size() * 4);
+                l.put(zero.data(), nq * 4);
+                acc.put(zero.data(), zero.size() * 4);
+                cudaEventRecord(e0, g_stream);
+                const int st = kvg_cuda_attend(ctx, &a);
+                cudaEventRecord(e1, g_stream);
+                cudaEventSynchronize(e1);
+                if (st != KVG_OK) {
+                    mismatch("prefill timing attend: %s", kvg_last_error());
+                    return;
+                }
+                float t = 0.0f;
+                cudaEventElapsedTime(&t, e0, e1);
+                if (it >= 2) {
+                    ms.push_back(t);
+                }
+            }
+            std::sort(ms.begin(), ms.end());
+            printf("  attend %d tokens, 3B shape (%d/%d heads, d=%lld), %6lld rows, K rotq4 / V rotq2, %-13s: %9.1f us\n", T,
+                   Hq, Hk, (long long) D, (long long) R, which ? "scalar kernel" : "default", ms[ms.size() / 2] * 1e3);
+        }
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+}
+
 static void run_timing(kvg_cuda_ctx * generic) {
     printf("\ntimings (CUDA events on the context's stream; medians of 20 runs after 3 warm-ups; not asserted):\n");
     cudaEvent_t e0, e1;
@@ -1957,12 +2079,29 @@ int main(int argc, char ** argv) {
             run_attend("the generic kernel");
         }
         unsetenv("KVGGUF_CUDA_ATTEND");
+        // many queries: the tensor-core kernel (where this GPU has one), then the scalar ones alone
+        g_attend_ctx = g_ctx;
+        run_attend_prefill("the default kernels: tensor cores from compute capability 8.0", k_tol_f16);
+        kvg_cuda_ctx * rows_ctx = NULL;
+        setenv("KVGGUF_CUDA_ATTEND", "rows", 1);
+        if (kvg_cuda_ctx_init(0, g_stream, &rows_ctx) != KVG_OK) {
+            mismatch("kvg_cuda_ctx_init (rows attention): %s", kvg_last_error());
+        } else {
+            g_attend_ctx = rows_ctx;
+            run_attend_prefill("the scalar kernels alone", k_tol_exact);
+        }
+        unsetenv("KVGGUF_CUDA_ATTEND");
+        g_attend_ctx = g_ctx;
         run_gather_q();
         run_cells();
         run_store_hooks();
         attend_bad = g_bad - before;
         if (timing) {
             run_timing(generic);
+            run_timing_prefill(rows_ctx);
+        }
+        if (rows_ctx) {
+            kvg_cuda_ctx_free(rows_ctx);
         }
         if (generic) {
             kvg_cuda_ctx_free(generic);

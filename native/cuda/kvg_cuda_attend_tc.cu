@@ -1,0 +1,270 @@
+// kvg_cuda_attend_tc.cu: kvg_cuda_attend's split kernel for many queries a KV head (prefill), on the
+// tensor cores. The row-parallel kernel scores each row against a tile of at most 8 queries with
+// scalar FMAs, so a 256-token ubatch (768 queries a KV head on the 3B shape) reads and unpacks
+// every row's codes 96 times. Here a block takes 64 queries of one KV head and walks its split's
+// rows 64 at a time:
+//
+// 1. the block's threads unpack the chunk's K and V codes into shared memory as f16 codebook values
+//    (8 coordinates a thread and step: whole bytes of codes), and the rows' norms / head_dim;
+// 2. each warp scores its 16 queries against the 64 rows with WMMA (f16 in, f32 out): the rotated
+//    queries against the codebook values, then times the row's norm / head_dim and soft-capped;
+// 3. online softmax per query (two lanes a query), the weights times the value rows' norms / head_dim
+//    as f16, the warp's output rows rescaled in shared memory;
+// 4. each warp adds weights x values (WMMA) into its output rows, which stay in shared memory.
+//
+// The split's (m, l, sum) per query go out as the other split kernels' do, and the shared combine
+// kernel merges them (and turns the sum back from the rotated domain). Nothing else differs from
+// kvg_cuda_attend_rows.cuh but the arithmetic: queries, codebook values and weights are rounded to
+// f16 for the tensor cores (as llama.cpp's own CUDA flash attention rounds Q and its f16 cells), so
+// its outputs agree with the CPU path to about 1e-3 of max |v| rather than 5e-5.
+#include "kvg_cuda_attend.cuh"
+
+#include <cuda_fp16.h>
+#include <mma.h>
+
+#define KT_Q       64  // queries a block: KT_WARPS warps of 16
+#define KT_R       64  // rows a chunk
+#define KT_WARPS   4
+#define KT_THREADS (KT_WARPS * 32)
+
+// Shared memory of the kernel for head dim D, in bytes from the start (every WMMA tile 32-byte
+// aligned; leading dimensions padded against bank conflicts, as WMMA allows: halves a multiple of
+// 8, floats of 4).
+template <int D>
+struct kt_layout {
+    static constexpr int    LDQ   = D + 8;     // halves: queries [KT_Q][D], and K and V rows [KT_R][D]
+    static constexpr int    LDS   = KT_R + 4;  // floats: scores [KT_Q][KT_R]
+    static constexpr int    LDP   = KT_R + 8;  // halves: weights [KT_Q][KT_R]
+    static constexpr int    LDO   = D + 4;     // floats: output sums [KT_Q][D]
+    static constexpr size_t Q     = 0;
+    static constexpr size_t K     = Q + 2 * KT_Q * LDQ;
+    static constexpr size_t V     = K + 2 * KT_R * LDQ;
+    static constexpr size_t S     = V + 2 * KT_R * LDQ;
+    static constexpr size_t P     = S + 4 * KT_Q * LDS;
+    static constexpr size_t O     = P + 2 * KT_Q * LDP;
+    static constexpr size_t FK    = O + 4 * KT_Q * LDO;  // floats [KT_R]: K norm / head_dim
+    static constexpr size_t FV    = FK + 4 * KT_R;       // floats [KT_R]: V norm / head_dim
+    static constexpr size_t BYTES = FV + 4 * KT_R;
+    static_assert(K % 32 == 0 && V % 32 == 0 && S % 32 == 0 && P % 32 == 0 && O % 32 == 0, "WMMA tiles 32-byte aligned");
+};
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+// 8 codes of `bits` bits at p (whole bytes) as 8 f16 codebook values.
+static __device__ __forceinline__ uint4 kt_decode8(const uint8_t * p, int bits, const float * tab) {
+    uint32_t w = 0;
+    for (int b = 0; b < bits; b++) {
+        w |= (uint32_t) __ldg(p + b) << (8 * b);
+    }
+    const uint32_t mask = (1u << bits) - 1u;
+    uint4          out;
+    uint32_t *     o = &out.x;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const __half2 h = __floats2half2_rn(tab[(w >> (2 * j * bits)) & mask], tab[(w >> ((2 * j + 1) * bits)) & mask]);
+        o[j]            = *reinterpret_cast<const uint32_t *>(&h);
+    }
+    return out;
+}
+#endif
+
+template <int D>
+static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_args a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    using namespace nvcuda;
+    using L = kt_layout<D>;
+    extern __shared__ __align__(128) unsigned char kt_sh[];
+    __shared__ float ktab[16], vtab[16];
+    half *  sQ = reinterpret_cast<half *>(kt_sh + L::Q);
+    half *  sK = reinterpret_cast<half *>(kt_sh + L::K);
+    half *  sV = reinterpret_cast<half *>(kt_sh + L::V);
+    float * sS = reinterpret_cast<float *>(kt_sh + L::S);
+    half *  sP = reinterpret_cast<half *>(kt_sh + L::P);
+    float * sO = reinterpret_cast<float *>(kt_sh + L::O);
+    float * fk = reinterpret_cast<float *>(kt_sh + L::FK);
+    float * fv = reinterpret_cast<float *>(kt_sh + L::FV);
+
+    const int split = blockIdx.x, hk = blockIdx.y, p0 = blockIdx.z * KT_Q;
+    const int nq    = a.n_p - p0 < KT_Q ? a.n_p - p0 : KT_Q;
+    const int warp  = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int H     = a.n_head_kv;
+    if (threadIdx.x < 16) {
+        ktab[threadIdx.x] = a.ktab.centroid[threadIdx.x];
+        vtab[threadIdx.x] = a.vtab.centroid[threadIdx.x];
+    }
+    for (int x = threadIdx.x; x < KT_Q * D; x += KT_THREADS) {
+        const int q = x / D, i = x % D;
+        sQ[q * L::LDQ + i] = __float2half_rn(q < nq ? a.qr[ka_query(p0 + q, hk, a.gqa, a.n_head) * D + i] : 0.0f);
+    }
+    for (int x = threadIdx.x; x < KT_Q * D; x += KT_THREADS) {
+        sO[(x / D) * L::LDO + x % D] = 0.0f;
+    }
+    __syncthreads();
+
+    // the warp's 16 queries, held for the whole split
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> qf[D / 16];
+#pragma unroll
+    for (int k = 0; k < D / 16; k++) {
+        wmma::load_matrix_sync(qf[k], sQ + warp * 16 * L::LDQ + k * 16, L::LDQ);
+    }
+    // this lane's query (row of the block's tile) and its half of each chunk's columns
+    const int row = warp * 16 + lane / 2, side = lane % 2;
+    float     m_run = -INFINITY, l_run = 0.0f;
+
+    const int64_t r_begin = (int64_t) split * a.split_rows;
+    const int64_t r_end   = r_begin + a.split_rows < a.n_rows ? r_begin + a.split_rows : a.n_rows;
+    constexpr int G       = D / 8;  // groups of 8 coordinates a row
+    const int64_t k_row_b = (int64_t) D * a.k_bits / 8, v_row_b = (int64_t) D * a.v_bits / 8;
+    for (int64_t base = r_begin; base < r_end; base += KT_R) {
+        const int nc = r_end - base < KT_R ? (int) (r_end - base) : KT_R;
+        __syncthreads();  // every warp is done with the last chunk's rows
+        for (int x = threadIdx.x; x < KT_R * G; x += KT_THREADS) {
+            const int r = x / G, g = x % G;
+            uint4     kk = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+            if (r < nc) {
+                const int64_t vk = (a.k_row0 + base + r) * H + hk, vx = (a.v_row0 + base + r) * H + hk;
+                kk               = kt_decode8(a.k_codes + vk * k_row_b + g * a.k_bits, a.k_bits, ktab);
+                vv               = kt_decode8(a.v_codes + vx * v_row_b + g * a.v_bits, a.v_bits, vtab);
+            }
+            *reinterpret_cast<uint4 *>(sK + r * L::LDQ + g * 8) = kk;
+            *reinterpret_cast<uint4 *>(sV + r * L::LDQ + g * 8) = vv;
+        }
+        for (int r = threadIdx.x; r < KT_R; r += KT_THREADS) {
+            float a_k = 0.0f, a_v = 0.0f;
+            if (r < nc) {
+                const int64_t vk = (a.k_row0 + base + r) * H + hk, vx = (a.v_row0 + base + r) * H + hk;
+                a_k              = kc_f16_to_f32(kc_get_u16(a.k_norms + 2 * vk)) * a.inv_dk;
+                a_v              = kc_f16_to_f32(kc_get_u16(a.v_norms + 2 * vx)) * a.inv_dv;
+            }
+            fk[r] = a_k;
+            fv[r] = a_v;
+        }
+        __syncthreads();
+
+        // scores of the warp's 16 queries against the chunk's rows
+#pragma unroll
+        for (int t = 0; t < KT_R / 16; t++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> sf;
+            wmma::fill_fragment(sf, 0.0f);
+#pragma unroll
+            for (int k = 0; k < D / 16; k++) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::col_major> kf;  // K^T: (coordinate, row)
+                wmma::load_matrix_sync(kf, sK + t * 16 * L::LDQ + k * 16, L::LDQ);
+                wmma::mma_sync(sf, qf[k], kf, sf);
+            }
+            wmma::store_matrix_sync(sS + warp * 16 * L::LDS + t * 16, sf, L::LDS, wmma::mem_row_major);
+        }
+        __syncwarp();
+
+        // online softmax: the lane pair of each query splits the chunk's columns
+        const float * srow = sS + row * L::LDS;
+        half *        prow = sP + row * L::LDP;
+        float         sc[KT_R / 2];
+        float         mx = -INFINITY;
+#pragma unroll
+        for (int c = 0; c < KT_R / 2; c++) {
+            const int r = side * (KT_R / 2) + c;
+            float     s = -INFINITY;
+            if (r < nc) {
+                s = srow[r] * fk[r];
+                s = a.softcap > 0.0f ? a.softcap * tanhf(s) : s;
+            }
+            sc[c] = s;
+            mx    = fmaxf(mx, s);
+        }
+        mx                = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        const float m_new = fmaxf(m_run, mx);  // finite: every chunk has a row (nc >= 1, column 0)
+        const float corr  = expf(m_run - m_new);  // 0 while m_run is -inf
+        float       sum   = 0.0f;
+#pragma unroll
+        for (int c = 0; c < KT_R / 2; c++) {
+            const int   r = side * (KT_R / 2) + c;
+            const float p = r < nc ? expf(sc[c] - m_new) : 0.0f;
+            sum += p;
+            prow[r] = __float2half_rn(p * fv[r]);
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        l_run = l_run * corr + sum;
+        m_run = m_new;
+        float * orow = sO + row * L::LDO;
+        for (int i = side * (D / 2); i < (side + 1) * (D / 2); i++) {
+            orow[i] *= corr;
+        }
+        __syncwarp();
+
+        // the warp's output rows += weights x values
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> pf[KT_R / 16];
+#pragma unroll
+        for (int kk = 0; kk < KT_R / 16; kk++) {
+            wmma::load_matrix_sync(pf[kk], sP + warp * 16 * L::LDP + kk * 16, L::LDP);
+        }
+#pragma unroll
+        for (int j = 0; j < D / 16; j++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> of;
+            wmma::load_matrix_sync(of, sO + warp * 16 * L::LDO + j * 16, L::LDO, wmma::mem_row_major);
+#pragma unroll
+            for (int kk = 0; kk < KT_R / 16; kk++) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::row_major> vf;
+                wmma::load_matrix_sync(vf, sV + kk * 16 * L::LDQ + j * 16, L::LDQ);
+                wmma::mma_sync(of, pf[kk], vf, of);
+            }
+            wmma::store_matrix_sync(sO + warp * 16 * L::LDO + j * 16, of, L::LDO, wmma::mem_row_major);
+        }
+        __syncwarp();
+    }
+
+    // the split's partial sums of this lane's query (in the rotated domain, as the other kernels')
+    if (row < nq) {
+        const int64_t j    = ka_query(p0 + row, hk, a.gqa, a.n_head);
+        const float * orow = sO + row * L::LDO;
+        if (side == 0) {
+            a.pm[j * a.n_splits + split] = m_run;
+            a.pl[j * a.n_splits + split] = l_run;
+        }
+        for (int i = side * (D / 2); i < (side + 1) * (D / 2); i++) {
+            a.pacc[(j * a.n_splits + split) * D + i] = orow[i];
+        }
+    }
+#else
+    (void) a;  // built for a GPU before compute capability 8.0: never launched (ka_tc_covers)
+#endif
+}
+
+static size_t kt_smem(int d) {
+    switch (d) {
+        case 64: return kt_layout<64>::BYTES;
+        case 128: return kt_layout<128>::BYTES;
+        default: return kt_layout<256>::BYTES;
+    }
+}
+
+int ka_tc_covers(const kvg_cuda_ctx * ctx, int dk, int dv, int k_bits, int v_bits, int64_t n_p) {
+    return !ctx->attend_no_tc && ctx->cc_major >= 8 && n_p >= KA_TC_MIN_QUERIES && dk == dv &&
+           (dk == 64 || dk == 128 || dk == 256) && k_bits >= 1 && k_bits <= 4 && v_bits >= 1 && v_bits <= 4 &&
+           kt_smem(dk) + 32 * sizeof(float) <= (size_t) ctx->smem_optin;
+}
+
+int64_t ka_tc_split_rows(int64_t n_rows, int64_t splits_wanted) {
+    splits_wanted = splits_wanted < 1 ? 1 : splits_wanted;
+    const int64_t rows = (n_rows + splits_wanted - 1) / splits_wanted;
+    return (rows + KT_R - 1) / KT_R * KT_R;  // whole chunks
+}
+
+template <int D>
+static int kt_launch_d(const ka_args & a, dim3 grid, cudaStream_t stream) {
+    const size_t      smem = kt_layout<D>::BYTES;
+    const cudaError_t e    = cudaFuncSetAttribute(kt_split_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem);
+    if (e != cudaSuccess) {
+        return kc_cuda_fail(e, "cudaFuncSetAttribute (tensor-core attend: shared memory)");
+    }
+    kt_split_kernel<D><<<grid, KT_THREADS, smem, stream>>>(a);
+    return kc_launch_check("attend split launch (tensor cores)");
+}
+
+int ka_tc_launch(kvg_cuda_ctx * ctx, const ka_args & a, int64_t n_tiles) {
+    const dim3 grid((unsigned) a.n_splits, (unsigned) a.n_head_kv, (unsigned) n_tiles);
+    switch (a.dk) {
+        case 64: return kt_launch_d<64>(a, grid, ctx->stream);
+        case 128: return kt_launch_d<128>(a, grid, ctx->stream);
+        default: return kt_launch_d<256>(a, grid, ctx->stream);
+    }
+}
