@@ -35,6 +35,7 @@ from tiny_models import TinySpec, write  # noqa: E402
 
 SPEC = TinySpec("llama", n_layer=4, n_embd=256, n_head=8, n_head_kv=2, head_dim=64, n_ff=512, n_ctx_train=4096)
 N_TOKENS, N_CTX, N_BATCH = 900, 2048, 64
+DECODE_STEPS = 160  # five evictions of the coded config's blocks of 32
 
 
 def _configs():
@@ -142,6 +143,64 @@ def _child_splits(path: str, coded: bool) -> int:
     return 0
 
 
+def _child_decode(path: str, out: str) -> int:
+    """A coded context on the GPU: a prefill past the hot window, then DECODE_STEPS tokens one at a
+    time across evictions; saves each step's logits, the ops' hook calls and the decode's seconds.
+    KVGGUF_CUDA_GRAPHS (read when the device copy is made) decides whether CUDA graphs hold the ops."""
+    from kvgguf import Llama
+
+    kw = dict(n_ctx=N_CTX, n_batch=N_BATCH, n_ubatch=N_BATCH, n_gpu_layers=-1, verbose=False)
+    llm = Llama(path, kv_codec=_configs()[1], **kw)
+    rng = np.random.default_rng(11)
+    llm.eval([int(t) for t in rng.integers(10, 4000, 300)])
+    steps = [int(t) for t in rng.integers(10, 4000, DECODE_STEPS)]
+    logits = np.empty((DECODE_STEPS, llm.n_vocab()), dtype=np.float32)
+    t = time.perf_counter()
+    for i, tok in enumerate(steps):
+        llm.eval([tok])
+        logits[i] = llm.scores[llm.n_tokens - 1]
+    seconds = time.perf_counter() - t
+    kv = llm._kv
+    calls = kv.device_store.calls() if kv.device_store is not None else (0, 0)
+    gen = kv.device_store.generation() if kv.device_store is not None else 0
+    np.savez(out, logits=logits, calls=np.array(calls), seconds=seconds, generation=gen, n_cold=kv.n_cold)
+    return 0
+
+
+def _graphs_agree(path: Path, out_dir: Path, say) -> list[str]:
+    """Decoding with CUDA graphs holding kvgguf's ops (replayed without calling its hooks until the
+    store's copy changes) gives the logits that launching every op gives: bit for bit, the same
+    kernels on the same arguments. The hooks' calls show the replays."""
+    import os
+    import subprocess
+
+    got = {}
+    for graphs in ("1", "0"):
+        out = out_dir / f"decode-graphs{graphs}.npz"
+        env = dict(os.environ, KVGGUF_CUDA_GRAPHS=graphs)
+        cmd = [sys.executable, "-X", "faulthandler", __file__, "--child-decode", str(path), str(out)]
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+        if run.returncode != 0:
+            return [f"the decode child (KVGGUF_CUDA_GRAPHS={graphs}) failed ({run.returncode}): {run.stderr[-2000:]}"]
+        got[graphs] = np.load(out)
+    on, off = got["1"], got["0"]
+    diff = float(np.max(np.abs(on["logits"] - off["logits"])))
+    say(
+        f"  decode of {DECODE_STEPS} tokens across evictions, CUDA graphs holding the ops against not: logits differ by "
+        f"at most {diff:.3g}; hook calls {tuple(on['calls'])} against {tuple(off['calls'])}; "
+        f"{float(on['seconds']):.3f} s against {float(off['seconds']):.3f} s; generation {int(on['generation'])} / "
+        f"{int(off['generation'])}"
+    )
+    failures = []
+    if not diff <= 1e-5:
+        failures.append(f"decoding with CUDA graphs changed the logits by {diff:.3g}")
+    if int(off["generation"]) != 0 or int(on["generation"]) == 0:
+        failures.append("KVGGUF_CUDA_GRAPHS did not decide the generation hook's answer")
+    if not int(on["calls"][0]) < int(off["calls"][0]):
+        failures.append(f"CUDA graphs replayed no op: {tuple(on['calls'])} hook calls against {tuple(off['calls'])}")
+    return failures
+
+
 def check(tokenizer_from: Path, out_dir: Path, say=print) -> list[str]:
     """Every comparison; returns the failures (empty: all passed)."""
     from kvgguf.bindings import cuda_store
@@ -208,6 +267,7 @@ def check(tokenizer_from: Path, out_dir: Path, say=print) -> list[str]:
             say(f"  splits of a decode graph (GGML_SCHED_DEBUG): stock {stock_splits}, kvgguf {coded_splits}")
             if not coded_splits or len(coded_splits) > len(stock_splits):
                 failures.append(f"kvgguf's graph splits more than stock's: {coded_splits} against {stock_splits}")
+            failures += _graphs_agree(path, out_dir, say)
         del cpu_llm, gpu_llm
     return failures
 
@@ -218,9 +278,12 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=None, help="folder for the model (default: a temporary one)")
     p.add_argument("--child-splits", default=None, help=argparse.SUPPRESS)
     p.add_argument("--coded", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--child-decode", nargs=2, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child_splits:
         return _child_splits(a.child_splits, a.coded)
+    if a.child_decode:
+        return _child_decode(*a.child_decode)
     if a.tokenizer is None:
         p.error("--tokenizer is required")
     import faulthandler

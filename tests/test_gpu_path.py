@@ -35,6 +35,7 @@ def test_the_cuda_header_marks_what_cffi_reads():
         "kvg_cuda_store_hook_attend",
         "kvg_cuda_store_hook_finish",
         "kvg_cuda_store_hook_supports",
+        "kvg_cuda_store_hook_generation",
     ):
         assert "function " + name in ffi._parser._declarations, name
     # the hook's argument as llama.cpp's struct llama_kvgguf_cuda_attn lays it out, field for field
@@ -77,6 +78,16 @@ def test_the_patch_and_the_library_agree_on_the_hooks_arguments(theirs, ours, n)
     header = _fields((ROOT / "native/cuda/kvg_cuda.h").read_text(), ours)
     assert header == patch
     assert len(patch) == n
+
+
+def test_the_hooks_table_is_the_patch_s_struct():
+    """kvgguf hands llama.cpp its CUDA hooks as struct llama_kvgguf_cuda (patches/0001): the ctypes
+    struct has its fields in its order, the generation hook (patch 17) last."""
+    from kvgguf.llamacpp import hooks
+
+    patch = _fields((ROOT / "patches/0001-kvgguf-c-api.patch").read_text(), "struct llama_kvgguf_cuda {")
+    assert [name for _, name in patch] == [name for name, _ in hooks.llama_kvgguf_cuda._fields_]
+    assert patch[-1] == ("llama_kvgguf_cuda_generation_fn", "generation")
 
 
 def test_without_a_gpu_build_the_device_store_says_why(smollm2_path):

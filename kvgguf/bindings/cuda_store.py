@@ -140,10 +140,17 @@ class DeviceStore:
         check(self._lib.kvg_cuda_store_calls(self._ptr, attend, finish))
         return int(attend[0]), int(finish[0])
 
-    def hook_functions(self) -> tuple[int, int, int]:
-        """Addresses of the attend, finish and supports hooks (struct llama_kvgguf_cuda)."""
+    def hook_functions(self) -> tuple[int, int, int, int]:
+        """Addresses of the attend, finish, supports and generation hooks (struct llama_kvgguf_cuda)."""
         ffi, lib = self._ffi, self._lib
-        return tuple(
-            int(ffi.cast("uintptr_t", fn))
-            for fn in (lib.kvg_cuda_store_hook_attend, lib.kvg_cuda_store_hook_finish, lib.kvg_cuda_store_hook_supports)
+        hooks = (
+            lib.kvg_cuda_store_hook_attend,
+            lib.kvg_cuda_store_hook_finish,
+            lib.kvg_cuda_store_hook_supports,
+            lib.kvg_cuda_store_hook_generation,
         )
+        return tuple(int(ffi.cast("uintptr_t", fn)) for fn in hooks)
+
+    def generation(self) -> int:
+        """What llama.cpp's CUDA graphs compare before replaying the ops (0: they are never captured)."""
+        return int(self._lib.kvg_cuda_store_hook_generation(self._ptr))

@@ -158,13 +158,15 @@ def view_cells(ctx, seq: int, il: int, kind: int, p0: int, p1: int) -> "llama_kv
 
 
 class llama_kvgguf_cuda(ctypes.Structure):
-    """struct llama_kvgguf_cuda (patch 15): the fused path's ops on a GPU. llama.cpp copies it."""
+    """struct llama_kvgguf_cuda (patch 15; generation since 17): the fused path's ops on a GPU. llama.cpp
+    copies it."""
 
     _fields_ = [
         ("user", ctypes.c_void_p),
         ("attend", ctypes.c_void_p),  # int32_t (*)(void *, const struct llama_kvgguf_cuda_attn *, int32_t, void *)
         ("finish", ctypes.c_void_p),  # int32_t (*)(void *, const struct llama_kvgguf_cuda_finish *, int32_t, void *)
         ("supports", ctypes.c_void_p),  # int32_t (*)(void *, int32_t il, int32_t device)
+        ("generation", ctypes.c_void_p),  # uint64_t (*)(void *): CUDA graphs captured again when it changes; NULL: none
     ]
 
 

@@ -212,6 +212,15 @@ extern "C" size_t kvg_cuda_ctx_scratch_bytes(const kvg_cuda_ctx * ctx) {
     return ctx ? ctx->scratch_bytes : 0;
 }
 
+extern "C" uint64_t kvg_cuda_ctx_scratch_grown(const kvg_cuda_ctx * ctx) {
+    return ctx ? ctx->scratch_grown : 0;
+}
+
+extern "C" int kvg_cuda_ctx_capturing(const kvg_cuda_ctx * ctx) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    return ctx && cudaStreamIsCapturing(ctx->stream, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone;
+}
+
 extern "C" int kvg_cuda_ctx_device(const kvg_cuda_ctx * ctx) {
     return ctx ? ctx->device : -1;
 }

@@ -274,6 +274,11 @@ KVG_CUDA_API int32_t kvg_cuda_store_hook_attend(void * user, const kvg_cuda_laye
 KVG_CUDA_API int32_t kvg_cuda_store_hook_finish(void * user, const kvg_cuda_finish_args * a, int32_t device, void * stream);
 // 1 where layer il's attention runs on the GPU of `device` (-1: any of the copy's), else 0.
 KVG_CUDA_API int32_t kvg_cuda_store_hook_supports(void * user, int32_t il, int32_t device);
+// A number that changes whenever what hook_attend queues for the same arguments would change: a
+// sync that changed the copy, a layer turned off or on, the queries' or the context's scratch grown
+// (llama.cpp's CUDA graphs are captured again when it changes). 0 where KVGGUF_CUDA_GRAPHS=0 was set
+// when the copy was made: the ops then stay out of CUDA graphs.
+KVG_CUDA_API uint64_t kvg_cuda_store_hook_generation(void * user);
 // cffi-cuda-end
 
 #ifdef __cplusplus

@@ -263,6 +263,12 @@ int ka_scratch(kvg_cuda_ctx * ctx, size_t bytes) {
     if (bytes <= ctx->scratch_bytes) {
         return KVG_OK;
     }
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(ctx->stream, &capturing) == cudaSuccess && capturing != cudaStreamCaptureStatusNone) {
+        // a wait or a free would end llama.cpp's capture (and abort it); the same graph ran
+        // uncaptured first, so this should not happen
+        return kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda: the attention scratch would have to grow inside a CUDA graph capture");
+    }
     cudaError_t e = cudaStreamSynchronize(ctx->stream);  // earlier calls may still read the old one
     if (e != cudaSuccess) {
         return kc_cuda_fail(e, "cudaStreamSynchronize (attend scratch)");
@@ -276,6 +282,7 @@ int ka_scratch(kvg_cuda_ctx * ctx, size_t bytes) {
         return kc_cuda_fail(e, "cudaMalloc (attend scratch)");
     }
     ctx->scratch_bytes = bytes;
+    ctx->scratch_grown++;
     return KVG_OK;
 }
 

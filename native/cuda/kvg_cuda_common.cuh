@@ -45,6 +45,7 @@ struct kvg_cuda_ctx {
     kc_status *  h_status;  // pinned host copy
     void *       scratch;   // attention workspace (device), grown on demand
     size_t       scratch_bytes;
+    uint64_t     scratch_grown;  // times it was reallocated (a CUDA graph's kernels hold its address)
     int          sm_count;        // multiprocessors: how many blocks keep the device busy
     int          attend_generic;  // KVGGUF_CUDA_ATTEND=generic: the generic split kernel only (comparisons)
     int          attend_no_tc;    // KVGGUF_CUDA_ATTEND=rows: no tensor-core kernel for many queries either

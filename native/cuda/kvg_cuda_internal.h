@@ -34,6 +34,10 @@ KVG_CUDA_HIDDEN int kvg_cuda_rotq_tables(int bits, int64_t head_dim, float * cen
 // kvg_cuda.cu: the bytes of a context's attention scratch (kvg_cuda_store_bytes counts them).
 struct kvg_cuda_ctx;
 KVG_CUDA_HIDDEN size_t kvg_cuda_ctx_scratch_bytes(const struct kvg_cuda_ctx * ctx);
+// How often that scratch was reallocated (kernels captured in a CUDA graph hold its address).
+KVG_CUDA_HIDDEN uint64_t kvg_cuda_ctx_scratch_grown(const struct kvg_cuda_ctx * ctx);
+// 1 while the context's stream is being captured into a CUDA graph: no waits, no frees then.
+KVG_CUDA_HIDDEN int kvg_cuda_ctx_capturing(const struct kvg_cuda_ctx * ctx);
 
 #ifdef __cplusplus
 }

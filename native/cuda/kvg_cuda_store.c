@@ -70,6 +70,8 @@ struct kvg_cuda_store {
     uint64_t          calls[2];  // hook_attend's and hook_finish's calls (proof the GPU took the ops)
     pending *         pend;      // blocks coded here since the last sync
     int64_t           n_pend, cap_pend;
+    uint64_t          generation;  // bumped by every change hook_attend's work depends on (hook_generation)
+    int               graphs_off;  // KVGGUF_CUDA_GRAPHS=0: hook_generation says 0
 };
 
 static int64_t n_lists(const kvg_cuda_store * d) {
@@ -130,6 +132,9 @@ int kvg_cuda_store_init(kvg_cuda_ctx * ctx, const kvg_store * host, kvg_cuda_sto
     }
     d->ctx  = ctx;
     d->host = host;
+    d->generation = 1;
+    const char * graphs = getenv("KVGGUF_CUDA_GRAPHS");
+    d->graphs_off       = graphs != NULL && strcmp(graphs, "0") == 0;
     *out    = d;
     return KVG_OK;
 }
@@ -176,6 +181,7 @@ int kvg_cuda_store_set_layer(kvg_cuda_store * d, int32_t il, int32_t on) {
     }
     if (d->on[il] != (on != 0)) {
         d->seen[il * 2] = d->seen[il * 2 + 1] = 0;  // the next sync adds or frees this layer's lists
+        d->generation++;
     }
     d->on[il] = on != 0;
     return KVG_OK;
@@ -372,6 +378,7 @@ int kvg_cuda_store_sync(kvg_cuda_store * d) {
         }
         free(staged);
         d->stale = 1;
+        d->generation++;  // attend now leaves the store's rows out
         return rc;
     }
     // Commit: free the buffers no segment took over and those grown segments left.
@@ -379,6 +386,7 @@ int kvg_cuda_store_sync(kvg_cuda_store * d) {
     for (int64_t li = 0; li < nl; ++li) {
         dev_list * l = &d->lists[li];
         d->seen[li]  = d->host->rows[li].version + 1;
+        d->generation += !staged[li].kept;  // looked at again: its segments may have moved
         if (staged[li].kept) {
             for (int64_t i = 0; i < l->n; ++i) {
                 d->bytes += seg_bytes(&l->s[i]);
@@ -630,13 +638,17 @@ int32_t kvg_cuda_store_hook_attend(void * user, const kvg_cuda_layer_args * a, i
     void * const prev = kvg_cuda_ctx_set_stream(d->ctx, stream);
     // the state empty first: whatever fails after, llama.cpp's merge reads a state
     int rc = kvg_cuda_attend_begin(d->ctx, (int64_t) a->n_tokens * a->n_head, a->head_dim_v, a->m_dev, a->l_dev, a->acc_dev);
-    if (rc == KVG_OK && nq > d->q_floats) {
+    if (rc == KVG_OK && nq > d->q_floats && kvg_cuda_ctx_capturing(d->ctx)) {
+        // a free waits, which would end llama.cpp's capture; the same graph ran uncaptured first
+        rc = kvg_fail(KVG_ERR_NO_MEMORY, "the queries' scratch would have to grow inside a CUDA graph capture");
+    } else if (rc == KVG_OK && nq > d->q_floats) {
         void * q = NULL;
         rc       = kvg_cuda_malloc(d->ctx, nq * sizeof(float), &q);
         if (rc == KVG_OK) {
             kvg_cuda_free(d->ctx, d->q_dev);  // waits for the device: earlier ops may read it
             d->q_dev    = (float *) q;
             d->q_floats = nq;
+            d->generation++;  // a captured graph holds the old address
         }
     }
     if (rc == KVG_OK) {
@@ -667,6 +679,11 @@ int32_t kvg_cuda_store_hook_attend(void * user, const kvg_cuda_layer_args * a, i
     }
     kvg_cuda_ctx_set_stream(d->ctx, prev);
     return rc != KVG_OK ? rc : cold;
+}
+
+uint64_t kvg_cuda_store_hook_generation(void * user) {
+    const kvg_cuda_store * d = (const kvg_cuda_store *) user;
+    return !d || d->graphs_off ? 0 : d->generation + kvg_cuda_ctx_scratch_grown(d->ctx);
 }
 
 int32_t kvg_cuda_store_hook_finish(void * user, const kvg_cuda_finish_args * a, int32_t device, void * stream) {

@@ -115,6 +115,8 @@ void   kvg_cuda_ctx_free(kvg_cuda_ctx * ctx) { (void) ctx; }
 int    kvg_cuda_ctx_device(const kvg_cuda_ctx * ctx) { (void) ctx; return 0; }
 void * kvg_cuda_ctx_set_stream(kvg_cuda_ctx * ctx, void * s) { (void) ctx; (void) s; return NULL; }
 size_t kvg_cuda_ctx_scratch_bytes(const struct kvg_cuda_ctx * ctx) { (void) ctx; return 0; }
+uint64_t kvg_cuda_ctx_scratch_grown(const struct kvg_cuda_ctx * ctx) { (void) ctx; return 0; }
+int    kvg_cuda_ctx_capturing(const struct kvg_cuda_ctx * ctx) { (void) ctx; return 0; }
 
 int kvg_cuda_attend_begin(kvg_cuda_ctx * ctx, int64_t n_q, int64_t dv, float * m, float * l, float * acc) {
     (void) ctx, (void) n_q, (void) dv, (void) m, (void) l, (void) acc;
@@ -295,9 +297,10 @@ int main(void) {
     int      syncs = 0, fails = 0, aged = 0;
     long     from_device = 0;  // device-coded blocks a sync must take from the device
     // sinks (f16), then 60 evictions of 64 rows (K rotq4, V rotq3); from the 5th on, the oldest
-    // warm block but the newest four ages to rotq2, every 7th to rotq4 (the same codec, new bytes,
-    // another tier); every 13th step cuts inside the newest block; twice the store is cleared
+    // warm block but the newest four ages to rotq2, every 7th to rotq4 (the same codec: its tier
+    // alone changes); every 13th step cuts inside the newest block; twice the store is cleared
     for (int step = 0; step < 61; step++) {
+        const uint64_t gen_before = kvg_cuda_store_hook_generation(d);
         const int     sinks = step == 0 || step == 31 || step == 51;
         const int64_t nr    = sinks ? 4 : 64;
         if (step == 31 || step == 51) {
@@ -420,6 +423,12 @@ int main(void) {
             return 1;
         }
         syncs++;
+        // every step appends: llama.cpp's CUDA graphs must see the copy change (hook_generation)
+        g_checks++;
+        if (kvg_cuda_store_hook_generation(d) == gen_before) {
+            printf("MISMATCH: step %d: the store changed and the copy's generation did not\n", step);
+            g_bad++;
+        }
         g_checks++;
         for (int i = 0; i < g_n_coded; i++) {
             if (g_coded[i]) {
@@ -442,9 +451,17 @@ int main(void) {
         check_all(d, L, when);
         // decode syncs before every token, mostly with nothing changed: such a sync must copy and
         // allocate nothing, and leave the copy as current as it was
-        const long allocs = g_allocs, copies = g_copies;
+        const long     allocs = g_allocs, copies = g_copies;
+        const uint64_t gen    = kvg_cuda_store_hook_generation(d);
         g_checks++;
-        if (kvg_cuda_store_sync(d) != KVG_OK || g_allocs != allocs || g_copies != copies) {
+        if (kvg_cuda_store_hook_generation(d) == 0 || kvg_cuda_store_sync(d) != KVG_OK ||
+            kvg_cuda_store_hook_generation(d) != gen) {
+            printf("MISMATCH: step %d: a sync with nothing changed changed the generation (%llu, was %llu)\n", step,
+                   (unsigned long long) kvg_cuda_store_hook_generation(d), (unsigned long long) gen);
+            g_bad++;
+        }
+        g_checks++;
+        if (g_allocs != allocs || g_copies != copies) {
             printf("MISMATCH: step %d: a sync with nothing changed made %ld allocations and %ld copies\n", step,
                    g_allocs - allocs, g_copies - copies);
             g_bad++;
@@ -452,8 +469,14 @@ int main(void) {
         snprintf(when, sizeof(when), "after step %d and a sync with nothing changed", step);
         check_all(d, L, when);
         if (step == 40) {  // a layer turned off and on: its lists go and come back at the next syncs
-            const size_t before = g_live_bytes;
+            const size_t   before = g_live_bytes;
+            const uint64_t gen_on = kvg_cuda_store_hook_generation(d);
             kvg_cuda_store_set_layer(d, 1, 0);
+            g_checks++;
+            if (kvg_cuda_store_hook_generation(d) == gen_on) {
+                printf("MISMATCH: turning layer 1 off left the generation as it was\n");
+                g_bad++;
+            }
             g_checks++;
             if (kvg_cuda_store_sync(d) != KVG_OK || g_live_bytes >= before) {
                 printf("MISMATCH: turning layer 1 off freed none of its segments\n");
