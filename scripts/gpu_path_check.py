@@ -154,11 +154,12 @@ def _child_decode(path: str, out: str) -> int:
     rng = np.random.default_rng(11)
     llm.eval([int(t) for t in rng.integers(10, 4000, 300)])
     steps = [int(t) for t in rng.integers(10, 4000, DECODE_STEPS)]
-    logits = np.empty((DECODE_STEPS, llm.n_vocab()), dtype=np.float32)
+    n_vocab = llm.n_vocab()
+    logits = np.empty((DECODE_STEPS, n_vocab), dtype=np.float32)
     t = time.perf_counter()
     for i, tok in enumerate(steps):
         llm.eval([tok])
-        logits[i] = llm.scores[llm.n_tokens - 1]
+        logits[i] = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))  # the last token's
     seconds = time.perf_counter() - t
     kv = llm._kv
     calls = kv.device_store.calls() if kv.device_store is not None else (0, 0)
