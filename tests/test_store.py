@@ -78,6 +78,28 @@ def test_aging_keeps_a_codec_s_bytes_and_codes_rotq_again_from_its_codes():
     assert np.abs(got - want).mean() < 0.01 * np.abs(want).mean()
 
 
+@pytest.mark.parametrize("src, dst", [("rotq4", "rotq2"), ("rotq4", "rotq1"), ("rotq4", "rotq3"), ("rotq3", "rotq2"),
+                                      ("rotq2", "rotq4")])
+@pytest.mark.parametrize("head_dim", [2, 8, 128])
+def test_rotq_ages_from_its_codes_as_decoding_and_encoding_would(src, dst, head_dim):
+    """kvg_rotq_transcode (its 4-bit fast paths and the general one) against coding the decoded
+    rows again: norms within an f16 step, codes equal but for a rounding at a boundary."""
+    s = KVStore(n_layer=1, n_head_kv=3, head_dim_k=head_dim, head_dim_v=head_dim)
+    x = np.random.default_rng(head_dim).standard_normal((40, 3 * head_dim)).astype(np.float32)
+    x[5] = 0.0  # a zero vector stays zero
+    s.append(0, Kind.V, Tier.WARM, src, x)
+    decoded = s.decode(0, Kind.V, 0, 40)
+    s.retier(0, 40, Tier.ARCHIVE, dst, kind=Kind.V)
+    got = s.blocks(0, Kind.V)[0].data
+    ref = bytes(codecs.encode(dst, decoded.reshape(40, 3, head_dim), "v"))
+    n = 40 * 3 * 2
+    assert len(got) == len(ref)
+    norms, ref_norms = (np.frombuffer(b[:n], np.float16).astype(np.float32) for b in (got, ref))
+    assert np.allclose(norms, ref_norms, rtol=1e-3) and norms[15:18].max() == 0.0
+    codes, ref_codes = (np.unpackbits(np.frombuffer(b[n:], np.uint8)) for b in (got, ref))
+    assert np.mean(codes == ref_codes) > 0.995
+
+
 def test_a_rotq_block_cut_by_truncate_keeps_its_rows_exactly():
     s = make_store()
     for kind in Kind:

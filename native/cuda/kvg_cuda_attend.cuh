@@ -112,6 +112,11 @@ int     ka_tc_covers(const kvg_cuda_ctx * ctx, int dk, int dv, int k_bits, int v
 int64_t ka_tc_split_rows(int64_t n_rows, int64_t splits_wanted);
 // Queues the kernel over grid (args.n_splits, KV heads, n_tiles query tiles).
 int     ka_tc_launch(kvg_cuda_ctx * ctx, const ka_args & args, int64_t n_tiles);
+// The same kernel over llama.cpp's cells [c0, c1) of kvg_cuda_attend_cells (the gathered queries,
+// scaled in the kernel; the mask added), n_splits of split_cells cells (whole chunks of 64), the
+// partial sums into pm, pl, pacc as the cells' split kernel writes them.
+int     ka_tc_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_args * c, int64_t n_splits, int64_t split_cells, float * pm,
+                    float * pl, float * pacc);
 // Grows the context's attention scratch to at least `bytes` (waiting first for the work that may
 // still read it): kvg_cuda_attend's and kvg_cuda_attend_cells' partial sums.
 int ka_scratch(kvg_cuda_ctx * ctx, size_t bytes);

@@ -281,11 +281,14 @@ extern "C" int kvg_cuda_attend_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_ar
     const int64_t gqa = a->n_head / a->n_head_kv, n_p = (int64_t) a->n_tokens * gqa;
     const int64_t n_q = (int64_t) a->n_tokens * a->n_head;
 
+    // many queries a KV head (prefill): 64 a block on the tensor cores (kvg_cuda_attend_tc.cu)
+    const int tc     = ka_tc_covers(ctx, (int) dk, (int) dv, 4, 4, n_p);
     const int max_qt = (dk > 256 || dv > 256) ? 4 : 8;  // shared memory
     int       qt     = 1;
     while (qt < n_p && qt < max_qt) {
         qt *= 2;
     }
+    qt = tc ? KA_TC_QUERIES : qt;
     const int64_t n_tiles = (n_p + qt - 1) / qt;
     if (n_tiles > 65535 || a->n_head_kv > 65535) {
         return kvg_fail(KVG_ERR_SHAPE, "kvg_cuda_attend_cells: %lld query tiles of %d exceed the grid", (long long) n_tiles, qt);
@@ -293,16 +296,17 @@ extern "C" int kvg_cuda_attend_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_ar
     // Splits of whole block steps, enough for about four blocks a multiprocessor (a decode step's
     // few queries over a few hundred cells would otherwise keep most of the device idle), fewer
     // when the partial sums would outgrow the scratch.
-    const int64_t blocks  = 4 * (int64_t) (ctx->sm_count > 0 ? ctx->sm_count : 1);
+    const int64_t blocks  = (tc ? 2 : 4) * (int64_t) (ctx->sm_count > 0 ? ctx->sm_count : 1);
     const int64_t per     = (int64_t) a->n_head_kv * n_tiles;
     int64_t       n_split = (blocks + per - 1) / per;
-    const int64_t steps   = (n_cells + KCL_STEP_CELLS - 1) / KCL_STEP_CELLS;
+    const int64_t step    = tc ? 64 : KCL_STEP_CELLS;  // the tensor-core kernel's chunk: 64 cells
+    const int64_t steps   = (n_cells + step - 1) / step;
     n_split               = n_split < steps ? n_split : steps;
     n_split               = n_split < KCL_MAX_SPLITS ? n_split : KCL_MAX_SPLITS;
     const int64_t fit     = (int64_t) ((size_t) 1 << 25) / (n_q * (dv + 2));  // 128 MiB of partial sums
     n_split               = n_split < fit ? n_split : fit;
     n_split               = n_split < 1 ? 1 : n_split;
-    const int64_t split_cells = (steps + n_split - 1) / n_split * KCL_STEP_CELLS;
+    const int64_t split_cells = (steps + n_split - 1) / n_split * step;
     n_split                   = (n_cells + split_cells - 1) / split_cells;
 
     kc_device_scope scope(ctx);
@@ -312,6 +316,13 @@ extern "C" int kvg_cuda_attend_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_ar
     int st = ka_scratch(ctx, (size_t) (n_q * n_split * (dv + 2)) * sizeof(float));
     if (st != KVG_OK) {
         return st;
+    }
+    if (tc) {
+        float * pm = (float *) ctx->scratch;
+        st         = ka_tc_cells(ctx, a, n_split, split_cells, pm, pm + n_q * n_split, pm + 2 * n_q * n_split);
+        return st != KVG_OK ? st
+                            : ka_combine_launch(ctx, pm, pm + n_q * n_split, pm + 2 * n_q * n_split, n_q, (int) n_split,
+                                                (int) dv, 0, 0, a->m_dev, a->l_dev, a->acc_dev);
     }
     kcl_args args;
     memset(&args, 0, sizeof(args));

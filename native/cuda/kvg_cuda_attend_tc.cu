@@ -13,7 +13,12 @@
 // 4. each warp adds weights x values (WMMA) into its output rows, which stay in shared memory.
 //
 // The split's (m, l, sum) per query go out as the other split kernels' do, and the shared combine
-// kernel merges them (and turns the sum back from the rotated domain). Nothing else differs from
+// kernel merges them (and turns the sum back from the rotated domain).
+//
+// The same kernel takes llama.cpp's own cells for kvg_cuda_attend_cells (CELLS): each chunk's cells
+// are read where they lie (f16 at any strides, q8_0 blocks) into the same shared rows, the queries
+// are scaled instead of rotated, and the mask is added to the scores; a query that sees no cell of
+// a chunk (masked) leaves its state as it was. Nothing else differs from
 // kvg_cuda_attend_rows.cuh but the arithmetic: queries, codebook values and weights are rounded to
 // f16 for the tensor cores (as llama.cpp's own CUDA flash attention rounds Q and its f16 cells), so
 // its outputs agree with the CPU path to about 1e-3 of max |v| rather than 5e-5.
@@ -21,6 +26,7 @@
 
 #include <cuda_fp16.h>
 #include <mma.h>
+#include <string.h>
 
 #define KT_Q       64  // queries a block: KT_WARPS warps of 16
 #define KT_R       64  // rows a chunk
@@ -67,8 +73,48 @@ static __device__ __forceinline__ uint4 kt_decode8(const uint8_t * p, int bits, 
 }
 #endif
 
-template <int D>
-static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_args a) {
+// What the kernel reads for llama.cpp's cells (kvg_cuda_attend_cells): where they lie, the mask,
+// the queries' scale (divided by the soft-cap where there is one).
+struct kt_cells {
+    const uint8_t * k;
+    const uint8_t * v;
+    size_t          k_nb0, k_nb1, k_nb2, v_nb0, v_nb1, v_nb2;
+    int             k_q8, v_q8;
+    int64_t         c0;
+    const uint8_t * mask;  // NULL: none
+    int             mask_f16;
+    size_t          mask_nb1;
+    float           scale;
+};
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+// Element i of KV head hk of cell c: f16 at its byte strides, or a q8_0 block's scale times code.
+static __device__ __forceinline__ float kt_cell(const uint8_t * base, int q8, size_t nb0, size_t nb1, size_t nb2, int hk,
+                                                int64_t c, int i) {
+    const uint8_t * row = base + (size_t) hk * nb1 + (size_t) c * nb2;
+    if (q8) {
+        const uint8_t * blk = row + (size_t) (i / 32) * 34;  // ggml's block_q8_0: an f16 scale, 32 int8
+        return kc_f16_to_f32(kc_get_u16(blk)) * (float) (int8_t) blk[2 + i % 32];
+    }
+    return kc_f16_to_f32(kc_get_u16(row + (size_t) i * nb0));
+}
+
+static __device__ __forceinline__ float kt_mask(const kt_cells & c, int64_t t, int64_t cell) {
+    if (c.mask == NULL) {
+        return 0.0f;
+    }
+    const uint8_t * p = c.mask + (size_t) t * c.mask_nb1 + (size_t) cell * (c.mask_f16 ? 2 : 4);
+    if (c.mask_f16) {
+        return kc_f16_to_f32(kc_get_u16(p));
+    }
+    float x;
+    memcpy(&x, p, sizeof(x));
+    return x;
+}
+#endif
+
+template <int D, bool CELLS>
+static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_args a, const kt_cells cl) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     using namespace nvcuda;
     using L = kt_layout<D>;
@@ -91,9 +137,10 @@ static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_ar
         ktab[threadIdx.x] = a.ktab.centroid[threadIdx.x];
         vtab[threadIdx.x] = a.vtab.centroid[threadIdx.x];
     }
+    const float qs = CELLS ? cl.scale : 1.0f;  // the coded rows' queries come rotated and scaled
     for (int x = threadIdx.x; x < KT_Q * D; x += KT_THREADS) {
         const int q = x / D, i = x % D;
-        sQ[q * L::LDQ + i] = __float2half_rn(q < nq ? a.qr[ka_query(p0 + q, hk, a.gqa, a.n_head) * D + i] : 0.0f);
+        sQ[q * L::LDQ + i] = __float2half_rn(q < nq ? qs * a.qr[ka_query(p0 + q, hk, a.gqa, a.n_head) * D + i] : 0.0f);
     }
     for (int x = threadIdx.x; x < KT_Q * D; x += KT_THREADS) {
         sO[(x / D) * L::LDO + x % D] = 0.0f;
@@ -117,26 +164,44 @@ static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_ar
     for (int64_t base = r_begin; base < r_end; base += KT_R) {
         const int nc = r_end - base < KT_R ? (int) (r_end - base) : KT_R;
         __syncthreads();  // every warp is done with the last chunk's rows
-        for (int x = threadIdx.x; x < KT_R * G; x += KT_THREADS) {
-            const int r = x / G, g = x % G;
-            uint4     kk = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-            if (r < nc) {
-                const int64_t vk = (a.k_row0 + base + r) * H + hk, vx = (a.v_row0 + base + r) * H + hk;
-                kk               = kt_decode8(a.k_codes + vk * k_row_b + g * a.k_bits, a.k_bits, ktab);
-                vv               = kt_decode8(a.v_codes + vx * v_row_b + g * a.v_bits, a.v_bits, vtab);
+        if constexpr (CELLS) {  // the cells as they lie, rounded to f16 (they are f16, or q8_0)
+            for (int x = threadIdx.x; x < KT_R * D; x += KT_THREADS) {
+                const int     r = x / D, i = x % D;
+                const int64_t c = cl.c0 + base + r;
+                float         kx = 0.0f, vx = 0.0f;
+                if (r < nc) {
+                    kx = kt_cell(cl.k, cl.k_q8, cl.k_nb0, cl.k_nb1, cl.k_nb2, hk, c, i);
+                    vx = kt_cell(cl.v, cl.v_q8, cl.v_nb0, cl.v_nb1, cl.v_nb2, hk, c, i);
+                }
+                sK[r * L::LDQ + i] = __float2half_rn(kx);
+                sV[r * L::LDQ + i] = __float2half_rn(vx);
             }
-            *reinterpret_cast<uint4 *>(sK + r * L::LDQ + g * 8) = kk;
-            *reinterpret_cast<uint4 *>(sV + r * L::LDQ + g * 8) = vv;
-        }
-        for (int r = threadIdx.x; r < KT_R; r += KT_THREADS) {
-            float a_k = 0.0f, a_v = 0.0f;
-            if (r < nc) {
-                const int64_t vk = (a.k_row0 + base + r) * H + hk, vx = (a.v_row0 + base + r) * H + hk;
-                a_k              = kc_f16_to_f32(kc_get_u16(a.k_norms + 2 * vk)) * a.inv_dk;
-                a_v              = kc_f16_to_f32(kc_get_u16(a.v_norms + 2 * vx)) * a.inv_dv;
+            for (int r = threadIdx.x; r < KT_R; r += KT_THREADS) {
+                fk[r] = r < nc ? 1.0f : 0.0f;
+                fv[r] = fk[r];
             }
-            fk[r] = a_k;
-            fv[r] = a_v;
+        } else {
+            for (int x = threadIdx.x; x < KT_R * G; x += KT_THREADS) {
+                const int r = x / G, g = x % G;
+                uint4     kk = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+                if (r < nc) {
+                    const int64_t vk = (a.k_row0 + base + r) * H + hk, vx = (a.v_row0 + base + r) * H + hk;
+                    kk               = kt_decode8(a.k_codes + vk * k_row_b + g * a.k_bits, a.k_bits, ktab);
+                    vv               = kt_decode8(a.v_codes + vx * v_row_b + g * a.v_bits, a.v_bits, vtab);
+                }
+                *reinterpret_cast<uint4 *>(sK + r * L::LDQ + g * 8) = kk;
+                *reinterpret_cast<uint4 *>(sV + r * L::LDQ + g * 8) = vv;
+            }
+            for (int r = threadIdx.x; r < KT_R; r += KT_THREADS) {
+                float a_k = 0.0f, a_v = 0.0f;
+                if (r < nc) {
+                    const int64_t vk = (a.k_row0 + base + r) * H + hk, vx = (a.v_row0 + base + r) * H + hk;
+                    a_k              = kc_f16_to_f32(kc_get_u16(a.k_norms + 2 * vk)) * a.inv_dk;
+                    a_v              = kc_f16_to_f32(kc_get_u16(a.v_norms + 2 * vx)) * a.inv_dv;
+                }
+                fk[r] = a_k;
+                fv[r] = a_v;
+            }
         }
         __syncthreads();
 
@@ -159,7 +224,8 @@ static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_ar
         const float * srow = sS + row * L::LDS;
         half *        prow = sP + row * L::LDP;
         float         sc[KT_R / 2];
-        float         mx = -INFINITY;
+        float         mx  = -INFINITY;
+        const int64_t tok = (p0 + (row < nq ? row : 0)) / a.gqa;  // the query's token: its row of the mask
 #pragma unroll
         for (int c = 0; c < KT_R / 2; c++) {
             const int r = side * (KT_R / 2) + c;
@@ -167,18 +233,21 @@ static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_ar
             if (r < nc) {
                 s = srow[r] * fk[r];
                 s = a.softcap > 0.0f ? a.softcap * tanhf(s) : s;
+                if constexpr (CELLS) {
+                    s += kt_mask(cl, tok, cl.c0 + base + r);
+                }
             }
             sc[c] = s;
             mx    = fmaxf(mx, s);
         }
         mx                = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        const float m_new = fmaxf(m_run, mx);  // finite: every chunk has a row (nc >= 1, column 0)
-        const float corr  = expf(m_run - m_new);  // 0 while m_run is -inf
+        const float m_new = fmaxf(m_run, mx);  // -inf only while every cell so far was masked
+        const float corr  = m_new == -INFINITY ? 1.0f : expf(m_run - m_new);  // 0 while m_run is -inf
         float       sum   = 0.0f;
 #pragma unroll
         for (int c = 0; c < KT_R / 2; c++) {
             const int   r = side * (KT_R / 2) + c;
-            const float p = r < nc ? expf(sc[c] - m_new) : 0.0f;
+            const float p = r < nc && sc[c] != -INFINITY ? expf(sc[c] - m_new) : 0.0f;
             sum += p;
             prow[r] = __float2half_rn(p * fv[r]);
         }
@@ -249,22 +318,69 @@ int64_t ka_tc_split_rows(int64_t n_rows, int64_t splits_wanted) {
     return (rows + KT_R - 1) / KT_R * KT_R;  // whole chunks
 }
 
-template <int D>
-static int kt_launch_d(const ka_args & a, dim3 grid, cudaStream_t stream) {
+template <int D, bool CELLS>
+static int kt_launch_d(const ka_args & a, const kt_cells & cl, dim3 grid, cudaStream_t stream) {
     const size_t      smem = kt_layout<D>::BYTES;
-    const cudaError_t e    = cudaFuncSetAttribute(kt_split_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem);
+    const cudaError_t e =
+        cudaFuncSetAttribute(kt_split_kernel<D, CELLS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem);
     if (e != cudaSuccess) {
         return kc_cuda_fail(e, "cudaFuncSetAttribute (tensor-core attend: shared memory)");
     }
-    kt_split_kernel<D><<<grid, KT_THREADS, smem, stream>>>(a);
-    return kc_launch_check("attend split launch (tensor cores)");
+    kt_split_kernel<D, CELLS><<<grid, KT_THREADS, smem, stream>>>(a, cl);
+    return kc_launch_check(CELLS ? "attend_cells split launch (tensor cores)" : "attend split launch (tensor cores)");
+}
+
+template <bool CELLS>
+static int kt_launch(kvg_cuda_ctx * ctx, const ka_args & a, const kt_cells & cl, int64_t n_tiles) {
+    const dim3 grid((unsigned) a.n_splits, (unsigned) a.n_head_kv, (unsigned) n_tiles);
+    switch (a.dk) {
+        case 64: return kt_launch_d<64, CELLS>(a, cl, grid, ctx->stream);
+        case 128: return kt_launch_d<128, CELLS>(a, cl, grid, ctx->stream);
+        default: return kt_launch_d<256, CELLS>(a, cl, grid, ctx->stream);
+    }
 }
 
 int ka_tc_launch(kvg_cuda_ctx * ctx, const ka_args & a, int64_t n_tiles) {
-    const dim3 grid((unsigned) a.n_splits, (unsigned) a.n_head_kv, (unsigned) n_tiles);
-    switch (a.dk) {
-        case 64: return kt_launch_d<64>(a, grid, ctx->stream);
-        case 128: return kt_launch_d<128>(a, grid, ctx->stream);
-        default: return kt_launch_d<256>(a, grid, ctx->stream);
-    }
+    kt_cells none;
+    memset(&none, 0, sizeof(none));
+    return kt_launch<false>(ctx, a, none, n_tiles);
+}
+
+int ka_tc_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_args * c, int64_t n_splits, int64_t split_cells,
+                float * pm, float * pl, float * pacc) {
+    const int64_t gqa = c->n_head / c->n_head_kv, n_p = (int64_t) c->n_tokens * gqa;
+    ka_args       a;
+    memset(&a, 0, sizeof(a));
+    a.n_rows     = c->c1 - c->c0;
+    a.n_head_kv  = c->n_head_kv;
+    a.dk         = (int) c->head_dim_k;
+    a.dv         = (int) c->head_dim_v;
+    a.qr         = c->q_dev;  // as gathered: scaled in the kernel
+    a.n_head     = c->n_head;
+    a.gqa        = (int) gqa;
+    a.n_p        = (int) n_p;
+    a.softcap    = c->softcap;
+    a.n_splits   = (int) n_splits;
+    a.split_rows = split_cells;
+    a.pm         = pm;
+    a.pl         = pl;
+    a.pacc       = pacc;
+    kt_cells cl;
+    memset(&cl, 0, sizeof(cl));
+    cl.k        = (const uint8_t *) c->k_dev;
+    cl.v        = (const uint8_t *) c->v_dev;
+    cl.k_nb0    = c->k_nb[0];
+    cl.k_nb1    = c->k_nb[1];
+    cl.k_nb2    = c->k_nb[2];
+    cl.v_nb0    = c->v_nb[0];
+    cl.v_nb1    = c->v_nb[1];
+    cl.v_nb2    = c->v_nb[2];
+    cl.k_q8     = c->k_type == KVG_CELLS_Q8_0;
+    cl.v_q8     = c->v_type == KVG_CELLS_Q8_0;
+    cl.c0       = c->c0;
+    cl.mask     = (const uint8_t *) c->mask_dev;
+    cl.mask_f16 = c->mask_f16 != 0;
+    cl.mask_nb1 = c->mask_nb1;
+    cl.scale    = c->softcap > 0.0f ? c->scale / c->softcap : c->scale;  // as attend_f16.c caps
+    return kt_launch<true>(ctx, a, cl, (n_p + KT_Q - 1) / KT_Q);
 }

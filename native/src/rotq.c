@@ -485,20 +485,34 @@ int kvg_rotq_transcode(int64_t nv_src, int64_t nv, int64_t d, int bits_in, const
     for (int k = 0; k < levels; k++) {
         csq[k] = cb[k] * cb[k];
     }
+    // 4-bit codes (warm rotq4, the presets' aging source) a byte at a time: |c|^2 of both nibbles
+    // from one table, and 2- or 1-bit codes written a byte at a time, without unpacking
+    const int nibbles = bits_in == 4 && d >= 8;
+    float     pair[256];
+    if (nibbles) {
+        for (int b = 0; b < 256; b++) {
+            pair[b] = csq[b & 15] + csq[b >> 4];
+        }
+    }
     for (int64_t v = 0; v < nv && st == KVG_OK; v++) {
-        const uint16_t n16 = kvg_get_u16(src + 2 * v);
-        uint16_t       m16 = 0;
+        const uint16_t  n16      = kvg_get_u16(src + 2 * v);
+        const uint8_t * in       = codes_in + (size_t) ((uint64_t) (v * d) * (uint64_t) bits_in / 8);
+        uint16_t        m16      = 0;
+        int             unpacked = 0;
         if (n16 != 0) {
-            kvg_unpack_bits(codes_in, (uint64_t) (v * d) * (uint64_t) bits_in, q, (size_t) d, bits_in);
             float part[4] = { 0.0f, 0.0f, 0.0f, 0.0f };  // |c|^2 in four chains
-            int64_t i = 0;
-            for (; i + 4 <= d; i += 4) {
-                for (int k = 0; k < 4; k++) {
-                    part[k] += csq[q[i + k]];
+            if (nibbles) {
+                for (int64_t i = 0; i < d / 2; i += 4) {  // d / 2 bytes, a multiple of 4 (d >= 8)
+                    for (int k = 0; k < 4; k++) {
+                        part[k] += pair[in[i + k]];
+                    }
                 }
-            }
-            for (; i < d; i++) {
-                part[0] += csq[q[i]];
+            } else {
+                kvg_unpack_bits(codes_in, (uint64_t) (v * d) * (uint64_t) bits_in, q, (size_t) d, bits_in);
+                unpacked = 1;
+                for (int64_t i = 0; i < d; i++) {
+                    part[i & 3] += csq[q[i]];
+                }
             }
             const float ss = (part[0] + part[1]) + (part[2] + part[3]);
             m16 = kvg_f32_to_f16(kvg_f16_to_f32(n16) * sqrtf(ss) * inv_sd);
@@ -519,10 +533,30 @@ int kvg_rotq_transcode(int64_t nv_src, int64_t nv, int64_t d, int bits_in, const
                 }
                 map[k] = c;
             }
-            for (int64_t i = 0; i < d; i++) {
-                q[i] = map[q[i]];
+            uint8_t * out = codes_out + (size_t) ((uint64_t) (v * d) * (uint64_t) bits_out / 8);
+            if (nibbles && bits_out == 2) {  // 2 input bytes -> 1 output byte (d * 2 bits: whole bytes)
+                for (int64_t i = 0; i < d / 4; i++) {
+                    const uint8_t a = in[2 * i], b = in[2 * i + 1];
+                    out[i] = (uint8_t) (map[a & 15] | map[a >> 4] << 2 | map[b & 15] << 4 | map[b >> 4] << 6);
+                }
+            } else if (nibbles && bits_out == 1) {  // 4 input bytes -> 1 output byte
+                for (int64_t i = 0; i < d / 8; i++) {
+                    uint8_t o = 0;
+                    for (int k = 0; k < 4; k++) {
+                        const uint8_t a = in[4 * i + k];
+                        o = (uint8_t) (o | map[a & 15] << (2 * k) | map[a >> 4] << (2 * k + 1));
+                    }
+                    out[i] = o;
+                }
+            } else {
+                if (!unpacked) {
+                    kvg_unpack_bits(codes_in, (uint64_t) (v * d) * (uint64_t) bits_in, q, (size_t) d, bits_in);
+                }
+                for (int64_t i = 0; i < d; i++) {
+                    q[i] = map[q[i]];
+                }
+                kvg_pack_bits(codes_out, (uint64_t) (v * d) * (uint64_t) bits_out, q, (size_t) d, bits_out);
             }
-            kvg_pack_bits(codes_out, (uint64_t) (v * d) * (uint64_t) bits_out, q, (size_t) d, bits_out);
         }
         kvg_put_u16(dst + 2 * v, m16);
     }

@@ -1,0 +1,96 @@
+"""What one eviction's aging costs on the host: the preset's warm blocks into the archive tier.
+
+    .venv/bin/python benchmarks/aging_cost.py [--rows 256] [--rounds 15] [--out DIR]
+
+The tiered preset ages each evicted block (K: rotq4 warm to rotq4 archive, V: rotq4 to rotq2) in
+one store call over every layer (KVStore.retier_lists). This times that call at the 1B and 3B
+shapes (one thread, best and median of --rounds), against coding the same blocks again from
+their decoded rows (kvg_store_decode then kvg_encode per list, K and V), which is what aging did
+before K kept its bytes and rotq aged from its codes. On a GPU the host does this between
+ubatches, while the GPU waits. Writes DIR/aging_cost.md and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from kvgguf import codecs
+from kvgguf.bindings.store import KVStore
+from kvgguf.enums import Kind, Tier
+
+from common import markdown_table, write_json
+
+# name: (layers, KV heads, head dim)
+SHAPES = {"Llama-3.2-1B shape": (16, 8, 64), "Llama-3.2-3B shape": (28, 8, 128)}
+ARCHIVE = {Kind.K: "rotq4", Kind.V: "rotq2"}
+
+
+def filled(layers: int, heads: int, dim: int, rows: np.ndarray) -> KVStore:
+    s = KVStore(layers, heads, dim, dim)
+    for il in range(layers):
+        for kind in Kind:
+            s.append(il, kind, Tier.WARM, "rotq4", rows)
+    return s
+
+
+def time_shape(layers: int, heads: int, dim: int, n_rows: int, rounds: int) -> dict:
+    rows = np.random.default_rng(0).standard_normal((n_rows, heads * dim)).astype(np.float32)
+    table = {(il, kind): ARCHIVE[kind] for il in range(layers) for kind in Kind}
+    now, before = [], []
+    for _ in range(rounds):
+        s = filled(layers, heads, dim, rows)
+        t = time.perf_counter()
+        s.retier_lists(0, n_rows, Tier.ARCHIVE, table)
+        now.append(time.perf_counter() - t)
+        s = filled(layers, heads, dim, rows)
+        t = time.perf_counter()
+        for il in range(layers):
+            for kind in Kind:
+                x = s.decode(il, kind, 0, n_rows).reshape(n_rows, heads, dim)
+                codecs.encode(ARCHIVE[kind], x, "kv"[kind])
+        before.append(time.perf_counter() - t)
+    return {
+        "retier_ms_best": 1e3 * min(now),
+        "retier_ms_median": 1e3 * float(np.median(now)),
+        "recode_ms_best": 1e3 * min(before),
+        "recode_ms_median": 1e3 * float(np.median(before)),
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, default=256, help="rows of the evicted block (the 1-3B presets' ubatch)")
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "aging_cost")
+    a = p.parse_args(argv)
+    results = {name: time_shape(*shape, a.rows, a.rounds) for name, shape in SHAPES.items()}
+    rows = [
+        [
+            name,
+            f"{r['retier_ms_best']:.1f} ({r['retier_ms_median']:.1f})",
+            f"{r['recode_ms_best']:.1f} ({r['recode_ms_median']:.1f})",
+            f"{r['recode_ms_best'] / r['retier_ms_best']:.1f}x",
+        ]
+        for name, r in results.items()
+    ]
+    md = (
+        f"`benchmarks/aging_cost.py --rows {a.rows} --rounds {a.rounds}` ({platform.machine()}, one thread; "
+        f"ms, best of {a.rounds} and median in brackets): one eviction of {a.rows} rows aged, every layer, "
+        "K rotq4 warm to rotq4 archive and V rotq4 to rotq2\n\n"
+        + markdown_table(["shape", "retier_lists now", "coding again (before)", "speed-up"], rows)
+        + "\n"
+    )
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.with_suffix(".md").write_text(md)
+    write_json(a.out.with_suffix(".json"), {"rows": a.rows, "rounds": a.rounds, "results": results}, threads=1)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
