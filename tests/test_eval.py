@@ -117,3 +117,14 @@ def test_eval_writes_where_it_is_told_and_never_into_the_current_folder(tmp_path
     assert recorded["threads"] is not None and recorded["cpu"] and recorded["kvgguf_patch_version"] is not None
     assert "commit" in recorded  # None where kvgguf runs outside a git checkout
     assert sorted(p.name for p in HERE.iterdir()) == before
+
+
+def test_eval_puts_every_cache_and_the_reference_on_the_gpu_layers_asked_for(smollm2_path):
+    """`kvgguf eval --n-gpu-layers N`: the reference's and each row's Llama get N (a CPU build runs
+    them on the CPU all the same)."""
+    for cfg in (None, evaluate.parse_configs("tiered")[0]):
+        llm, _ = evaluate.make_llama(str(smollm2_path), cfg, 256, 32, 1, 64, n_gpu_layers=5)
+        try:
+            assert llm.model_params.n_gpu_layers == 5
+        finally:
+            llm.close()

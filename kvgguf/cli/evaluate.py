@@ -41,6 +41,7 @@ def run(args) -> int:
         threads=args.threads,
         hot=args.hot,
         ubatch=args.ubatch,
+        n_gpu_layers=args.n_gpu_layers,
     )
     stem = f"{Path(str(args.model or 'smollm2-135m')).stem}_ctx{args.ctx}x{args.chunks}"
     command = "kvgguf eval " + " ".join(sys.argv[2:]) if args.argv is None else "kvgguf " + " ".join(args.argv)

@@ -125,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder for the JSON, Markdown and PNG results (default: kvgguf's cache folder, eval/)",
     )
     ev.add_argument("-t", "--threads", type=_positive, default=2, help="threads")
+    ev.add_argument(
+        "--n-gpu-layers",
+        type=int,
+        default=0,
+        help="layers on the GPU for every cache, the f16 reference too (-1: all; needs a CUDA build)",
+    )
     ev.set_defaults(func=lambda a: _run("evaluate", a))
 
     cal = sub.add_parser(

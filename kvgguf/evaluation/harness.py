@@ -193,12 +193,14 @@ def make_llama(
     kv_attention: str = "fused",
     ubatch: Optional[int] = None,
     codebooks: str = "sequence",
+    n_gpu_layers: int = 0,
 ) -> tuple[Llama, bool]:
     """The Llama a row runs, and whether its config came from the model's calibration.
     kv_attention for kvgguf's caches: batches of up to FUSED_MAX_TOKENS take the fused path,
     whose f32 sums differ from llama.cpp's f16 ones by KL ~0.004 on SmolLM2 even with f16 rows;
     "expand" measures the codec alone (llama.cpp's kernels over the decoded rows). codebooks:
-    TieredConfig.codebooks (with hot given)."""
+    TieredConfig.codebooks (with hot given). n_gpu_layers: every row's and the reference's
+    (kvgguf's caches then attend on the GPU where their cells are)."""
     kw = dict(
         n_ctx=ctx,
         n_batch=batch,
@@ -207,6 +209,7 @@ def make_llama(
         verbose=False,
         n_threads=threads,
         n_threads_batch=threads,
+        n_gpu_layers=n_gpu_layers,
     )
     if cfg is None or cfg.source == "llama.cpp":
         t = "f16" if cfg is None else cfg.spec
@@ -260,6 +263,7 @@ def run_eval(
     kv_attention: str = "fused",
     ubatch: Optional[int] = None,
     codebooks: str = "sequence",
+    n_gpu_layers: int = 0,
 ) -> tuple[dict, list[Result]]:
     if ctx < 4 or batch <= 0:
         raise ValueError(f"ctx must be >= 4 and batch > 0, got ctx={ctx}, batch={batch}")
@@ -268,7 +272,9 @@ def run_eval(
     configs = split_sliding_window(configs, sliding_window(model_path))
     for cfg in configs:  # before the reference runs: a configuration that compresses nothing is refused
         if cfg.source == "kvgguf":
-            llm, _ = make_llama(model_path, cfg, ctx, batch, threads, hot, kv_attention, ubatch, codebooks)
+            llm, _ = make_llama(
+                model_path, cfg, ctx, batch, threads, hot, kv_attention, ubatch, codebooks, n_gpu_layers
+            )
             kv_hot, kv_batch = llm.kv_config.hot, llm.n_batch
             llm.close()
             check_compresses(kv_hot, ctx, kv_batch, cfg.name)
@@ -276,7 +282,7 @@ def run_eval(
     parts = [np.asarray(tokens[c * ctx : (c + 1) * ctx], dtype=np.int64) for c in range(chunks)]
     nexts = [np.concatenate([p[half + 1 :], [-1]]) for p in parts]  # next token of each scored position
 
-    ref_llm, _ = make_llama(model_path, None, ctx, batch, threads, None)
+    ref_llm, _ = make_llama(model_path, None, ctx, batch, threads, None, n_gpu_layers=n_gpu_layers)
     refs = []
     for c, part in enumerate(parts):
         _progress(f"reference f16, chunk {c + 1}/{chunks}")
@@ -286,7 +292,9 @@ def run_eval(
 
     results = []
     for cfg in configs:
-        llm, calibrated = make_llama(model_path, cfg, ctx, batch, threads, hot, kv_attention, ubatch, codebooks)
+        llm, calibrated = make_llama(
+            model_path, cfg, ctx, batch, threads, hot, kv_attention, ubatch, codebooks, n_gpu_layers
+        )
         res = Result(row_name(cfg.name, cfg.spec, llm, calibrated), cfg.source)
         nll_r, nll_t, agree = [], [], []
         t0 = time.perf_counter()
@@ -331,6 +339,7 @@ def run_eval(
         "hot": hot,
         "ubatch": ubatch,
         "scored_positions": chunks * (ctx - half),
+        **({"n_gpu_layers": n_gpu_layers} if n_gpu_layers else {}),
     }
     return meta, results
 
