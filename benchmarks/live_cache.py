@@ -147,10 +147,11 @@ def run_one(
 
 
 class GpuOps:
-    """A kvgguf cache on a GPU: how often llama.cpp ran kvgguf's attention op there (the device
-    copy's hook calls; a layer whose op fell back to the CPU path does not count), against the
-    calls that every layer of every llama_decode would make, and the rows coded on the GPU.
-    take() returns the counts since the last take."""
+    """A kvgguf cache on a GPU: how often llama.cpp called kvgguf's attention op there (the device
+    copy's hook calls; a layer whose op fell back to the CPU path does not count, and neither does
+    a replay of a CUDA graph that holds the op), against the calls that every layer of every
+    llama_decode would make, and the rows coded on the GPU. take() returns the counts since the
+    last take."""
 
     def __init__(self, llm):
         import llama_cpp.llama_cpp as C
