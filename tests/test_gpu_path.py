@@ -30,6 +30,8 @@ def test_the_cuda_header_marks_what_cffi_reads():
         "kvg_cuda_store_free",
         "kvg_cuda_store_set_layer",
         "kvg_cuda_store_sync",
+        "kvg_cuda_store_encode",
+        "kvg_cuda_store_encode_many",
         "kvg_cuda_store_bytes",
         "kvg_cuda_store_calls",
         "kvg_cuda_store_hook_attend",

@@ -128,6 +128,26 @@ class DeviceStore:
             f"coding {n_rows} rows of layer {il} {'KV'[kind]} as {codec} on the GPU",
         )
 
+    def encode_many(self, items) -> None:
+        """encode() for several lists at once, items (il, kind, tier, codec, src, row_stride, col_stride,
+        n_rows) in order, with one wait for the device: an eviction's lists. On a failure the items
+        before the failing one stay appended (the caller cuts the store back)."""
+        from . import codecs
+
+        items = list(items)
+        if not items:
+            return
+        arr = self._ffi.new("kvg_cuda_store_item[]", len(items))
+        for a, (il, kind, tier, codec, src, row_stride, col_stride, n_rows) in zip(arr, items):
+            a.il, a.kind, a.tier, a.codec = il, kind, tier, codecs.get(codec).type
+            a.src_dev = self._ffi.cast("const void *", src)
+            a.src_type = self._lib.KVG_CUDA_F16
+            a.row_stride, a.col_stride, a.n_rows = row_stride, col_stride, n_rows
+        check(
+            self._lib.kvg_cuda_store_encode_many(self._ptr, arr, len(items)),
+            f"coding {len(items)} lists of evicted rows on the GPU",
+        )
+
     def bytes(self) -> tuple[int, int]:
         """(device bytes of the segments holding the blocks, with their room to grow; of the scratch)."""
         blocks, scratch = self._ffi.new("uint64_t *"), self._ffi.new("uint64_t *")

@@ -305,13 +305,19 @@ class LiveCache:
         appended blocks all start at p0, so cutting back to p0 undoes them and cannot fail."""
         parts = plan.evicted_parts(p0, p1, self.config)
         try:
+            on_device = []  # the lists coded where they lie on the GPU, in one call after the others
             for il in self.layers:
                 for kind in Kind:
-                    if self._encode_on_device(il, kind, p0, p1, parts):
+                    items = self._device_items(il, kind, p0, p1, parts)
+                    if items:
+                        on_device += items
                         continue
                     rows = self.read_rows(il, kind, p0, p1)
                     for tier, a, b in parts:
                         self.store.append(il, kind, tier, self.codecs[tier][il, kind], rows[a:b])
+            if on_device:
+                self.device_store.encode_many(on_device)
+                self.rows_coded_on_gpu += sum(item[-1] for item in on_device)
             mem = C.llama_get_memory(self.ctx)
             if not C.llama_memory_seq_rm(mem, SEQ, p0, p1):
                 raise RuntimeError(f"kvgguf: llama.cpp could not remove positions [{p0}, {p1}) after encoding them")
@@ -326,22 +332,28 @@ class LiveCache:
         if hooks.compact(self.ctx) != 0:
             raise RuntimeError("kvgguf: llama.cpp could not compact its KV cache after an eviction")
 
-    def _encode_on_device(self, il: int, kind: int, p0: int, p1: int, parts) -> bool:
-        """Codes the cells of [p0, p1) on the GPU where they lie, appending only their codes to the
-        host store (the bytes its CPU encoders would write); False where they must be read out
-        (a CPU layer, q8_0 cells, cells not in one run)."""
+    def _device_items(self, il: int, kind: int, p0: int, p1: int, parts) -> list[tuple]:
+        """DeviceStore.encode_many's items that code the cells of [p0, p1) on the GPU where they lie,
+        so that only their codes reach the host store (the bytes its CPU encoders would write); none
+        where they must be read out (a CPU layer, q8_0 cells, cells not in one run)."""
         if self.device_store is None or il not in self.gpu[1] or not self.encode_on_gpu:
-            return False
+            return []
         view = hooks.view_cells(self.ctx, SEQ, il, kind, p0, p1)
         if view is None or view.is_host or view.n_rows != p1 - p0 or view.type != CACHE_TYPES["f16"]:
-            return False
-        for tier, a, b in parts:
-            src = view.data + 2 * a * view.row_stride  # f16 rows: 2 bytes an element
-            self.device_store.encode(
-                il, kind, tier, self.codecs[tier][il, kind], src, view.row_stride, view.col_stride, b - a
+            return []
+        return [
+            (
+                il,
+                kind,
+                tier,
+                self.codecs[tier][il, kind],
+                view.data + 2 * a * view.row_stride,  # f16: 2 bytes
+                view.row_stride,
+                view.col_stride,
+                b - a,
             )
-        self.rows_coded_on_gpu += p1 - p0
-        return True
+            for tier, a, b in parts
+        ]
 
     def _age(self) -> None:
         """Warm blocks that left the warm window go to the archive tier: each block in one

@@ -432,6 +432,70 @@ extern "C" int kvg_cuda_encode(kvg_cuda_ctx * ctx, int type, int kind, const voi
     return st;
 }
 
+extern "C" int kvg_cuda_encode_batch(kvg_cuda_ctx * ctx, const kvg_cuda_encode_job * jobs, int64_t n,
+                                     int64_t * out_failed) {
+    kvg_clear_error();
+    if (out_failed != NULL) {
+        *out_failed = -1;
+    }
+    if (ctx == NULL || n < 0 || (n > 0 && jobs == NULL)) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_encode_batch: NULL ctx or jobs, or n < 0");
+    }
+    if (n == 0) {
+        return KVG_OK;
+    }
+    kc_shape * shapes = (kc_shape *) malloc((size_t) n * sizeof(kc_shape));
+    if (shapes == NULL) {
+        return kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda_encode_batch: %lld shapes", (long long) n);
+    }
+    int st = KVG_OK;
+    // every job's arguments first, as kvg_cuda_encode checks them: nothing is queued for a bad one
+    for (int64_t i = 0; i < n && st == KVG_OK; i++) {
+        const kvg_cuda_encode_job * j = &jobs[i];
+        size_t size = 0;
+        st = kc_prepare(j->type, j->kind, j->n_tokens, j->n_heads, j->head_dim, &j->params, &shapes[i], &size);
+        if (st == KVG_OK) {
+            st = kc_check_rows(kc_codec_name(j->type), "encode", "src", ctx, j->src_dev, j->dst_dev, j->src_type,
+                               j->src_row_stride, j->src_col_stride);
+        }
+        if (st == KVG_OK && j->dst_bytes < size) {
+            st = kvg_fail(KVG_ERR_BUFFER_SIZE, "%s encode (cuda): dst holds %zu bytes, needs %zu", kc_codec_name(j->type),
+                          j->dst_bytes, size);
+        }
+        if (st != KVG_OK && out_failed != NULL) {
+            *out_failed = i;
+        }
+    }
+    if (st == KVG_OK) {
+        kc_device_scope scope(ctx);
+        st = scope.status;
+        if (st == KVG_OK) {
+            st = kc_status_reset(ctx);  // one status word for all: its flags say whether any job failed
+        }
+        for (int64_t i = 0; i < n && st == KVG_OK; i++) {
+            const kvg_cuda_encode_job * j = &jobs[i];
+            st = kc_encode_launch(ctx, &shapes[i], j->src_dev, j->src_type == KVG_CUDA_F16, j->src_row_stride,
+                                  j->src_col_stride, (uint8_t *) j->dst_dev);
+        }
+        if (st == KVG_OK) {
+            st = kc_status_fetch(ctx);
+        }
+        if (st == KVG_OK && ctx->h_status->flags != 0) {
+            // some job's input was bad: find it, one wait each, for kvg_cuda_encode's own message
+            for (int64_t i = 0; i < n && st == KVG_OK; i++) {
+                const kvg_cuda_encode_job * j = &jobs[i];
+                st = kvg_cuda_encode(ctx, j->type, j->kind, j->src_dev, j->src_type, j->src_row_stride, j->src_col_stride,
+                                     j->n_tokens, j->n_heads, j->head_dim, &j->params, j->dst_dev, j->dst_bytes, NULL);
+                if (st != KVG_OK && out_failed != NULL) {
+                    *out_failed = i;
+                }
+            }
+        }
+    }
+    free(shapes);
+    return st;
+}
+
 extern "C" int kvg_cuda_decode(kvg_cuda_ctx * ctx, int type, int kind, const void * src_dev, size_t src_bytes,
                                int64_t n_tokens, int64_t n_heads, int64_t head_dim, const kvg_codec_params * p,
                                void * dst_dev, int dst_type, int64_t dst_row_stride, int64_t dst_col_stride) {

@@ -92,6 +92,25 @@ KVG_CUDA_API int kvg_cuda_encode(kvg_cuda_ctx * ctx, int type, int kind, const v
                                  int64_t head_dim, const kvg_codec_params * p, void * dst_dev, size_t dst_bytes,
                                  size_t * out_written);
 
+// kvg_cuda_encode's arguments, for kvg_cuda_encode_batch.
+typedef struct kvg_cuda_encode_job {
+    int              type, kind;
+    const void *     src_dev;
+    int              src_type;
+    int64_t          src_row_stride, src_col_stride;
+    int64_t          n_tokens, n_heads, head_dim;
+    kvg_codec_params params;
+    void *           dst_dev;
+    size_t           dst_bytes;
+} kvg_cuda_encode_job;
+
+// n encodes queued back to back, with one wait at the end instead of one each (an eviction codes
+// every layer's K and V): the same bytes and the same checks as kvg_cuda_encode, job by job. On a
+// failure, the first failing job's status and message as kvg_cuda_encode gives them, its index in
+// *out_failed (may be NULL; -1 on success); what the jobs before it wrote stays written.
+KVG_CUDA_API int kvg_cuda_encode_batch(kvg_cuda_ctx * ctx, const kvg_cuda_encode_job * jobs, int64_t n,
+                                       int64_t * out_failed);
+
 // Decodes the block at src_dev (src_bytes == kvg_encoded_size) into rows of dst_type, element
 // (t, h, i) written at dst_dev[t * dst_row_stride + (h * head_dim + i) * dst_col_stride]. Values are
 // kvg_decode's floats bit for bit (KVG_CUDA_F16: those rounded to nearest even). Bytes no encoder
@@ -231,6 +250,17 @@ KVG_CUDA_API int  kvg_cuda_store_sync(kvg_cuda_store * d);
 KVG_CUDA_API int kvg_cuda_store_encode(kvg_cuda_store * d, int32_t il, int32_t kind, int32_t tier, int32_t codec,
                                        const void * src_dev, int src_type, int64_t row_stride, int64_t col_stride,
                                        int64_t n_rows);
+// One list's rows for kvg_cuda_store_encode_many: kvg_cuda_store_encode's arguments.
+typedef struct kvg_cuda_store_item {
+    int32_t      il, kind, tier, codec;
+    const void * src_dev;
+    int32_t      src_type;
+    int64_t      row_stride, col_stride, n_rows;
+} kvg_cuda_store_item;
+// kvg_cuda_store_encode for n lists (an eviction: every GPU layer's K and V) with one wait for the
+// device instead of two each, and one allocation. Appended in order; on a failure the items before
+// it stay appended (the caller cuts the store back), the failing one and those after it do not.
+KVG_CUDA_API int kvg_cuda_store_encode_many(kvg_cuda_store * d, const kvg_cuda_store_item * items, int64_t n);
 // Device memory held: the segments (the blocks, with room to grow) and the blocks coded since the
 // last sync; the scratch of the queries and of attend's splits.
 KVG_CUDA_API int  kvg_cuda_store_bytes(const kvg_cuda_store * d, uint64_t * out_blocks, uint64_t * out_scratch);

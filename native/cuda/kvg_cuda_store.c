@@ -53,9 +53,14 @@ typedef struct dev_list {
 // (device to device) instead of from the host, and frees it.
 typedef struct pending {
     uint64_t id;
-    void *   data;
+    void *   data;     // inside one of the store's arenas
     size_t   n_bytes;
 } pending;
+
+typedef struct arena {
+    void * data;
+    size_t n_bytes;
+} arena;
 
 struct kvg_cuda_store {
     kvg_cuda_ctx *    ctx;
@@ -70,6 +75,8 @@ struct kvg_cuda_store {
     uint64_t          calls[2];  // hook_attend's and hook_finish's calls (proof the GPU took the ops)
     pending *         pend;      // blocks coded here since the last sync
     int64_t           n_pend, cap_pend;
+    arena *           arenas;    // the device buffers they lie in (one per kvg_cuda_store_encode_many)
+    int64_t           n_arenas, cap_arenas;
     uint64_t          generation;  // bumped by every change hook_attend's work depends on (hook_generation)
     int               graphs_off;  // KVGGUF_CUDA_GRAPHS=0: hook_generation says 0
 };
@@ -150,10 +157,11 @@ static void free_list(kvg_cuda_store * d, dev_list * l) {
 }
 
 static void free_pending(kvg_cuda_store * d) {
-    for (int64_t i = 0; i < d->n_pend; ++i) {
-        kvg_cuda_free(d->ctx, d->pend[i].data);
+    for (int64_t i = 0; i < d->n_arenas; ++i) {
+        kvg_cuda_free(d->ctx, d->arenas[i].data);
     }
-    d->n_pend = 0;
+    d->n_arenas = 0;
+    d->n_pend   = 0;
 }
 
 void kvg_cuda_store_free(kvg_cuda_store * d) {
@@ -165,6 +173,7 @@ void kvg_cuda_store_free(kvg_cuda_store * d) {
     }
     free_pending(d);
     free(d->pend);
+    free(d->arenas);
     kvg_cuda_free(d->ctx, d->q_dev);
     kvg_cuda_ctx_free(d->ctx);
     free(d->lists);
@@ -415,53 +424,113 @@ int kvg_cuda_store_sync(kvg_cuda_store * d) {
     return KVG_OK;
 }
 
-int kvg_cuda_store_encode(kvg_cuda_store * d, int32_t il, int32_t kind, int32_t tier, int32_t codec, const void * src_dev,
-                          int src_type, int64_t row_stride, int64_t col_stride, int64_t n_rows) {
-    kvg_clear_error();
-    if (!d || il < 0 || il >= d->host->p.n_layer || (kind != KVG_KIND_K && kind != KVG_KIND_V) || n_rows <= 0) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_store_encode: no copy, or layer %d / kind %d / %lld rows out of range",
-                        (int) il, (int) kind, (long long) n_rows);
-    }
-    kvg_store * const      host = (kvg_store *) d->host;  // the copy reads it; this call appends to it
-    const int64_t          li = (int64_t) il * 2 + kind, H = host->p.n_head_kv;
-    const int64_t          D  = kind == KVG_KIND_K ? host->p.head_dim_k : host->p.head_dim_v;
-    const kvg_codec_params p  = kvg_store_list_params(host, li, codec, NULL);
-    size_t                 n_bytes = 0;
-    int                    rc      = kvg_encoded_size(codec, kind, n_rows, H, D, &p, &n_bytes);
-    if (rc != KVG_OK) {
-        return rc;
-    }
-    if (d->n_pend == d->cap_pend) {
-        const int64_t cap = d->cap_pend ? 2 * d->cap_pend : 64;
-        pending *     np  = (pending *) realloc(d->pend, (size_t) cap * sizeof(pending));
+// Room for `more` pending blocks and one more arena.
+static int reserve_pending(kvg_cuda_store * d, int64_t more) {
+    if (d->n_pend + more > d->cap_pend) {
+        int64_t cap = d->cap_pend ? 2 * d->cap_pend : 64;
+        cap         = cap < d->n_pend + more ? d->n_pend + more : cap;
+        pending * np = (pending *) realloc(d->pend, (size_t) cap * sizeof(pending));
         if (!np) {
             return kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda_store_encode: the pending list");
         }
         d->pend     = np;
         d->cap_pend = cap;
     }
-    void *    dev   = NULL;
-    uint8_t * bytes = (uint8_t *) malloc(n_bytes ? n_bytes : 1);
-    rc              = bytes ? kvg_cuda_malloc(d->ctx, n_bytes ? n_bytes : 1, &dev)
-                            : kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda_store_encode: %zu bytes on the host", n_bytes);
+    if (d->n_arenas == d->cap_arenas) {
+        const int64_t cap = d->cap_arenas ? 2 * d->cap_arenas : 8;
+        arena *       na  = (arena *) realloc(d->arenas, (size_t) cap * sizeof(arena));
+        if (!na) {
+            return kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda_store_encode: the arena list");
+        }
+        d->arenas     = na;
+        d->cap_arenas = cap;
+    }
+    return KVG_OK;
+}
+
+int kvg_cuda_store_encode_many(kvg_cuda_store * d, const kvg_cuda_store_item * items, int64_t n) {
+    kvg_clear_error();
+    if (!d || n < 0 || (n > 0 && !items)) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_store_encode_many: no copy or items, or n < 0");
+    }
+    if (n == 0) {
+        return KVG_OK;
+    }
+    kvg_store * const     host = (kvg_store *) d->host;  // the copy reads it; this call appends to it
+    const int64_t         H    = host->p.n_head_kv;
+    kvg_cuda_encode_job * jobs = (kvg_cuda_encode_job *) calloc((size_t) n, sizeof(kvg_cuda_encode_job));
+    size_t *              off  = (size_t *) malloc((size_t) (n + 1) * sizeof(size_t));
+    int                   rc   = jobs && off ? reserve_pending(d, n)
+                                             : kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda_store_encode_many: %lld jobs", (long long) n);
+    if (off) {
+        off[0] = 0;
+    }
+    // each item's block at a 256-byte boundary of one arena
+    for (int64_t i = 0; i < n && rc == KVG_OK; ++i) {
+        const kvg_cuda_store_item * it = &items[i];
+        if (it->il < 0 || it->il >= host->p.n_layer || (it->kind != KVG_KIND_K && it->kind != KVG_KIND_V) || it->n_rows <= 0) {
+            rc = kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_store_encode: no copy, or layer %d / kind %d / %lld rows out of range",
+                          (int) it->il, (int) it->kind, (long long) it->n_rows);
+            break;
+        }
+        const int64_t D = it->kind == KVG_KIND_K ? host->p.head_dim_k : host->p.head_dim_v;
+        kvg_cuda_encode_job * j = &jobs[i];
+        j->type           = it->codec;
+        j->kind           = it->kind;
+        j->src_dev        = it->src_dev;
+        j->src_type       = it->src_type;
+        j->src_row_stride = it->row_stride;
+        j->src_col_stride = it->col_stride;
+        j->n_tokens       = it->n_rows;
+        j->n_heads        = H;
+        j->head_dim       = D;
+        j->params         = kvg_store_list_params(host, (int64_t) it->il * 2 + it->kind, it->codec, NULL);
+        rc                = kvg_encoded_size(it->codec, it->kind, it->n_rows, H, D, &j->params, &j->dst_bytes);
+        off[i + 1]        = off[i] + ((j->dst_bytes + 255) / 256) * 256;
+    }
+    void *    buf   = NULL;
+    uint8_t * bytes = NULL;
     if (rc == KVG_OK) {
-        rc = kvg_cuda_encode(d->ctx, codec, kind, src_dev, src_type, row_stride, col_stride, n_rows, H, D, &p, dev, n_bytes,
-                             NULL);
+        bytes = (uint8_t *) malloc(off[n] ? off[n] : 1);
+        rc    = bytes ? kvg_cuda_malloc(d->ctx, off[n] ? off[n] : 1, &buf)
+                      : kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda_store_encode_many: %zu bytes on the host", off[n]);
+    }
+    int64_t failed = -1;
+    if (rc == KVG_OK) {
+        for (int64_t i = 0; i < n; ++i) {
+            jobs[i].dst_dev = (uint8_t *) buf + off[i];
+        }
+        rc = kvg_cuda_encode_batch(d->ctx, jobs, n, &failed);
     }
     if (rc == KVG_OK) {
-        rc = kvg_cuda_copy_out(d->ctx, bytes, dev, n_bytes);  // the host store keeps the codes, not the rows
+        rc = kvg_cuda_copy_out(d->ctx, bytes, buf, off[n]);  // the host store keeps the codes, not the rows
     }
-    if (rc == KVG_OK) {
-        rc = kvg_store_append_encoded(host, il, kind, tier, codec, n_rows, bytes, n_bytes);
+    int64_t appended = 0;
+    for (; rc == KVG_OK && appended < n; ++appended) {
+        const kvg_cuda_store_item * it = &items[appended];
+        rc = kvg_store_append_encoded(host, it->il, it->kind, it->tier, it->codec, it->n_rows, bytes + off[appended],
+                                      jobs[appended].dst_bytes);
+        if (rc == KVG_OK) {
+            const kvg_rows * r   = &host->rows[(int64_t) it->il * 2 + it->kind];
+            d->pend[d->n_pend++] = (pending) { r->blocks[r->n_blocks - 1].id, (uint8_t *) buf + off[appended],
+                                               jobs[appended].dst_bytes };
+        }
+    }
+    if (appended > 0) {
+        d->arenas[d->n_arenas++] = (arena) { buf, off[n] ? off[n] : 1 };  // the next sync takes the blocks from it
+    } else {
+        kvg_cuda_free(d->ctx, buf);
     }
     free(bytes);
-    if (rc != KVG_OK) {
-        kvg_cuda_free(d->ctx, dev);
-        return rc;
-    }
-    const kvg_rows * r    = &host->rows[li];
-    d->pend[d->n_pend++] = (pending) { r->blocks[r->n_blocks - 1].id, dev, n_bytes };
-    return KVG_OK;
+    free(jobs);
+    free(off);
+    return rc;
+}
+
+int kvg_cuda_store_encode(kvg_cuda_store * d, int32_t il, int32_t kind, int32_t tier, int32_t codec, const void * src_dev,
+                          int src_type, int64_t row_stride, int64_t col_stride, int64_t n_rows) {
+    const kvg_cuda_store_item it = { il, kind, tier, codec, src_dev, src_type, row_stride, col_stride, n_rows };
+    return kvg_cuda_store_encode_many(d, &it, 1);
 }
 
 int kvg_cuda_store_bytes(const kvg_cuda_store * d, uint64_t * out_blocks, uint64_t * out_scratch) {
@@ -471,8 +540,8 @@ int kvg_cuda_store_bytes(const kvg_cuda_store * d, uint64_t * out_blocks, uint64
     }
     if (out_blocks) {
         *out_blocks = d->bytes;
-        for (int64_t i = 0; i < d->n_pend; ++i) {
-            *out_blocks += d->pend[i].n_bytes ? d->pend[i].n_bytes : 1;
+        for (int64_t i = 0; i < d->n_arenas; ++i) {
+            *out_blocks += d->arenas[i].n_bytes;
         }
     }
     if (out_scratch) {

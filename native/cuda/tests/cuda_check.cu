@@ -1329,6 +1329,74 @@ static void run_cells_case(const CellsCase & a, Rng & rng, double * worst, doubl
 
 // kvg_cuda_gather_q from strides that are not [t][h][i] (ggml's permuted q), rounded or not, bit for
 // bit against the host (cuda_fp16.h's round to nearest even).
+// kvg_cuda_encode_batch: several codecs and shapes queued with one wait give kvg_cuda_encode's
+// bytes, job by job; a job with a NaN among good ones fails with kvg_cuda_encode's status and
+// message, and names itself.
+static void run_encode_batch() {
+    Rng           rng(0xba7c4);
+    const int64_t Hk = 4, D = 64;
+    const int     types[] = { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2, KVG_CODEC_KIVI2, KVG_CODEC_F16, KVG_CODEC_KIVI4 };
+    const int64_t rows[]  = { 64, 33, 128, 7, 96 };
+    const int     n       = 5;
+    std::vector<DevBuf *> src, dst, one;
+    std::vector<kvg_cuda_encode_job> jobs((size_t) n);
+    std::vector<std::vector<float>>  x((size_t) n);
+    for (int i = 0; i < n; i++) {
+        x[(size_t) i] = kv_rows(rng, rows[i], Hk * D, D);
+        size_t sz     = 0;
+        kvg_encoded_size(types[i], i % 2, rows[i], Hk, D, NULL, &sz);
+        src.push_back(new DevBuf(x[(size_t) i].size() * 4));
+        src.back()->put(x[(size_t) i].data(), x[(size_t) i].size() * 4);
+        dst.push_back(new DevBuf(sz));
+        one.push_back(new DevBuf(sz));
+        kvg_cuda_encode_job & j = jobs[(size_t) i];
+        memset(&j, 0, sizeof(j));
+        j.type = types[i], j.kind = i % 2, j.src_dev = src.back()->p, j.src_type = KVG_CUDA_F32;
+        j.src_row_stride = Hk * D, j.src_col_stride = 1, j.n_tokens = rows[i], j.n_heads = Hk, j.head_dim = D;
+        kvg_codec_default_params(&j.params);
+        j.dst_dev = dst.back()->p, j.dst_bytes = sz;
+    }
+    int64_t failed = 7;
+    int     st     = kvg_cuda_encode_batch(g_ctx, jobs.data(), n, &failed);
+    expect_status("encode_batch", "kvg_cuda_encode_batch", KVG_OK, st);
+    g_checks++;
+    if (failed != -1) {
+        mismatch("encode_batch: *out_failed %lld after a success", (long long) failed);
+    }
+    for (int i = 0; i < n; i++) {
+        const kvg_cuda_encode_job & j = jobs[(size_t) i];
+        kvg_cuda_encode(g_ctx, j.type, j.kind, j.src_dev, j.src_type, j.src_row_stride, j.src_col_stride, j.n_tokens,
+                        j.n_heads, j.head_dim, &j.params, one[(size_t) i]->p, j.dst_bytes, NULL);
+        std::vector<uint8_t> a(j.dst_bytes), b(j.dst_bytes);
+        dst[(size_t) i]->get(a.data(), a.size());
+        one[(size_t) i]->get(b.data(), b.size());
+        g_checks++;
+        if (a != b) {
+            mismatch("encode_batch job %d (%s): bytes differ from kvg_cuda_encode's", i, kvg_codec_name(j.type));
+        }
+    }
+    // a NaN in job 3's rows: its status and message, its index, as kvg_cuda_encode gives them
+    x[3][5] = NAN;
+    src[3]->put(x[3].data(), x[3].size() * 4);
+    const kvg_cuda_encode_job & j3 = jobs[3];
+    const int want = kvg_cuda_encode(g_ctx, j3.type, j3.kind, j3.src_dev, j3.src_type, j3.src_row_stride, j3.src_col_stride,
+                                     j3.n_tokens, j3.n_heads, j3.head_dim, &j3.params, one[3]->p, j3.dst_bytes, NULL);
+    const std::string want_msg = kvg_last_error();
+    st                         = kvg_cuda_encode_batch(g_ctx, jobs.data(), n, &failed);
+    expect_status("encode_batch with a NaN in job 3", "kvg_cuda_encode_batch", want, st);
+    g_checks++;
+    if (failed != 3 || want_msg != kvg_last_error()) {
+        mismatch("encode_batch: a NaN in job 3 reported job %lld, \"%s\" (kvg_cuda_encode: \"%s\")", (long long) failed,
+                 kvg_last_error(), want_msg.c_str());
+    }
+    for (int i = 0; i < n; i++) {
+        delete src[(size_t) i];
+        delete dst[(size_t) i];
+        delete one[(size_t) i];
+    }
+    printf("encode_batch: %d jobs of 5 codecs byte-equal to kvg_cuda_encode's; a NaN job named with its message\n", n);
+}
+
 static void run_gather_q() {
     Rng           rng(0x9a7e);
     const int64_t D = 64, H = 6, T = 5;
@@ -2163,6 +2231,7 @@ int main(int argc, char ** argv) {
         }
         unsetenv("KVGGUF_CUDA_ATTEND");
         g_attend_ctx = g_ctx;
+        run_encode_batch();
         run_gather_q();
         // the cells: the scalar kernels alone at their bounds, then the default ones (the tensor
         // cores for many queries a KV head, from compute capability 8.0) at f16's

@@ -43,14 +43,16 @@ int kvg_cuda_malloc(kvg_cuda_ctx * ctx, size_t bytes, void ** out) {
     return KVG_OK;
 }
 
+static long         g_batches;      // kvg_cuda_encode_batch calls
 static const void * g_coded[4096];  // the blocks the device's encoder wrote, until freed
 static int          g_n_coded;
 static long         g_from_device;  // the copies a sync took from them
 
 int kvg_cuda_free(kvg_cuda_ctx * ctx, void * p) {
     (void) ctx;
-    for (int i = 0; i < g_n_coded && p; i++) {
-        g_coded[i] = g_coded[i] == p ? NULL : g_coded[i];
+    for (int i = 0; i < g_n_coded && p; i++) {  // every block coded inside the buffer goes with it
+        const uint8_t * c = (const uint8_t *) g_coded[i];
+        g_coded[i]        = c >= (const uint8_t *) p && c < (const uint8_t *) p + ((hdr *) p - 1)->n ? NULL : g_coded[i];
     }
     if (p) {
         hdr * h = (hdr *) p - 1;
@@ -109,6 +111,23 @@ int kvg_cuda_encode(kvg_cuda_ctx * ctx, int type, int kind, const void * src, in
     const int rc = kvg_encode(type, kind, x, (size_t) (T * Hh * D), T, Hh, D, p, dst, dst_bytes, out_written);
     free(x);
     return rc;
+}
+
+int kvg_cuda_encode_batch(kvg_cuda_ctx * ctx, const kvg_cuda_encode_job * jobs, int64_t n, int64_t * out_failed) {
+    g_batches++;
+    for (int64_t i = 0; i < n; i++) {
+        const kvg_cuda_encode_job * j  = &jobs[i];
+        const int                   rc = kvg_cuda_encode(ctx, j->type, j->kind, j->src_dev, j->src_type, j->src_row_stride,
+                                                         j->src_col_stride, j->n_tokens, j->n_heads, j->head_dim, &j->params,
+                                                         j->dst_dev, j->dst_bytes, NULL);
+        if (rc != KVG_OK) {
+            if (out_failed) {
+                *out_failed = i;
+            }
+            return rc;
+        }
+    }
+    return KVG_OK;
 }
 
 void   kvg_cuda_ctx_free(kvg_cuda_ctx * ctx) { (void) ctx; }
@@ -326,9 +345,21 @@ int main(void) {
                     xv[t * H * DV + e] = kvg_f16_to_f32(cv[e * nr + t]);
                 }
             }
+            // every other time all lists in one call, as an eviction codes them (one wait, one arena)
+            const int      many = step % 4 == 1;
+            const long     b0   = g_batches;
+            kvg_cuda_store_item items[2 * 16];
+            for (int il = 0; many && il < L; il++) {
+                items[2 * il]     = (kvg_cuda_store_item) { il, KVG_KIND_K, tier, kc, ck, KVG_CUDA_F16, H * DK, 1, nr };
+                items[2 * il + 1] = (kvg_cuda_store_item) { il, KVG_KIND_V, tier, vc, cv, KVG_CUDA_F16, 1, nr, nr };
+            }
+            if (many && (kvg_cuda_store_encode_many(d, items, 2 * L) != KVG_OK || g_batches != b0 + 1)) {
+                printf("kvg_cuda_store_encode_many: %s (%ld batches)\n", kvg_last_error(), g_batches - b0);
+                return 1;
+            }
             for (int il = 0; il < L; il++) {
-                if (kvg_cuda_store_encode(d, il, KVG_KIND_K, tier, kc, ck, KVG_CUDA_F16, H * DK, 1, nr) != KVG_OK ||
-                    kvg_cuda_store_encode(d, il, KVG_KIND_V, tier, vc, cv, KVG_CUDA_F16, 1, nr, nr) != KVG_OK) {
+                if (!many && (kvg_cuda_store_encode(d, il, KVG_KIND_K, tier, kc, ck, KVG_CUDA_F16, H * DK, 1, nr) != KVG_OK ||
+                              kvg_cuda_store_encode(d, il, KVG_KIND_V, tier, vc, cv, KVG_CUDA_F16, 1, nr, nr) != KVG_OK)) {
                     printf("kvg_cuda_store_encode: %s\n", kvg_last_error());
                     return 1;
                 }
