@@ -78,8 +78,9 @@ def test_aging_keeps_a_codec_s_bytes_and_codes_rotq_again_from_its_codes():
     assert np.abs(got - want).mean() < 0.01 * np.abs(want).mean()
 
 
-@pytest.mark.parametrize("src, dst", [("rotq4", "rotq2"), ("rotq4", "rotq1"), ("rotq4", "rotq3"), ("rotq3", "rotq2"),
-                                      ("rotq2", "rotq4")])
+@pytest.mark.parametrize(
+    "src, dst", [("rotq4", "rotq2"), ("rotq4", "rotq1"), ("rotq4", "rotq3"), ("rotq3", "rotq2"), ("rotq2", "rotq4")]
+)
 @pytest.mark.parametrize("head_dim", [2, 8, 128])
 def test_rotq_ages_from_its_codes_as_decoding_and_encoding_would(src, dst, head_dim):
     """kvg_rotq_transcode (its 4-bit fast paths and the general one) against coding the decoded
