@@ -313,14 +313,19 @@ if [ "$full" -eq 1 ]; then
             done
         fi
         # ---- 5. (--full, GPU_PROFILE) where one configuration's time goes, kernel by kernel
-        if [ -n "${GPU_PROFILE:-}" ] && [ -n "$site" ]; then
+        left=$(( ${SPEED_BY:-1000000} + 60 - ($(date +%s) - t_start) ))  # a minute past SPEED_BY at most
+        if [ -n "${GPU_PROFILE:-}" ] && [ -n "$site" ] && [ "$left" -lt 30 ]; then
+            say ""
+            say "## profile of $GPU_PROFILE: not run (SPEED_BY=${SPEED_BY:-} s reached)"
+        elif [ -n "${GPU_PROFILE:-}" ] && [ -n "$site" ]; then
             IFS=: read -r pshape pctx pcache <<< "$GPU_PROFILE"
             t=$(date +%s)
+            ptime=$(( left < ${GPU_SPEED_TIMEOUT:-150} ? left : ${GPU_SPEED_TIMEOUT:-150} ))
             nsys_bin=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2> /dev/null | head -1)
             one=(benchmarks/live_cache.py --one --gpu --text random --model "$pshape" --contexts "$pctx"
                  --caches "${pcache:-tiered}" --decode 64 --batch 512 --threads "$jobs" --phases)
             if [ -n "$nsys_bin" ]; then
-                PY_TIMEOUT=${GPU_SPEED_TIMEOUT:-150} with_env "$nsys_bin" profile --trace=cuda,osrt --sample=none \
+                PY_TIMEOUT=$ptime with_env "$nsys_bin" profile --trace=cuda,osrt --sample=none \
                     --cpuctxsw=none --force-overwrite=true -o "$out/profile" python3 "${one[@]}" > "$out/profile.log" 2>&1
                 prc=$?
                 say ""
@@ -335,7 +340,7 @@ if [ "$full" -eq 1 ]; then
                     head -30 "$f" | cut -c1-220 | tee -a "$report" > /dev/null
                 done
             else
-                PY_TIMEOUT=${GPU_SPEED_TIMEOUT:-150} py benchmarks/gpu_profile.py --model "$pshape" --context "$pctx" \
+                PY_TIMEOUT=$ptime py benchmarks/gpu_profile.py --model "$pshape" --context "$pctx" \
                     --cache "${pcache:-tiered}" --threads "$jobs" > "$out/profile.log" 2>&1
                 prc=$?
                 say ""
