@@ -2,7 +2,8 @@
 // ggml's public API only, as libllama would use it: a custom op whose CPU function has a GPU
 // implementation registered stays on the GPU (one split, no copy to the host), computes there,
 // and a failing implementation is counted, not an abort; without a registration the node goes
-// back to the CPU and still computes. Built and run by scripts/cuda_check.sh --full against the
+// back to the CPU and still computes; a capturable one is replayed in a CUDA graph while its
+// generation stays. Built and run by scripts/cuda_check.sh --full against the
 // package's CUDA build; exit 0 when every check passes, 77 without a CUDA device, 1 otherwise.
 
 #include "ggml.h"
@@ -118,6 +119,54 @@ static run_result run(ggml_backend_t gpu, ggml_backend_t cpu, ggml_custom_op_t f
     return r;
 }
 
+static uint64_t g_gen = 1;
+
+static uint64_t twice_generation(const ggml_tensor * op, void * userdata) {
+    (void) op;
+    (void) userdata;
+    return g_gen;
+}
+
+// One graph built once and computed `reps` times with new inputs (as llama.cpp reuses a decode
+// graph), the GPU implementation's calls counted: replays of a captured CUDA graph do not call it.
+// Returns the calls, or -1 where a result was wrong. gen_at: the rep from which g_gen is 2.
+static int run_repeated(ggml_backend_t gpu, ggml_backend_t cpu, ggml_custom_op_t fun, int64_t n, int reps, int gen_at) {
+    ggml_init_params params = {64 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true};
+    ggml_context *   ctx    = ggml_init(params);
+    ggml_tensor *    x      = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n);
+    ggml_set_input(x);
+    ggml_tensor * a       = ggml_scale(ctx, x, 2.0f);
+    ggml_tensor * args[1] = {a};
+    ggml_tensor * y       = ggml_custom_4d(ctx, GGML_TYPE_F32, n, 1, 1, 1, args, 1, fun, GGML_N_TASKS_MAX, nullptr);
+    ggml_tensor * z       = ggml_scale(ctx, y, 0.5f);
+    ggml_set_output(z);
+    ggml_cgraph * graph = ggml_new_graph(ctx);
+    ggml_build_forward_expand(graph, z);
+    ggml_backend_t       backends[2] = {gpu, cpu};
+    ggml_backend_sched_t sched       = ggml_backend_sched_new(backends, nullptr, 2, GGML_DEFAULT_GRAPH_SIZE, false, true);
+    ggml_backend_sched_set_tensor_backend(sched, a, gpu);
+    ggml_backend_sched_set_tensor_backend(sched, z, gpu);
+    const int calls0 = gpu_calls;
+    bool      right  = ggml_backend_sched_alloc_graph(sched, graph);
+    for (int r = 0; r < reps && right; ++r) {
+        g_gen = r >= gen_at ? 2 : 1;
+        std::vector<float> xs(n), zs(n);
+        for (int64_t i = 0; i < n; ++i) {
+            xs[i] = (float) ((i + 31 * r) % 977) - 400.0f;
+        }
+        ggml_backend_tensor_set(x, xs.data(), 0, n * sizeof(float));
+        right = ggml_backend_sched_graph_compute(sched, graph) == GGML_STATUS_SUCCESS;
+        ggml_backend_tensor_get(z, zs.data(), 0, n * sizeof(float));
+        for (int64_t i = 0; i < n && right; ++i) {
+            right = zs[i] == 2.0f * xs[i];
+        }
+    }
+    ggml_backend_sched_free(sched);
+    ggml_free(ctx);
+    g_gen = 1;
+    return right ? gpu_calls - calls0 : -1;
+}
+
 int main() {
     int n_cuda = 0;
     if (cudaGetDeviceCount(&n_cuda) != cudaSuccess || n_cuda == 0) {
@@ -159,6 +208,28 @@ int main() {
     check(!on_cpu.custom_gpu && on_cpu.n_splits > 1, "unregistered: the custom node runs on the CPU (the graph splits)");
     check(gpu_calls == calls, "unregistered: the GPU implementation is not called");
     std::printf("      splits %d\n", on_cpu.n_splits);
+
+    // (patch set 17) CUDA graphs: a capturable op with a generation is captured and replayed
+    // without being called while its generation stays, called again when it changes, and never
+    // captured while its generation is 0
+    auto set_gen = (ggml_backend_set_custom_op_generation_t) ggml_backend_reg_get_proc_address(
+        reg, "ggml_backend_cuda_set_custom_op_generation");
+    check(set_gen != nullptr, "ggml-cuda exports ggml_backend_cuda_set_custom_op_generation");
+    if (set_gen) {
+        check(!set_gen(failing_cpu, twice_generation), "a generation for an op not registered is refused");
+        check(set_op(twice_cpu, twice_gpu, nullptr, GGML_BACKEND_CUSTOM_OP_CAPTURABLE) &&
+                  set_gen(twice_cpu, twice_generation),
+              "a capturable op with a generation registers");
+        const int steady = run_repeated(gpu, cpu, twice_cpu, n, 8, 1000);
+        check(steady >= 1 && steady < 8, "capturable, generation steady: right results, fewer calls than computes (replays)");
+        const int changed = run_repeated(gpu, cpu, twice_cpu, n, 8, 6);
+        check(changed > steady, "the generation changed at the 7th compute: the op is called again");
+        check(set_gen(twice_cpu, [](const ggml_tensor *, void *) -> uint64_t { return 0; }), "generation 0 registers");
+        const int never = run_repeated(gpu, cpu, twice_cpu, n, 8, 1000);
+        check(never == 8, "generation 0: the op is called at every compute (never captured)");
+        std::printf("      calls in 8 computes: steady %d, changed at the 7th %d, generation 0 %d\n", steady, changed, never);
+        set_op(twice_cpu, nullptr, nullptr, 0);
+    }
 
     ggml_backend_free(gpu);
     ggml_backend_free(cpu);
