@@ -33,7 +33,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from tiny_models import TinySpec, write  # noqa: E402
 
-SPEC = TinySpec("llama", n_layer=4, n_embd=256, n_head=8, n_head_kv=2, head_dim=64, n_ff=512, n_ctx_train=4096)
+# Q4_0 weights, as the speed table's shape models (which ran on the H200); with f16 weights this
+# check died within 2 s there, before its first line (_probe_f16_weights asks why)
+SPEC = TinySpec(
+    "llama", n_layer=4, n_embd=256, n_head=8, n_head_kv=2, head_dim=64, n_ff=512, n_ctx_train=4096, weights="q4_0"
+)
 N_TOKENS, N_CTX, N_BATCH = 900, 2048, 64
 DECODE_STEPS = 160  # five evictions of the coded config's blocks of 32
 
@@ -185,10 +189,11 @@ def _graphs_agree(path: Path, out_dir: Path, say) -> list[str]:
             return [f"the decode child (KVGGUF_CUDA_GRAPHS={graphs}) failed ({run.returncode}): {run.stderr[-2000:]}"]
         got[graphs] = np.load(out)
     on, off = got["1"], got["0"]
+    calls_on, calls_off = (tuple(int(c) for c in d["calls"]) for d in (on, off))
     diff = float(np.max(np.abs(on["logits"] - off["logits"])))
     say(
         f"  decode of {DECODE_STEPS} tokens across evictions, CUDA graphs holding the ops against not: logits differ by "
-        f"at most {diff:.3g}; hook calls {tuple(on['calls'])} against {tuple(off['calls'])}; "
+        f"at most {diff:.3g}; hook calls {calls_on} against {calls_off}; "
         f"{float(on['seconds']):.3f} s against {float(off['seconds']):.3f} s; generation {int(on['generation'])} / "
         f"{int(off['generation'])}"
     )
@@ -197,9 +202,35 @@ def _graphs_agree(path: Path, out_dir: Path, say) -> list[str]:
         failures.append(f"decoding with CUDA graphs changed the logits by {diff:.3g}")
     if int(off["generation"]) != 0 or int(on["generation"]) == 0:
         failures.append("KVGGUF_CUDA_GRAPHS did not decide the generation hook's answer")
-    if not int(on["calls"][0]) < int(off["calls"][0]):
-        failures.append(f"CUDA graphs replayed no op: {tuple(on['calls'])} hook calls against {tuple(off['calls'])}")
+    if not calls_on[0] < calls_off[0]:
+        failures.append(f"CUDA graphs replayed no op: {calls_on} hook calls against {calls_off}")
     return failures
+
+
+def _child_probe(path: str) -> int:
+    """Stock llama.cpp, every layer on the GPU, a batch of 64 over the model at path."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(path, n_ctx=512, n_batch=64, n_ubatch=64, n_gpu_layers=-1, flash_attn=True, verbose=False)
+    llm.eval([int(t) for t in np.random.default_rng(1).integers(10, 4000, 200)])
+    return 0
+
+
+def _probe_f16_weights(tokenizer_from: Path, out_dir: Path, say) -> None:
+    """Whether stock llama.cpp runs a model of f16 weights on this GPU (its batched matmuls go to
+    cuBLAS; Q4_0's do not), in a child process: reported, not counted against kvgguf."""
+    import dataclasses
+    import subprocess
+
+    path = write(
+        out_dir / "gpu-path-f16-weights.gguf", dataclasses.replace(SPEC, weights="f16"), tokenizer_from, seed=7
+    )
+    cmd = [sys.executable, "-X", "faulthandler", __file__, "--child-probe", str(path)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    say(
+        f"stock llama.cpp on the GPU with f16 weights (cuBLAS): exit {run.returncode}"
+        + (f"; its stderr ends: {run.stderr[-1500:]}" if run.returncode else "")
+    )
 
 
 def check(tokenizer_from: Path, out_dir: Path, say=print) -> list[str]:
@@ -209,6 +240,7 @@ def check(tokenizer_from: Path, out_dir: Path, say=print) -> list[str]:
     why = cuda_store.unavailable()
     if why:
         raise RuntimeError(f"no GPU path to check: {why}")
+    _probe_f16_weights(Path(tokenizer_from), out_dir, say)
     path = write(out_dir / "gpu-path-llama.gguf", SPEC, Path(tokenizer_from), seed=7)
     rng = np.random.default_rng(3)
     tokens = [int(t) for t in rng.integers(10, 4000, N_TOKENS)]
@@ -280,7 +312,10 @@ def main(argv=None) -> int:
     p.add_argument("--child-splits", default=None, help=argparse.SUPPRESS)
     p.add_argument("--coded", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--child-decode", nargs=2, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--child-probe", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.child_probe:
+        return _child_probe(a.child_probe)
     if a.child_splits:
         return _child_splits(a.child_splits, a.coded)
     if a.child_decode:
