@@ -293,6 +293,23 @@ static int kc_copy(kvg_cuda_ctx * ctx, void * dst, const void * src, size_t byte
     return e == cudaSuccess ? KVG_OK : kc_cuda_fail(e, what);
 }
 
+extern "C" int kvg_cuda_copy_queue(kvg_cuda_ctx * ctx, void * dst_dev, const void * src, size_t bytes, int from_host) {
+    kvg_clear_error();
+    if (ctx == NULL || ((dst_dev == NULL || src == NULL) && bytes > 0)) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_copy_queue: NULL ctx, dst or src");
+    }
+    if (bytes == 0) {
+        return KVG_OK;
+    }
+    kc_device_scope scope(ctx);
+    if (scope.status != KVG_OK) {
+        return scope.status;
+    }
+    const cudaError_t e = cudaMemcpyAsync(dst_dev, src, bytes, from_host ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice,
+                                          ctx->stream);
+    return e == cudaSuccess ? KVG_OK : kc_cuda_fail(e, "kvg_cuda_copy_queue");
+}
+
 extern "C" int kvg_cuda_copy_in(kvg_cuda_ctx * ctx, void * dst_dev, const void * src_host, size_t bytes) {
     return kc_copy(ctx, dst_dev, src_host, bytes, cudaMemcpyHostToDevice, "kvg_cuda_copy_in");
 }

@@ -38,6 +38,11 @@ KVG_CUDA_HIDDEN size_t kvg_cuda_ctx_scratch_bytes(const struct kvg_cuda_ctx * ct
 KVG_CUDA_HIDDEN uint64_t kvg_cuda_ctx_scratch_grown(const struct kvg_cuda_ctx * ctx);
 // 1 while the context's stream is being captured into a CUDA graph: no waits, no frees then.
 KVG_CUDA_HIDDEN int kvg_cuda_ctx_capturing(const struct kvg_cuda_ctx * ctx);
+// A copy queued on the context's stream without waiting (from_host: src is host memory, which
+// may be reused once this returns; else device to device); kvg_cuda_sync waits for it and
+// reports a failure. kvg_cuda_store_sync queues a sync's copies and waits once.
+KVG_CUDA_HIDDEN int kvg_cuda_copy_queue(struct kvg_cuda_ctx * ctx, void * dst_dev, const void * src, size_t bytes,
+                                        int from_host);
 
 #ifdef __cplusplus
 }

@@ -77,6 +77,7 @@ struct kvg_cuda_store {
     int64_t           n_pend, cap_pend;
     arena *           arenas;    // the device buffers they lie in (one per kvg_cuda_store_encode_many)
     int64_t           n_arenas, cap_arenas;
+    int64_t           queued;      // sync: copies queued and not waited for yet
     uint64_t          generation;  // bumped by every change hook_attend's work depends on (hook_generation)
     int               graphs_off;  // KVGGUF_CUDA_GRAPHS=0: hook_generation says 0
 };
@@ -212,23 +213,24 @@ static segment * find_segment(dev_list * l, uint64_t id, int64_t * at) {
     return NULL;
 }
 
-// Copies host block hb into g's buffer at buffer row `at`: from the device where
+// Queues the copy of host block hb into g's buffer at buffer row `at`: from the device where
 // kvg_cuda_store_encode coded it, else from the host.
 static int put_block(kvg_cuda_store * d, segment * g, const kvg_block * hb, int64_t at) {
     const size_t    head = (size_t) hb->n_rows * g->head_b, codes = (size_t) hb->n_rows * g->code_b;
     uint8_t * const dst  = (uint8_t *) g->data;
+    d->queued += 2;
     for (int64_t i = 0; i < d->n_pend; ++i) {
         if (d->pend[i].id == hb->id && d->pend[i].n_bytes == head + codes) {
             const uint8_t * src = (const uint8_t *) d->pend[i].data;
-            int rc = kvg_cuda_copy_dev(d->ctx, dst + (size_t) at * g->head_b, src, head);
-            return rc == KVG_OK ? kvg_cuda_copy_dev(d->ctx, dst + (size_t) g->cap * g->head_b + (size_t) at * g->code_b,
-                                                    src + head, codes)
+            int rc = kvg_cuda_copy_queue(d->ctx, dst + (size_t) at * g->head_b, src, head, 0);
+            return rc == KVG_OK ? kvg_cuda_copy_queue(d->ctx, dst + (size_t) g->cap * g->head_b + (size_t) at * g->code_b,
+                                                      src + head, codes, 0)
                                 : rc;
         }
     }
-    int rc = kvg_cuda_copy_in(d->ctx, dst + (size_t) at * g->head_b, hb->data, head);
-    return rc == KVG_OK ? kvg_cuda_copy_in(d->ctx, dst + (size_t) g->cap * g->head_b + (size_t) at * g->code_b,
-                                           hb->data + head, codes)
+    int rc = kvg_cuda_copy_queue(d->ctx, dst + (size_t) at * g->head_b, hb->data, head, 1);
+    return rc == KVG_OK ? kvg_cuda_copy_queue(d->ctx, dst + (size_t) g->cap * g->head_b + (size_t) at * g->code_b,
+                                              hb->data + head, codes, 1)
                         : rc;
 }
 
@@ -295,13 +297,14 @@ static int stage_run(kvg_cuda_store * d, int32_t kind, const kvg_rows * r, int64
             void *        buf = NULL;
             rc                = kvg_cuda_malloc(d->ctx, (size_t) cap * (g->head_b + g->code_b), &buf);
             if (rc == KVG_OK) {
-                rc = kvg_cuda_copy_dev(d->ctx, buf, (const uint8_t *) o->data + (size_t) g->skip * g->head_b,
-                                       (size_t) kept_rows * g->head_b);
+                rc = kvg_cuda_copy_queue(d->ctx, buf, (const uint8_t *) o->data + (size_t) g->skip * g->head_b,
+                                         (size_t) kept_rows * g->head_b, 0);
             }
+            d->queued += 2;
             if (rc == KVG_OK) {
-                rc = kvg_cuda_copy_dev(d->ctx, (uint8_t *) buf + (size_t) cap * g->head_b,
-                                       (const uint8_t *) o->data + (size_t) o->cap * g->head_b + (size_t) g->skip * g->code_b,
-                                       (size_t) kept_rows * g->code_b);
+                rc = kvg_cuda_copy_queue(d->ctx, (uint8_t *) buf + (size_t) cap * g->head_b,
+                                         (const uint8_t *) o->data + (size_t) o->cap * g->head_b + (size_t) g->skip * g->code_b,
+                                         (size_t) kept_rows * g->code_b, 0);
             }
             if (rc != KVG_OK) {
                 kvg_cuda_free(d->ctx, buf);
@@ -381,6 +384,10 @@ int kvg_cuda_store_sync(kvg_cuda_store * d) {
             rc = stage_run(d, (int32_t) (li % 2), r, i0, i1, &d->lists[li], &staged[li].s[staged[li].n++]);
         }
     }
+    if (rc == KVG_OK && d->queued) {
+        rc = kvg_cuda_sync(d->ctx);  // the copies queued above, all at once
+    }
+    d->queued = 0;
     if (rc != KVG_OK) {
         for (int64_t li = 0; li < nl; ++li) {
             unstage(d, &staged[li]);

@@ -80,6 +80,18 @@ int kvg_cuda_copy_dev(kvg_cuda_ctx * ctx, void * dst, const void * src, size_t n
     return KVG_OK;
 }
 
+int kvg_cuda_copy_queue(kvg_cuda_ctx * ctx, void * dst, const void * src, size_t n, int from_host) {
+    return from_host ? kvg_cuda_copy_in(ctx, dst, src, n) : kvg_cuda_copy_dev(ctx, dst, src, n);
+}
+
+static long g_waits;  // kvg_cuda_sync calls
+
+int kvg_cuda_sync(kvg_cuda_ctx * ctx) {
+    (void) ctx;
+    g_waits++;
+    return KVG_OK;
+}
+
 int kvg_cuda_copy_out(kvg_cuda_ctx * ctx, void * dst, const void * src, size_t n) {
     (void) ctx;
     memcpy(dst, src, n);
@@ -418,6 +430,7 @@ int main(void) {
             }
         }
         // a failed allocation in every fifth sync: the copy must stay as it was, stale, and leak nothing
+        int current = 0;  // that sync needed no second allocation and brought the copy up to date
         if (step % 5 == 3) {
             const long   live = g_live_allocs;
             const size_t held = g_live_bytes;
@@ -431,6 +444,7 @@ int main(void) {
             g_checks++;
             if (st == KVG_OK) {
                 // nothing to allocate past the first: fine, but then it must be current
+                current = 1;
                 check_all(d, L, "a sync that needed at most one allocation");
             } else {
                 fails++;
@@ -449,11 +463,18 @@ int main(void) {
                 }
             }
         }
+        const long w0 = g_waits;
         if (kvg_cuda_store_sync(d) != KVG_OK) {
             printf("kvg_cuda_store_sync: %s\n", kvg_last_error());
             return 1;
         }
         syncs++;
+        g_checks++;
+        if (g_waits - w0 != !current) {  // every step appends: copies, queued, and one wait for them all
+            printf("MISMATCH: step %d: the sync waited %ld times (the copy was %s)\n", step, g_waits - w0,
+                   current ? "current" : "behind");
+            g_bad++;
+        }
         // every step appends: llama.cpp's CUDA graphs must see the copy change (hook_generation)
         g_checks++;
         if (kvg_cuda_store_hook_generation(d) == gen_before) {
@@ -482,7 +503,7 @@ int main(void) {
         check_all(d, L, when);
         // decode syncs before every token, mostly with nothing changed: such a sync must copy and
         // allocate nothing, and leave the copy as current as it was
-        const long     allocs = g_allocs, copies = g_copies;
+        const long     allocs = g_allocs, copies = g_copies, waits = g_waits;
         const uint64_t gen    = kvg_cuda_store_hook_generation(d);
         g_checks++;
         if (kvg_cuda_store_hook_generation(d) == 0 || kvg_cuda_store_sync(d) != KVG_OK ||
@@ -492,9 +513,9 @@ int main(void) {
             g_bad++;
         }
         g_checks++;
-        if (g_allocs != allocs || g_copies != copies) {
-            printf("MISMATCH: step %d: a sync with nothing changed made %ld allocations and %ld copies\n", step,
-                   g_allocs - allocs, g_copies - copies);
+        if (g_allocs != allocs || g_copies != copies || g_waits != waits) {
+            printf("MISMATCH: step %d: a sync with nothing changed made %ld allocations, %ld copies, %ld waits\n", step,
+                   g_allocs - allocs, g_copies - copies, g_waits - waits);
             g_bad++;
         }
         snprintf(when, sizeof(when), "after step %d and a sync with nothing changed", step);
