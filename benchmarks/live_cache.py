@@ -87,8 +87,12 @@ def run_one(
         flash_attn=flash_attn,
         verbose=False,
     )
+    free0 = None
     if gpu:  # every layer on the GPU, stock and kvgguf alike
         kw["n_gpu_layers"] = -1
+        from kvgguf.bindings import cuda_store
+
+        free0 = cuda_store.mem_info(0)[0]  # before the model and the context
     rss0 = rss_bytes()
     if cache in ("f16", "q8_0", "q4_0"):
         llm = kvgguf.Llama(path, type_k=cache, type_v=cache, **kw)
@@ -121,6 +125,7 @@ def run_one(
     decode_phases = clock.take() if clock else None
     decode_ops = ops.take()
     mem = llm.kv_memory()
+    vram_used = free0 - cuda_store.mem_info(0)[0] if free0 is not None else None
     return {
         "model": model,
         "n_ctx": n_ctx,
@@ -135,6 +140,9 @@ def run_one(
         "kv_bytes": mem.total_bytes,
         "gpu": gpu,
         "vram_kv_bytes": mem.vram_bytes,  # llama.cpp's cells in VRAM and the store's copy there
+        # measured: the device's free memory before the model against after the run (weights,
+        # cells, the store's copy, compute buffers, scratch: compare rows of the same model)
+        "vram_used_bytes": vram_used,
         "kv_tiers": {t.name: [t.codec, t.bytes] for t in mem.tiers},
         "bits_per_value": mem.bits_per_value,
         "kv_memory": str(mem),
@@ -300,15 +308,20 @@ def table(rows: list[dict]) -> str:
         "decode vs f16 best",
     ]
     gpu = any(r.get("gpu") for r in rows)
-    if gpu:  # where the bytes are: llama.cpp's cells and the store's copy in VRAM
-        header.insert(3, "KV in VRAM")
+    if gpu:  # where the bytes are: llama.cpp's cells and the store's copy in VRAM, and all the run used
+        header[3:3] = ["KV in VRAM", "VRAM used (measured)"]
     body = []
     for r in rows:
         base = stock_best(rows, r["model"], r["n_ctx"])
         ratio = f"1/{base['kv_bytes'] / r['kv_bytes']:.1f}" if base else "n/a"
         speed = f"{r['decode_tok_s'] / base['decode_tok_s']:.2f}x" if base else "n/a"
         prefill = f"{r['prefill_tok_s'] / base['prefill_tok_s']:.2f}x" if base else "n/a"
-        vram = [f"{r.get('vram_kv_bytes', 0) / 2**20:.1f} MiB"] if gpu else []
+        used = r.get("vram_used_bytes")
+        vram = (
+            [f"{r.get('vram_kv_bytes', 0) / 2**20:.1f} MiB", f"{used / 2**20:.0f} MiB" if used else "n/a"]
+            if gpu
+            else []
+        )
         body.append(
             [
                 f"{r['n_ctx'] // 1024}K",

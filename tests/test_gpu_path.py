@@ -24,6 +24,7 @@ def test_the_cuda_header_marks_what_cffi_reads():
     ffi.cdef(cuda_store.cdef_source((ROOT / "native/cuda/kvg_cuda.h").read_text()))
     for name in (
         "kvg_cuda_device_count",
+        "kvg_cuda_mem_info",
         "kvg_cuda_ctx_init",
         "kvg_cuda_ctx_free",
         "kvg_cuda_store_init",

@@ -74,6 +74,17 @@ def unavailable() -> str | None:
     return None if n[0] > 0 else "the CUDA runtime sees no device"
 
 
+def mem_info(device: int = 0) -> tuple[int, int]:
+    """(free, total) bytes of a CUDA device's memory, as cudaMemGetInfo reports them."""
+    loaded = _load()
+    if isinstance(loaded, str):
+        raise KvgLoadError(loaded)
+    ffi, lib = loaded
+    free, total = ffi.new("size_t *"), ffi.new("size_t *")
+    check(lib.kvg_cuda_mem_info(device, free, total), f"the memory of CUDA device {device}")
+    return int(free[0]), int(total[0])
+
+
 class DeviceStore:
     """The blocks of ``store`` (a KVStore, kept alive by this object) on CUDA device ``device``."""
 

@@ -118,6 +118,26 @@ extern "C" int kvg_cuda_device_count(int * out_count) {
     return KVG_OK;
 }
 
+extern "C" int kvg_cuda_mem_info(int device, size_t * out_free, size_t * out_total) {
+    kvg_clear_error();
+    if (out_free == NULL || out_total == NULL) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_mem_info: NULL out_free or out_total");
+    }
+    *out_free = *out_total = 0;
+    int prev = -1;
+    cudaError_t e = cudaGetDevice(&prev);
+    if (e == cudaSuccess && prev != device) {
+        e = cudaSetDevice(device);
+    }
+    if (e == cudaSuccess) {
+        e = cudaMemGetInfo(out_free, out_total);
+    }
+    if (prev >= 0 && prev != device) {
+        cudaSetDevice(prev);
+    }
+    return e == cudaSuccess ? KVG_OK : kc_cuda_fail(e, "cudaMemGetInfo");
+}
+
 extern "C" int kvg_cuda_ctx_init(int device, void * stream, kvg_cuda_ctx ** out) {
     kvg_clear_error();
     if (out == NULL) {

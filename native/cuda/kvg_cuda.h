@@ -57,6 +57,9 @@ KVG_CUDA_API int kvg_cuda_device_count(int * out_count);
 // destroyed with the context). KVG_ERR_UNSUPPORTED without a device.
 KVG_CUDA_API int  kvg_cuda_ctx_init(int device, void * stream, kvg_cuda_ctx ** out);
 KVG_CUDA_API void kvg_cuda_ctx_free(kvg_cuda_ctx * ctx);
+// Free and total bytes of `device`'s memory (cudaMemGetInfo): what the process and every other
+// one left; benchmarks/live_cache.py measures a run's VRAM with it.
+KVG_CUDA_API int  kvg_cuda_mem_info(int device, size_t * out_free, size_t * out_total);
 // cffi-cuda-end
 // Queues the context's work on `stream` from now on (a cudaStream_t of the context's device:
 // llama.cpp's, for the calls of one op); returns the stream it used before, to put back.
