@@ -512,8 +512,8 @@ int kvg_cuda_store_encode_many(kvg_cuda_store * d, const kvg_cuda_store_item * i
     if (rc == KVG_OK) {
         rc = kvg_cuda_copy_out(d->ctx, bytes, buf, off[n]);  // the host store keeps the codes, not the rows
     }
-    int64_t appended = 0;
-    for (; rc == KVG_OK && appended < n; ++appended) {
+    int64_t appended = 0;  // items whose blocks the host store took
+    while (rc == KVG_OK && appended < n) {
         const kvg_cuda_store_item * it = &items[appended];
         rc = kvg_store_append_encoded(host, it->il, it->kind, it->tier, it->codec, it->n_rows, bytes + off[appended],
                                       jobs[appended].dst_bytes);
@@ -521,6 +521,7 @@ int kvg_cuda_store_encode_many(kvg_cuda_store * d, const kvg_cuda_store_item * i
             const kvg_rows * r   = &host->rows[(int64_t) it->il * 2 + it->kind];
             d->pend[d->n_pend++] = (pending) { r->blocks[r->n_blocks - 1].id, (uint8_t *) buf + off[appended],
                                                jobs[appended].dst_bytes };
+            appended++;
         }
     }
     if (appended > 0) {
