@@ -46,6 +46,18 @@ def test_the_cuda_header_marks_what_cffi_reads():
     assert fields[:3] == ["il", "n_cold", "q_dev"] and fields[-3:] == ["m_dev", "l_dev", "acc_dev"]
     with pytest.raises(KvgLoadError, match="without its"):
         cuda_store.cdef_source("// cffi-cuda-begin\nint f(void);\n")
+    # an eviction's items as DeviceStore.encode_many hands them to kvg_cuda_store_encode_many
+    items = cuda_store.store_items(
+        ffi, [(3, 1, 2, "rotq2", 0x1000, 1, 512, 64), (0, 0, 1, "rotq4", 0x2000, 1024, 1, 8)]
+    )
+    assert [(a.il, a.kind, a.tier, a.row_stride, a.col_stride, a.n_rows) for a in items] == [
+        (3, 1, 2, 1, 512, 64),
+        (0, 0, 1, 1024, 1, 8),
+    ]
+    assert int(ffi.cast("uintptr_t", items[1].src_dev)) == 0x2000 and items[0].src_type == 1  # KVG_CUDA_F16
+    from kvgguf import codecs
+
+    assert items[0].codec == codecs.get("rotq2").type
 
 
 def _fields(text: str, start: str) -> list[tuple[str, str]]:

@@ -74,6 +74,21 @@ def unavailable() -> str | None:
     return None if n[0] > 0 else "the CUDA runtime sees no device"
 
 
+def store_items(ffi, items):
+    """kvg_cuda_store_item[] of items (il, kind, tier, codec name, src address, row_stride,
+    col_stride, n_rows), f16 rows, for kvg_cuda_store_encode_many."""
+    from . import codecs
+
+    items = list(items)
+    arr = ffi.new("kvg_cuda_store_item[]", len(items))
+    for a, (il, kind, tier, codec, src, row_stride, col_stride, n_rows) in zip(arr, items):
+        a.il, a.kind, a.tier, a.codec = il, kind, tier, codecs.get(codec).type
+        a.src_dev = ffi.cast("const void *", src)
+        a.src_type = ffi.typeof("enum kvg_cuda_type").relements["KVG_CUDA_F16"]
+        a.row_stride, a.col_stride, a.n_rows = row_stride, col_stride, n_rows
+    return arr
+
+
 def mem_info(device: int = 0) -> tuple[int, int]:
     """(free, total) bytes of a CUDA device's memory, as cudaMemGetInfo reports them."""
     loaded = _load()
@@ -143,20 +158,12 @@ class DeviceStore:
         """encode() for several lists at once, items (il, kind, tier, codec, src, row_stride, col_stride,
         n_rows) in order, with one wait for the device: an eviction's lists. On a failure the items
         before the failing one stay appended (the caller cuts the store back)."""
-        from . import codecs
-
-        items = list(items)
-        if not items:
+        arr = store_items(self._ffi, items)
+        if len(arr) == 0:
             return
-        arr = self._ffi.new("kvg_cuda_store_item[]", len(items))
-        for a, (il, kind, tier, codec, src, row_stride, col_stride, n_rows) in zip(arr, items):
-            a.il, a.kind, a.tier, a.codec = il, kind, tier, codecs.get(codec).type
-            a.src_dev = self._ffi.cast("const void *", src)
-            a.src_type = self._lib.KVG_CUDA_F16
-            a.row_stride, a.col_stride, a.n_rows = row_stride, col_stride, n_rows
         check(
-            self._lib.kvg_cuda_store_encode_many(self._ptr, arr, len(items)),
-            f"coding {len(items)} lists of evicted rows on the GPU",
+            self._lib.kvg_cuda_store_encode_many(self._ptr, arr, len(arr)),
+            f"coding {len(arr)} lists of evicted rows on the GPU",
         )
 
     def bytes(self) -> tuple[int, int]:
