@@ -5,6 +5,8 @@
 
 #include "kvg_cuda_common.cuh"
 
+#include <string.h>
+
 #define KA_WARPS 4
 
 struct ka_args {
@@ -39,6 +41,35 @@ static __device__ __forceinline__ float ka_warp_max(float v) {
         v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     }
     return v;
+}
+
+#define KA_Q8_0_BLOCK 32  // ggml's block_q8_0: an f16 scale, then 32 int8 codes
+#define KA_Q8_0_BYTES 34
+
+// llama.cpp's cells as kvg_cuda_attend_cells reads them, in both its split kernels: element i of KV
+// head hk of cell c, f16 at its byte strides or a q8_0 block's scale times code.
+static __device__ __forceinline__ float ka_cell(const uint8_t * base, int q8, size_t nb0, size_t nb1, size_t nb2, int hk,
+                                                int64_t c, int i) {
+    const uint8_t * row = base + (size_t) hk * nb1 + (size_t) c * nb2;
+    if (q8) {
+        const uint8_t * blk = row + (size_t) (i / KA_Q8_0_BLOCK) * KA_Q8_0_BYTES;
+        return kc_f16_to_f32(kc_get_u16(blk)) * (float) (int8_t) blk[2 + i % KA_Q8_0_BLOCK];
+    }
+    return kc_f16_to_f32(kc_get_u16(row + (size_t) i * nb0));
+}
+
+// The mask's value for query token t and cell c (f32 or f16 rows of mask_nb1 bytes); 0 without one.
+static __device__ __forceinline__ float ka_mask(const uint8_t * mask, int mask_f16, size_t mask_nb1, int64_t t, int64_t c) {
+    if (mask == NULL) {
+        return 0.0f;
+    }
+    const uint8_t * p = mask + (size_t) t * mask_nb1 + (size_t) c * (mask_f16 ? 2 : 4);
+    if (mask_f16) {
+        return kc_f16_to_f32(kc_get_u16(p));
+    }
+    float x;
+    memcpy(&x, p, sizeof(x));
+    return x;
 }
 
 // Caller's index j = t * n_head + hk * gqa + g of query p = t * gqa + g of KV head hk.

@@ -23,8 +23,6 @@
 
 #define KCL_MAX_DIM     512
 #define KCL_MAX_SPLITS  1024
-#define KCL_Q8_0_BLOCK  32  // ggml's block_q8_0: an f16 scale, then 32 int8 codes
-#define KCL_Q8_0_BYTES  34
 #define KCL_STEP_CELLS  (KA_WARPS * 32)  // cells a block's warps take in one step
 
 struct kcl_args {
@@ -46,30 +44,6 @@ struct kcl_args {
     float *         pl;    // [n_q][n_splits]
     float *         pacc;  // [n_q][n_splits][dv]
 };
-
-// Element i of KV head hk of cell c: f16 at its byte strides, or a q8_0 block's scale times code.
-static __device__ __forceinline__ float kcl_elem(const uint8_t * base, int q8, size_t nb0, size_t nb1, size_t nb2, int hk,
-                                                 int64_t c, int i) {
-    const uint8_t * row = base + (size_t) hk * nb1 + (size_t) c * nb2;
-    if (q8) {
-        const uint8_t * blk = row + (size_t) (i / KCL_Q8_0_BLOCK) * KCL_Q8_0_BYTES;
-        return kc_f16_to_f32(kc_get_u16(blk)) * (float) (int8_t) blk[2 + i % KCL_Q8_0_BLOCK];
-    }
-    return kc_f16_to_f32(kc_get_u16(row + (size_t) i * nb0));
-}
-
-static __device__ __forceinline__ float kcl_mask(const kcl_args & a, int64_t t, int64_t c) {
-    if (a.mask == NULL) {
-        return 0.0f;
-    }
-    const uint8_t * p = a.mask + (size_t) t * a.mask_nb1 + (size_t) c * (a.mask_f16 ? 2 : 4);
-    if (a.mask_f16) {
-        return kc_f16_to_f32(kc_get_u16(p));
-    }
-    float x;
-    memcpy(&x, p, sizeof(x));
-    return x;
-}
 
 // Shared: sq [QT][dk], accs [KA_WARPS][QT][dv], wm and wl [KA_WARPS][QT].
 template <int QT>
@@ -120,7 +94,7 @@ static __global__ void __launch_bounds__(KA_WARPS * 32) kcl_split_kernel(const k
                 part[qq] = 0.0f;
             }
             for (int i = lane; i < dk; i += 32) {
-                const float kx = kcl_elem(a.k, a.k_q8, a.k_nb0, a.k_nb1, a.k_nb2, hk, c, i);
+                const float kx = ka_cell(a.k, a.k_q8, a.k_nb0, a.k_nb1, a.k_nb2, hk, c, i);
 #pragma unroll
                 for (int qq = 0; qq < QT; qq++) {
                     part[qq] += sq[qq * dk + i] * kx;
@@ -131,7 +105,7 @@ static __global__ void __launch_bounds__(KA_WARPS * 32) kcl_split_kernel(const k
                 float sc = ka_warp_sum(part[qq]);
                 if (lane == r) {
                     sc          = a.softcap > 0.0f ? a.softcap * tanhf(sc) : sc;
-                    s_mine[qq] = qq < nq ? sc + kcl_mask(a, tok[qq], c) : -INFINITY;
+                    s_mine[qq] = qq < nq ? sc + ka_mask(a.mask, a.mask_f16, a.mask_nb1, tok[qq], c) : -INFINITY;
                 }
             }
         }
@@ -168,7 +142,7 @@ static __global__ void __launch_bounds__(KA_WARPS * 32) kcl_split_kernel(const k
                 continue;  // warp-uniform: the shuffled weights are the same in every lane
             }
             for (int i = lane; i < dv; i += 32) {
-                const float vx = kcl_elem(a.v, a.v_q8, a.v_nb0, a.v_nb1, a.v_nb2, hk, c, i);
+                const float vx = ka_cell(a.v, a.v_q8, a.v_nb0, a.v_nb1, a.v_nb2, hk, c, i);
 #pragma unroll
                 for (int qq = 0; qq < QT; qq++) {
                     my_acc[qq * dv + i] += wr[qq] * vx;
@@ -236,8 +210,8 @@ static int kcl_readable(int32_t type, const size_t * nb, int64_t d) {
     if (type == KVG_CELLS_F16) {
         return 1;
     }
-    return type == KVG_CELLS_Q8_0 && d % KCL_Q8_0_BLOCK == 0 && nb[0] == KCL_Q8_0_BYTES &&
-           nb[1] >= (size_t) (d / KCL_Q8_0_BLOCK * KCL_Q8_0_BYTES);
+    return type == KVG_CELLS_Q8_0 && d % KA_Q8_0_BLOCK == 0 && nb[0] == KA_Q8_0_BYTES &&
+           nb[1] >= (size_t) (d / KA_Q8_0_BLOCK * KA_Q8_0_BYTES);
 }
 
 template <int QT>

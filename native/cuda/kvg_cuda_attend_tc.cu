@@ -87,31 +87,6 @@ struct kt_cells {
     float           scale;
 };
 
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-// Element i of KV head hk of cell c: f16 at its byte strides, or a q8_0 block's scale times code.
-static __device__ __forceinline__ float kt_cell(const uint8_t * base, int q8, size_t nb0, size_t nb1, size_t nb2, int hk,
-                                                int64_t c, int i) {
-    const uint8_t * row = base + (size_t) hk * nb1 + (size_t) c * nb2;
-    if (q8) {
-        const uint8_t * blk = row + (size_t) (i / 32) * 34;  // ggml's block_q8_0: an f16 scale, 32 int8
-        return kc_f16_to_f32(kc_get_u16(blk)) * (float) (int8_t) blk[2 + i % 32];
-    }
-    return kc_f16_to_f32(kc_get_u16(row + (size_t) i * nb0));
-}
-
-static __device__ __forceinline__ float kt_mask(const kt_cells & c, int64_t t, int64_t cell) {
-    if (c.mask == NULL) {
-        return 0.0f;
-    }
-    const uint8_t * p = c.mask + (size_t) t * c.mask_nb1 + (size_t) cell * (c.mask_f16 ? 2 : 4);
-    if (c.mask_f16) {
-        return kc_f16_to_f32(kc_get_u16(p));
-    }
-    float x;
-    memcpy(&x, p, sizeof(x));
-    return x;
-}
-#endif
 
 template <int D, bool CELLS>
 static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_args a, const kt_cells cl) {
@@ -170,8 +145,8 @@ static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_ar
                 const int64_t c = cl.c0 + base + r;
                 float         kx = 0.0f, vx = 0.0f;
                 if (r < nc) {
-                    kx = kt_cell(cl.k, cl.k_q8, cl.k_nb0, cl.k_nb1, cl.k_nb2, hk, c, i);
-                    vx = kt_cell(cl.v, cl.v_q8, cl.v_nb0, cl.v_nb1, cl.v_nb2, hk, c, i);
+                    kx = ka_cell(cl.k, cl.k_q8, cl.k_nb0, cl.k_nb1, cl.k_nb2, hk, c, i);
+                    vx = ka_cell(cl.v, cl.v_q8, cl.v_nb0, cl.v_nb1, cl.v_nb2, hk, c, i);
                 }
                 sK[r * L::LDQ + i] = __float2half_rn(kx);
                 sV[r * L::LDQ + i] = __float2half_rn(vx);
@@ -234,7 +209,7 @@ static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_ar
                 s = srow[r] * fk[r];
                 s = a.softcap > 0.0f ? a.softcap * tanhf(s) : s;
                 if constexpr (CELLS) {
-                    s += kt_mask(cl, tok, cl.c0 + base + r);
+                    s += ka_mask(cl.mask, cl.mask_f16, cl.mask_nb1, tok, cl.c0 + base + r);
                 }
             }
             sc[c] = s;
