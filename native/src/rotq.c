@@ -456,16 +456,9 @@ int kvg_rotq_transcode(int64_t nv_src, int64_t nv, int64_t d, int bits_in, const
         return kvg_fail(KVG_ERR_INVALID_ARG, "rotq transcode: %lld of %lld vectors, head_dim %lld, %d -> %d bits",
                         (long long) nv, (long long) nv_src, (long long) d, bits_in, bits_out);
     }
-    const kvg_rotq_book * book = kvg_rotq_get_book(d);
-    uint8_t *             q    = (uint8_t *) malloc((size_t) d);
-    if (book == NULL || q == NULL) {
-        free(q);
-        return kvg_fail(KVG_ERR_NO_MEMORY, "rotq transcode: codebook or scratch");
-    }
     const uint8_t * codes_in  = src + (size_t) nv_src * 2;
     uint8_t *       codes_out = dst + (size_t) nv * 2;
     if (bits_in == bits_out) {  // the same width: the vectors' norms and codes as they are
-        free(q);
         memcpy(dst, src, (size_t) nv * 2);
         const uint64_t bits = (uint64_t) (nv * d) * (uint64_t) bits_in;
         memcpy(codes_out, codes_in, (size_t) (bits / 8));
@@ -473,6 +466,12 @@ int kvg_rotq_transcode(int64_t nv_src, int64_t nv, int64_t d, int bits_in, const
             codes_out[bits / 8] = (uint8_t) (codes_in[bits / 8] & ((1u << (bits % 8)) - 1u));
         }
         return KVG_OK;
+    }
+    const kvg_rotq_book * book = kvg_rotq_get_book(d);
+    uint8_t *             q    = (uint8_t *) malloc((size_t) d);
+    if (book == NULL || q == NULL) {
+        free(q);
+        return kvg_fail(KVG_ERR_NO_MEMORY, "rotq transcode: codebook or scratch");
     }
     memset(codes_out, 0, (size_t) kvg_code_bytes(nv * d, bits_out));
     const float * cb     = book->centroid[bits_in];

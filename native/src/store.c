@@ -178,6 +178,38 @@ kvg_codec_params kvg_store_list_params(const kvg_store * s, int64_t li, int32_t 
     return p;
 }
 
+// The bytes of a new block of n_rows rows of codec (its size from cp).
+static int new_block_bytes(const kvg_store * s, int32_t kind, int32_t codec, int64_t n_rows, const kvg_codec_params * cp,
+                           uint8_t ** data, size_t * n_bytes) {
+    int rc = kvg_encoded_size(codec, kind, n_rows, s->p.n_head_kv, head_dim_of(s, kind), cp, n_bytes);
+    if (rc != KVG_OK) {
+        return rc;
+    }
+    *data = (uint8_t *) malloc(*n_bytes ? *n_bytes : 1);
+    return *data ? KVG_OK : kvg_fail(KVG_ERR_NO_MEMORY, "block of %zu bytes", *n_bytes);
+}
+
+// A new block's bytes, once written (rc: how that went), checked and described in *out; freed on
+// any failure. Every linked block passes its codec's check once, here or in append_encoded, so the
+// readers (decode, attend) can trust the bytes without checking them again.
+static int finish_block(const kvg_store * s, int32_t kind, int32_t tier, int32_t codec, const kvg_codec_params * cp,
+                        int64_t n_rows, uint8_t * data, size_t n_bytes, int rc, kvg_block * out) {
+    if (rc == KVG_OK) {
+        rc = kvg_check_encoded(codec, kind, data, n_bytes, n_rows, s->p.n_head_kv, head_dim_of(s, kind), cp);
+    }
+    if (rc != KVG_OK) {
+        free(data);
+        return rc;
+    }
+    out->n_rows     = n_rows;
+    out->codec      = codec;
+    out->tier       = tier;
+    out->n_bytes    = n_bytes;
+    out->data       = data;
+    out->fail_reads = 0;
+    return KVG_OK;
+}
+
 // Encodes rows of list li into a new block (not yet linked anywhere). A codec with a codebook
 // uses the list's; when the list has none yet, *fresh (trained here on these rows if NULL) is
 // used, and the caller keeps it once its mutation commits (or frees it).
@@ -209,32 +241,13 @@ static int encode_block(const kvg_store * s, int64_t li, int32_t tier, int32_t c
         }
         *fresh = bk;
     }
-    const kvg_codec_params cp = kvg_store_list_params(s, li, codec, fresh ? *fresh : NULL);
-    rc = kvg_encoded_size(codec, kind, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &cp, &n_bytes);
-    if (rc != KVG_OK) {
-        return rc;
-    }
-    uint8_t * data = (uint8_t *) malloc(n_bytes ? n_bytes : 1);
-    if (!data) {
-        return kvg_fail(KVG_ERR_NO_MEMORY, "block of %zu bytes", n_bytes);
-    }
-    rc = kvg_encode(codec, kind, rows, count, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &cp, data, n_bytes, NULL);
+    const kvg_codec_params cp   = kvg_store_list_params(s, li, codec, fresh ? *fresh : NULL);
+    uint8_t *              data = NULL;
+    rc = new_block_bytes(s, kind, codec, n_rows, &cp, &data, &n_bytes);
     if (rc == KVG_OK) {
-        // Every linked block passes its codec's check once, here or in append_encoded, so the
-        // readers (decode, attend) can trust the bytes without checking them again.
-        rc = kvg_check_encoded(codec, kind, data, n_bytes, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &cp);
+        rc = kvg_encode(codec, kind, rows, count, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &cp, data, n_bytes, NULL);
     }
-    if (rc != KVG_OK) {
-        free(data);
-        return rc;
-    }
-    out->n_rows  = n_rows;
-    out->codec   = codec;
-    out->tier    = tier;
-    out->n_bytes    = n_bytes;
-    out->data       = data;
-    out->fail_reads = 0;
-    return KVG_OK;
+    return finish_block(s, kind, tier, codec, &cp, n_rows, data, n_bytes, rc, out);
 }
 
 static int decode_block(const kvg_store * s, int64_t li, const kvg_block * b, float * dst) {
@@ -521,8 +534,6 @@ int kvg_store_decode_f16(const kvg_store * s, int32_t il, int32_t kind, int64_t 
     return decode_range(s, il, kind, r0, r1, NULL, dst, count);
 }
 
-// Decodes block b of list li and encodes its first n_rows rows with (tier, codec) into *out
-// (fresh: as in encode_block).
 static int is_rotq(int32_t codec) {
     return codec >= KVG_CODEC_ROTQ1 && codec <= KVG_CODEC_ROTQ4;
 }
@@ -538,34 +549,23 @@ static int transcode_block(const kvg_store * s, int64_t li, const kvg_block * b,
     if (rc != KVG_OK) {
         return rc;
     }
-    const int32_t          kind = (int32_t) (li % 2);
-    const int64_t          H = s->p.n_head_kv, D = head_dim_of(s, kind);
+    const int32_t          kind    = (int32_t) (li % 2);
+    const int64_t          H       = s->p.n_head_kv;
     const kvg_codec_params cp      = kvg_store_list_params(s, li, codec, NULL);
+    uint8_t *              data    = NULL;
     size_t                 n_bytes = 0;
-    rc = kvg_encoded_size(codec, kind, n_rows, H, D, &cp, &n_bytes);
-    uint8_t * data = rc == KVG_OK ? (uint8_t *) malloc(n_bytes ? n_bytes : 1) : NULL;
-    if (!data) {
-        return rc != KVG_OK ? rc : kvg_fail(KVG_ERR_NO_MEMORY, "block of %zu bytes", n_bytes);
-    }
-    rc = kvg_rotq_transcode(b->n_rows * H, n_rows * H, D, b->codec - KVG_CODEC_ROTQ1 + 1, b->data,
-                            codec - KVG_CODEC_ROTQ1 + 1, data);
+    rc = new_block_bytes(s, kind, codec, n_rows, &cp, &data, &n_bytes);
     if (rc == KVG_OK) {
-        rc = kvg_check_encoded(codec, kind, data, n_bytes, n_rows, H, D, &cp);
+        rc = kvg_rotq_transcode(b->n_rows * H, n_rows * H, head_dim_of(s, kind), b->codec - KVG_CODEC_ROTQ1 + 1, b->data,
+                                codec - KVG_CODEC_ROTQ1 + 1, data);
     }
-    if (rc != KVG_OK) {
-        free(data);
-        return rc;
-    }
-    out->row0       = b->row0;
-    out->n_rows     = n_rows;
-    out->codec      = codec;
-    out->tier       = tier;
-    out->n_bytes    = n_bytes;
-    out->data       = data;
-    out->fail_reads = 0;
-    return KVG_OK;
+    rc = finish_block(s, kind, tier, codec, &cp, n_rows, data, n_bytes, rc, out);
+    out->row0 = b->row0;
+    return rc;
 }
 
+// Decodes block b of list li and encodes its first n_rows rows with (tier, codec) into *out
+// (fresh: as in encode_block); rotq into rotq from the codes.
 static int reencode_block(const kvg_store * s, int64_t li, const kvg_block * b, int64_t n_rows,
                           int32_t tier, int32_t codec, float ** fresh, kvg_block * out) {
     if (is_rotq(b->codec) && is_rotq(codec)) {
