@@ -426,6 +426,20 @@ static int kc_check_rows(const char * name, const char * op, const char * side, 
     return KVG_OK;
 }
 
+// What kvg_cuda_encode checks of a job before queuing it: its shape (filled), its rows, the room in dst.
+static int kc_encode_check(kvg_cuda_ctx * ctx, const kvg_cuda_encode_job * j, kc_shape * s, size_t * size) {
+    int st = kc_prepare(j->type, j->kind, j->n_tokens, j->n_heads, j->head_dim, &j->params, s, size);
+    if (st != KVG_OK) {
+        return st;
+    }
+    const char * name = kc_codec_name(j->type);
+    st = kc_check_rows(name, "encode", "src", ctx, j->src_dev, j->dst_dev, j->src_type, j->src_row_stride, j->src_col_stride);
+    if (st == KVG_OK && j->dst_bytes < *size) {
+        st = kvg_fail(KVG_ERR_BUFFER_SIZE, "%s encode (cuda): dst holds %zu bytes, needs %zu", name, j->dst_bytes, *size);
+    }
+    return st;
+}
+
 extern "C" int kvg_cuda_encode(kvg_cuda_ctx * ctx, int type, int kind, const void * src_dev, int src_type,
                                int64_t src_row_stride, int64_t src_col_stride, int64_t n_tokens, int64_t n_heads,
                                int64_t head_dim, const kvg_codec_params * p, void * dst_dev, size_t dst_bytes,
@@ -434,19 +448,22 @@ extern "C" int kvg_cuda_encode(kvg_cuda_ctx * ctx, int type, int kind, const voi
     if (out_written != NULL) {
         *out_written = 0;
     }
+    kvg_cuda_encode_job j;
+    memset(&j, 0, sizeof(j));
+    j.type = type, j.kind = kind, j.src_dev = src_dev, j.src_type = src_type;
+    j.src_row_stride = src_row_stride, j.src_col_stride = src_col_stride;
+    j.n_tokens = n_tokens, j.n_heads = n_heads, j.head_dim = head_dim;
+    j.dst_dev = dst_dev, j.dst_bytes = dst_bytes;
+    if (p != NULL) {
+        j.params = *p;
+    } else {
+        kvg_codec_default_params(&j.params);
+    }
     kc_shape s;
     size_t   size = 0;
-    int      st   = kc_prepare(type, kind, n_tokens, n_heads, head_dim, p, &s, &size);
+    int      st   = kc_encode_check(ctx, &j, &s, &size);
     if (st != KVG_OK) {
         return st;
-    }
-    const char * name = kc_codec_name(type);
-    st = kc_check_rows(name, "encode", "src", ctx, src_dev, dst_dev, src_type, src_row_stride, src_col_stride);
-    if (st != KVG_OK) {
-        return st;
-    }
-    if (dst_bytes < size) {
-        return kvg_fail(KVG_ERR_BUFFER_SIZE, "%s encode (cuda): dst holds %zu bytes, needs %zu", name, dst_bytes, size);
     }
     kc_device_scope scope(ctx);
     if (scope.status != KVG_OK) {
@@ -488,17 +505,8 @@ extern "C" int kvg_cuda_encode_batch(kvg_cuda_ctx * ctx, const kvg_cuda_encode_j
     int st = KVG_OK;
     // every job's arguments first, as kvg_cuda_encode checks them: nothing is queued for a bad one
     for (int64_t i = 0; i < n && st == KVG_OK; i++) {
-        const kvg_cuda_encode_job * j = &jobs[i];
         size_t size = 0;
-        st = kc_prepare(j->type, j->kind, j->n_tokens, j->n_heads, j->head_dim, &j->params, &shapes[i], &size);
-        if (st == KVG_OK) {
-            st = kc_check_rows(kc_codec_name(j->type), "encode", "src", ctx, j->src_dev, j->dst_dev, j->src_type,
-                               j->src_row_stride, j->src_col_stride);
-        }
-        if (st == KVG_OK && j->dst_bytes < size) {
-            st = kvg_fail(KVG_ERR_BUFFER_SIZE, "%s encode (cuda): dst holds %zu bytes, needs %zu", kc_codec_name(j->type),
-                          j->dst_bytes, size);
-        }
+        st          = kc_encode_check(ctx, &jobs[i], &shapes[i], &size);
         if (st != KVG_OK && out_failed != NULL) {
             *out_failed = i;
         }
