@@ -1814,6 +1814,31 @@ static void run_store_hooks() {
 
 // ---- timings (GPU) -------------------------------------------------------------------------
 
+// The median of `reps` calls' times (CUDA events around each on g_stream), after `warm` untimed
+// ones, in ms; reset() before each puts the state back. -1 where a call failed (reported as `what`).
+template <class Reset, class Call>
+static double median_call_ms(cudaEvent_t e0, cudaEvent_t e1, int warm, int reps, Reset reset, Call call, const char * what) {
+    std::vector<float> ms;
+    for (int it = 0; it < warm + reps; it++) {
+        reset();
+        cudaEventRecord(e0, g_stream);
+        const int st = call();  // queued: the events time the kernels
+        cudaEventRecord(e1, g_stream);
+        cudaEventSynchronize(e1);
+        if (st != KVG_OK) {
+            mismatch("%s: %s", what, kvg_last_error());
+            return -1.0;
+        }
+        float t = 0.0f;
+        cudaEventElapsedTime(&t, e0, e1);
+        if (it >= warm) {
+            ms.push_back(t);
+        }
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+}
+
 // One prefill ubatch of one layer of the 3B shape (256 tokens, 8/24 heads, d=128) over 8K and 32K
 // coded rows: the default kernels (the tensor cores from compute capability 8.0) against the scalar
 // row-parallel kernel (rows_ctx). Not asserted.
@@ -1869,28 +1894,19 @@ static void run_timing_prefill(kvg_cuda_ctx * rows_ctx) {
             if (ctx == NULL) {
                 continue;
             }
-            std::vector<float> ms;
-            for (int it = 0; it < 8; it++) {
-                m.put(mh.data(), mh.size() * 4);
-                l.put(zero.data(), nq * 4);
-                acc.put(zero.data(), zero.size() * 4);
-                cudaEventRecord(e0, g_stream);
-                const int st = kvg_cuda_attend(ctx, &a);
-                cudaEventRecord(e1, g_stream);
-                cudaEventSynchronize(e1);
-                if (st != KVG_OK) {
-                    mismatch("prefill timing attend: %s", kvg_last_error());
-                    return;
-                }
-                float t = 0.0f;
-                cudaEventElapsedTime(&t, e0, e1);
-                if (it >= 2) {
-                    ms.push_back(t);
-                }
+            const double med = median_call_ms(
+                e0, e1, 2, 6,
+                [&] {
+                    m.put(mh.data(), mh.size() * 4);
+                    l.put(zero.data(), nq * 4);
+                    acc.put(zero.data(), zero.size() * 4);
+                },
+                [&] { return kvg_cuda_attend(ctx, &a); }, "prefill timing attend");
+            if (med < 0) {
+                return;
             }
-            std::sort(ms.begin(), ms.end());
             printf("  attend %d tokens, 3B shape (%d/%d heads, d=%lld), %6lld rows, K rotq4 / V rotq2, %-13s: %9.1f us\n", T,
-                   Hq, Hk, (long long) D, (long long) R, which ? "scalar kernel" : "default", ms[ms.size() / 2] * 1e3);
+                   Hq, Hk, (long long) D, (long long) R, which ? "scalar kernel" : "default", med * 1e3);
         }
     }
     // the same ubatch over llama.cpp's cells: 512 f16 cells (the 1-3B presets' hot window and
@@ -1941,28 +1957,19 @@ static void run_timing_prefill(kvg_cuda_ctx * rows_ctx) {
         if (ctx == NULL) {
             continue;
         }
-        std::vector<float> ms;
-        for (int it = 0; it < 8; it++) {
-            m.put(mh.data(), mh.size() * 4);
-            l.put(zero.data(), nq * 4);
-            acc.put(zero.data(), zero.size() * 4);
-            cudaEventRecord(e0, g_stream);
-            const int st = kvg_cuda_attend_cells(ctx, &c);
-            cudaEventRecord(e1, g_stream);
-            cudaEventSynchronize(e1);
-            if (st != KVG_OK) {
-                mismatch("prefill timing attend_cells: %s", kvg_last_error());
-                return;
-            }
-            float t = 0.0f;
-            cudaEventElapsedTime(&t, e0, e1);
-            if (it >= 2) {
-                ms.push_back(t);
-            }
+        const double med = median_call_ms(
+            e0, e1, 2, 6,
+            [&] {
+                m.put(mh.data(), mh.size() * 4);
+                l.put(zero.data(), nq * 4);
+                acc.put(zero.data(), zero.size() * 4);
+            },
+            [&] { return kvg_cuda_attend_cells(ctx, &c); }, "prefill timing attend_cells");
+        if (med < 0) {
+            return;
         }
-        std::sort(ms.begin(), ms.end());
         printf("  attend_cells %d tokens, 3B shape, %lld f16 cells, causal mask, %-13s: %9.1f us\n", T, (long long) NC,
-               which ? "scalar kernel" : "default", ms[ms.size() / 2] * 1e3);
+               which ? "scalar kernel" : "default", med * 1e3);
     }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
@@ -2030,27 +2037,17 @@ static void run_timing(kvg_cuda_ctx * generic) {
                     if (ctx == NULL) {
                         continue;
                     }
-                    std::vector<float> ms;
-                    for (int it = 0; it < 23; it++) {
-                        m.put(mh.data(), mh.size() * 4);
-                        l.put(zero.data(), (size_t) Hq * 4);
-                        acc.put(zero.data(), zero.size() * 4);
-                        cudaEventRecord(e0, g_stream);
-                        const int st = kvg_cuda_attend(ctx, &a);  // queued: the events time the kernels
-                        cudaEventRecord(e1, g_stream);
-                        cudaEventSynchronize(e1);
-                        if (st != KVG_OK) {
-                            mismatch("timing attend: %s", kvg_last_error());
-                            return;
-                        }
-                        float t = 0.0f;
-                        cudaEventElapsedTime(&t, e0, e1);
-                        if (it >= 3) {
-                            ms.push_back(t);
-                        }
+                    const double med = median_call_ms(
+                        e0, e1, 3, 20,
+                        [&] {
+                            m.put(mh.data(), mh.size() * 4);
+                            l.put(zero.data(), (size_t) Hq * 4);
+                            acc.put(zero.data(), zero.size() * 4);
+                        },
+                        [&] { return kvg_cuda_attend(ctx, &a); }, "timing attend");
+                    if (med < 0) {
+                        return;
                     }
-                    std::sort(ms.begin(), ms.end());
-                    const double med = ms[ms.size() / 2];
                     // 20 calls queued back to back (each folds into the same state): the device's time
                     // a call, without the host's launch time that a lone call waits for
                     float        b2b = 0.0f;

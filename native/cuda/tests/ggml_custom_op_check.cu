@@ -76,46 +76,71 @@ struct run_result {
     std::vector<float> z;
 };
 
-// z = 0.5 * custom(2 * x): x's values come back where the custom op doubles
+// z = 0.5 * custom(2 * x): x's values come back where the custom op doubles; scheduled over the
+// GPU and the CPU, the scale ops on the GPU as the model's weights would place them
+struct test_graph {
+    ggml_context *       ctx   = nullptr;
+    ggml_tensor *        x     = nullptr;
+    ggml_tensor *        y     = nullptr;
+    ggml_tensor *        z     = nullptr;
+    ggml_cgraph *        graph = nullptr;
+    ggml_backend_sched_t sched = nullptr;
+
+    test_graph(ggml_backend_t gpu, ggml_backend_t cpu, ggml_custom_op_t fun, int64_t n) {
+        ggml_init_params params = {64 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true};
+        ctx                     = ggml_init(params);
+        x                       = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n);
+        ggml_set_input(x);
+        ggml_tensor * a       = ggml_scale(ctx, x, 2.0f);
+        ggml_tensor * args[1] = {a};
+        y                     = ggml_custom_4d(ctx, GGML_TYPE_F32, n, 1, 1, 1, args, 1, fun, GGML_N_TASKS_MAX, nullptr);
+        z                     = ggml_scale(ctx, y, 0.5f);
+        ggml_set_output(z);
+        graph = ggml_new_graph(ctx);
+        ggml_build_forward_expand(graph, z);
+        ggml_backend_t backends[2] = {gpu, cpu};
+        sched                      = ggml_backend_sched_new(backends, nullptr, 2, GGML_DEFAULT_GRAPH_SIZE, false, true);
+        ggml_backend_sched_set_tensor_backend(sched, a, gpu);
+        ggml_backend_sched_set_tensor_backend(sched, z, gpu);
+    }
+    ~test_graph() {
+        ggml_backend_sched_free(sched);
+        ggml_free(ctx);
+    }
+    // x set to xs, the graph computed: whether it completed; *right: whether z = 2 * xs exactly
+    bool compute(const std::vector<float> & xs, bool * right) {
+        const int64_t n = ggml_nelements(x);
+        ggml_backend_tensor_set(x, xs.data(), 0, n * sizeof(float));
+        *right = false;
+        if (ggml_backend_sched_graph_compute(sched, graph) != GGML_STATUS_SUCCESS) {
+            return false;
+        }
+        std::vector<float> zs(n);
+        ggml_backend_tensor_get(z, zs.data(), 0, n * sizeof(float));
+        *right = true;
+        for (int64_t i = 0; i < n && *right; ++i) {
+            *right = zs[i] == 2.0f * xs[i];
+        }
+        return true;
+    }
+};
+
 static run_result run(ggml_backend_t gpu, ggml_backend_t cpu, ggml_custom_op_t fun, int64_t n) {
     run_result r;
-    ggml_init_params params = {64 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true};
-    ggml_context *   ctx    = ggml_init(params);
-    ggml_tensor *    x      = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n);
-    ggml_set_input(x);
-    ggml_tensor * a    = ggml_scale(ctx, x, 2.0f);
-    ggml_tensor * args[1] = {a};
-    ggml_tensor * y    = ggml_custom_4d(ctx, GGML_TYPE_F32, n, 1, 1, 1, args, 1, fun, GGML_N_TASKS_MAX, nullptr);
-    ggml_tensor * z    = ggml_scale(ctx, y, 0.5f);
-    ggml_set_output(z);
-    ggml_cgraph * graph = ggml_new_graph(ctx);
-    ggml_build_forward_expand(graph, z);
-
-    ggml_backend_t       backends[2] = {gpu, cpu};
-    ggml_backend_sched_t sched = ggml_backend_sched_new(backends, nullptr, 2, GGML_DEFAULT_GRAPH_SIZE, false, true);
-    ggml_backend_sched_set_tensor_backend(sched, a, gpu);  // as the model's weights would place it
-    ggml_backend_sched_set_tensor_backend(sched, z, gpu);
-    if (ggml_backend_sched_alloc_graph(sched, graph)) {
+    test_graph g(gpu, cpu, fun, n);
+    if (ggml_backend_sched_alloc_graph(g.sched, g.graph)) {
         std::vector<float> xs(n);
         for (int64_t i = 0; i < n; ++i) {
             xs[i] = 0.25f * (float) (i % 977) - 7.0f;
         }
-        ggml_backend_tensor_set(x, xs.data(), 0, n * sizeof(float));
-        r.computed   = ggml_backend_sched_graph_compute(sched, graph) == GGML_STATUS_SUCCESS;
-        r.n_splits   = ggml_backend_sched_get_n_splits(sched);
-        r.custom_gpu = ggml_backend_sched_get_tensor_backend(sched, y) == gpu;
-        r.z.resize(n);
-        ggml_backend_tensor_get(z, r.z.data(), 0, n * sizeof(float));
-        float worst = 0.0f;
-        for (int64_t i = 0; i < n; ++i) {
-            worst = std::fmax(worst, std::fabs(r.z[i] - 2.0f * xs[i]));
-        }
-        if (worst != 0.0f) {
-            r.z.clear();  // marks a wrong result
+        bool right   = false;
+        r.computed   = g.compute(xs, &right);
+        r.n_splits   = ggml_backend_sched_get_n_splits(g.sched);
+        r.custom_gpu = ggml_backend_sched_get_tensor_backend(g.sched, g.y) == gpu;
+        if (r.computed && right) {
+            r.z = xs;  // z came back right; empty marks a wrong result
         }
     }
-    ggml_backend_sched_free(sched);
-    ggml_free(ctx);
     return r;
 }
 
@@ -131,38 +156,17 @@ static uint64_t twice_generation(const ggml_tensor * op, void * userdata) {
 // graph), the GPU implementation's calls counted: replays of a captured CUDA graph do not call it.
 // Returns the calls, or -1 where a result was wrong. gen_at: the rep from which g_gen is 2.
 static int run_repeated(ggml_backend_t gpu, ggml_backend_t cpu, ggml_custom_op_t fun, int64_t n, int reps, int gen_at) {
-    ggml_init_params params = {64 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true};
-    ggml_context *   ctx    = ggml_init(params);
-    ggml_tensor *    x      = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n);
-    ggml_set_input(x);
-    ggml_tensor * a       = ggml_scale(ctx, x, 2.0f);
-    ggml_tensor * args[1] = {a};
-    ggml_tensor * y       = ggml_custom_4d(ctx, GGML_TYPE_F32, n, 1, 1, 1, args, 1, fun, GGML_N_TASKS_MAX, nullptr);
-    ggml_tensor * z       = ggml_scale(ctx, y, 0.5f);
-    ggml_set_output(z);
-    ggml_cgraph * graph = ggml_new_graph(ctx);
-    ggml_build_forward_expand(graph, z);
-    ggml_backend_t       backends[2] = {gpu, cpu};
-    ggml_backend_sched_t sched       = ggml_backend_sched_new(backends, nullptr, 2, GGML_DEFAULT_GRAPH_SIZE, false, true);
-    ggml_backend_sched_set_tensor_backend(sched, a, gpu);
-    ggml_backend_sched_set_tensor_backend(sched, z, gpu);
-    const int calls0 = gpu_calls;
-    bool      right  = ggml_backend_sched_alloc_graph(sched, graph);
+    test_graph g(gpu, cpu, fun, n);
+    const int  calls0 = gpu_calls;
+    bool       right  = ggml_backend_sched_alloc_graph(g.sched, g.graph);
     for (int r = 0; r < reps && right; ++r) {
         g_gen = r >= gen_at ? 2 : 1;
-        std::vector<float> xs(n), zs(n);
+        std::vector<float> xs(n);
         for (int64_t i = 0; i < n; ++i) {
             xs[i] = (float) ((i + 31 * r) % 977) - 400.0f;
         }
-        ggml_backend_tensor_set(x, xs.data(), 0, n * sizeof(float));
-        right = ggml_backend_sched_graph_compute(sched, graph) == GGML_STATUS_SUCCESS;
-        ggml_backend_tensor_get(z, zs.data(), 0, n * sizeof(float));
-        for (int64_t i = 0; i < n && right; ++i) {
-            right = zs[i] == 2.0f * xs[i];
-        }
+        right = g.compute(xs, &right) && right;
     }
-    ggml_backend_sched_free(sched);
-    ggml_free(ctx);
     g_gen = 1;
     return right ? gpu_calls - calls0 : -1;
 }
