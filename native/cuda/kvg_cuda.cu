@@ -44,7 +44,7 @@ static __global__ void kc_status_reset_kernel(kc_status * st) {
 }
 
 int kc_status_reset(kvg_cuda_ctx * ctx) {
-    kc_status_reset_kernel<<<1, 1, 0, ctx->stream>>>(ctx->d_status);
+    KVG_LAUNCH(1, 1, 0, ctx->stream, kc_status_reset_kernel)(ctx->d_status);
     return kc_launch_check("status reset launch");
 }
 

@@ -25,7 +25,7 @@
 #define KA_SCRATCH_FLOATS ((size_t) 1 << 25)  // 128 MiB: fewer splits for very many queries
 
 static __global__ void ka_rotate_kernel(const float * q, int64_t n_q, int d, float scale, uint64_t seed, float * qr) {
-    extern __shared__ float ka_sh[];
+    KVG_DYNAMIC_SMEM(float, ka_sh);
     float * y = ka_sh;
     for (int64_t j = blockIdx.x; j < n_q; j += gridDim.x) {
         for (int i = threadIdx.x; i < d; i += blockDim.x) {
@@ -42,7 +42,7 @@ static __global__ void ka_rotate_kernel(const float * q, int64_t n_q, int d, flo
 // Shared: sq [QT][dk], accr [KA_WARPS][QT][dv], wm and wl [KA_WARPS][QT].
 template <int QT>
 static __global__ void __launch_bounds__(KA_WARPS * 32) ka_split_kernel(const ka_args a) {
-    extern __shared__ float ka_sh[];
+    KVG_DYNAMIC_SMEM(float, ka_sh);
     const int dk = a.dk, dv = a.dv;
     float *   sq   = ka_sh;
     float *   accr = sq + QT * dk;
@@ -156,7 +156,7 @@ static __global__ void __launch_bounds__(KA_WARPS * 32) ka_split_kernel(const ka
 // and the signs (kvg_cuda_attend's values); else it is added as it is (kvg_cuda_attend_cells').
 static __global__ void ka_combine_kernel(const float * pm, const float * pl, const float * pacc, int n_splits, int dv,
                                          int rotated, uint64_t seed, float * m, float * l, float * acc) {
-    extern __shared__ float ka_sh[];
+    KVG_DYNAMIC_SMEM(float, ka_sh);
     float *       y   = ka_sh;
     float *       c   = y + dv;
     float *       red = c + n_splits;
@@ -288,7 +288,7 @@ int ka_scratch(kvg_cuda_ctx * ctx, size_t bytes) {
 
 template <int QT>
 static void ka_launch_split(const ka_args & a, dim3 grid, size_t smem, cudaStream_t stream) {
-    ka_split_kernel<QT><<<grid, KA_WARPS * 32, smem, stream>>>(a);
+    KVG_LAUNCH(grid, KA_WARPS * 32, smem, stream, ka_split_kernel<QT>)(a);
 }
 
 extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * a) {
@@ -415,7 +415,7 @@ extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * 
     // Soft-capping as attend.c does it: scores taken with scale / softcap, then softcap * tanh.
     const float scale = a->softcap > 0.0f ? a->scale / a->softcap : a->scale;
     const int   rthreads = dk >= 256 ? 128 : (int) (dk / 2 < 32 ? 32 : dk / 2);
-    ka_rotate_kernel<<<(unsigned) (n_q < 65536 ? n_q : 65536), rthreads, (size_t) dk * sizeof(float), ctx->stream>>>(
+    KVG_LAUNCH((unsigned) (n_q < 65536 ? n_q : 65536), rthreads, (size_t) dk * sizeof(float), ctx->stream, ka_rotate_kernel)(
         a->q_dev, n_q, (int) dk, scale, a->seed, qr);
     st = kc_launch_check("attend rotate launch");
     if (st != KVG_OK) {
@@ -430,7 +430,7 @@ extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * 
             return st;
         }
     } else if (rows_kernel) {
-        kernel<<<grid, KA_WARPS * 32, 0, ctx->stream>>>(args, ((uintptr_t) args.k_codes & 3) == 0,
+        KVG_LAUNCH(grid, KA_WARPS * 32, 0, ctx->stream, kernel)(args, ((uintptr_t) args.k_codes & 3) == 0,
                                                         ((uintptr_t) args.v_codes & 3) == 0);
     } else {
         switch (qt) {
@@ -452,6 +452,6 @@ int ka_combine_launch(kvg_cuda_ctx * ctx, const float * pm, const float * pl, co
                       int dv, int rotated, uint64_t seed, float * m, float * l, float * acc) {
     const int    cthreads = 128;
     const size_t csmem    = sizeof(float) * (size_t) (dv + n_splits + cthreads);
-    ka_combine_kernel<<<(unsigned) n_q, cthreads, csmem, ctx->stream>>>(pm, pl, pacc, n_splits, dv, rotated, seed, m, l, acc);
+    KVG_LAUNCH((unsigned) n_q, cthreads, csmem, ctx->stream, ka_combine_kernel)(pm, pl, pacc, n_splits, dv, rotated, seed, m, l, acc);
     return kc_launch_check(rotated ? "attend combine launch" : "attend_cells combine launch");
 }

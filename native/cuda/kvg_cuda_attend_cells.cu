@@ -48,7 +48,7 @@ struct kcl_args {
 // Shared: sq [QT][dk], accs [KA_WARPS][QT][dv], wm and wl [KA_WARPS][QT].
 template <int QT>
 static __global__ void __launch_bounds__(KA_WARPS * 32) kcl_split_kernel(const kcl_args a) {
-    extern __shared__ float kcl_sh[];
+    KVG_DYNAMIC_SMEM(float, kcl_sh);
     const int dk = a.dk, dv = a.dv;
     float *   sq   = kcl_sh;
     float *   accs = sq + QT * dk;
@@ -216,7 +216,7 @@ static int kcl_readable(int32_t type, const size_t * nb, int64_t d) {
 
 template <int QT>
 static void kcl_launch_split(const kcl_args & a, dim3 grid, size_t smem, cudaStream_t stream) {
-    kcl_split_kernel<QT><<<grid, KA_WARPS * 32, smem, stream>>>(a);
+    KVG_LAUNCH(grid, KA_WARPS * 32, smem, stream, kcl_split_kernel<QT>)(a);
 }
 
 extern "C" int kvg_cuda_attend_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_args * a) {
@@ -362,7 +362,7 @@ extern "C" int kvg_cuda_attend_begin(kvg_cuda_ctx * ctx, int64_t n_q, int64_t he
     if (scope.status != KVG_OK) {
         return scope.status;
     }
-    kcl_begin_kernel<<<kcl_grid(n_q * head_dim_v), 256, 0, ctx->stream>>>(n_q, (int) head_dim_v, m_dev, l_dev, acc_dev);
+    KVG_LAUNCH(kcl_grid(n_q * head_dim_v), 256, 0, ctx->stream, kcl_begin_kernel)(n_q, (int) head_dim_v, m_dev, l_dev, acc_dev);
     return kc_launch_check("attend_begin launch");
 }
 
@@ -380,7 +380,7 @@ extern "C" int kvg_cuda_gather_q(kvg_cuda_ctx * ctx, const void * src_dev, const
         return scope.status;
     }
     const int64_t n = head_dim * n_head * n_tokens;
-    kcl_gather_q_kernel<<<kcl_grid(n), 256, 0, ctx->stream>>>((const uint8_t *) src_dev, nb[0], nb[1], nb[2], (int) head_dim,
+    KVG_LAUNCH(kcl_grid(n), 256, 0, ctx->stream, kcl_gather_q_kernel)((const uint8_t *) src_dev, nb[0], nb[1], nb[2], (int) head_dim,
                                                               n_head, n, round_f16 != 0, dst_dev);
     return kc_launch_check("gather_q launch");
 }
@@ -399,7 +399,7 @@ extern "C" int kvg_cuda_attend_finish(kvg_cuda_ctx * ctx, const kvg_cuda_finish_
         return scope.status;
     }
     const int64_t n_q = (int64_t) a->n_tokens * a->n_head;
-    kcl_finish_kernel<<<kcl_grid(n_q * a->head_dim_v), 256, 0, ctx->stream>>>(a->m_dev, a->l_dev, a->acc_dev, a->sinks_dev,
+    KVG_LAUNCH(kcl_grid(n_q * a->head_dim_v), 256, 0, ctx->stream, kcl_finish_kernel)(a->m_dev, a->l_dev, a->acc_dev, a->sinks_dev,
                                                                             a->n_head, n_q, (int) a->head_dim_v, a->out_dev);
     return kc_launch_check("attend_finish launch");
 }

@@ -90,10 +90,10 @@ struct kt_cells {
 
 template <int D, bool CELLS>
 static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_args a, const kt_cells cl) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800) || defined(KVG_CUDA_EMULATOR)
     using namespace nvcuda;
     using L = kt_layout<D>;
-    extern __shared__ __align__(128) unsigned char kt_sh[];
+    KVG_DYNAMIC_SMEM(unsigned char, kt_sh);
     __shared__ float ktab[16], vtab[16];
     half *  sQ = reinterpret_cast<half *>(kt_sh + L::Q);
     half *  sK = reinterpret_cast<half *>(kt_sh + L::K);
@@ -301,7 +301,7 @@ static int kt_launch_d(const ka_args & a, const kt_cells & cl, dim3 grid, cudaSt
     if (e != cudaSuccess) {
         return kc_cuda_fail(e, "cudaFuncSetAttribute (tensor-core attend: shared memory)");
     }
-    kt_split_kernel<D, CELLS><<<grid, KT_THREADS, smem, stream>>>(a, cl);
+    KVG_LAUNCH(grid, KT_THREADS, smem, stream, kt_split_kernel<D, CELLS>)(a, cl);
     return kc_launch_check(CELLS ? "attend_cells split launch (tensor cores)" : "attend split launch (tensor cores)");
 }
 

@@ -89,7 +89,7 @@ static int kc_rotq_threads(int64_t d) {
 // One block per head vector (grid-stride over vectors). Shared: y (D floats), then the codes (D bytes).
 static __global__ void kc_rotq_encode_kernel(const kc_rotq r, const void * src, int f16, int64_t rs, int64_t cs,
                                              uint8_t * norms, uint8_t * codes, kc_status * st) {
-    extern __shared__ float kc_sh[];
+    KVG_DYNAMIC_SMEM(float, kc_sh);
     float *          y = kc_sh;
     uint8_t *        q = (uint8_t *) (kc_sh + r.D);
     __shared__ float lanes[8];
@@ -144,7 +144,7 @@ static __global__ void kc_rotq_decode_kernel(const kc_rotq r, const uint8_t * no
     if (st->flags != 0) {
         return;
     }
-    extern __shared__ float kc_sh[];
+    KVG_DYNAMIC_SMEM(float, kc_sh);
     float *   y = kc_sh;
     const int D = (int) r.D;
     for (int64_t v = blockIdx.x; v < r.n_vec; v += gridDim.x) {
@@ -168,19 +168,19 @@ int kc_encode_launch(kvg_cuda_ctx * ctx, const kc_shape * s, const void * src, i
                      uint8_t * dst) {
     cudaStream_t stream = ctx->stream;
     if (s->type == KVG_CODEC_F16) {
-        kc_f16_encode_kernel<<<kc_blocks(s->n_values, KC_THREADS), KC_THREADS, 0, stream>>>(
+        KVG_LAUNCH(kc_blocks(s->n_values, KC_THREADS), KC_THREADS, 0, stream, kc_f16_encode_kernel)(
             src, src_f16, rs, cs, s->n_channels, s->n_values, dst, ctx->d_status);
         return kc_launch_check("f16 encode launch");
     }
     if (s->type >= KVG_CODEC_KIVI2 && s->type <= KVG_CODEC_KIVI8) {
         const kc_kivi k = kc_kivi_of(s);
-        kc_kivi_groups_kernel<<<kc_blocks(k.n_groups, KC_THREADS), KC_THREADS, 0, stream>>>(k, src, src_f16, rs, cs, dst,
+        KVG_LAUNCH(kc_blocks(k.n_groups, KC_THREADS), KC_THREADS, 0, stream, kc_kivi_groups_kernel)(k, src, src_f16, rs, cs, dst,
                                                                                             ctx->d_status);
         const int st = kc_launch_check("kivi groups launch");
         if (st != KVG_OK) {
             return st;
         }
-        kc_kivi_codes_kernel<<<kc_blocks(k.code_bytes, KC_THREADS), KC_THREADS, 0, stream>>>(k, src, src_f16, rs, cs, dst,
+        KVG_LAUNCH(kc_blocks(k.code_bytes, KC_THREADS), KC_THREADS, 0, stream, kc_kivi_codes_kernel)(k, src, src_f16, rs, cs, dst,
                                                                                              dst + 4 * k.n_groups);
         return kc_launch_check("kivi codes launch");
     }
@@ -190,7 +190,7 @@ int kc_encode_launch(kvg_cuda_ctx * ctx, const kc_shape * s, const void * src, i
         return st;
     }
     const size_t smem = (size_t) r.D * (sizeof(float) + 1);
-    kc_rotq_encode_kernel<<<kc_blocks(r.n_vec, 1), kc_rotq_threads(r.D), smem, stream>>>(r, src, src_f16, rs, cs, dst,
+    KVG_LAUNCH(kc_blocks(r.n_vec, 1), kc_rotq_threads(r.D), smem, stream, kc_rotq_encode_kernel)(r, src, src_f16, rs, cs, dst,
                                                                                           dst + 2 * r.n_vec, ctx->d_status);
     return kc_launch_check("rotq encode launch");
 }
@@ -199,23 +199,23 @@ int kc_decode_launch(kvg_cuda_ctx * ctx, const kc_shape * s, const uint8_t * src
                      int64_t cs) {
     cudaStream_t stream = ctx->stream;
     if (s->type == KVG_CODEC_F16) {
-        kc_f16_check_kernel<<<kc_blocks(s->n_values, KC_THREADS), KC_THREADS, 0, stream>>>(src, s->n_values, ctx->d_status);
+        KVG_LAUNCH(kc_blocks(s->n_values, KC_THREADS), KC_THREADS, 0, stream, kc_f16_check_kernel)(src, s->n_values, ctx->d_status);
         const int st = kc_launch_check("f16 check launch");
         if (st != KVG_OK || dst == NULL) {
             return st;  // dst NULL: kvg_cuda_check
         }
-        kc_f16_decode_kernel<<<kc_blocks(s->n_values, KC_THREADS), KC_THREADS, 0, stream>>>(
+        KVG_LAUNCH(kc_blocks(s->n_values, KC_THREADS), KC_THREADS, 0, stream, kc_f16_decode_kernel)(
             src, s->n_channels, s->n_values, dst, dst_f16, rs, cs, ctx->d_status);
         return kc_launch_check("f16 decode launch");
     }
     if (s->type >= KVG_CODEC_KIVI2 && s->type <= KVG_CODEC_KIVI8) {
         const kc_kivi k = kc_kivi_of(s);
-        kc_kivi_check_kernel<<<kc_blocks(k.n_groups, KC_THREADS), KC_THREADS, 0, stream>>>(k, src, ctx->d_status);
+        KVG_LAUNCH(kc_blocks(k.n_groups, KC_THREADS), KC_THREADS, 0, stream, kc_kivi_check_kernel)(k, src, ctx->d_status);
         const int st = kc_launch_check("kivi check launch");
         if (st != KVG_OK || dst == NULL) {
             return st;
         }
-        kc_kivi_decode_kernel<<<kc_blocks(k.n_values, KC_THREADS), KC_THREADS, 0, stream>>>(
+        KVG_LAUNCH(kc_blocks(k.n_values, KC_THREADS), KC_THREADS, 0, stream, kc_kivi_decode_kernel)(
             k, src, src + 4 * k.n_groups, dst, dst_f16, rs, cs, ctx->d_status);
         return kc_launch_check("kivi decode launch");
     }
@@ -224,13 +224,13 @@ int kc_decode_launch(kvg_cuda_ctx * ctx, const kc_shape * s, const uint8_t * src
     if (st != KVG_OK) {
         return st;
     }
-    kc_rotq_check_kernel<<<kc_blocks(r.n_vec, KC_THREADS), KC_THREADS, 0, stream>>>(r, src, ctx->d_status);
+    KVG_LAUNCH(kc_blocks(r.n_vec, KC_THREADS), KC_THREADS, 0, stream, kc_rotq_check_kernel)(r, src, ctx->d_status);
     st = kc_launch_check("rotq check launch");
     if (st != KVG_OK || dst == NULL) {
         return st;
     }
     const float inv_d = 1.0f / (float) r.D;  // exact: a power of two, as rotq.c's 1.0f / (float) d
-    kc_rotq_decode_kernel<<<kc_blocks(r.n_vec, 1), kc_rotq_threads(r.D), (size_t) r.D * sizeof(float), stream>>>(
+    KVG_LAUNCH(kc_blocks(r.n_vec, 1), kc_rotq_threads(r.D), (size_t) r.D * sizeof(float), stream, kc_rotq_decode_kernel)(
         r, src, src + 2 * r.n_vec, inv_d, dst, dst_f16, rs, cs, ctx->d_status);
     return kc_launch_check("rotq decode launch");
 }

@@ -20,6 +20,17 @@
 #include <stdint.h>
 #include <string.h>
 
+// A launch, kernel<<<grid, block, smem, stream>>>(args...), and a kernel's dynamic shared memory,
+// extern __shared__ type name[], written so that the same sources also build for the CPU emulator
+// (native/cuda/emulator: no GPU, no nvcc), which cannot take either syntax.
+#ifdef KVG_CUDA_EMULATOR
+#    define KVG_LAUNCH(grid, block, smem, stream, ...) KVG_EMU_LAUNCH(grid, block, smem, stream, __VA_ARGS__)
+#    define KVG_DYNAMIC_SMEM(type, name)              KVG_EMU_DYNAMIC_SMEM(type, name)
+#else
+#    define KVG_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<grid, block, smem, stream>>>
+#    define KVG_DYNAMIC_SMEM(type, name)              extern __shared__ __align__(128) type name[]
+#endif
+
 // ---- the context ---------------------------------------------------------------------------
 
 // What a kernel reports: flag bits, and per flag the lowest index (element, vector or group)

@@ -1,0 +1,2 @@
+// cuda_runtime.h: the CUDA emulator stands in for it (kvg_cuda_emulator.h).
+#include "kvg_cuda_emulator.h"

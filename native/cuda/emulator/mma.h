@@ -1,0 +1,2 @@
+// mma.h: the CUDA emulator stands in for it (kvg_cuda_emulator.h).
+#include "kvg_cuda_emulator.h"
