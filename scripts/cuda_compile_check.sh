@@ -45,28 +45,12 @@ cflags=(-std=c11 -O3 -ffp-contract=off -Wall -Wextra -Inative/include -Inative/s
 nvflags=(-std=c++17 -O3 -fmad=false -ftz=false "-gencode=arch=compute_$arch,code=[sm_$arch,compute_$arch]"
          -Xcompiler -ffp-contract=off,-fvisibility=hidden,-Wall,-Wextra --Werror all-warnings -Inative/include -Inative/src -Inative/cuda)
 
-pids=()
-objs=()
-compile() {  # compile OBJ CMD... in the background; its log beside it
-    local obj=$1
-    shift
-    objs+=("$obj")
-    ("$@" > "$obj.log" 2>&1 || { cat "$obj.log"; exit 1; }) &
-    pids+=($!)
-}
+. scripts/compile_jobs.sh
 for src in native/cuda/*.cu native/cuda/tests/cuda_check.cu; do
     compile "$out/$(basename "$src" .cu).cu.o" "$nvcc" "${nvflags[@]}" -c "$src" -o "$out/$(basename "$src" .cu).cu.o"
 done
-for src in native/src/*.c native/cuda/*.c; do
-    extra=()
-    case "$src" in *avx2*) [ "$(uname -m)" = x86_64 ] && extra=(-mavx2 -mfma -mf16c) ;; esac
-    compile "$out/$(basename "$src" .c).o" "${CC:-cc}" "${cflags[@]}" "${extra[@]}" -c "$src" -o "$out/$(basename "$src" .c).o"
-done
-failed=0
-for pid in "${pids[@]}"; do
-    wait "$pid" || failed=1
-done
-if [ "$failed" -ne 0 ]; then
+compile_c_sources "$out" "${CC:-cc}" "${cflags[@]}"
+if ! wait_compiles; then
     echo "cuda_compile_check: compile FAILED"
     exit 1
 fi

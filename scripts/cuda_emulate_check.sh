@@ -40,29 +40,12 @@ common=("$opt" -g -ffp-contract=off "${san[@]}" -Wall -Wextra -Inative/include -
 # are what the sources mean on a GPU.
 cxxflags=(-std=c++17 -x c++ -Inative/cuda/emulator "${common[@]}" -Wno-unknown-pragmas -Wno-sign-compare)
 
-pids=()
-objs=()
-compile() {  # compile OBJ CMD... in the background; its log beside it
-    local obj=$1
-    shift
-    objs+=("$obj")
-    ("$@" > "$obj.log" 2>&1 || { cat "$obj.log"; exit 1; }) &
-    pids+=($!)
-}
+. scripts/compile_jobs.sh
 for src in native/cuda/*.cu native/cuda/tests/cuda_check.cu native/cuda/emulator/kvg_cuda_emulator.cpp; do
-    name=$(basename "$src")
-    compile "$out/$name.o" "$cxx" "${cxxflags[@]}" -c "$src" -o "$out/$name.o"
+    compile "$out/$(basename "$src").o" "$cxx" "${cxxflags[@]}" -c "$src" -o "$out/$(basename "$src").o"
 done
-for src in native/src/*.c native/cuda/*.c; do
-    extra=()
-    case "$src" in *avx2*) [ "$(uname -m)" = x86_64 ] && extra=(-mavx2 -mfma -mf16c) ;; esac
-    compile "$out/$(basename "$src" .c).o" "$cc" -std=c11 "${common[@]}" "${extra[@]}" -c "$src" -o "$out/$(basename "$src" .c).o"
-done
-failed=0
-for pid in "${pids[@]}"; do
-    wait "$pid" || failed=1
-done
-if [ "$failed" -ne 0 ]; then
+compile_c_sources "$out" "$cc" -std=c11 "${common[@]}"
+if ! wait_compiles; then
     echo "cuda_emulate_check: compile FAILED"
     exit 1
 fi
