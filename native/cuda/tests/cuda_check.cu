@@ -1839,6 +1839,34 @@ static double median_call_ms(cudaEvent_t e0, cudaEvent_t e1, int warm, int reps,
     return ms[ms.size() / 2];
 }
 
+// The median of `call(ctx)` on the default kernels (g_ctx) and on the scalar ones alone (rows_ctx),
+// each call from an empty state of nq queries: m -inf, l and acc (nq x dv) 0. ms[which] in ms, -1
+// where rows_ctx is missing; false (reported as `what`) if a call failed.
+template <class Call>
+static bool time_default_and_scalar(cudaEvent_t e0, cudaEvent_t e1, kvg_cuda_ctx * rows_ctx, DevBuf & m, DevBuf & l,
+                                    DevBuf & acc, size_t nq, size_t dv, Call call, const char * what, double ms[2]) {
+    const std::vector<float> mh(nq, -INFINITY), zero(nq * dv, 0.0f);
+    for (int which = 0; which < 2; which++) {
+        kvg_cuda_ctx * ctx = which ? rows_ctx : g_ctx;
+        ms[which]          = -1.0;
+        if (ctx == NULL) {
+            continue;
+        }
+        ms[which] = median_call_ms(
+            e0, e1, 2, 6,
+            [&] {
+                m.put(mh.data(), mh.size() * 4);
+                l.put(zero.data(), nq * 4);
+                acc.put(zero.data(), zero.size() * 4);
+            },
+            [&] { return call(ctx); }, what);
+        if (ms[which] < 0) {
+            return false;
+        }
+    }
+    return true;
+}
+
 // One prefill ubatch of one layer of the 3B shape (256 tokens, 8/24 heads, d=128) over 8K and 32K
 // coded rows: the default kernels (the tensor cores from compute capability 8.0) against the scalar
 // row-parallel kernel (rows_ctx). Not asserted.
@@ -1868,7 +1896,7 @@ static void run_timing_prefill(kvg_cuda_ctx * rows_ctx) {
             mismatch("prefill timing encode: %s", kvg_last_error());
             return;
         }
-        std::vector<float> qh(nq * D), mh(nq, -INFINITY), zero(nq * D, 0.0f);
+        std::vector<float> qh(nq * D);
         for (auto & v : qh) {
             v = rng.gauss();
         }
@@ -1889,24 +1917,17 @@ static void run_timing_prefill(kvg_cuda_ctx * rows_ctx) {
         a.m_dev      = (float *) m.p;
         a.l_dev      = (float *) l.p;
         a.acc_dev    = (float *) acc.p;
+        double ms[2];
+        if (!time_default_and_scalar(
+                e0, e1, rows_ctx, m, l, acc, nq, (size_t) D,
+                [&](kvg_cuda_ctx * ctx) { return kvg_cuda_attend(ctx, &a); }, "prefill timing attend", ms)) {
+            return;
+        }
         for (int which = 0; which < 2; which++) {
-            kvg_cuda_ctx * ctx = which ? rows_ctx : g_ctx;
-            if (ctx == NULL) {
-                continue;
+            if (ms[which] >= 0) {
+                printf("  attend %d tokens, 3B shape (%d/%d heads, d=%lld), %6lld rows, K rotq4 / V rotq2, %-13s: %9.1f us\n",
+                       T, Hq, Hk, (long long) D, (long long) R, which ? "scalar kernel" : "default", ms[which] * 1e3);
             }
-            const double med = median_call_ms(
-                e0, e1, 2, 6,
-                [&] {
-                    m.put(mh.data(), mh.size() * 4);
-                    l.put(zero.data(), nq * 4);
-                    acc.put(zero.data(), zero.size() * 4);
-                },
-                [&] { return kvg_cuda_attend(ctx, &a); }, "prefill timing attend");
-            if (med < 0) {
-                return;
-            }
-            printf("  attend %d tokens, 3B shape (%d/%d heads, d=%lld), %6lld rows, K rotq4 / V rotq2, %-13s: %9.1f us\n", T,
-                   Hq, Hk, (long long) D, (long long) R, which ? "scalar kernel" : "default", med * 1e3);
         }
     }
     // the same ubatch over llama.cpp's cells: 512 f16 cells (the 1-3B presets' hot window and
@@ -1926,7 +1947,7 @@ static void run_timing_prefill(kvg_cuda_ctx * rows_ctx) {
     dkc.put(kc.data(), kc.size());
     dvc.put(vc.data(), vc.size());
     dmask.put(mask.data(), mask.size() * 4);
-    std::vector<float> qh(nq * D), mh(nq, -INFINITY), zero(nq * D, 0.0f);
+    std::vector<float> qh(nq * D);
     for (auto & v : qh) {
         v = rng.gauss();
     }
@@ -1952,24 +1973,17 @@ static void run_timing_prefill(kvg_cuda_ctx * rows_ctx) {
     c.m_dev    = (float *) m.p;
     c.l_dev    = (float *) l.p;
     c.acc_dev  = (float *) acc.p;
+    double ms[2];
+    if (!time_default_and_scalar(
+            e0, e1, rows_ctx, m, l, acc, nq, (size_t) D,
+            [&](kvg_cuda_ctx * ctx) { return kvg_cuda_attend_cells(ctx, &c); }, "prefill timing attend_cells", ms)) {
+        return;
+    }
     for (int which = 0; which < 2; which++) {
-        kvg_cuda_ctx * ctx = which ? rows_ctx : g_ctx;
-        if (ctx == NULL) {
-            continue;
+        if (ms[which] >= 0) {
+            printf("  attend_cells %d tokens, 3B shape, %lld f16 cells, causal mask, %-13s: %9.1f us\n", T, (long long) NC,
+                   which ? "scalar kernel" : "default", ms[which] * 1e3);
         }
-        const double med = median_call_ms(
-            e0, e1, 2, 6,
-            [&] {
-                m.put(mh.data(), mh.size() * 4);
-                l.put(zero.data(), nq * 4);
-                acc.put(zero.data(), zero.size() * 4);
-            },
-            [&] { return kvg_cuda_attend_cells(ctx, &c); }, "prefill timing attend_cells");
-        if (med < 0) {
-            return;
-        }
-        printf("  attend_cells %d tokens, 3B shape, %lld f16 cells, causal mask, %-13s: %9.1f us\n", T, (long long) NC,
-               which ? "scalar kernel" : "default", med * 1e3);
     }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
