@@ -156,8 +156,9 @@ def test_a_cpu_context_holds_nothing_in_vram(smollm2_path):
 
 def test_a_plan_for_a_gpu_takes_only_what_the_gpu_attends_over():
     """kv_codec="tiered" / "auto" on a GPU: the calibrated plan leaves out every codec family but
-    f16 and rotq, the preset's own exclusions and key floor kept; without a GPU build or with no
-    layer offloaded, kvgguf plans for the CPU."""
+    f16, kivi and rotq (the GPU attends over K and V of them in any mix), the preset's own
+    exclusions and key floor kept; without a GPU build or with no layer offloaded, kvgguf plans
+    for the CPU."""
     from kvgguf.bindings import codecs
     from kvgguf.llama import _on_gpu
     from kvgguf.policy import kv_codec, resolve
@@ -165,11 +166,28 @@ def test_a_plan_for_a_gpu_takes_only_what_the_gpu_attends_over():
     request = kv_codec.parse("tiered")[1]
     gpu = resolve.gpu_request(request)
     families = {codecs.family(n) for n in codecs.names()}
-    assert families - set(gpu.exclude) == {"f16", "rotq"}
+    assert families - set(gpu.exclude) == {"f16", "kivi", "rotq"}
+    assert {codecs.family(n) for n in cuda_store.GPU_CODECS} == set(resolve.GPU_FAMILIES)
+    assert set(cuda_store.GPU_CODECS) == {n for n in codecs.names() if codecs.family(n) in resolve.GPU_FAMILIES}
     assert set(request.exclude) <= set(gpu.exclude) and gpu.key_bits == request.key_bits
     assert resolve.gpu_request(None) is None
     assert not _on_gpu({"n_gpu_layers": 0}) and not _on_gpu({"n_gpu_layers": -1, "offload_kqv": False})
     assert _on_gpu({"n_gpu_layers": -1}) == (cuda_store.unavailable() is None)
+
+
+def test_a_gpu_layer_refuses_before_the_first_token_what_it_cannot_attend_over():
+    """cuda_store.gpu_refuses, which LiveCache asks for every GPU layer's K and V codecs of every
+    tier before the first token: kivi at any head dim (Phi-2's 80, Phi-3's 96), rotq, f16, in any
+    mix; not a codec outside GPU_CODECS, a head dim past the kernels', or rows that are not whole
+    bytes of codes."""
+    assert cuda_store.gpu_refuses("kivi4", 32, 80) is None
+    assert cuda_store.gpu_refuses("kivi3", 8, 96) is None
+    assert cuda_store.gpu_refuses("kivi8", 1, 256) is None
+    assert cuda_store.gpu_refuses("rotq2", 8, 128) is None and cuda_store.gpu_refuses("f16", 2, 72) is None
+    assert "not tcq3" in cuda_store.gpu_refuses("tcq3", 8, 128)
+    assert "kivi2" in cuda_store.gpu_refuses("wfq4", 8, 128)  # the message names what runs
+    assert "up to 512" in cuda_store.gpu_refuses("kivi4", 1, 576)
+    assert "whole bytes" in cuda_store.gpu_refuses("kivi3", 1, 5)
 
 
 @pytest.mark.parametrize("flash_attn", [True, False])  # off: llama.cpp transposes V

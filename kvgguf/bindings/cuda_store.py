@@ -21,9 +21,11 @@ _BEGIN, _END = "// cffi-cuda-begin", "// cffi-cuda-end"
 _PREAMBLE = "typedef struct kvg_store kvg_store;\ntypedef struct kvg_cuda_finish_args kvg_cuda_finish_args;\n"
 CUDA_HEADER_ENV = "KVGGUF_CUDA_HEADER"
 
-# What the GPU attends over in a layer's store (kvg_cuda_store_hook_attend): rotq blocks, and f16
-# where K and V both are (the sinks). Any other codec in a GPU layer is refused before the first token.
-GPU_CODECS = ("f16", "rotq1", "rotq2", "rotq3", "rotq4")
+# What the GPU attends over in a layer's store (kvg_cuda_store_hook_attend, kvg_cuda_attend): f16,
+# kivi and rotq blocks, K and V in any mix. Any other codec in a GPU layer is refused before the
+# first token (gpu_refuses).
+GPU_CODECS = ("f16", "kivi2", "kivi3", "kivi4", "kivi8", "rotq1", "rotq2", "rotq3", "rotq4")
+GPU_MAX_HEAD_DIM = 512  # kvg_cuda_attend's (KA_MAX_DIM in native/cuda/kvg_cuda_attend.cu)
 
 _lock = threading.Lock()
 _loaded = None  # (ffi, lib), or the reason they are not there
@@ -72,6 +74,22 @@ def unavailable() -> str | None:
     n = ffi.new("int *")
     check(lib.kvg_cuda_device_count(n), "kvg_cuda_device_count")
     return None if n[0] > 0 else "the CUDA runtime sees no device"
+
+
+def gpu_refuses(codec: str, n_head_kv: int, head_dim: int) -> str | None:
+    """Why a GPU layer cannot attend over rows of ``codec`` with n_head_kv heads of head_dim
+    values (one side, K or V), None where it can: a codec not in GPU_CODECS, a head dim past the
+    GPU attention's, or rows that are not whole bytes of codes (the device copy lays a run's rows
+    end to end: kvg_cuda_store.c's row_layout)."""
+    from . import codecs
+
+    if codec not in GPU_CODECS:
+        return f"the GPU attends over {', '.join(GPU_CODECS)}, not {codec}"
+    if head_dim > GPU_MAX_HEAD_DIM:
+        return f"the GPU attends over head dims up to {GPU_MAX_HEAD_DIM}, not {head_dim}"
+    if n_head_kv * head_dim * codecs.info(codec).bits % 8:
+        return f"a row of {n_head_kv} x {head_dim} {codec} codes is not whole bytes, which the GPU's copy needs"
+    return None
 
 
 def store_items(ffi, items):

@@ -107,9 +107,9 @@ class Resolved:
     window: Optional[str] = None  # None: the model has no sliding-window layers
 
 
-# The codec families a GPU layer attends over (kvgguf.bindings.cuda_store.GPU_CODECS): a calibrated
-# plan for a context on a GPU leaves the others out.
-GPU_FAMILIES = ("f16", "rotq")
+# The codec families a GPU layer attends over (kvgguf.bindings.cuda_store.GPU_CODECS), K and V in
+# any mix: a calibrated plan for a context on a GPU leaves the others out.
+GPU_FAMILIES = ("f16", "kivi", "rotq")
 
 
 def gpu_request(request: Optional[Request]) -> Optional[Request]:
@@ -147,7 +147,7 @@ def resolve(
     config, request = _fit_codecs(
         config, shape, model_path, tiered_preset=tiered_preset, request=request, verbose=verbose
     )
-    if tiered_preset and config.keep is None and near_exact(shape) and not gpu:  # kivi8: not on a GPU
+    if tiered_preset and config.keep is None and near_exact(shape):
         config, request = _near_exact(config, shape, model_path, verbose)
     n_batch = decode_batch(n_batch, n_ctx, config, verbose)
     calibrated = None

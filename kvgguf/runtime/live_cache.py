@@ -106,15 +106,15 @@ class LiveCache:
         layers = set(where)
         for tier, table in self.codecs.items():
             for il in sorted(layers):
-                k, v = table[il, Kind.K], table[il, Kind.V]
-                both_f16 = k == v == "f16"
-                both_rotq = k.startswith("rotq") and v.startswith("rotq")
-                if not (both_f16 or both_rotq) or k not in cuda_store.GPU_CODECS or v not in cuda_store.GPU_CODECS:
-                    raise ValueError(
-                        f"layer {il} is on the GPU ({cuda[0]}), which attends over rotq1-4 rows (K and V both) "
-                        f"and f16 rows (both), not K {k} / V {v} (tier {Tier(tier).name.lower()}); choose such "
-                        "codecs, or keep this layer on the CPU (n_gpu_layers, offload_kqv=False)"
-                    )
+                for kind in Kind:
+                    dim = self.shape.head_dim_k if kind == Kind.K else self.shape.head_dim_v
+                    why = cuda_store.gpu_refuses(table[il, kind], self.shape.n_head_kv, dim)
+                    if why:
+                        raise ValueError(
+                            f"layer {il} is on the GPU ({cuda[0]}), and its {Tier(tier).name.lower()} "
+                            f"{kind.name} rows would be {table[il, kind]}: {why}; choose such codecs, or keep "
+                            "this layer on the CPU (n_gpu_layers, offload_kqv=False)"
+                        )
         if self.config.keep == "mass":
             raise ValueError(
                 "keep='mass' counts the attention mass on the fused path, which GPU layers do not report "

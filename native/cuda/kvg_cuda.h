@@ -10,7 +10,8 @@
 // cuda_check.cu checks that on a machine with a GPU.
 //
 // Codecs on the GPU: f16, kivi2, kivi3, kivi4, kivi8 (any head_dim) and rotq1..rotq4 (head_dim a
-// power of two in [8, 4096]) for encode and decode; kvg_cuda_attend takes rotq K and V blocks.
+// power of two in [8, 4096]) for encode and decode; kvg_cuda_attend takes each of K and V as f16,
+// kivi or rotq (rotq up to head_dim 512), in any mix.
 // Anything else is refused with KVG_ERR_UNSUPPORTED (KVG_ERR_SHAPE for a head_dim) before any
 // work is queued, and kvg_last_error() names the codecs the GPU runs.
 //
@@ -140,11 +141,12 @@ typedef struct kvg_cuda_block {
 // online-softmax state (m, l, acc) of n_tokens * n_head queries (q: f32 [n_tokens][n_head][head_dim_k],
 // m, l: [n_tokens * n_head], acc: [n_tokens * n_head][head_dim_v], all on the device) folds in rows
 // [k_row0, k_row0 + n_rows) of block k with rows [v_row0, v_row0 + n_rows) of block v. Keys are
-// scored from their codes against queries rotated once per call, values summed in the rotated
-// domain and transformed back once per query: no row is expanded in global memory. score =
-// scale * q.k, capped to softcap * tanh(score / softcap) when softcap > 0. The caller sets m = -inf,
-// l = 0, acc = 0 once; calls over consecutive runs fold into the same state.
-// K and V must be rotq1..4 blocks (head dims a power of two in [8, 512]) coded with `seed`.
+// scored from their codes (rotq's against queries rotated once per call), values summed (rotq's in
+// the rotated domain, transformed back once per query): no row is expanded in global memory.
+// score = scale * q.k, capped to softcap * tanh(score / softcap) when softcap > 0. The caller sets
+// m = -inf, l = 0, acc = 0 once; calls over consecutive runs fold into the same state.
+// K and V are each rotq1..4 (head dim a power of two in [8, 512], coded with `seed`), kivi2, kivi3,
+// kivi4 or kivi8 (groups of group_size) or f16 (head dims up to 512), in any mix.
 // Queued on the context's stream without waiting: argument errors and launch failures are
 // returned, a fault while running shows at the next kvg_cuda_sync.
 typedef struct kvg_cuda_attend_args {
@@ -152,7 +154,8 @@ typedef struct kvg_cuda_attend_args {
     int64_t        k_row0, v_row0, n_rows;
     int32_t        n_head_kv;
     int64_t        head_dim_k, head_dim_v;
-    uint64_t       seed;      // the store's params.codec.seed (KVG_DEFAULT_SEED)
+    uint64_t       seed;        // the store's params.codec.seed (KVG_DEFAULT_SEED)
+    int32_t        group_size;  // the store's params.codec.group_size (kivi; 0: KVG_DEFAULT_GROUP_SIZE)
     const float *  q_dev;
     int32_t        n_tokens;
     int32_t        n_head;    // a positive multiple of n_head_kv (GQA)

@@ -1,19 +1,23 @@
-// kvg_cuda_attend.cu: fused attention over rotq-coded K and V blocks (kvg_cuda_attend), the GPU twin
-// of attend.c's rotated path: what kvg_store_hook_attend_capped computes, in float32, in another order.
+// kvg_cuda_attend.cu: fused attention over coded K and V blocks (kvg_cuda_attend), the GPU twin of
+// attend.c's fused paths: what kvg_store_hook_attend_capped computes, in float32, in another order.
+// Each side's block is rotq (read in the rotated domain), kivi or f16 (read as they are), in any mix.
 //
 // Three kernels on the context's stream:
-// 1. rotate: qr_j = W(s * (scale * q_j)) per query, once per call (shared-memory butterflies).
+// 1. rotate: qr_j = W(s * (scale * q_j)) per query where K is rotq, scale * q_j otherwise, once per
+//    call (shared-memory butterflies).
 // 2. split: grid (row splits x KV heads x query tiles). Each warp walks its rows 32 at a time:
 //    per row, the lanes unpack the key's codes (lane-strided coordinates), dot them with the
-//    tile's rotated queries (codebook values times qr, reduced over the warp) and scale by the
-//    stored norm / head_dim; the 32 scores of a chunk fold into the warp's (m, l) once (online
-//    softmax, Milakov and Gimelshein 2018); the values' codebook values, weighted, are summed in
-//    the rotated domain in shared memory. Warps then merge into the split's (m, l, accr).
-//    Nothing is expanded to global memory: codes are read straight from the blocks.
-//    This is the generic kernel; the shapes decoding meets most (K and V head dims both 64, 128 or
-//    256, rotq2-4) take the row-parallel one of kvg_cuda_attend_rows.cuh, 3-4x faster on an H100.
-// 3. combine: per query, the splits and the incoming state merge in log-sum-exp form, and the
-//    rotated sum goes back through W and the signs once: acc = acc * exp(m_in - M) + s * W(accr).
+//    tile's queries (rotq: codebook values times qr, scaled by the stored norm / head_dim; kivi:
+//    min + code * scale of the coordinate's group), reduced over the warp; the 32 scores of a chunk
+//    fold into the warp's (m, l) once (online softmax, Milakov and Gimelshein 2018); the values,
+//    weighted, are summed in shared memory (rotq's in the rotated domain). Warps then merge into
+//    the split's (m, l, accr). Nothing is expanded to global memory: codes are read straight from
+//    the blocks.
+//    This is the generic kernel; the shapes decoding meets most (K and V rotq2-4 at head dims both
+//    64, 128 or 256) take the row-parallel one of kvg_cuda_attend_rows.cuh, 3-4x faster on an
+//    H100, and many queries a KV head (prefill) the tensor cores' (kvg_cuda_attend_tc.cu).
+// 3. combine: per query, the splits and the incoming state merge in log-sum-exp form, and a rotated
+//    sum goes back through W and the signs once: acc = acc * exp(m_in - M) + s * W(accr).
 #include "kvg_cuda_attend.cuh"
 
 #include <math.h>
@@ -24,14 +28,18 @@
 #define KA_MAX_DIM    512
 #define KA_SCRATCH_FLOATS ((size_t) 1 << 25)  // 128 MiB: fewer splits for very many queries
 
-static __global__ void ka_rotate_kernel(const float * q, int64_t n_q, int d, float scale, uint64_t seed, float * qr) {
+// rotate: rotq keys (the signs, then W); else the queries are only scaled.
+static __global__ void ka_rotate_kernel(const float * q, int64_t n_q, int d, float scale, int rotate, uint64_t seed,
+                                        float * qr) {
     KVG_DYNAMIC_SMEM(float, ka_sh);
     float * y = ka_sh;
     for (int64_t j = blockIdx.x; j < n_q; j += gridDim.x) {
         for (int i = threadIdx.x; i < d; i += blockDim.x) {
-            y[i] = kc_sign(seed, i) * (scale * q[j * d + i]);
+            y[i] = rotate ? kc_sign(seed, i) * (scale * q[j * d + i]) : scale * q[j * d + i];
         }
-        kc_fwht_block(y, d);
+        if (rotate) {  // uniform over the block: kc_fwht_block's barriers are safe
+            kc_fwht_block(y, d);
+        }
         for (int i = threadIdx.x; i < d; i += blockDim.x) {
             qr[j * d + i] = y[i];
         }
@@ -39,8 +47,9 @@ static __global__ void ka_rotate_kernel(const float * q, int64_t n_q, int d, flo
     }
 }
 
-// Shared: sq [QT][dk], accr [KA_WARPS][QT][dv], wm and wl [KA_WARPS][QT].
-template <int QT>
+// Shared: sq [QT][dk], accr [KA_WARPS][QT][dv], wm and wl [KA_WARPS][QT]. KS, VS: the K and V
+// sides' sources (KA_SRC_*).
+template <int QT, int KS, int VS>
 static __global__ void __launch_bounds__(KA_WARPS * 32) ka_split_kernel(const ka_args a) {
     KVG_DYNAMIC_SMEM(float, ka_sh);
     const int dk = a.dk, dv = a.dv;
@@ -71,7 +80,6 @@ static __global__ void __launch_bounds__(KA_WARPS * 32) ka_split_kernel(const ka
 
     const int64_t   r_begin = (int64_t) split * a.split_rows;
     const int64_t   r_end   = r_begin + a.split_rows < a.n_rows ? r_begin + a.split_rows : a.n_rows;
-    const int       H = a.n_head_kv;
     for (int64_t base = r_begin + warp * 32; base < r_end; base += KA_WARPS * 32) {
         const int nc = r_end - base < 32 ? (int) (r_end - base) : 32;
         float     s_mine[QT];  // lane r: the scores of row base + r
@@ -80,16 +88,15 @@ static __global__ void __launch_bounds__(KA_WARPS * 32) ka_split_kernel(const ka
             s_mine[qq] = -INFINITY;
         }
         for (int r = 0; r < nc; r++) {
-            const int64_t vk = (a.k_row0 + base + r) * H + hk;
-            const float   fk = kc_f16_to_f32(kc_get_u16(a.k_norms + 2 * vk)) * a.inv_dk;
+            const int64_t row = a.k_row0 + base + r;
+            const float   fk  = ka_key_factor<KS>(a, row, hk);
             float         part[QT];
 #pragma unroll
             for (int qq = 0; qq < QT; qq++) {
                 part[qq] = 0.0f;
             }
-            const uint64_t bit0 = (uint64_t) vk * (uint64_t) dk * (uint64_t) a.k_bits;
             for (int i = lane; i < dk; i += 32) {
-                const float c = a.ktab.centroid[kc_get_code(a.k_codes, bit0 + (uint64_t) i * a.k_bits, a.k_bits)];
+                const float c = ka_key_at<KS>(a, row, hk, i);
 #pragma unroll
                 for (int qq = 0; qq < QT; qq++) {
                     part[qq] += sq[qq * dk + i] * c;
@@ -119,8 +126,8 @@ static __global__ void __launch_bounds__(KA_WARPS * 32) ka_split_kernel(const ka
             l_run[qq] += ka_warp_sum(w_mine[qq]);
         }
         for (int r = 0; r < nc; r++) {
-            const int64_t vv = (a.v_row0 + base + r) * H + hk;
-            const float   fv = kc_f16_to_f32(kc_get_u16(a.v_norms + 2 * vv)) * a.inv_dv;
+            const int64_t row = a.v_row0 + base + r;
+            const float   fv  = ka_value_factor<VS>(a, row, hk);
             float         wr[QT];
 #pragma unroll
             for (int qq = 0; qq < QT; qq++) {
@@ -129,9 +136,8 @@ static __global__ void __launch_bounds__(KA_WARPS * 32) ka_split_kernel(const ka
             if (fv == 0.0f) {
                 continue;  // a zero vector adds nothing (its weight is in l all the same)
             }
-            const uint64_t bit0 = (uint64_t) vv * (uint64_t) dv * (uint64_t) a.v_bits;
             for (int i = lane; i < dv; i += 32) {
-                const float c = a.vtab.centroid[kc_get_code(a.v_codes, bit0 + (uint64_t) i * a.v_bits, a.v_bits)];
+                const float c = ka_value_at<VS>(a, row, hk, i);
 #pragma unroll
                 for (int qq = 0; qq < QT; qq++) {
                     my_acc[qq * dv + i] += wr[qq] * c;
@@ -216,35 +222,52 @@ static __global__ void ka_combine_kernel(const float * pm, const float * pl, con
 
 // ---- host ----------------------------------------------------------------------------------
 
-static int ka_is_rotq(int codec) {
-    return codec >= KVG_CODEC_ROTQ1 && codec <= KVG_CODEC_ROTQ4;
-}
-
-static int ka_pow2_dim(int64_t d) {
-    return d >= 8 && d <= KA_MAX_DIM && (d & (d - 1)) == 0;
+// A block's source (KA_SRC_*) and bits per code; -1 for a codec the GPU does not read.
+static int ka_source(int codec, int * bits) {
+    if (codec >= KVG_CODEC_ROTQ1 && codec <= KVG_CODEC_ROTQ4) {
+        *bits = codec - KVG_CODEC_ROTQ1 + 1;
+        return KA_SRC_ROTQ;
+    }
+    if (codec >= KVG_CODEC_KIVI2 && codec <= KVG_CODEC_KIVI8) {
+        *bits = codec == KVG_CODEC_KIVI8 ? 8 : codec - KVG_CODEC_KIVI2 + 2;
+        return KA_SRC_KIVI;
+    }
+    if (codec == KVG_CODEC_F16) {
+        *bits = 16;
+        return KA_SRC_F16;
+    }
+    return -1;
 }
 
 // The block's bytes hold its shape, and the rows asked for lie inside it.
 static int ka_check_block(const kvg_cuda_block * b, int kind, int64_t row0, int64_t n_rows, int64_t n_head_kv, int64_t d,
-                          uint64_t seed) {
+                          uint64_t seed, int32_t group) {
     const char * side = kind == KVG_KIND_K ? "K" : "V";
     if (b->data_dev == NULL) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend: NULL %s block", side);
     }
-    if (!ka_is_rotq(b->codec)) {
+    int       bits = 0;
+    const int src  = ka_source(b->codec, &bits);
+    if (src < 0) {
         const char * n = kvg_codec_name(b->codec);
-        return kvg_fail(KVG_ERR_UNSUPPORTED, "kvg_cuda_attend: the %s block is %s; the fused GPU attention reads rotq1, rotq2, rotq3 and rotq4",
+        return kvg_fail(KVG_ERR_UNSUPPORTED,
+                        "kvg_cuda_attend: the %s block is %s; the fused GPU attention reads f16, kivi2, kivi3, kivi4, kivi8, "
+                        "rotq1, rotq2, rotq3 and rotq4",
                         side, n ? n : "an unknown codec");
     }
-    if (!ka_pow2_dim(d)) {
-        return kvg_fail(KVG_ERR_SHAPE, "kvg_cuda_attend: %s head_dim %lld is not a power of two in [8, %d]", side, (long long) d,
-                        KA_MAX_DIM);
+    if (src == KA_SRC_ROTQ && !(d >= 8 && d <= KA_MAX_DIM && (d & (d - 1)) == 0)) {
+        return kvg_fail(KVG_ERR_SHAPE, "kvg_cuda_attend: %s head_dim %lld is not a power of two in [8, %d] (rotq)", side,
+                        (long long) d, KA_MAX_DIM);
+    }
+    if (d < 1 || d > KA_MAX_DIM) {
+        return kvg_fail(KVG_ERR_SHAPE, "kvg_cuda_attend: %s head_dim %lld is not in [1, %d]", side, (long long) d, KA_MAX_DIM);
     }
     kvg_codec_params p;
     kvg_codec_default_params(&p);
-    p.seed      = seed;
-    size_t size = 0;
-    int    st   = kvg_encoded_size(b->codec, kind, b->n_rows, n_head_kv, d, &p, &size);
+    p.seed       = seed;
+    p.group_size = group;
+    size_t size  = 0;
+    int    st    = kvg_encoded_size(b->codec, kind, b->n_rows, n_head_kv, d, &p, &size);
     if (st != KVG_OK) {
         return st;
     }
@@ -286,9 +309,39 @@ int ka_scratch(kvg_cuda_ctx * ctx, size_t bytes) {
     return KVG_OK;
 }
 
+template <int QT, int KS>
+static void ka_launch_split_v(const ka_args & a, dim3 grid, size_t smem, cudaStream_t stream) {
+    switch (a.v_src) {
+        case KA_SRC_ROTQ: KVG_LAUNCH(grid, KA_WARPS * 32, smem, stream, ka_split_kernel<QT, KS, KA_SRC_ROTQ>)(a); break;
+        case KA_SRC_KIVI: KVG_LAUNCH(grid, KA_WARPS * 32, smem, stream, ka_split_kernel<QT, KS, KA_SRC_KIVI>)(a); break;
+        default: KVG_LAUNCH(grid, KA_WARPS * 32, smem, stream, ka_split_kernel<QT, KS, KA_SRC_F16>)(a); break;
+    }
+}
+
 template <int QT>
 static void ka_launch_split(const ka_args & a, dim3 grid, size_t smem, cudaStream_t stream) {
-    KVG_LAUNCH(grid, KA_WARPS * 32, smem, stream, ka_split_kernel<QT>)(a);
+    switch (a.k_src) {
+        case KA_SRC_ROTQ: ka_launch_split_v<QT, KA_SRC_ROTQ>(a, grid, smem, stream); break;
+        case KA_SRC_KIVI: ka_launch_split_v<QT, KA_SRC_KIVI>(a, grid, smem, stream); break;
+        default: ka_launch_split_v<QT, KA_SRC_F16>(a, grid, smem, stream); break;
+    }
+}
+
+// A side's pointers into its block of n_rows rows: rotq's norms, kivi's groups, then the codes.
+static void ka_side_pointers(const kvg_cuda_block * b, int src, int kind, int64_t n_head_kv, int64_t d, int64_t group,
+                             const uint8_t ** norms, const uint8_t ** groups, const uint8_t ** codes) {
+    const uint8_t * p = (const uint8_t *) b->data_dev;
+    *norms = *groups = NULL;
+    *codes           = p;
+    if (src == KA_SRC_ROTQ) {
+        *norms = p;
+        *codes = p + 2 * b->n_rows * n_head_kv;
+    } else if (src == KA_SRC_KIVI) {
+        const int64_t C        = n_head_kv * d;
+        const int64_t n_groups = kind == KVG_KIND_K ? (b->n_rows + group - 1) / group * C : b->n_rows * ((C + group - 1) / group);
+        *groups                = p;
+        *codes                 = p + 4 * n_groups;
+    }
 }
 
 extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * a) {
@@ -307,9 +360,13 @@ extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * 
     if (!isfinite(a->softcap) || a->softcap < 0.0f) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend: softcap %g is not a finite value >= 0", (double) a->softcap);
     }
-    int st = ka_check_block(&a->k, KVG_KIND_K, a->k_row0, a->n_rows, a->n_head_kv, a->head_dim_k, a->seed);
+    if (a->group_size < 0) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend: group_size %d is negative", (int) a->group_size);
+    }
+    const int32_t group = a->group_size > 0 ? a->group_size : KVG_DEFAULT_GROUP_SIZE;
+    int           st    = ka_check_block(&a->k, KVG_KIND_K, a->k_row0, a->n_rows, a->n_head_kv, a->head_dim_k, a->seed, group);
     if (st == KVG_OK) {
-        st = ka_check_block(&a->v, KVG_KIND_V, a->v_row0, a->n_rows, a->n_head_kv, a->head_dim_v, a->seed);
+        st = ka_check_block(&a->v, KVG_KIND_V, a->v_row0, a->n_rows, a->n_head_kv, a->head_dim_v, a->seed, group);
     }
     if (st != KVG_OK) {
         return st;
@@ -323,14 +380,16 @@ extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * 
 
     // Query tiles: up to 8 queries of a KV head per block (4 past head_dim 256: shared memory), or
     // 64 on the tensor cores where many queries share a KV head (prefill).
-    const int k_bits = a->k.codec - KVG_CODEC_ROTQ1 + 1, v_bits = a->v.codec - KVG_CODEC_ROTQ1 + 1;
-    const int tc     = ka_tc_covers(ctx, (int) dk, (int) dv, k_bits, v_bits, n_p);
+    int       k_bits = 0, v_bits = 0;
+    const int k_src = ka_source(a->k.codec, &k_bits), v_src = ka_source(a->v.codec, &v_bits);
+    const int both_rotq = k_src == KA_SRC_ROTQ && v_src == KA_SRC_ROTQ;
+    const int tc        = ka_tc_covers(ctx, (int) dk, (int) dv, n_p);
     const int max_qt = (dk > 256 || dv > 256) ? 4 : 8;
     int       qt     = 1;
     while (qt < n_p && qt < max_qt) {
         qt *= 2;
     }
-    const int rows_kernel = !tc && !ctx->attend_generic && ka_rows_covers((int) dk, (int) dv, k_bits, v_bits);
+    const int rows_kernel = !tc && !ctx->attend_generic && both_rotq && ka_rows_covers((int) dk, (int) dv, k_bits, v_bits);
     qt                    = rows_kernel && qt == 2 ? 4 : qt;  // its tiles are 1, 4 or 8 queries
     qt                    = tc ? KA_TC_QUERIES : qt;
     const int64_t n_tiles = (n_p + qt - 1) / qt;
@@ -351,7 +410,7 @@ extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * 
     } else if (rows_kernel) {
         // About four blocks a multiprocessor. (Filling exactly the blocks the device holds at once,
         // from cudaOccupancyMaxActiveBlocksPerMultiprocessor, measured 1-10% slower on an H100.)
-        kernel               = ka_rows_kernel((int) dk, a->k.codec - KVG_CODEC_ROTQ1 + 1, a->v.codec - KVG_CODEC_ROTQ1 + 1, qt);
+        kernel               = ka_rows_kernel((int) dk, k_bits, v_bits, qt);
         const int64_t blocks = 4 * (int64_t) (ctx->sm_count > 0 ? ctx->sm_count : 1);
         const int64_t per    = (int64_t) a->n_head_kv * n_tiles;
         const int64_t rows   = ka_rows_split_rows(a->n_rows, (blocks + per - 1) / per);
@@ -377,21 +436,23 @@ extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * 
 
     ka_args args;
     memset(&args, 0, sizeof(args));
+    args.k_src  = k_src;
+    args.v_src  = v_src;
     args.k_bits = k_bits;
     args.v_bits = v_bits;
-    st          = kc_get_rotq_tab(args.k_bits, dk, &args.ktab);
-    if (st == KVG_OK) {
-        st = kc_get_rotq_tab(args.v_bits, dv, &args.vtab);
+    args.group  = group;
+    args.v_ncg  = (a->n_head_kv * dv + group - 1) / group;
+    if (k_src == KA_SRC_ROTQ) {
+        st = kc_get_rotq_tab(k_bits, dk, &args.ktab);
+    }
+    if (st == KVG_OK && v_src == KA_SRC_ROTQ) {
+        st = kc_get_rotq_tab(v_bits, dv, &args.vtab);
     }
     if (st != KVG_OK) {
         return st;
     }
-    const uint8_t * kd = (const uint8_t *) a->k.data_dev;
-    const uint8_t * vd = (const uint8_t *) a->v.data_dev;
-    args.k_norms       = kd;
-    args.k_codes       = kd + 2 * a->k.n_rows * a->n_head_kv;
-    args.v_norms       = vd;
-    args.v_codes       = vd + 2 * a->v.n_rows * a->n_head_kv;
+    ka_side_pointers(&a->k, k_src, KVG_KIND_K, a->n_head_kv, dk, group, &args.k_norms, &args.k_groups, &args.k_codes);
+    ka_side_pointers(&a->v, v_src, KVG_KIND_V, a->n_head_kv, dv, group, &args.v_norms, &args.v_groups, &args.v_codes);
     args.k_row0        = a->k_row0;
     args.v_row0        = a->v_row0;
     args.n_rows        = a->n_rows;
@@ -416,7 +477,7 @@ extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * 
     const float scale = a->softcap > 0.0f ? a->scale / a->softcap : a->scale;
     const int   rthreads = dk >= 256 ? 128 : (int) (dk / 2 < 32 ? 32 : dk / 2);
     KVG_LAUNCH((unsigned) (n_q < 65536 ? n_q : 65536), rthreads, (size_t) dk * sizeof(float), ctx->stream, ka_rotate_kernel)(
-        a->q_dev, n_q, (int) dk, scale, a->seed, qr);
+        a->q_dev, n_q, (int) dk, scale, k_src == KA_SRC_ROTQ, a->seed, qr);
     st = kc_launch_check("attend rotate launch");
     if (st != KVG_OK) {
         return st;
@@ -444,14 +505,14 @@ extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * 
     if (st != KVG_OK) {
         return st;
     }
-    return ka_combine_launch(ctx, args.pm, args.pl, args.pacc, n_q, (int) n_splits, (int) dv, 1, a->seed, a->m_dev, a->l_dev,
-                             a->acc_dev);
+    return ka_combine_launch(ctx, args.pm, args.pl, args.pacc, n_q, (int) n_splits, (int) dv, v_src == KA_SRC_ROTQ, a->seed,
+                             a->m_dev, a->l_dev, a->acc_dev, "attend combine launch");
 }
 
 int ka_combine_launch(kvg_cuda_ctx * ctx, const float * pm, const float * pl, const float * pacc, int64_t n_q, int n_splits,
-                      int dv, int rotated, uint64_t seed, float * m, float * l, float * acc) {
+                      int dv, int rotated, uint64_t seed, float * m, float * l, float * acc, const char * what) {
     const int    cthreads = 128;
     const size_t csmem    = sizeof(float) * (size_t) (dv + n_splits + cthreads);
     KVG_LAUNCH((unsigned) n_q, cthreads, csmem, ctx->stream, ka_combine_kernel)(pm, pl, pacc, n_splits, dv, rotated, seed, m, l, acc);
-    return kc_launch_check(rotated ? "attend combine launch" : "attend_cells combine launch");
+    return kc_launch_check(what);
 }

@@ -1,5 +1,6 @@
-// kvg_cuda_attend.cuh: what kvg_cuda_attend's two split kernels share (kvg_cuda_attend.cu, the
-// generic one; kvg_cuda_attend_rows*.cu, the row-parallel one for the common shapes).
+// kvg_cuda_attend.cuh: what kvg_cuda_attend's split kernels share (kvg_cuda_attend.cu, the generic
+// one; kvg_cuda_attend_rows*.cu, the row-parallel one for rotq's common shapes;
+// kvg_cuda_attend_tc.cu, the tensor cores' for many queries), and the cells' kernels.
 #ifndef KVG_CUDA_ATTEND_CUH
 #define KVG_CUDA_ATTEND_CUH
 
@@ -9,17 +10,25 @@
 
 #define KA_WARPS 4
 
+// Where a side's rows come from: the codec family of its block (ka_args.k_src, v_src).
+enum { KA_SRC_ROTQ = 0, KA_SRC_KIVI = 1, KA_SRC_F16 = 2 };
+
 struct ka_args {
-    const uint8_t * k_norms;
-    const uint8_t * k_codes;
+    const uint8_t * k_norms;   // rotq: an f16 norm per head vector
+    const uint8_t * k_groups;  // kivi: an f16 min and scale per group (kivi.c's layout)
+    const uint8_t * k_codes;   // the codes, kvg_pack_bits order (f16: the values)
     const uint8_t * v_norms;
+    const uint8_t * v_groups;
     const uint8_t * v_codes;
+    int             k_src, v_src;  // KA_SRC_*
     kc_rotq_tab     ktab, vtab;  // centroids used
-    int             k_bits, v_bits;
+    int             k_bits, v_bits;  // rotq 1-4, kivi 2-8, f16 16
+    int             group;           // kivi: G, tokens (K) or channels (V) a group
+    int64_t         v_ncg;           // kivi V: groups a row, ceil(n_head_kv * dv / G)
     int64_t         k_row0, v_row0, n_rows;
     int             n_head_kv, dk, dv;
     float           inv_dk, inv_dv;
-    const float *   qr;  // [n_q][dk], caller order
+    const float *   qr;  // [n_q][dk], caller order: scaled, and rotated where K is rotq
     int             n_head, gqa, n_p;  // n_p = n_tokens * gqa queries per KV head
     float           softcap;
     int             n_splits;
@@ -28,6 +37,58 @@ struct ka_args {
     float *         pl;    // [n_q][n_splits]
     float *         pacc;  // [n_q][n_splits][dv]
 };
+
+// kivi.c's dequantization of a code against its group's stored f16 min and scale at g.
+static __device__ __forceinline__ float ka_kivi_value(const uint8_t * g, unsigned code) {
+    return kc_add(kc_f16_to_f32(kc_get_u16(g)), kc_mul((float) code, kc_f16_to_f32(kc_get_u16(g + 2))));
+}
+
+// Coordinate i of KV head hk of buffer row `row` of the K side, before the row's factor
+// (ka_key_factor): rotq's codebook value, kivi's min + code * scale, f16's value.
+template <int SRC>
+static __device__ __forceinline__ float ka_key_at(const ka_args & a, int64_t row, int hk, int i) {
+    const int64_t e = (row * a.n_head_kv + hk) * a.dk + i;  // the value's index in the block
+    if constexpr (SRC == KA_SRC_F16) {
+        return kc_f16_to_f32(kc_get_u16(a.k_codes + 2 * e));
+    } else if constexpr (SRC == KA_SRC_KIVI) {  // groups per channel over G tokens
+        const int64_t g = (row / a.group) * a.n_head_kv * a.dk + (int64_t) hk * a.dk + i;
+        return ka_kivi_value(a.k_groups + 4 * g, kc_get_code(a.k_codes, (uint64_t) e * a.k_bits, a.k_bits));
+    } else {
+        return a.ktab.centroid[kc_get_code(a.k_codes, (uint64_t) e * a.k_bits, a.k_bits)];
+    }
+}
+
+template <int SRC>
+static __device__ __forceinline__ float ka_value_at(const ka_args & a, int64_t row, int hk, int i) {
+    const int64_t e = (row * a.n_head_kv + hk) * a.dv + i;
+    if constexpr (SRC == KA_SRC_F16) {
+        return kc_f16_to_f32(kc_get_u16(a.v_codes + 2 * e));
+    } else if constexpr (SRC == KA_SRC_KIVI) {  // groups per token over G channels
+        const int64_t g = row * a.v_ncg + ((int64_t) hk * a.dv + i) / a.group;
+        return ka_kivi_value(a.v_groups + 4 * g, kc_get_code(a.v_codes, (uint64_t) e * a.v_bits, a.v_bits));
+    } else {
+        return a.vtab.centroid[kc_get_code(a.v_codes, (uint64_t) e * a.v_bits, a.v_bits)];
+    }
+}
+
+// The factor a row's coordinates take: rotq's norm / head_dim, 1 for the others.
+template <int SRC>
+static __device__ __forceinline__ float ka_key_factor(const ka_args & a, int64_t row, int hk) {
+    if constexpr (SRC == KA_SRC_ROTQ) {
+        return kc_f16_to_f32(kc_get_u16(a.k_norms + 2 * (row * a.n_head_kv + hk))) * a.inv_dk;
+    } else {
+        return 1.0f;
+    }
+}
+
+template <int SRC>
+static __device__ __forceinline__ float ka_value_factor(const ka_args & a, int64_t row, int hk) {
+    if constexpr (SRC == KA_SRC_ROTQ) {
+        return kc_f16_to_f32(kc_get_u16(a.v_norms + 2 * (row * a.n_head_kv + hk))) * a.inv_dv;
+    } else {
+        return 1.0f;
+    }
+}
 
 static __device__ __forceinline__ float ka_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) {
@@ -121,7 +182,7 @@ static __device__ __forceinline__ void ka_merge_warps(const float * wm, const fl
 // state (m, l, acc) merge in log-sum-exp form; rotated: the summed values are in rotq's rotated
 // domain and go back through the Walsh-Hadamard transform and the signs of `seed` once.
 int ka_combine_launch(kvg_cuda_ctx * ctx, const float * pm, const float * pl, const float * pacc, int64_t n_q, int n_splits,
-                      int dv, int rotated, uint64_t seed, float * m, float * l, float * acc);
+                      int dv, int rotated, uint64_t seed, float * m, float * l, float * acc, const char * what);
 
 // The row-parallel kernel (kvg_cuda_attend_rows.cu): head dims 64, 128 or 256 alike for K and V,
 // rotq2..rotq4 codes.
@@ -135,10 +196,11 @@ ka_rows_kernel_t ka_rows_kernel_d128(int k_bits, int v_bits, int qt);
 ka_rows_kernel_t ka_rows_kernel_d256(int k_bits, int v_bits, int qt);
 // The tensor-core kernel (kvg_cuda_attend_tc.cu) for many queries a KV head (prefill): tiles of
 // KA_TC_QUERIES queries over chunks of 64 rows decoded into shared memory, from KA_TC_MIN_QUERIES
-// queries a KV head on, on GPUs of compute capability 8.0 and up (KVGGUF_CUDA_ATTEND=rows: never).
+// queries a KV head on, on GPUs of compute capability 8.0 and up (KVGGUF_CUDA_ATTEND=rows: never),
+// head dims 64, 80, 96, 128 or 256 alike for K and V, rows of any source.
 #define KA_TC_QUERIES     64
 #define KA_TC_MIN_QUERIES 64
-int     ka_tc_covers(const kvg_cuda_ctx * ctx, int dk, int dv, int k_bits, int v_bits, int64_t n_p);
+int     ka_tc_covers(const kvg_cuda_ctx * ctx, int dk, int dv, int64_t n_p);
 // Rows a split takes (whole chunks of 64) so that about `splits_wanted` splits cover n_rows.
 int64_t ka_tc_split_rows(int64_t n_rows, int64_t splits_wanted);
 // Queues the kernel over grid (args.n_splits, KV heads, n_tiles query tiles).

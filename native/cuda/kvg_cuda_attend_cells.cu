@@ -256,7 +256,7 @@ extern "C" int kvg_cuda_attend_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_ar
     const int64_t n_q = (int64_t) a->n_tokens * a->n_head;
 
     // many queries a KV head (prefill): 64 a block on the tensor cores (kvg_cuda_attend_tc.cu)
-    const int tc     = ka_tc_covers(ctx, (int) dk, (int) dv, 4, 4, n_p);
+    const int tc     = ka_tc_covers(ctx, (int) dk, (int) dv, n_p);
     const int max_qt = (dk > 256 || dv > 256) ? 4 : 8;  // shared memory
     int       qt     = 1;
     while (qt < n_p && qt < max_qt) {
@@ -296,7 +296,7 @@ extern "C" int kvg_cuda_attend_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_ar
         st         = ka_tc_cells(ctx, a, n_split, split_cells, pm, pm + n_q * n_split, pm + 2 * n_q * n_split);
         return st != KVG_OK ? st
                             : ka_combine_launch(ctx, pm, pm + n_q * n_split, pm + 2 * n_q * n_split, n_q, (int) n_split,
-                                                (int) dv, 0, 0, a->m_dev, a->l_dev, a->acc_dev);
+                                                (int) dv, 0, 0, a->m_dev, a->l_dev, a->acc_dev, "attend_cells combine launch");
     }
     kcl_args args;
     memset(&args, 0, sizeof(args));
@@ -342,7 +342,7 @@ extern "C" int kvg_cuda_attend_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_ar
         return st;
     }
     return ka_combine_launch(ctx, args.pm, args.pl, args.pacc, n_q, (int) n_split, (int) dv, 0, 0, a->m_dev, a->l_dev,
-                             a->acc_dev);
+                             a->acc_dev, "attend_cells combine launch");
 }
 
 static unsigned kcl_grid(int64_t n) {

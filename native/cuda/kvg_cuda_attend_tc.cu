@@ -15,6 +15,10 @@
 // The split's (m, l, sum) per query go out as the other split kernels' do, and the shared combine
 // kernel merges them (and turns the sum back from the rotated domain).
 //
+// Rows of other sources (kivi, f16, or rotq on one side only) load a coordinate a thread, as the
+// generic kernel reads them (kvg_cuda_attend.cuh), into the same f16 rows; rotq's norms stay the
+// rows' factors, 1 for the others.
+//
 // The same kernel takes llama.cpp's own cells for kvg_cuda_attend_cells (CELLS): each chunk's cells
 // are read where they lie (f16 at any strides, q8_0 blocks) into the same shared rows, the queries
 // are scaled instead of rotated, and the mask is added to the scores; a query that sees no cell of
@@ -73,6 +77,32 @@ static __device__ __forceinline__ uint4 kt_decode8(const uint8_t * p, int bits, 
 }
 #endif
 
+// A side's coordinate and row factor (kvg_cuda_attend.cuh) for a source known at run time: one
+// kernel reads every mix (the sources only change how a chunk is loaded).
+static __device__ __forceinline__ float kt_key(const ka_args & a, int64_t row, int hk, int i) {
+    switch (a.k_src) {
+        case KA_SRC_ROTQ: return ka_key_at<KA_SRC_ROTQ>(a, row, hk, i);
+        case KA_SRC_KIVI: return ka_key_at<KA_SRC_KIVI>(a, row, hk, i);
+        default: return ka_key_at<KA_SRC_F16>(a, row, hk, i);
+    }
+}
+
+static __device__ __forceinline__ float kt_value(const ka_args & a, int64_t row, int hk, int i) {
+    switch (a.v_src) {
+        case KA_SRC_ROTQ: return ka_value_at<KA_SRC_ROTQ>(a, row, hk, i);
+        case KA_SRC_KIVI: return ka_value_at<KA_SRC_KIVI>(a, row, hk, i);
+        default: return ka_value_at<KA_SRC_F16>(a, row, hk, i);
+    }
+}
+
+static __device__ __forceinline__ float kt_key_factor(const ka_args & a, int64_t row, int hk) {
+    return a.k_src == KA_SRC_ROTQ ? ka_key_factor<KA_SRC_ROTQ>(a, row, hk) : 1.0f;
+}
+
+static __device__ __forceinline__ float kt_value_factor(const ka_args & a, int64_t row, int hk) {
+    return a.v_src == KA_SRC_ROTQ ? ka_value_factor<KA_SRC_ROTQ>(a, row, hk) : 1.0f;
+}
+
 // What the kernel reads for llama.cpp's cells (kvg_cuda_attend_cells): where they lie, the mask,
 // the queries' scale (divided by the soft-cap where there is one).
 struct kt_cells {
@@ -112,7 +142,7 @@ static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_ar
         ktab[threadIdx.x] = a.ktab.centroid[threadIdx.x];
         vtab[threadIdx.x] = a.vtab.centroid[threadIdx.x];
     }
-    const float qs = CELLS ? cl.scale : 1.0f;  // the coded rows' queries come rotated and scaled
+    const float qs = CELLS ? cl.scale : 1.0f;  // the coded rows' queries come scaled (and rotated for rotq keys)
     for (int x = threadIdx.x; x < KT_Q * D; x += KT_THREADS) {
         const int q = x / D, i = x % D;
         sQ[q * L::LDQ + i] = __float2half_rn(q < nq ? qs * a.qr[ka_query(p0 + q, hk, a.gqa, a.n_head) * D + i] : 0.0f);
@@ -155,7 +185,7 @@ static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_ar
                 fk[r] = r < nc ? 1.0f : 0.0f;
                 fv[r] = fk[r];
             }
-        } else {
+        } else if (a.k_src == KA_SRC_ROTQ && a.v_src == KA_SRC_ROTQ) {  // 8 coordinates a thread: whole bytes
             for (int x = threadIdx.x; x < KT_R * G; x += KT_THREADS) {
                 const int r = x / G, g = x % G;
                 uint4     kk = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
@@ -176,6 +206,21 @@ static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_ar
                 }
                 fk[r] = a_k;
                 fv[r] = a_v;
+            }
+        } else {  // kivi, f16, or rotq beside one of them: a coordinate a thread
+            for (int x = threadIdx.x; x < KT_R * D; x += KT_THREADS) {
+                const int r = x / D, i = x % D;
+                float     kx = 0.0f, vx = 0.0f;
+                if (r < nc) {
+                    kx = kt_key(a, a.k_row0 + base + r, hk, i);
+                    vx = kt_value(a, a.v_row0 + base + r, hk, i);
+                }
+                sK[r * L::LDQ + i] = __float2half_rn(kx);
+                sV[r * L::LDQ + i] = __float2half_rn(vx);
+            }
+            for (int r = threadIdx.x; r < KT_R; r += KT_THREADS) {
+                fk[r] = r < nc ? kt_key_factor(a, a.k_row0 + base + r, hk) : 0.0f;
+                fv[r] = r < nc ? kt_value_factor(a, a.v_row0 + base + r, hk) : 0.0f;
             }
         }
         __syncthreads();
@@ -273,17 +318,20 @@ static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_ar
 #endif
 }
 
+// Shared memory for head dim d; 0 for a head dim the kernel is not built for.
 static size_t kt_smem(int d) {
     switch (d) {
         case 64: return kt_layout<64>::BYTES;
+        case 80: return kt_layout<80>::BYTES;
+        case 96: return kt_layout<96>::BYTES;
         case 128: return kt_layout<128>::BYTES;
-        default: return kt_layout<256>::BYTES;
+        case 256: return kt_layout<256>::BYTES;
+        default: return 0;
     }
 }
 
-int ka_tc_covers(const kvg_cuda_ctx * ctx, int dk, int dv, int k_bits, int v_bits, int64_t n_p) {
-    return !ctx->attend_no_tc && ctx->cc_major >= 8 && n_p >= KA_TC_MIN_QUERIES && dk == dv &&
-           (dk == 64 || dk == 128 || dk == 256) && k_bits >= 1 && k_bits <= 4 && v_bits >= 1 && v_bits <= 4 &&
+int ka_tc_covers(const kvg_cuda_ctx * ctx, int dk, int dv, int64_t n_p) {
+    return !ctx->attend_no_tc && ctx->cc_major >= 8 && n_p >= KA_TC_MIN_QUERIES && dk == dv && kt_smem(dk) > 0 &&
            kt_smem(dk) + 32 * sizeof(float) <= (size_t) ctx->smem_optin;
 }
 
@@ -310,6 +358,8 @@ static int kt_launch(kvg_cuda_ctx * ctx, const ka_args & a, const kt_cells & cl,
     const dim3 grid((unsigned) a.n_splits, (unsigned) a.n_head_kv, (unsigned) n_tiles);
     switch (a.dk) {
         case 64: return kt_launch_d<64, CELLS>(a, cl, grid, ctx->stream);
+        case 80: return kt_launch_d<80, CELLS>(a, cl, grid, ctx->stream);
+        case 96: return kt_launch_d<96, CELLS>(a, cl, grid, ctx->stream);
         case 128: return kt_launch_d<128, CELLS>(a, cl, grid, ctx->stream);
         default: return kt_launch_d<256, CELLS>(a, cl, grid, ctx->stream);
     }

@@ -8,13 +8,16 @@
 // Layout: a store keeps one block per eviction (64 rows by default), and one kvg_cuda_attend per
 // block would be hundreds of launches per layer at 32K. So the copy keeps each run of blocks of
 // one codec as one segment: a buffer of `cap` rows laid out as a block of cap rows is
-// ([per-row part: rotq's norms] for cap rows, then [codes] for cap rows), which kvg_cuda_attend
-// reads as one block, rows [skip, skip + n_rows) live. Rows come in at the tail (evictions, a
-// block aged into the run before) and leave at the head (the oldest block aging out), so a sync
-// copies in only blocks the copy lacks (a block's id changes with its bytes), and a segment is
-// rebuilt from the host's bytes only when its run changed otherwise (a cut, a block re-encoded
-// in the middle). Codecs whose rows cannot be concatenated so (kivi's token groups) are kept as
-// segments without data: attend leaves their rows out and says so.
+// ([per-row part] for cap rows, then [codes] for cap rows), which kvg_cuda_attend reads as one
+// block, rows [skip, skip + n_rows) live. The per-row part is rotq's norms, or kivi's groups: a
+// kivi V row's own, a kivi K group's per `unit` of G rows (the run then breaks after a block
+// whose rows are not whole groups, and rows stay whole groups from the buffer's start). Rows come
+// in at the tail (evictions, a block aged into the run before) and leave at the head (the oldest
+// block aging out), so a sync copies in only blocks the copy lacks (a block's id changes with its
+// bytes), and a segment is rebuilt from the host's bytes only when its run changed otherwise (a
+// cut, a block re-encoded in the middle). Codecs whose rows cannot be concatenated so (the other
+// codecs, kivi whose rows are not whole bytes of codes) are kept as segments without data: attend
+// leaves their rows out and says so.
 #include "kvg_cuda.h"
 #include "kvg_cuda_internal.h"
 #include "kvg_internal.h"
@@ -30,8 +33,9 @@ typedef struct seg_block {
 
 typedef struct segment {
     int32_t     codec;
-    size_t      head_b, code_b;  // bytes per row of the per-row part and of the codes (0, 0: no data)
-    void *      data;            // device: [head_b * cap][code_b * cap]
+    int64_t     unit;            // rows a piece of the per-row part covers (kivi K: G; else 1)
+    size_t      head_b, code_b;  // bytes of the per-row part a unit, of the codes a row (0, 0: no data)
+    void *      data;            // device: [head_b * cap / unit][code_b * cap]
     int64_t     cap;             // rows the buffer holds
     int64_t     skip;            // rows at the buffer's start that left the run
     int64_t     row0;            // the store's row of the first live row
@@ -86,31 +90,53 @@ static int64_t n_lists(const kvg_cuda_store * d) {
     return (int64_t) d->host->p.n_layer * 2;
 }
 
-// Bytes per row of a block's per-row part and of its codes, for codecs whose blocks are those two
-// parts, each row after row (f16: no per-row part; rotq: the f16 norms). 0 for the others.
+// Rows a piece of a block's per-row part covers: a kivi K group's G; 1 for the others.
+static int64_t row_unit(const kvg_store * s, int32_t kind, int32_t codec) {
+    const int kivi = codec >= KVG_CODEC_KIVI2 && codec <= KVG_CODEC_KIVI8;
+    return kivi && kind == KVG_KIND_K && s->p.codec.group_size > 0 ? s->p.codec.group_size : 1;
+}
+
+// Bytes of a block's per-row part per unit of rows (row_unit) and of its codes per row, for
+// codecs whose blocks are those two parts, each unit after unit (f16: no per-row part; rotq: the
+// f16 norms; kivi: the f16 mins and scales of the groups). 0 for the others.
 static int row_layout(const kvg_store * s, int32_t kind, int32_t codec, size_t * head_b, size_t * code_b) {
-    const int64_t H = s->p.n_head_kv, D = kind == KVG_KIND_K ? s->p.head_dim_k : s->p.head_dim_v;
+    const int64_t H = s->p.n_head_kv, D = kind == KVG_KIND_K ? s->p.head_dim_k : s->p.head_dim_v, C = H * D;
+    const int64_t G = s->p.codec.group_size, unit = row_unit(s, kind, codec);
+    const int     kivi_bits = codec == KVG_CODEC_KIVI8 ? 8 : codec - KVG_CODEC_KIVI2 + 2;
     *head_b = *code_b = 0;
     if (codec == KVG_CODEC_F16) {
-        *code_b = (size_t) (2 * H * D);
+        *code_b = (size_t) (2 * C);
     } else if (codec >= KVG_CODEC_ROTQ1 && codec <= KVG_CODEC_ROTQ4 && (D * (codec - KVG_CODEC_ROTQ1 + 1)) % 8 == 0) {
         *head_b = (size_t) (2 * H);
-        *code_b = (size_t) (H * D * (codec - KVG_CODEC_ROTQ1 + 1) / 8);
+        *code_b = (size_t) (C * (codec - KVG_CODEC_ROTQ1 + 1) / 8);
+    } else if (codec >= KVG_CODEC_KIVI2 && codec <= KVG_CODEC_KIVI8 && G > 0 && (C * kivi_bits) % 8 == 0) {
+        *head_b = (size_t) (kind == KVG_KIND_K ? 4 * C : 4 * ((C + G - 1) / G));  // a group of G rows; a row's groups
+        *code_b = (size_t) (C * kivi_bits / 8);
     } else {
         return 0;
     }
-    // the layout this assumes, as the library sizes it (a block of 2 rows is 2 rows' parts)
+    // the layout this assumes, as the library sizes it (a block of 2 units is 2 units' parts)
     size_t two = 0;
     const kvg_codec_params p = kvg_store_list_params(s, 0, codec, NULL);
-    if (kvg_encoded_size(codec, kind, 2, H, D, &p, &two) != KVG_OK || two != 2 * (*head_b + *code_b)) {
+    if (kvg_encoded_size(codec, kind, 2 * unit, H, D, &p, &two) != KVG_OK || two != 2 * (*head_b + (size_t) unit * *code_b)) {
         *head_b = *code_b = 0;
         return 0;
     }
     return 1;
 }
 
+// Bytes of the per-row part of n rows from a unit's start (a last part-filled unit whole).
+static size_t head_bytes(const segment * g, int64_t n) {
+    return (size_t) ((n + g->unit - 1) / g->unit) * g->head_b;
+}
+
+// Where the codes start in g's buffer.
+static size_t codes_at(const segment * g) {
+    return head_bytes(g, g->cap);
+}
+
 static size_t seg_bytes(const segment * g) {
-    return (size_t) g->cap * (g->head_b + g->code_b);
+    return codes_at(g) + (size_t) g->cap * g->code_b;
 }
 
 int kvg_cuda_store_init(kvg_cuda_ctx * ctx, const kvg_store * host, kvg_cuda_store ** out) {
@@ -213,31 +239,36 @@ static segment * find_segment(dev_list * l, uint64_t id, int64_t * at) {
     return NULL;
 }
 
-// Queues the copy of host block hb into g's buffer at buffer row `at`: from the device where
-// kvg_cuda_store_encode coded it, else from the host.
+// Queues the copy of host block hb into g's buffer at buffer row `at` (a unit's start): from the
+// device where kvg_cuda_store_encode coded it, else from the host.
 static int put_block(kvg_cuda_store * d, segment * g, const kvg_block * hb, int64_t at) {
-    const size_t    head = (size_t) hb->n_rows * g->head_b, codes = (size_t) hb->n_rows * g->code_b;
+    const size_t    head = head_bytes(g, hb->n_rows), codes = (size_t) hb->n_rows * g->code_b;
     uint8_t * const dst  = (uint8_t *) g->data;
+    uint8_t * const dst_head = dst + head_bytes(g, at), *const dst_codes = dst + codes_at(g) + (size_t) at * g->code_b;
     d->queued += 2;
     for (int64_t i = 0; i < d->n_pend; ++i) {
         if (d->pend[i].id == hb->id && d->pend[i].n_bytes == head + codes) {
             const uint8_t * src = (const uint8_t *) d->pend[i].data;
-            int rc = kvg_cuda_copy_queue(d->ctx, dst + (size_t) at * g->head_b, src, head, 0);
-            return rc == KVG_OK ? kvg_cuda_copy_queue(d->ctx, dst + (size_t) g->cap * g->head_b + (size_t) at * g->code_b,
-                                                      src + head, codes, 0)
-                                : rc;
+            int rc = kvg_cuda_copy_queue(d->ctx, dst_head, src, head, 0);
+            return rc == KVG_OK ? kvg_cuda_copy_queue(d->ctx, dst_codes, src + head, codes, 0) : rc;
         }
     }
-    int rc = kvg_cuda_copy_queue(d->ctx, dst + (size_t) at * g->head_b, hb->data, head, 1);
-    return rc == KVG_OK ? kvg_cuda_copy_queue(d->ctx, dst + (size_t) g->cap * g->head_b + (size_t) at * g->code_b,
-                                              hb->data + head, codes, 1)
-                        : rc;
+    int rc = kvg_cuda_copy_queue(d->ctx, dst_head, hb->data, head, 1);
+    return rc == KVG_OK ? kvg_cuda_copy_queue(d->ctx, dst_codes, hb->data + head, codes, 1) : rc;
 }
 
-// Rows for a run of n: a quarter more, at least 256, even (the codes start 4-byte aligned).
-static int64_t grown(int64_t n) {
-    int64_t c = n + (n / 4 > 256 ? n / 4 : 256);
-    return c + (c & 1);
+// Rows for a run of n: a quarter more, at least 256, whole units, even (rotq's codes then start
+// 4-byte aligned).
+static int64_t grown(int64_t n, int64_t unit) {
+    const int64_t c = n + (n / 4 > 256 ? n / 4 : 256), step = 2 * unit;
+    return (c + step - 1) / step * step;
+}
+
+// Whether block i of r continues the run of block i - 1: the same codec, and the rows before it
+// whole units (a kivi K group's part starts at a group's row).
+static int continues_run(const kvg_store * s, int32_t kind, const kvg_rows * r, int64_t i) {
+    const kvg_block * prev = &r->blocks[i - 1];
+    return r->blocks[i].codec == prev->codec && prev->n_rows % row_unit(s, kind, prev->codec) == 0;
 }
 
 // The segment of host blocks [i0, i1) of r (one codec) into *g: the old segment that holds the
@@ -259,6 +290,7 @@ static int stage_run(kvg_cuda_store * d, int32_t kind, const kvg_rows * r, int64
         g->blocks[i - i0] = (seg_block) { r->blocks[i].id, r->blocks[i].n_rows };
         g->n_rows += r->blocks[i].n_rows;
     }
+    g->unit = row_unit(d->host, kind, g->codec);
     if (!row_layout(d->host, kind, g->codec, &g->head_b, &g->code_b)) {
         return KVG_OK;  // kept without data: attend leaves these rows out
     }
@@ -293,17 +325,18 @@ static int stage_run(kvg_cuda_store * d, int32_t kind, const kvg_rows * r, int64
         // grown or compacted into a new buffer when the rows do not fit, or when most of it
         // is rows that left the head
         if (g->skip + g->n_rows > g->cap || g->skip > g->n_rows + 256) {
-            const int64_t cap = grown(g->n_rows);
-            void *        buf = NULL;
-            rc                = kvg_cuda_malloc(d->ctx, (size_t) cap * (g->head_b + g->code_b), &buf);
+            segment n = *g;  // the new buffer's layout
+            n.cap     = grown(g->n_rows, g->unit);
+            void * buf = NULL;
+            rc         = kvg_cuda_malloc(d->ctx, seg_bytes(&n), &buf);
             if (rc == KVG_OK) {
-                rc = kvg_cuda_copy_queue(d->ctx, buf, (const uint8_t *) o->data + (size_t) g->skip * g->head_b,
-                                         (size_t) kept_rows * g->head_b, 0);
+                rc = kvg_cuda_copy_queue(d->ctx, buf, (const uint8_t *) o->data + head_bytes(g, g->skip),
+                                         head_bytes(g, kept_rows), 0);
             }
             d->queued += 2;
             if (rc == KVG_OK) {
-                rc = kvg_cuda_copy_queue(d->ctx, (uint8_t *) buf + (size_t) cap * g->head_b,
-                                         (const uint8_t *) o->data + (size_t) o->cap * g->head_b + (size_t) g->skip * g->code_b,
+                rc = kvg_cuda_copy_queue(d->ctx, (uint8_t *) buf + codes_at(&n),
+                                         (const uint8_t *) o->data + codes_at(o) + (size_t) g->skip * g->code_b,
                                          (size_t) kept_rows * g->code_b, 0);
             }
             if (rc != KVG_OK) {
@@ -312,13 +345,13 @@ static int stage_run(kvg_cuda_store * d, int32_t kind, const kvg_rows * r, int64
             }
             g->old_data = o->data;
             g->data     = buf;
-            g->cap      = cap;
+            g->cap      = n.cap;
             g->skip     = 0;
             g->fresh    = 1;
         }
     } else {
-        g->cap = grown(g->n_rows);
-        rc     = kvg_cuda_malloc(d->ctx, (size_t) g->cap * (g->head_b + g->code_b), &g->data);
+        g->cap = grown(g->n_rows, g->unit);
+        rc     = kvg_cuda_malloc(d->ctx, seg_bytes(g), &g->data);
         if (rc != KVG_OK) {
             g->data = NULL;
             return rc;
@@ -369,9 +402,10 @@ int kvg_cuda_store_sync(kvg_cuda_store * d) {
         if (!d->on[li / 2] || !d->host->enabled[li / 2] || r->n_blocks == 0) {
             continue;
         }
-        int64_t n_runs = 0;
+        const int32_t kind   = (int32_t) (li % 2);
+        int64_t       n_runs = 0;
         for (int64_t i = 0; i < r->n_blocks; ++i) {
-            n_runs += i == 0 || r->blocks[i].codec != r->blocks[i - 1].codec;
+            n_runs += i == 0 || !continues_run(d->host, kind, r, i);
         }
         staged[li].s = (segment *) calloc((size_t) n_runs, sizeof(segment));
         if (!staged[li].s) {
@@ -379,9 +413,9 @@ int kvg_cuda_store_sync(kvg_cuda_store * d) {
             break;
         }
         for (int64_t i0 = 0, i1; i0 < r->n_blocks && rc == KVG_OK; i0 = i1) {
-            for (i1 = i0 + 1; i1 < r->n_blocks && r->blocks[i1].codec == r->blocks[i0].codec; ++i1) {
+            for (i1 = i0 + 1; i1 < r->n_blocks && continues_run(d->host, kind, r, i1); ++i1) {
             }
-            rc = stage_run(d, (int32_t) (li % 2), r, i0, i1, &d->lists[li], &staged[li].s[staged[li].n++]);
+            rc = stage_run(d, kind, r, i0, i1, &d->lists[li], &staged[li].s[staged[li].n++]);
         }
     }
     if (rc == KVG_OK && d->queued) {
@@ -641,6 +675,7 @@ static int attend_coded_run(kvg_cuda_store * d, const kvg_cuda_layer_args * a, c
     x.head_dim_k = a->head_dim_k;
     x.head_dim_v = a->head_dim_v;
     x.seed       = d->host->p.codec.seed;
+    x.group_size = d->host->p.codec.group_size;
     x.q_dev      = d->q_dev;
     x.n_tokens   = a->n_tokens;
     x.n_head     = a->n_head;
@@ -653,9 +688,8 @@ static int attend_coded_run(kvg_cuda_store * d, const kvg_cuda_layer_args * a, c
 }
 
 // Layer il's rows [0, n_cold) into the state: one call per run where a K segment and a V segment
-// overlap (kvg_cuda_attend for rotq, the cells' kernel for f16 on both). A run that cannot be read
-// (a codec without data here, K and V of different families) is left out; the first failure is
-// returned.
+// overlap (the cells' kernel for f16 on both, kvg_cuda_attend for any other mix). A run that cannot
+// be read (a codec without data here) is left out; the first failure is returned.
 static int attend_rows(kvg_cuda_store * d, const kvg_cuda_layer_args * a) {
     if (a->n_cold == 0) {
         return KVG_OK;
@@ -681,7 +715,8 @@ static int attend_rows(kvg_cuda_store * d, const kvg_cuda_layer_args * a) {
         e                  = e < a->n_cold ? e : a->n_cold;
         int rc;
         if (!kg->data || !vg->data) {
-            rc = kvg_fail(KVG_ERR_UNSUPPORTED, "layer %d: rows of %s K / %s V, which the GPU does not attend over (f16, rotq1-4)",
+            rc = kvg_fail(KVG_ERR_UNSUPPORTED,
+                          "layer %d: rows of %s K / %s V, which the GPU does not attend over (f16, kivi2-8, rotq1-4)",
                           (int) a->il, kvg_codec_name(kg->codec), kvg_codec_name(vg->codec));
         } else if (kg->codec == KVG_CODEC_F16 && vg->codec == KVG_CODEC_F16) {
             rc = attend_f16_run(d, a, kg, vg, row, e);  // the sinks, kept exact

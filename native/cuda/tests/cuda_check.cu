@@ -761,6 +761,7 @@ struct AttnCase {
     int     k_codec, v_codec, n_head_kv, n_head, n_tokens;
     int64_t dk, dv, n_rows;
     float   softcap;
+    int     group = 0;  // kivi's group size; 0: KVG_DEFAULT_GROUP_SIZE
 };
 
 // float64 softmax attention over decoded rows: m, l, out per query (caller order).
@@ -839,9 +840,9 @@ static void attn_compare(const char * who, const std::string & where, const std:
 
 static void run_attend_case(const AttnCase & a, Rng & rng, double * worst_gpu, double * worst_cpu_gpu) {
     char buf[256];
-    snprintf(buf, sizeof(buf), "attend K %s / V %s dk=%lld dv=%lld heads=%d/%d T=%d rows=%lld softcap=%g",
+    snprintf(buf, sizeof(buf), "attend K %s / V %s dk=%lld dv=%lld heads=%d/%d T=%d rows=%lld softcap=%g group=%d",
              kvg_codec_name(a.k_codec), kvg_codec_name(a.v_codec), (long long) a.dk, (long long) a.dv, a.n_head_kv, a.n_head,
-             a.n_tokens, (long long) a.n_rows, (double) a.softcap);
+             a.n_tokens, (long long) a.n_rows, (double) a.softcap, a.group);
     const std::string where = buf;
     const int64_t     R = a.n_rows, Hk = a.n_head_kv;
     // a store holding the rows, as the CPU path sees them
@@ -851,6 +852,9 @@ static void run_attend_case(const AttnCase & a, Rng & rng, double * worst_gpu, d
     sp.n_head_kv  = a.n_head_kv;
     sp.head_dim_k = (int32_t) a.dk;
     sp.head_dim_v = (int32_t) a.dv;
+    if (a.group > 0) {
+        sp.codec.group_size = a.group;
+    }
     kvg_store * store = NULL;
     if (kvg_store_init(&sp, &store) != KVG_OK) {
         die("kvg_store_init: %s", kvg_last_error());
@@ -917,6 +921,7 @@ static void run_attend_case(const AttnCase & a, Rng & rng, double * worst_gpu, d
         args.head_dim_k = a.dk;
         args.head_dim_v = a.dv;
         args.seed      = KVG_DEFAULT_SEED;
+        args.group_size = a.group;
         args.q_dev     = (const float *) dq.p;
         args.n_tokens  = a.n_tokens;
         args.n_head    = a.n_head;
@@ -937,10 +942,11 @@ static void run_attend_case(const AttnCase & a, Rng & rng, double * worst_gpu, d
             // V from its own block of rows [r0, r1), encoded by the GPU itself
             std::vector<float> vpart(vx.begin() + (long) (r0 * Hk * a.dv), vx.begin() + (long) (r1 * Hk * a.dv));
             size_t             vsz = 0;
-            kvg_encoded_size(a.v_codec, KVG_KIND_V, r1 - r0, Hk, a.dv, NULL, &vsz);
+            kvg_codec_params   vp  = sp.codec;
+            kvg_encoded_size(a.v_codec, KVG_KIND_V, r1 - r0, Hk, a.dv, &vp, &vsz);
             DevBuf vsrc(vpart.size() * 4), vblk(vsz);
             vsrc.put(vpart.data(), vpart.size() * 4);
-            st = kvg_cuda_encode(g_ctx, a.v_codec, KVG_KIND_V, vsrc.p, KVG_CUDA_F32, Hk * a.dv, 1, r1 - r0, Hk, a.dv, NULL,
+            st = kvg_cuda_encode(g_ctx, a.v_codec, KVG_KIND_V, vsrc.p, KVG_CUDA_F32, Hk * a.dv, 1, r1 - r0, Hk, a.dv, &vp,
                                  vblk.p, vsz, NULL);
             args.v           = { a.v_codec, vblk.p, vsz, r1 - r0 };
             const int64_t mid = r0 + (r1 - r0) / 3;
@@ -1003,6 +1009,16 @@ static void run_attend_prefill(const char * which, const AttnTol & tol) {
         { KVG_CODEC_ROTQ1, KVG_CODEC_ROTQ4, 4, 16, 20, 128, 128, 1500, 0.0f },   // rotq1 keys
         { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ4, 8, 32, 24, 64, 64, 4100, 50.0f },    // 96, many rows, capped
         { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2, 2, 6, 30, 128, 128, 37, 0.0f },      // 90, fewer rows than a chunk
+        // kivi and mixed sources, a coordinate a thread: head dims 80 and 96 (kivi's), group 64,
+        // rotq on one side only (rotated queries with plain values, and the reverse), f16 keys,
+        // and head dim 112, which the tensor cores are not built for (the generic kernel)
+        { KVG_CODEC_KIVI4, KVG_CODEC_KIVI2, 8, 24, 32, 128, 128, 700, 0.0f },
+        { KVG_CODEC_KIVI2, KVG_CODEC_KIVI4, 2, 8, 40, 80, 80, 300, 30.0f },
+        { KVG_CODEC_KIVI8, KVG_CODEC_KIVI8, 1, 4, 16, 96, 96, 500, 0.0f, 64 },
+        { KVG_CODEC_ROTQ4, KVG_CODEC_KIVI2, 4, 16, 20, 64, 64, 900, 0.0f },
+        { KVG_CODEC_KIVI4, KVG_CODEC_ROTQ3, 2, 6, 30, 128, 128, 250, 0.0f },
+        { KVG_CODEC_F16, KVG_CODEC_ROTQ3, 2, 6, 30, 256, 256, 200, 50.0f },
+        { KVG_CODEC_KIVI3, KVG_CODEC_KIVI3, 1, 4, 16, 112, 112, 200, 0.0f },
     };
     const AttnTol saved = g_tol;
     g_tol               = tol;
@@ -1060,6 +1076,20 @@ static void run_attend(const char * which) {
         { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ4, 1, 8, 1, 256, 256, 3000, 50.0f },
         { KVG_CODEC_ROTQ2, KVG_CODEC_ROTQ3, 4, 32, 2, 128, 128, 5003, 0.0f },
         { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ3, 2, 4, 1, 64, 64, 1500, 0.0f },
+        // kivi (head dims 64-320, groups of 32 and 64, a row and a few thousand), and the mixes a
+        // calibrated plan may choose: rotq or f16 on one side, kivi or rotq on the other
+        { KVG_CODEC_KIVI4, KVG_CODEC_KIVI2, 8, 24, 1, 128, 128, 700, 0.0f },
+        { KVG_CODEC_KIVI2, KVG_CODEC_KIVI4, 2, 6, 1, 80, 80, 263, 30.0f },
+        { KVG_CODEC_KIVI8, KVG_CODEC_KIVI8, 4, 4, 3, 96, 96, 1000, 0.0f, 64 },
+        { KVG_CODEC_KIVI3, KVG_CODEC_KIVI3, 1, 1, 1, 64, 64, 37, 0.0f },
+        { KVG_CODEC_KIVI4, KVG_CODEC_KIVI2, 1, 2, 1, 80, 80, 1, 0.0f },
+        { KVG_CODEC_KIVI2, KVG_CODEC_KIVI2, 8, 32, 1, 112, 112, 2049, 0.0f, 64 },
+        { KVG_CODEC_KIVI4, KVG_CODEC_KIVI4, 1, 8, 1, 320, 320, 100, 0.0f },
+        { KVG_CODEC_ROTQ4, KVG_CODEC_KIVI2, 2, 14, 1, 128, 128, 1500, 0.0f },
+        { KVG_CODEC_KIVI4, KVG_CODEC_ROTQ3, 4, 16, 2, 64, 64, 500, 0.0f },
+        { KVG_CODEC_F16, KVG_CODEC_ROTQ2, 8, 24, 1, 128, 128, 300, 0.0f },
+        { KVG_CODEC_ROTQ4, KVG_CODEC_F16, 1, 8, 1, 256, 256, 200, 50.0f },
+        { KVG_CODEC_F16, KVG_CODEC_KIVI4, 2, 4, 1, 96, 64, 129, 0.0f },
     };
     for (const AttnCase & a : extra) {
         if (g_quick && a.n_rows > 10000) {
@@ -1441,12 +1471,13 @@ static void run_gather_q() {
 
 static void run_cells(const char * which) {
     Rng          rng(0xce115);
-    const int64_t dims[][2]  = { { 64, 64 }, { 128, 128 }, { 256, 256 }, { 96, 64 }, { 512, 512 } };
+    // 96: a head dim the tensor cores take that is not a power of two (kivi's models)
+    const int64_t dims[][2]  = { { 64, 64 }, { 128, 128 }, { 256, 256 }, { 96, 64 }, { 512, 512 }, { 96, 96 } };
     const int     heads[][2] = { { 1, 1 }, { 3, 9 }, { 8, 32 }, { 4, 4 } };
     const int64_t cells[]    = { 1, 33, 256, 608, 2300 };
     double        worst = 0.0, worst_finish = 0.0;
     int           n     = 0;
-    for (int di = 0; di < 5; di++) {
+    for (int di = 0; di < 6; di++) {
         for (int hi = 0; hi < 4; hi++) {
             for (int layout = 0; layout < 4; layout++) {  // f16, f16 with V transposed, q8_0 K, q8_0 both
                 if (g_quick && (di + hi + layout) % 2) {
@@ -1507,10 +1538,24 @@ static void store_cpu_state(kvg_store * s, int32_t il, int64_t n_cold, const std
     }
 }
 
-static void run_store_hooks() {
+// What a run of the store's hooks holds: the head dims, the first blocks' codecs (f16 sinks, then
+// runs), the evictions', the archive's, and kivi's group size.
+struct HookFlavor {
+    const char * name;
+    int64_t      dk, dv;
+    int          kc[4], vc[4];
+    int          k_evict, v_evict, archive, group;
+};
+
+static int gpu_attends(int codec) {
+    return codec == KVG_CODEC_F16 || (codec >= KVG_CODEC_KIVI2 && codec <= KVG_CODEC_KIVI8) ||
+           (codec >= KVG_CODEC_ROTQ1 && codec <= KVG_CODEC_ROTQ4);
+}
+
+static void run_store_hooks(const HookFlavor & fl) {
     Rng           rng(0x570e);
     const int     L = 3, Hk = 2, H = 6, T = 5, il = 1;
-    const int64_t dk = 128, dv = 64, n_kv = 70;
+    const int64_t dk = fl.dk, dv = fl.dv, n_kv = 70;
     const float   scale = 1.0f / sqrtf((float) dk), softcap = 20.0f;
     kvg_store_params p;
     kvg_store_default_params(&p);
@@ -1518,14 +1563,15 @@ static void run_store_hooks() {
     p.n_head_kv  = Hk;
     p.head_dim_k = (int32_t) dk;
     p.head_dim_v = (int32_t) dv;
+    p.codec.group_size = fl.group;
     kvg_store * s = NULL;
     if (kvg_store_init(&p, &s) != KVG_OK) {
         die("kvg_store_init: %s", kvg_last_error());
     }
-    // f16 sinks, then K and V in blocks that do not line up, codecs mixed: runs of every overlap
+    // f16 sinks, then K and V in blocks that do not line up (nor with kivi's groups), codecs mixed:
+    // runs of every overlap
     const int64_t kb[] = { 4, 100, 37, 200 }, vb[] = { 4, 50, 150, 137 };
-    const int     kc_[] = { KVG_CODEC_F16, KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ3, KVG_CODEC_ROTQ4 },
-              vc_[] = { KVG_CODEC_F16, KVG_CODEC_ROTQ2, KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ3 };
+    const int * const kc_ = fl.kc, * const vc_ = fl.vc;
     for (int layer = 0; layer < L; layer++) {
         for (int i = 0; i < 4; i++) {
             std::vector<float> xk = kv_rows(rng, kb[i], Hk * dk, dk), xv = kv_rows(rng, vb[i], Hk * dv, dv);
@@ -1573,8 +1619,8 @@ static void run_store_hooks() {
     const int64_t n_q = (int64_t) T * H;
     DevBuf        dm((size_t) n_q * 4), dl((size_t) n_q * 4), dacc((size_t) (n_q * dv) * 4), dout((size_t) (n_q * dv) * 4);
 
-    // the bytes of the host's blocks that the device copy holds (f16 and rotq: the GPU attends over
-    // them) on the layers it takes
+    // the bytes of the host's blocks that the device copy holds (those the GPU attends over) on the
+    // layers it takes
     auto host_bytes = [&](int skip_layer) {
         uint64_t n = 0;
         for (int layer = 0; layer < L; layer++) {
@@ -1584,7 +1630,7 @@ static void run_store_hooks() {
                 for (int64_t b = 0; b < nb; b++) {
                     kvg_block_info info;
                     kvg_store_block(s, layer, kind, b, &info, NULL, 0);
-                    if (info.codec == KVG_CODEC_F16 || (info.codec >= KVG_CODEC_ROTQ1 && info.codec <= KVG_CODEC_ROTQ4)) {
+                    if (gpu_attends(info.codec)) {
                         n += info.n_bytes;
                     }
                 }
@@ -1596,8 +1642,8 @@ static void run_store_hooks() {
     int  n_cases = 0;
     auto check   = [&](const char * what, int64_t n_cold, int want_status, int64_t ref_cold) {
         char where[160];
-        snprintf(where, sizeof(where), "store hooks, %s (layer %d, %lld cold rows, %lld cells)", what, il, (long long) n_cold,
-                 (long long) n_kv);
+        snprintf(where, sizeof(where), "store hooks (%s), %s (layer %d, %lld cold rows, %lld cells)", fl.name, what, il,
+                 (long long) n_cold, (long long) n_kv);
         kvg_cuda_layer_args a;
         memset(&a, 0, sizeof(a));
         a.il       = il;
@@ -1691,7 +1737,7 @@ static void run_store_hooks() {
     check("rows [0, 180)", 180, KVG_OK, 180);
     check("no cold row", 0, KVG_OK, 0);
     // re-encoded and cut: the copy follows the store after a sync
-    if (kvg_store_retier_list(s, il, KVG_KIND_K, 4, 104, KVG_TIER_ARCHIVE, KVG_CODEC_ROTQ2) != KVG_OK ||
+    if (kvg_store_retier_list(s, il, KVG_KIND_K, 4, 104, KVG_TIER_ARCHIVE, fl.archive) != KVG_OK ||
         kvg_store_truncate(s, 300) != KVG_OK || kvg_cuda_store_sync(d) != KVG_OK) {
         die("retier / truncate / sync: %s", kvg_last_error());
     }
@@ -1700,8 +1746,8 @@ static void run_store_hooks() {
     // a codec the GPU does not attend: its rows left out and counted, the cells attended
     std::vector<float> xk = kv_rows(rng, 20, Hk * dk, dk), xv = kv_rows(rng, 20, Hk * dv, dv);
     for (int layer = 0; layer < L; layer++) {
-        if (kvg_store_append(s, layer, KVG_KIND_K, KVG_TIER_WARM, KVG_CODEC_KIVI4, xk.data(), xk.size(), 20) != KVG_OK ||
-            kvg_store_append(s, layer, KVG_KIND_V, KVG_TIER_WARM, KVG_CODEC_ROTQ4, xv.data(), xv.size(), 20) != KVG_OK) {
+        if (kvg_store_append(s, layer, KVG_KIND_K, KVG_TIER_WARM, KVG_CODEC_DELTA4, xk.data(), xk.size(), 20) != KVG_OK ||
+            kvg_store_append(s, layer, KVG_KIND_V, KVG_TIER_WARM, fl.v_evict, xv.data(), xv.size(), 20) != KVG_OK) {
             die("kvg_store_append: %s", kvg_last_error());
         }
     }
@@ -1711,7 +1757,7 @@ static void run_store_hooks() {
     kvg_store_truncate(s, 300);
     // the copy still holds the kivi block (no sync since): the hook leaves that run out, counted,
     // and attends the rows before it and the cells
-    check("a kivi4 K block in the copy", 320, KVG_ERR_UNSUPPORTED, 300);
+    check("a delta4 K block in the copy", 320, KVG_ERR_UNSUPPORTED, 300);
     // a layer turned off: freed at the next sync, refused by supports
     kvg_cuda_store_set_layer(d, 0, 0);
     kvg_cuda_store_sync(d);
@@ -1730,15 +1776,15 @@ static void run_store_hooks() {
     for (int step = 0; step < 24; step++) {
         std::vector<float> k64 = kv_rows(rng, 64, Hk * dk, dk), v64 = kv_rows(rng, 64, Hk * dv, dv);
         for (int layer = 0; layer < L; layer++) {
-            if (kvg_store_append(s, layer, KVG_KIND_K, KVG_TIER_WARM, KVG_CODEC_ROTQ4, k64.data(), k64.size(), 64) != KVG_OK ||
-                kvg_store_append(s, layer, KVG_KIND_V, KVG_TIER_WARM, KVG_CODEC_ROTQ3, v64.data(), v64.size(), 64) != KVG_OK) {
+            if (kvg_store_append(s, layer, KVG_KIND_K, KVG_TIER_WARM, fl.k_evict, k64.data(), k64.size(), 64) != KVG_OK ||
+                kvg_store_append(s, layer, KVG_KIND_V, KVG_TIER_WARM, fl.v_evict, v64.data(), v64.size(), 64) != KVG_OK) {
                 die("kvg_store_append: %s", kvg_last_error());
             }
         }
         n_rows += 64;
         if (step >= 4) {
             const int64_t r0 = 300 + 64 * (step - 4);
-            if (kvg_store_retier(s, r0, r0 + 64, KVG_TIER_ARCHIVE, KVG_CODEC_ROTQ2) != KVG_OK) {
+            if (kvg_store_retier(s, r0, r0 + 64, KVG_TIER_ARCHIVE, fl.archive) != KVG_OK) {
                 die("kvg_store_retier: %s", kvg_last_error());
             }
         }
@@ -1772,14 +1818,14 @@ static void run_store_hooks() {
         dck.put(ck.data(), ck.size() * 2);
         dcv.put(cv.data(), cv.size() * 2);
         for (int layer = 0; layer < L; layer++) {
-            if (kvg_cuda_store_encode(d, layer, KVG_KIND_K, KVG_TIER_WARM, KVG_CODEC_ROTQ4, dck.p, KVG_CUDA_F16, Hk * dk, 1, nr) !=
+            if (kvg_cuda_store_encode(d, layer, KVG_KIND_K, KVG_TIER_WARM, fl.k_evict, dck.p, KVG_CUDA_F16, Hk * dk, 1, nr) !=
                     KVG_OK ||
-                kvg_cuda_store_encode(d, layer, KVG_KIND_V, KVG_TIER_WARM, KVG_CODEC_ROTQ3, dcv.p, KVG_CUDA_F16, 1, nr, nr) !=
+                kvg_cuda_store_encode(d, layer, KVG_KIND_V, KVG_TIER_WARM, fl.v_evict, dcv.p, KVG_CUDA_F16, 1, nr, nr) !=
                     KVG_OK) {
                 die("kvg_cuda_store_encode: %s", kvg_last_error());
             }
         }
-        const int            kinds[2] = { KVG_KIND_K, KVG_KIND_V }, cods[2] = { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ3 };
+        const int            kinds[2] = { KVG_KIND_K, KVG_KIND_V }, cods[2] = { fl.k_evict, fl.v_evict };
         const std::vector<float> * src[2] = { &k64, &v64 };
         for (int j = 0; j < 2; j++) {
             int64_t nb = 0;
@@ -1788,9 +1834,8 @@ static void run_store_hooks() {
             kvg_store_block(s, il, kinds[j], nb - 1, &info, NULL, 0);
             std::vector<uint8_t> got(info.n_bytes), want(info.n_bytes);
             kvg_store_block(s, il, kinds[j], nb - 1, &info, got.data(), got.size());
-            kvg_codec_params cp;
-            kvg_codec_default_params(&cp);
-            size_t w = 0;
+            kvg_codec_params cp = p.codec;
+            size_t           w  = 0;
             g_checks++;
             if (kvg_encode(cods[j], kinds[j], src[j]->data(), src[j]->size(), nr, Hk, j ? dv : dk, &cp, want.data(), want.size(),
                            &w) != KVG_OK ||
@@ -1807,9 +1852,9 @@ static void run_store_hooks() {
     }
     kvg_cuda_store_free(d);
     kvg_store_free(s);
-    printf("store hooks: %d cases through kvg_cuda_store_hook_attend / _finish against the CPU store's fused path "
+    printf("store hooks (%s): %d cases through kvg_cuda_store_hook_attend / _finish against the CPU store's fused path "
            "(bound 5e-5 of max|out|); syncs after append, retier, truncate, a layer off, 24 evictions and agings, an eviction coded on the GPU\n",
-           n_cases);
+           fl.name, n_cases);
 }
 
 // ---- timings (GPU) -------------------------------------------------------------------------
@@ -2252,7 +2297,13 @@ int main(int argc, char ** argv) {
         g_tol        = k_tol_f16;
         run_cells("the default kernels: tensor cores for many queries");
         g_tol = k_tol_exact;
-        run_store_hooks();
+        // rotq; then kivi keys in groups of 64 tokens (head dim 96: kivi's) beside rotq and kivi values
+        run_store_hooks({ "rotq", 128, 64, { KVG_CODEC_F16, KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ3, KVG_CODEC_ROTQ4 },
+                          { KVG_CODEC_F16, KVG_CODEC_ROTQ2, KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ3 }, KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ3,
+                          KVG_CODEC_ROTQ2, KVG_DEFAULT_GROUP_SIZE });
+        run_store_hooks({ "kivi", 96, 64, { KVG_CODEC_F16, KVG_CODEC_KIVI4, KVG_CODEC_KIVI4, KVG_CODEC_KIVI2 },
+                          { KVG_CODEC_F16, KVG_CODEC_ROTQ2, KVG_CODEC_KIVI4, KVG_CODEC_KIVI2 }, KVG_CODEC_KIVI4, KVG_CODEC_KIVI2,
+                          KVG_CODEC_KIVI2, 64 });
         attend_bad = g_bad - before;
         if (timing) {
             run_timing(generic);

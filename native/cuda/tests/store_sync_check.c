@@ -168,6 +168,7 @@ int kvg_cuda_attend_finish(kvg_cuda_ctx * ctx, const kvg_cuda_finish_args * a) {
 // ---- the attention stand-ins: compare the rows handed over with the store's ------------------
 
 static const kvg_store * g_store;
+static kvg_codec_params  g_params;  // the store's
 static int32_t           g_il;
 static int64_t           g_row;  // the store row the next call starts at
 static long              g_checks, g_bad;
@@ -189,28 +190,40 @@ static float * store_rows(int kind, int64_t n) {
     return out;
 }
 
-// Rows [row0, row0 + n) of a block of b->n_rows rows laid out [per-row part][codes], as one block
-// of n rows decoded.
+// Bits a code of codec takes (f16: 16).
+static int code_bits(int codec) {
+    if (codec >= KVG_CODEC_ROTQ1 && codec <= KVG_CODEC_ROTQ4) {
+        return codec - KVG_CODEC_ROTQ1 + 1;
+    }
+    return codec == KVG_CODEC_F16 ? 16 : codec == KVG_CODEC_KIVI8 ? 8 : codec - KVG_CODEC_KIVI2 + 2;
+}
+
+// Rows [row0, row0 + n) of a block of b->n_rows rows laid out [per-row part][codes] (the part per
+// unit of rows: a kivi K group's G, else 1), cut out as one block of whole units and decoded.
 static void check_coded(int kind, const kvg_cuda_block * b, int64_t row0, int64_t n) {
-    const int64_t d = kind == KVG_KIND_K ? DK : DV;
-    size_t        full = 0, two = 0;
-    kvg_codec_params p;
-    kvg_codec_default_params(&p);
+    const int64_t    d    = kind == KVG_KIND_K ? DK : DV;
+    const int        kivi = b->codec >= KVG_CODEC_KIVI2 && b->codec <= KVG_CODEC_KIVI8;
+    const int64_t    unit = kivi && kind == KVG_KIND_K ? g_params.group_size : 1;
+    const size_t     code_b = (size_t) (H * d * code_bits(b->codec) / 8);
+    size_t           full = 0, one = 0, two = 0;
+    kvg_codec_params p = g_params;
     if (kvg_encoded_size(b->codec, kind, b->n_rows, H, d, &p, &full) != KVG_OK || full != b->n_bytes ||
-        kvg_encoded_size(b->codec, kind, 2, H, d, &p, &two) != KVG_OK) {
+        kvg_encoded_size(b->codec, kind, unit, H, d, &p, &one) != KVG_OK ||
+        kvg_encoded_size(b->codec, kind, 2 * unit, H, d, &p, &two) != KVG_OK || b->n_rows % unit != 0) {
         bad("a block's size");
         return;
     }
-    const size_t head_b = (size_t) (2 * H), code_b = two / 2 - head_b;
-    uint8_t *    blk    = (uint8_t *) malloc((size_t) n * (head_b + code_b));
-    memcpy(blk, (const uint8_t *) b->data_dev + (size_t) row0 * head_b, (size_t) n * head_b);
-    memcpy(blk + (size_t) n * head_b, (const uint8_t *) b->data_dev + (size_t) b->n_rows * head_b + (size_t) row0 * code_b,
-           (size_t) n * code_b);
-    float * got  = (float *) malloc((size_t) (n * H * d) * sizeof(float));
+    const size_t  head_b = two - one - (size_t) unit * code_b;  // the per-row part of a unit
+    const int64_t u0 = row0 / unit * unit, u1 = (row0 + n + unit - 1) / unit * unit, nu = u1 - u0;
+    const size_t  head = (size_t) (nu / unit) * head_b, codes = (size_t) nu * code_b;
+    uint8_t *     blk  = (uint8_t *) malloc(head + codes);
+    memcpy(blk, (const uint8_t *) b->data_dev + (size_t) (u0 / unit) * head_b, head);
+    memcpy(blk + head, (const uint8_t *) b->data_dev + (size_t) (b->n_rows / unit) * head_b + (size_t) u0 * code_b, codes);
+    float * got  = (float *) malloc((size_t) (nu * H * d) * sizeof(float));
     float * want = store_rows(kind, n);
     g_checks++;
-    if (kvg_decode(b->codec, kind, blk, (size_t) n * (head_b + code_b), n, H, d, &p, got, (size_t) (n * H * d)) != KVG_OK ||
-        memcmp(got, want, (size_t) (n * H * d) * sizeof(float)) != 0) {
+    if (kvg_decode(b->codec, kind, blk, head + codes, nu, H, d, &p, got, (size_t) (nu * H * d)) != KVG_OK ||
+        memcmp(got + (row0 - u0) * H * d, want, (size_t) (n * H * d) * sizeof(float)) != 0) {
         bad(kind == KVG_KIND_K ? "coded K rows" : "coded V rows");
     }
     free(blk);
@@ -218,11 +231,19 @@ static void check_coded(int kind, const kvg_cuda_block * b, int64_t row0, int64_
     free(want);
 }
 
+static int gpu_attends(int codec) {
+    return codec == KVG_CODEC_F16 || (codec >= KVG_CODEC_KIVI2 && codec <= KVG_CODEC_KIVI8) ||
+           (codec >= KVG_CODEC_ROTQ1 && codec <= KVG_CODEC_ROTQ4);
+}
+
 int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * a) {
     (void) ctx;
-    if (a->k.codec < KVG_CODEC_ROTQ1 || a->k.codec > KVG_CODEC_ROTQ4 || a->v.codec < KVG_CODEC_ROTQ1 ||
-        a->v.codec > KVG_CODEC_ROTQ4) {
+    if (!gpu_attends(a->k.codec) || !gpu_attends(a->v.codec)) {
         return KVG_ERR_UNSUPPORTED;  // as the kernel refuses them
+    }
+    g_checks++;
+    if (a->group_size != g_params.group_size) {
+        bad("the attend call's group size is not the store's");
     }
     check_coded(KVG_KIND_K, &a->k, a->k_row0, a->n_rows);
     check_coded(KVG_KIND_V, &a->v, a->v_row0, a->n_rows);
@@ -302,15 +323,25 @@ static void rows(uint64_t * seed, float * x, int64_t n) {
     }
 }
 
-int main(void) {
+// A run's codecs: the evictions' K and V, the archive's, and kivi's group size.
+typedef struct flavor {
+    const char * name;
+    int          k, v, archive, group;
+} flavor;
+
+// One long run (below) with fl's codecs; 1 on a failure that ends it (a mismatch only counts).
+static int run(const flavor * fl) {
     H = 2, DK = 64, DV = 32;
     const int        L = 2;
     kvg_store_params p;
     kvg_store_default_params(&p);
-    p.n_layer    = L;
-    p.n_head_kv  = H;
-    p.head_dim_k = DK;
-    p.head_dim_v = DV;
+    p.n_layer          = L;
+    p.n_head_kv        = H;
+    p.head_dim_k       = DK;
+    p.head_dim_v       = DV;
+    p.codec.group_size = fl->group;
+    g_params           = p.codec;
+    g_from_device      = 0;
     kvg_store * s = NULL;
     if (kvg_store_init(&p, &s) != KVG_OK) {
         printf("kvg_store_init: %s\n", kvg_last_error());
@@ -327,9 +358,10 @@ int main(void) {
     float *  xv   = (float *) malloc(sizeof(float) * 64 * H * DV);
     int      syncs = 0, fails = 0, aged = 0;
     long     from_device = 0;  // device-coded blocks a sync must take from the device
-    // sinks (f16), then 60 evictions of 64 rows (K rotq4, V rotq3); from the 5th on, the oldest
-    // warm block but the newest four ages to rotq2, every 7th to rotq4 (the same codec: its tier
-    // alone changes); every 13th step cuts inside the newest block; twice the store is cleared
+    // sinks (f16), then 60 evictions of 64 rows (K fl->k, V fl->v); from the 5th on, the oldest
+    // warm block but the newest four ages to fl->archive, every 7th to fl->k (for K, the same codec:
+    // its tier alone changes); every 13th step cuts inside the newest block (kivi: in a group);
+    // twice the store is cleared
     for (int step = 0; step < 61; step++) {
         const uint64_t gen_before = kvg_cuda_store_hook_generation(d);
         const int     sinks = step == 0 || step == 31 || step == 51;
@@ -339,7 +371,7 @@ int main(void) {
         }
         rows(&seed, xk, nr * H * DK);
         rows(&seed, xv, nr * H * DV);
-        const int kc = sinks ? KVG_CODEC_F16 : KVG_CODEC_ROTQ4, vc = sinks ? KVG_CODEC_F16 : KVG_CODEC_ROTQ3;
+        const int kc = sinks ? KVG_CODEC_F16 : fl->k, vc = sinks ? KVG_CODEC_F16 : fl->v;
         const int tier = sinks ? KVG_TIER_SINK : KVG_TIER_WARM;
         if (step % 2) {
             // coded on the "device" from f16 cells, K as rows and V transposed (llama.cpp without
@@ -382,8 +414,7 @@ int main(void) {
                 uint8_t * got  = (uint8_t *) malloc(info.n_bytes);
                 uint8_t * want = (uint8_t *) malloc(info.n_bytes);
                 size_t    w    = 0;
-                kvg_codec_params cp;
-                kvg_codec_default_params(&cp);
+                kvg_codec_params cp = p.codec;
                 kvg_store_block(s, il, KVG_KIND_V, nb - 1, &info, got, info.n_bytes);
                 g_checks++;
                 if (kvg_encode(vc, KVG_KIND_V, xv, (size_t) (nr * H * DV), nr, H, DV, &cp, want, info.n_bytes, &w) != KVG_OK ||
@@ -411,7 +442,7 @@ int main(void) {
             kvg_block_info info;
             kvg_store_block(s, 0, KVG_KIND_K, b, &info, NULL, 0);
             if (info.tier == KVG_TIER_WARM) {
-                const int codec = aged++ % 7 == 3 ? KVG_CODEC_ROTQ4 : KVG_CODEC_ROTQ2;
+                const int codec = aged++ % 7 == 3 ? fl->k : fl->archive;
                 if (kvg_store_retier(s, info.row0, info.row0 + info.n_rows, KVG_TIER_ARCHIVE, codec) != KVG_OK) {
                     printf("kvg_store_retier: %s\n", kvg_last_error());
                     return 1;
@@ -557,8 +588,24 @@ int main(void) {
         printf("MISMATCH: %ld allocations left after kvg_cuda_store_free\n", g_live_allocs);
         g_bad++;
     }
-    printf("store_sync_check: %d syncs (%d failed on purpose), %ld blocks coded on the device and taken from there; "
-           "%ld checks, %ld mismatches\n%s\n",
-           syncs, fails, g_from_device, g_checks, g_bad, g_bad ? "FAIL" : "PASS");
+    printf("store_sync_check (%s): %d syncs (%d failed on purpose), %ld blocks coded on the device and taken from there\n",
+           fl->name, syncs, fails, g_from_device);
+    return 0;
+}
+
+int main(void) {
+    // rotq; kivi (K's groups of 32 tokens: the copy's runs break after a block that is not whole
+    // groups); kivi8 in groups of 64 (the near-exact preset's) with rotq values
+    const flavor flavors[] = {
+        { "K rotq4, V rotq3, archive rotq2", KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ3, KVG_CODEC_ROTQ2, KVG_DEFAULT_GROUP_SIZE },
+        { "K kivi4, V kivi2, archive kivi2", KVG_CODEC_KIVI4, KVG_CODEC_KIVI2, KVG_CODEC_KIVI2, KVG_DEFAULT_GROUP_SIZE },
+        { "K kivi8, V rotq3, archive kivi4, groups of 64", KVG_CODEC_KIVI8, KVG_CODEC_ROTQ3, KVG_CODEC_KIVI4, 64 },
+    };
+    for (size_t i = 0; i < sizeof(flavors) / sizeof(flavors[0]); i++) {
+        if (run(&flavors[i]) != 0) {
+            return 1;
+        }
+    }
+    printf("store_sync_check: %ld checks, %ld mismatches\n%s\n", g_checks, g_bad, g_bad ? "FAIL" : "PASS");
     return g_bad ? 1 : 0;
 }
