@@ -15,7 +15,8 @@ stock's: the ops run where the cells are, so no layer's attention crosses to the
 Random weights prove the mechanism (the same rows, scored and summed right, on the GPU), not
 quality. The bounds: an exact cold store (f16) on the GPU within a few times the distance between
 llama.cpp's own CUDA and CPU caches (the arithmetic floor of two exact computations); coded rows
-(rotq) on the GPU within the same of kvgguf's CPU path over the same codes.
+(rotq; kivi at head dim 80, the preset's codecs where rotations cannot go; K and V of different
+families) on the GPU within the same of kvgguf's CPU path over the same codes.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ from tiny_models import TinySpec, write  # noqa: E402
 SPEC = TinySpec(
     "llama", n_layer=4, n_embd=256, n_head=8, n_head_kv=2, head_dim=64, n_ff=512, n_ctx_train=4096, weights="q4_0"
 )
+# kivi's models: a head dim rotations cannot take (Phi-2's 80), where the "tiered" preset holds kivi
+KIVI_SPEC = TinySpec(
+    "llama", n_layer=4, n_embd=320, n_head=4, n_head_kv=2, head_dim=80, n_ff=512, n_ctx_train=4096, weights="q4_0"
+)
 N_TOKENS, N_CTX, N_BATCH = 900, 2048, 64
 DECODE_STEPS = 160  # five evictions of the coded config's blocks of 32
 
@@ -51,6 +56,20 @@ def _configs():
     coded = TieredConfig(hot=64, sinks=4, warm="rotq4", warm_tokens=256, archive="rotq2", block=32, hot_cells="f16")
     coded_q8 = TieredConfig(hot=64, sinks=4, warm="rotq4", warm_tokens=256, archive="rotq3", block=32, hot_cells="q8_0")
     return exact, coded, coded_q8
+
+
+def _kivi_configs():
+    """The preset's codecs on KIVI_SPEC's head dim 80, and K and V of different families (a
+    calibrated plan's kind of mix) on SPEC: rotq keys with kivi values, then the reverse."""
+    from kvgguf import TieredConfig
+
+    kivi = TieredConfig(
+        hot=64, sinks=4, warm="kivi4", warm_tokens=256, archive=("kivi4", "kivi2"), block=32, hot_cells="f16"
+    )
+    mixed = TieredConfig(
+        hot=64, sinks=4, warm=("rotq4", "kivi4"), warm_tokens=256, archive=("kivi4", "rotq2"), block=32, hot_cells="f16"
+    )
+    return kivi, mixed
 
 
 def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
@@ -278,21 +297,8 @@ def check(tokenizer_from: Path, out_dir: Path, say=print) -> list[str]:
     del llm
 
     for name, config in (("rotq4/rotq2, f16 cells", coded), ("rotq4/rotq3, q8_0 cells", coded_q8)):
-        cpu, _, _, cpu_llm = _run(path, tokens, config, 0)
-        gpu, seconds, kv, gpu_llm = _run(path, tokens, config, -1)
-        kl = _kl(cpu, gpu)
-        agree = float(np.mean(cpu.argmax(-1) == gpu.argmax(-1)))
-        say(
-            f"kvgguf {name}: GPU path against CPU path KL {kl:.3g} (bound {bound:.3g}), top-1 agreement "
-            f"{agree:.4f}, {kv.n_cold if kv else 0} cold rows; {seconds:.2f} s"
-        )
-        calls = kv.device_store.calls() if kv is not None and kv.device_store is not None else (0, 0)
-        if calls[0] == 0 or calls[0] != calls[1]:
-            failures.append(f"{name}: the layers did not take the GPU path (calls {calls})")
-        if not kl <= bound:
-            failures.append(f"{name}: KL {kl:.3g} > {bound:.3g}")
-        if kv is not None and kv.read_failures() != (0, 0, 0):
-            failures.append(f"{name}: failed reads on the GPU path: {kv.read_failures()}")
+        fails, kv, cpu_llm, gpu_llm = _gpu_against_cpu(name, path, tokens, config, bound, say)
+        failures += fails
         if config is coded and kv is not None:
             failures += _same_codes(path, tokens, config, kv, say)
             # GGML_SCHED_DEBUG: the ops run where the cells are, so the graph splits no more than stock's
@@ -302,6 +308,42 @@ def check(tokenizer_from: Path, out_dir: Path, say=print) -> list[str]:
                 failures.append(f"kvgguf's graph splits more than stock's: {coded_splits} against {stock_splits}")
             failures += _graphs_agree(path, out_dir, say)
         del cpu_llm, gpu_llm
+
+    # kivi rows, and K and V of different families, on the GPU against the same on the CPU
+    kivi, mixed = _kivi_configs()
+    kivi_path = write(out_dir / "gpu-path-kivi.gguf", KIVI_SPEC, Path(tokenizer_from), seed=7)
+    kivi_floor = _kl(_run(kivi_path, tokens, None, -1)[0], _run(kivi_path, tokens, None, 0)[0])
+    say(f"llama.cpp f16 at head dim 80, CUDA against CPU (the floor): KL {kivi_floor:.3g}")
+    for name, model, config, b in (
+        ("kivi4, archive K kivi4 / V kivi2, head dim 80", kivi_path, kivi, 4 * kivi_floor + 1e-4),
+        ("K rotq4 / V kivi4, archive K kivi4 / V rotq2", path, mixed, bound),
+    ):
+        fails, _, cpu_llm, gpu_llm = _gpu_against_cpu(name, model, tokens, config, b, say)
+        failures += fails
+        del cpu_llm, gpu_llm
+    return failures
+
+
+def _gpu_against_cpu(name: str, path: Path, tokens: list[int], config, bound: float, say):
+    """A config's context with every layer on the GPU against the same on the CPU: (failures, the
+    GPU's LiveCache, the two Llamas, which the caller frees)."""
+    failures = []
+    cpu, _, _, cpu_llm = _run(path, tokens, config, 0)
+    gpu, seconds, kv, gpu_llm = _run(path, tokens, config, -1)
+    kl = _kl(cpu, gpu)
+    agree = float(np.mean(cpu.argmax(-1) == gpu.argmax(-1)))
+    say(
+        f"kvgguf {name}: GPU path against CPU path KL {kl:.3g} (bound {bound:.3g}), top-1 agreement "
+        f"{agree:.4f}, {kv.n_cold if kv else 0} cold rows; {seconds:.2f} s"
+    )
+    calls = kv.device_store.calls() if kv is not None and kv.device_store is not None else (0, 0)
+    if calls[0] == 0 or calls[0] != calls[1]:
+        failures.append(f"{name}: the layers did not take the GPU path (calls {calls})")
+    if not kl <= bound:
+        failures.append(f"{name}: KL {kl:.3g} > {bound:.3g}")
+    if kv is not None and kv.read_failures() != (0, 0, 0):
+        failures.append(f"{name}: failed reads on the GPU path: {kv.read_failures()}")
+    return failures, kv, cpu_llm, gpu_llm
     return failures
 
 

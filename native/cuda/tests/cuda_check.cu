@@ -1922,6 +1922,8 @@ static void run_timing_prefill(kvg_cuda_ctx * rows_ctx) {
     Rng           rng(0x7172);
     const int     Hk = 8, Hq = 24, T = 256;
     const int64_t D  = 128;
+    // rotq (the preset's codecs on this shape), and kivi (its codecs where rotations cannot go)
+    const int pairs[][2] = { { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2 }, { KVG_CODEC_KIVI4, KVG_CODEC_KIVI2 } };
     for (int64_t R : { (int64_t) 8192, (int64_t) 32768 }) {
         std::vector<float> x((size_t) (R * Hk * D));
         for (auto & v : x) {
@@ -1929,49 +1931,50 @@ static void run_timing_prefill(kvg_cuda_ctx * rows_ctx) {
         }
         DevBuf src(x.size() * 4);
         src.put(x.data(), x.size() * 4);
-        size_t ks = 0, vs = 0;
-        kvg_encoded_size(KVG_CODEC_ROTQ4, KVG_KIND_K, R, Hk, D, NULL, &ks);
-        kvg_encoded_size(KVG_CODEC_ROTQ2, KVG_KIND_V, R, Hk, D, NULL, &vs);
-        const size_t nq = (size_t) T * Hq;
-        DevBuf       kb(ks), vb(vs), q(nq * D * 4), m(nq * 4), l(nq * 4), acc(nq * D * 4);
-        if (kvg_cuda_encode(g_ctx, KVG_CODEC_ROTQ4, KVG_KIND_K, src.p, KVG_CUDA_F32, Hk * D, 1, R, Hk, D, NULL, kb.p, ks,
-                            NULL) ||
-            kvg_cuda_encode(g_ctx, KVG_CODEC_ROTQ2, KVG_KIND_V, src.p, KVG_CUDA_F32, Hk * D, 1, R, Hk, D, NULL, vb.p, vs,
-                            NULL)) {
-            mismatch("prefill timing encode: %s", kvg_last_error());
-            return;
-        }
+        const size_t       nq = (size_t) T * Hq;
         std::vector<float> qh(nq * D);
         for (auto & v : qh) {
             v = rng.gauss();
         }
-        q.put(qh.data(), qh.size() * 4);
-        kvg_cuda_attend_args a;
-        memset(&a, 0, sizeof(a));
-        a.k          = { KVG_CODEC_ROTQ4, kb.p, ks, R };
-        a.v          = { KVG_CODEC_ROTQ2, vb.p, vs, R };
-        a.n_rows     = R;
-        a.n_head_kv  = Hk;
-        a.head_dim_k = D;
-        a.head_dim_v = D;
-        a.seed       = KVG_DEFAULT_SEED;
-        a.q_dev      = (const float *) q.p;
-        a.n_tokens   = T;
-        a.n_head     = Hq;
-        a.scale      = 0.088f;
-        a.m_dev      = (float *) m.p;
-        a.l_dev      = (float *) l.p;
-        a.acc_dev    = (float *) acc.p;
-        double ms[2];
-        if (!time_default_and_scalar(
-                e0, e1, rows_ctx, m, l, acc, nq, (size_t) D,
-                [&](kvg_cuda_ctx * ctx) { return kvg_cuda_attend(ctx, &a); }, "prefill timing attend", ms)) {
-            return;
-        }
-        for (int which = 0; which < 2; which++) {
-            if (ms[which] >= 0) {
-                printf("  attend %d tokens, 3B shape (%d/%d heads, d=%lld), %6lld rows, K rotq4 / V rotq2, %-13s: %9.1f us\n",
-                       T, Hq, Hk, (long long) D, (long long) R, which ? "scalar kernel" : "default", ms[which] * 1e3);
+        for (const auto & pr : pairs) {
+            size_t ks = 0, vs = 0;
+            kvg_encoded_size(pr[0], KVG_KIND_K, R, Hk, D, NULL, &ks);
+            kvg_encoded_size(pr[1], KVG_KIND_V, R, Hk, D, NULL, &vs);
+            DevBuf kb(ks), vb(vs), q(nq * D * 4), m(nq * 4), l(nq * 4), acc(nq * D * 4);
+            if (kvg_cuda_encode(g_ctx, pr[0], KVG_KIND_K, src.p, KVG_CUDA_F32, Hk * D, 1, R, Hk, D, NULL, kb.p, ks, NULL) ||
+                kvg_cuda_encode(g_ctx, pr[1], KVG_KIND_V, src.p, KVG_CUDA_F32, Hk * D, 1, R, Hk, D, NULL, vb.p, vs, NULL)) {
+                mismatch("prefill timing encode: %s", kvg_last_error());
+                return;
+            }
+            q.put(qh.data(), qh.size() * 4);
+            kvg_cuda_attend_args a;
+            memset(&a, 0, sizeof(a));
+            a.k          = { pr[0], kb.p, ks, R };
+            a.v          = { pr[1], vb.p, vs, R };
+            a.n_rows     = R;
+            a.n_head_kv  = Hk;
+            a.head_dim_k = D;
+            a.head_dim_v = D;
+            a.seed       = KVG_DEFAULT_SEED;
+            a.q_dev      = (const float *) q.p;
+            a.n_tokens   = T;
+            a.n_head     = Hq;
+            a.scale      = 0.088f;
+            a.m_dev      = (float *) m.p;
+            a.l_dev      = (float *) l.p;
+            a.acc_dev    = (float *) acc.p;
+            double ms[2];
+            if (!time_default_and_scalar(
+                    e0, e1, rows_ctx, m, l, acc, nq, (size_t) D,
+                    [&](kvg_cuda_ctx * ctx) { return kvg_cuda_attend(ctx, &a); }, "prefill timing attend", ms)) {
+                return;
+            }
+            for (int which = 0; which < 2; which++) {
+                if (ms[which] >= 0) {
+                    printf("  attend %d tokens, 3B shape (%d/%d heads, d=%lld), %6lld rows, K %s / V %s, %-13s: %9.1f us\n",
+                           T, Hq, Hk, (long long) D, (long long) R, kvg_codec_name(pr[0]), kvg_codec_name(pr[1]),
+                           which ? "scalar kernel" : "default", ms[which] * 1e3);
+                }
             }
         }
     }
@@ -2040,15 +2043,17 @@ static void run_timing(kvg_cuda_ctx * generic) {
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
     Rng rng(0x7171);
-    // one layer of Llama-3.2-3B (8 KV heads, 24 query heads, head_dim 128) and of Llama-3.2-1B
-    // (8 KV heads, 32 query heads, head_dim 64); one decoded token
+    // one layer of Llama-3.2-3B (8 KV heads, 24 query heads, head_dim 128), of Llama-3.2-1B
+    // (8 KV heads, 32 query heads, head_dim 64) and of Phi-3-mini (32 and 32, head_dim 96: kivi's,
+    // the "tiered" preset there); one decoded token
     struct Shape {
         const char * name;
         int          Hk, Hq;
         int64_t      D;
     };
-    const Shape shapes[] = { { "3B", 8, 24, 128 }, { "1B", 8, 32, 64 } };
-    const int   pairs[][2] = { { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2 }, { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ4 } };
+    const Shape shapes[] = { { "3B", 8, 24, 128 }, { "1B", 8, 32, 64 }, { "Phi-3", 32, 32, 96 } };
+    const int   pairs[][2] = { { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2 }, { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ4 },
+                               { KVG_CODEC_KIVI4, KVG_CODEC_KIVI2 } };
     for (const Shape & sh : shapes) {
         const int     Hk = sh.Hk, Hq = sh.Hq;
         const int64_t D  = sh.D;
@@ -2060,6 +2065,9 @@ static void run_timing(kvg_cuda_ctx * generic) {
             DevBuf src(x.size() * 4);
             src.put(x.data(), x.size() * 4);
             for (const auto & pr : pairs) {
+                if ((sh.D & (sh.D - 1)) != 0 && pr[0] >= KVG_CODEC_ROTQ1) {
+                    continue;  // rotq takes head dims that are powers of two
+                }
                 size_t ks = 0, vs = 0;
                 kvg_encoded_size(pr[0], KVG_KIND_K, R, Hk, D, NULL, &ks);
                 kvg_encoded_size(pr[1], KVG_KIND_V, R, Hk, D, NULL, &vs);
