@@ -89,7 +89,7 @@ static __global__ void __launch_bounds__(KA_WARPS * 32) ka_split_kernel(const ka
         }
         for (int r = 0; r < nc; r++) {
             const int64_t row = a.k_row0 + base + r;
-            const float   fk  = ka_key_factor<KS>(a, row, hk);
+            const float   fk  = ka_row_factor<KS>(a.k_norms, a.inv_dk, row, a.n_head_kv, hk);
             float         part[QT];
 #pragma unroll
             for (int qq = 0; qq < QT; qq++) {
@@ -127,7 +127,7 @@ static __global__ void __launch_bounds__(KA_WARPS * 32) ka_split_kernel(const ka
         }
         for (int r = 0; r < nc; r++) {
             const int64_t row = a.v_row0 + base + r;
-            const float   fv  = ka_value_factor<VS>(a, row, hk);
+            const float   fv  = ka_row_factor<VS>(a.v_norms, a.inv_dv, row, a.n_head_kv, hk);
             float         wr[QT];
 #pragma unroll
             for (int qq = 0; qq < QT; qq++) {

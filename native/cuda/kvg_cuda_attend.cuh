@@ -44,7 +44,7 @@ static __device__ __forceinline__ float ka_kivi_value(const uint8_t * g, unsigne
 }
 
 // Coordinate i of KV head hk of buffer row `row` of the K side, before the row's factor
-// (ka_key_factor): rotq's codebook value, kivi's min + code * scale, f16's value.
+// (ka_row_factor): rotq's codebook value, kivi's min + code * scale, f16's value.
 template <int SRC>
 static __device__ __forceinline__ float ka_key_at(const ka_args & a, int64_t row, int hk, int i) {
     const int64_t e = (row * a.n_head_kv + hk) * a.dk + i;  // the value's index in the block
@@ -71,20 +71,12 @@ static __device__ __forceinline__ float ka_value_at(const ka_args & a, int64_t r
     }
 }
 
-// The factor a row's coordinates take: rotq's norm / head_dim, 1 for the others.
+// The factor a row's coordinates take on a side whose per-row norms (rotq's) and 1 / head_dim are
+// given: rotq's norm / head_dim, 1 for the other sources.
 template <int SRC>
-static __device__ __forceinline__ float ka_key_factor(const ka_args & a, int64_t row, int hk) {
+static __device__ __forceinline__ float ka_row_factor(const uint8_t * norms, float inv_d, int64_t row, int n_head_kv, int hk) {
     if constexpr (SRC == KA_SRC_ROTQ) {
-        return kc_f16_to_f32(kc_get_u16(a.k_norms + 2 * (row * a.n_head_kv + hk))) * a.inv_dk;
-    } else {
-        return 1.0f;
-    }
-}
-
-template <int SRC>
-static __device__ __forceinline__ float ka_value_factor(const ka_args & a, int64_t row, int hk) {
-    if constexpr (SRC == KA_SRC_ROTQ) {
-        return kc_f16_to_f32(kc_get_u16(a.v_norms + 2 * (row * a.n_head_kv + hk))) * a.inv_dv;
+        return kc_f16_to_f32(kc_get_u16(norms + 2 * (row * n_head_kv + hk))) * inv_d;
     } else {
         return 1.0f;
     }

@@ -95,12 +95,10 @@ static __device__ __forceinline__ float kt_value(const ka_args & a, int64_t row,
     }
 }
 
-static __device__ __forceinline__ float kt_key_factor(const ka_args & a, int64_t row, int hk) {
-    return a.k_src == KA_SRC_ROTQ ? ka_key_factor<KA_SRC_ROTQ>(a, row, hk) : 1.0f;
-}
-
-static __device__ __forceinline__ float kt_value_factor(const ka_args & a, int64_t row, int hk) {
-    return a.v_src == KA_SRC_ROTQ ? ka_value_factor<KA_SRC_ROTQ>(a, row, hk) : 1.0f;
+// src: the side's source; its norms and 1 / head_dim.
+static __device__ __forceinline__ float kt_row_factor(int src, const uint8_t * norms, float inv_d, int64_t row, int n_head_kv,
+                                                      int hk) {
+    return src == KA_SRC_ROTQ ? ka_row_factor<KA_SRC_ROTQ>(norms, inv_d, row, n_head_kv, hk) : 1.0f;
 }
 
 // What the kernel reads for llama.cpp's cells (kvg_cuda_attend_cells): where they lie, the mask,
@@ -219,8 +217,8 @@ static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_ar
                 sV[r * L::LDQ + i] = __float2half_rn(vx);
             }
             for (int r = threadIdx.x; r < KT_R; r += KT_THREADS) {
-                fk[r] = r < nc ? kt_key_factor(a, a.k_row0 + base + r, hk) : 0.0f;
-                fv[r] = r < nc ? kt_value_factor(a, a.v_row0 + base + r, hk) : 0.0f;
+                fk[r] = r < nc ? kt_row_factor(a.k_src, a.k_norms, a.inv_dk, a.k_row0 + base + r, a.n_head_kv, hk) : 0.0f;
+                fv[r] = r < nc ? kt_row_factor(a.v_src, a.v_norms, a.inv_dv, a.v_row0 + base + r, a.n_head_kv, hk) : 0.0f;
             }
         }
         __syncthreads();
