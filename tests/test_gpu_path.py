@@ -190,6 +190,15 @@ def test_a_gpu_layer_refuses_before_the_first_token_what_it_cannot_attend_over()
     assert "whole bytes" in cuda_store.gpu_refuses("kivi3", 1, 5)
 
 
+def test_kivi_keys_in_blocks_of_part_groups_are_named_slow_on_a_gpu():
+    """LiveCache warns (cuda_store.run_breaks) where kivi keys would be evicted in blocks that are
+    not whole groups: the device copy then holds each block as a run of its own."""
+    assert cuda_store.run_breaks({"kivi4", "f16"}, 64, 32) is None
+    assert cuda_store.run_breaks({"rotq4"}, 48, 32) is None  # no kivi keys: rows lie end to end
+    assert "multiple of group_size" in cuda_store.run_breaks({"kivi4", "f16"}, 48, 32)
+    assert "blocks of 64" in cuda_store.run_breaks({"kivi8"}, 64, 128)
+
+
 @pytest.mark.parametrize("flash_attn", [True, False])  # off: llama.cpp transposes V
 def test_view_cells_reads_what_read_rows_copies(smollm2_path, flash_attn):
     """llama_kvgguf_view_cells (patch 16), through which a GPU codes an eviction's cells where they

@@ -92,6 +92,21 @@ def gpu_refuses(codec: str, n_head_kv: int, head_dim: int) -> str | None:
     return None
 
 
+def run_breaks(k_codecs, block: int, group_size: int) -> str | None:
+    """Why a GPU store would keep every evicted block as a run of its own, None where it would not:
+    kivi keys (k_codecs: the GPU layers' K codecs, every tier) in groups of group_size tokens,
+    evicted in blocks of ``block`` tokens that are not whole groups. The device copy lays a run's
+    kivi K groups end to end (kvg_cuda_store.c), so a run breaks after a block that is not, and
+    each run is one attention call a layer."""
+    if block % group_size and any(c.startswith("kivi") for c in k_codecs):
+        return (
+            f"kivi keys are grouped by {group_size} tokens and evicted in blocks of {block}, so on the GPU every "
+            f"block is a run of its own, one attention call each (slow at long contexts); choose a block that is "
+            f"a multiple of group_size"
+        )
+    return None
+
+
 def store_items(ffi, items):
     """kvg_cuda_store_item[] of items (il, kind, tier, codec name, src address, row_stride,
     col_stride, n_rows), f16 rows, for kvg_cuda_store_encode_many."""

@@ -115,6 +115,10 @@ class LiveCache:
                             f"{kind.name} rows would be {table[il, kind]}: {why}; choose such codecs, or keep "
                             "this layer on the CPU (n_gpu_layers, offload_kqv=False)"
                         )
+        k_codecs = {table[il, Kind.K] for table in self.codecs.values() for il in layers}
+        slow = cuda_store.run_breaks(k_codecs, self.config.block, self.config.group_size)
+        if slow:
+            warnings.warn(f"kvgguf: {slow}", RuntimeWarning, stacklevel=3)
         if self.config.keep == "mass":
             raise ValueError(
                 "keep='mass' counts the attention mass on the fused path, which GPU layers do not report "
