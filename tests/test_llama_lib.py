@@ -49,6 +49,22 @@ def test_unpatched_library_folder_is_refused(tmp_path):
     assert "patched llama.cpp is not in" in proc.stderr
 
 
+def test_a_library_that_does_not_load_is_an_import_error_that_says_why(tmp_path):
+    """A libllama that fails to load is an ImportError with the loader's reason; for a CUDA build
+    whose CUDA libraries are missing (a machine without the toolkit) it says what to install."""
+    from kvgguf.llamacpp.library import why_not_loaded
+
+    (tmp_path / "libllama.so").write_bytes(b"not a shared library")
+    proc = run_python("import kvgguf", env_update={"KVGGUF_LLAMA_LIB_DIR": str(tmp_path)})
+    assert proc.returncode != 0
+    assert "ImportError" in proc.stderr and "libllama.so" in proc.stderr
+    missing = "Failed to load shared library 'libllama.so': libcublas.so.13: cannot open shared object file"
+    assert why_not_loaded(missing, tmp_path) == missing  # a CPU build's folder: the reason alone
+    (tmp_path / "libggml-cuda.so").write_bytes(b"")
+    hint = why_not_loaded(missing, tmp_path)
+    assert hint.startswith(missing) and "nvidia-cublas" in hint and "without -DGGML_CUDA=ON" in hint
+
+
 def test_default_model_generates_through_patched_library(smollm2_path):
     import kvgguf  # noqa: F401  (binds the library)
     import numpy as np

@@ -63,7 +63,10 @@ def bind():
             )
     else:
         os.environ["LLAMA_CPP_LIB_PATH"] = str(lib_dir)
-    import llama_cpp
+    try:
+        import llama_cpp
+    except RuntimeError as e:  # llama-cpp-python's own, when its library does not load
+        raise ImportError(why_not_loaded(str(e), lib_dir)) from e
     import llama_cpp.llama_cpp as llama_cpp_lib
 
     if llama_cpp.__version__ != LLAMA_CPP_PYTHON_VERSION:
@@ -79,6 +82,19 @@ def bind():
             f"needs {PATCH_VERSION}; reinstall kvgguf so its llama.cpp is rebuilt"
         )
     return llama_cpp_lib
+
+
+def why_not_loaded(error: str, lib_dir: Path) -> str:
+    """The message for a libllama in lib_dir that did not load with `error`: what to do where a
+    CUDA build misses the CUDA libraries its backend links (on a machine without a GPU too)."""
+    if any(lib_dir.glob("libggml-cuda.*")) and ("libcublas" in error or "libcudart" in error):
+        return (
+            f'{error}. This kvgguf was built with CUDA (CMAKE_ARGS="-DGGML_CUDA=ON"), and llama.cpp\'s CUDA '
+            "backend loads the CUDA runtime and cuBLAS even where no GPU is used: install the CUDA toolkit "
+            "(or the nvidia-cuda-runtime and nvidia-cublas wheels, their lib folders on LD_LIBRARY_PATH), "
+            "or reinstall kvgguf without -DGGML_CUDA=ON"
+        )
+    return error
 
 
 def patch_version(llama_cpp_lib=None) -> int:
