@@ -1915,6 +1915,51 @@ static bool time_default_and_scalar(cudaEvent_t e0, cudaEvent_t e1, kvg_cuda_ctx
 // One prefill ubatch of one layer of the 3B shape (256 tokens, 8/24 heads, d=128) over 8K and 32K
 // coded rows: the default kernels (the tensor cores from compute capability 8.0) against the scalar
 // row-parallel kernel (rows_ctx). Not asserted.
+// A timing's blocks: K and V of R rows coded on the device from src (f32 [R][Hk * D]) with codecs
+// kc and vc, and kvg_cuda_attend's arguments over all of them for T tokens of Hq query heads.
+struct TimedPair {
+    int     kc, vc;
+    int64_t R;
+    size_t  ks, vs;
+    DevBuf  kb, vb;
+    TimedPair(int k_codec, int v_codec, int64_t rows, int Hk, int64_t D)
+        : kc(k_codec), vc(v_codec), R(rows), ks(coded_bytes(k_codec, KVG_KIND_K, rows, Hk, D)),
+          vs(coded_bytes(v_codec, KVG_KIND_V, rows, Hk, D)), kb(ks), vb(vs) {}
+    static size_t coded_bytes(int codec, int kind, int64_t rows, int Hk, int64_t D) {
+        size_t n = 0;
+        kvg_encoded_size(codec, kind, rows, Hk, D, NULL, &n);
+        return n;
+    }
+    // false (a mismatch reported as `what`) when an encode failed
+    bool encode(const DevBuf & src, int Hk, int64_t D, const char * what) {
+        if (kvg_cuda_encode(g_ctx, kc, KVG_KIND_K, src.p, KVG_CUDA_F32, Hk * D, 1, R, Hk, D, NULL, kb.p, ks, NULL) ||
+            kvg_cuda_encode(g_ctx, vc, KVG_KIND_V, src.p, KVG_CUDA_F32, Hk * D, 1, R, Hk, D, NULL, vb.p, vs, NULL)) {
+            mismatch("%s: %s", what, kvg_last_error());
+            return false;
+        }
+        return true;
+    }
+    kvg_cuda_attend_args args(int Hk, int64_t D, int T, int Hq, DevBuf & q, DevBuf & m, DevBuf & l, DevBuf & acc) const {
+        kvg_cuda_attend_args a;
+        memset(&a, 0, sizeof(a));
+        a.k          = { kc, kb.p, ks, R };
+        a.v          = { vc, vb.p, vs, R };
+        a.n_rows     = R;
+        a.n_head_kv  = Hk;
+        a.head_dim_k = D;
+        a.head_dim_v = D;
+        a.seed       = KVG_DEFAULT_SEED;
+        a.q_dev      = (const float *) q.p;
+        a.n_tokens   = T;
+        a.n_head     = Hq;
+        a.scale      = 0.088f;
+        a.m_dev      = (float *) m.p;
+        a.l_dev      = (float *) l.p;
+        a.acc_dev    = (float *) acc.p;
+        return a;
+    }
+};
+
 static void run_timing_prefill(kvg_cuda_ctx * rows_ctx) {
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
@@ -1937,33 +1982,14 @@ static void run_timing_prefill(kvg_cuda_ctx * rows_ctx) {
             v = rng.gauss();
         }
         for (const auto & pr : pairs) {
-            size_t ks = 0, vs = 0;
-            kvg_encoded_size(pr[0], KVG_KIND_K, R, Hk, D, NULL, &ks);
-            kvg_encoded_size(pr[1], KVG_KIND_V, R, Hk, D, NULL, &vs);
-            DevBuf kb(ks), vb(vs), q(nq * D * 4), m(nq * 4), l(nq * 4), acc(nq * D * 4);
-            if (kvg_cuda_encode(g_ctx, pr[0], KVG_KIND_K, src.p, KVG_CUDA_F32, Hk * D, 1, R, Hk, D, NULL, kb.p, ks, NULL) ||
-                kvg_cuda_encode(g_ctx, pr[1], KVG_KIND_V, src.p, KVG_CUDA_F32, Hk * D, 1, R, Hk, D, NULL, vb.p, vs, NULL)) {
-                mismatch("prefill timing encode: %s", kvg_last_error());
+            TimedPair tp(pr[0], pr[1], R, Hk, D);
+            DevBuf    q(nq * D * 4), m(nq * 4), l(nq * 4), acc(nq * D * 4);
+            if (!tp.encode(src, Hk, D, "prefill timing encode")) {
                 return;
             }
             q.put(qh.data(), qh.size() * 4);
-            kvg_cuda_attend_args a;
-            memset(&a, 0, sizeof(a));
-            a.k          = { pr[0], kb.p, ks, R };
-            a.v          = { pr[1], vb.p, vs, R };
-            a.n_rows     = R;
-            a.n_head_kv  = Hk;
-            a.head_dim_k = D;
-            a.head_dim_v = D;
-            a.seed       = KVG_DEFAULT_SEED;
-            a.q_dev      = (const float *) q.p;
-            a.n_tokens   = T;
-            a.n_head     = Hq;
-            a.scale      = 0.088f;
-            a.m_dev      = (float *) m.p;
-            a.l_dev      = (float *) l.p;
-            a.acc_dev    = (float *) acc.p;
-            double ms[2];
+            const kvg_cuda_attend_args a = tp.args(Hk, D, T, Hq, q, m, l, acc);
+            double                     ms[2];
             if (!time_default_and_scalar(
                     e0, e1, rows_ctx, m, l, acc, nq, (size_t) D,
                     [&](kvg_cuda_ctx * ctx) { return kvg_cuda_attend(ctx, &a); }, "prefill timing attend", ms)) {
@@ -2068,14 +2094,9 @@ static void run_timing(kvg_cuda_ctx * generic) {
                 if ((sh.D & (sh.D - 1)) != 0 && pr[0] >= KVG_CODEC_ROTQ1) {
                     continue;  // rotq takes head dims that are powers of two
                 }
-                size_t ks = 0, vs = 0;
-                kvg_encoded_size(pr[0], KVG_KIND_K, R, Hk, D, NULL, &ks);
-                kvg_encoded_size(pr[1], KVG_KIND_V, R, Hk, D, NULL, &vs);
-                DevBuf kb(ks), vb(vs), q((size_t) Hq * D * 4), m((size_t) Hq * 4), l((size_t) Hq * 4),
-                    acc((size_t) Hq * D * 4);
-                if (kvg_cuda_encode(g_ctx, pr[0], KVG_KIND_K, src.p, KVG_CUDA_F32, Hk * D, 1, R, Hk, D, NULL, kb.p, ks, NULL) ||
-                    kvg_cuda_encode(g_ctx, pr[1], KVG_KIND_V, src.p, KVG_CUDA_F32, Hk * D, 1, R, Hk, D, NULL, vb.p, vs, NULL)) {
-                    mismatch("timing encode: %s", kvg_last_error());
+                TimedPair tp(pr[0], pr[1], R, Hk, D);
+                DevBuf    q((size_t) Hq * D * 4), m((size_t) Hq * 4), l((size_t) Hq * 4), acc((size_t) Hq * D * 4);
+                if (!tp.encode(src, Hk, D, "timing encode")) {
                     return;
                 }
                 std::vector<float> qh((size_t) Hq * D), mh((size_t) Hq, -INFINITY), zero((size_t) Hq * D, 0.0f);
@@ -2083,22 +2104,7 @@ static void run_timing(kvg_cuda_ctx * generic) {
                     v = rng.gauss();
                 }
                 q.put(qh.data(), qh.size() * 4);
-                kvg_cuda_attend_args a;
-                memset(&a, 0, sizeof(a));
-                a.k          = { pr[0], kb.p, ks, R };
-                a.v          = { pr[1], vb.p, vs, R };
-                a.n_rows     = R;
-                a.n_head_kv  = Hk;
-                a.head_dim_k = D;
-                a.head_dim_v = D;
-                a.seed       = KVG_DEFAULT_SEED;
-                a.q_dev      = (const float *) q.p;
-                a.n_tokens   = 1;
-                a.n_head     = Hq;
-                a.scale      = 0.088f;
-                a.m_dev      = (float *) m.p;
-                a.l_dev      = (float *) l.p;
-                a.acc_dev    = (float *) acc.p;
+                const kvg_cuda_attend_args a = tp.args(Hk, D, 1, Hq, q, m, l, acc);
                 for (int which = 0; which < 2; which++) {
                     kvg_cuda_ctx * ctx = which ? generic : g_ctx;
                     if (ctx == NULL) {
@@ -2130,8 +2136,8 @@ static void run_timing(kvg_cuda_ctx * generic) {
                            "a lone call, %6.1f us a call back to back (codes %.1f MiB: %.0f GB/s; an f16 cache's %.0f MiB "
                            "would need %.0f GB/s to match)\n",
                            sh.name, Hq, Hk, (long long) D, (long long) R, kvg_codec_name(pr[0]), kvg_codec_name(pr[1]),
-                           which ? "generic" : "default", med * 1e3, b2b / 20 * 1e3, (ks + vs) / 1048576.0,
-                           (ks + vs) / (b2b / 20 * 1e-3) / 1e9, f16b / 1048576.0, f16b / (b2b / 20 * 1e-3) / 1e9);
+                           which ? "generic" : "default", med * 1e3, b2b / 20 * 1e3, (tp.ks + tp.vs) / 1048576.0,
+                           (tp.ks + tp.vs) / (b2b / 20 * 1e-3) / 1e9, f16b / 1048576.0, f16b / (b2b / 20 * 1e-3) / 1e9);
                 }
             }
         }
