@@ -168,8 +168,8 @@ typedef struct kvg_cuda_attend_args {
 
 KVG_CUDA_API int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * a);
 
-// A layer's attention on the fused path, on the GPU, is: kvg_cuda_attend_begin (the state empty),
-// kvg_cuda_attend over the store's coded rows, kvg_cuda_attend_cells over llama.cpp's own cells,
+// A layer's attention on the fused path, on the GPU, is: kvg_cuda_gather_q (the queries),
+// kvg_cuda_attend_pass over the store's coded rows and llama.cpp's own cells into a fresh state,
 // kvg_cuda_attend_finish (the output). All queued on the context's stream without waiting.
 
 // The queries as the other calls take them, f32 [n_tokens][n_head][head_dim] at dst_dev, from a
@@ -210,6 +210,32 @@ typedef struct kvg_cuda_cells_args {
 } kvg_cuda_cells_args;
 
 KVG_CUDA_API int kvg_cuda_attend_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_args * a);
+
+// A layer's attention over several parts in one pass: runs of coded rows (kvg_cuda_attend's
+// arguments) and cells (kvg_cuda_attend_cells'), in any number and order, folded into one state with
+// one merge at the end, instead of a merge per call: what the calls one after the other compute,
+// in another order of float sums. Every part's q_dev, n_tokens, n_head, n_head_kv, head dims,
+// scale, softcap and state pointers must be the pass's; the runs' seed one seed. fresh: the state
+// is written, not read (no kvg_cuda_attend_begin first; with no part, it is emptied); else the
+// parts fold into the state as it is. Checked whole before anything is queued: a part that one call
+// would refuse fails the pass, with that call's message, and leaves the state as it was.
+typedef struct kvg_cuda_part {
+    const kvg_cuda_attend_args * run;    // coded rows, or NULL
+    const kvg_cuda_cells_args *  cells;  // cells, where run is NULL
+} kvg_cuda_part;
+
+typedef struct kvg_cuda_pass_args {
+    const kvg_cuda_part * parts;
+    int32_t               n_parts;
+    int64_t               n_q;  // n_tokens * n_head
+    int64_t               head_dim_v;
+    float *               m_dev;
+    float *               l_dev;
+    float *               acc_dev;
+    int32_t               fresh;
+} kvg_cuda_pass_args;
+
+KVG_CUDA_API int kvg_cuda_attend_pass(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p);
 
 // The output of each query j (caller order, head j % n_head): acc / l, with the attention sink of
 // its head (sinks_dev: f32 [n_head], a logit that joins the softmax's normalizer with no value;
@@ -300,9 +326,9 @@ typedef struct kvg_cuda_layer_args {
 } kvg_cuda_layer_args;
 
 // The state of layer il's queries over [the store's rows | llama.cpp's cells], on `stream` of
-// `device` (llama.cpp's): the queries rounded to f16 as the CPU's fused path takes them, the state
-// emptied, the coded rows folded in (kvg_cuda_attend, one call per run of blocks), then the cells
-// (kvg_cuda_attend_cells). Rows that cannot be read (a stale copy, a codec the GPU does not attend)
+// `device` (llama.cpp's): the queries rounded to f16 as the CPU's fused path takes them, then one
+// pass (kvg_cuda_attend_pass) over a part per run of blocks and the cells, into a fresh state.
+// Rows that cannot be read (a stale copy, a codec the GPU does not attend)
 // are left out, as if masked, counted in host's kvg_store_read_failures(KVG_READ_ATTEND), and the
 // status says why; the cells are attended all the same. Queued without waiting.
 KVG_CUDA_API int32_t kvg_cuda_store_hook_attend(void * user, const kvg_cuda_layer_args * a, int32_t device, void * stream);

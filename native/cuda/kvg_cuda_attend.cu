@@ -2,22 +2,24 @@
 // attend.c's fused paths: what kvg_store_hook_attend_capped computes, in float32, in another order.
 // Each side's block is rotq (read in the rotated domain), kivi or f16 (read as they are), in any mix.
 //
-// Three kernels on the context's stream:
+// A run is planned here (ka_plan_run: the checks, the kernel, the splits) and queued by a pass
+// (kvg_cuda_attend_pass.cu), which kvg_cuda_attend is with one part. Its kernels on the context's
+// stream:
 // 1. rotate: qr_j = W(s * (scale * q_j)) per query where K is rotq, scale * q_j otherwise, once per
-//    call (shared-memory butterflies).
+//    pass (shared-memory butterflies).
 // 2. split: grid (row splits x KV heads x query tiles). Each warp walks its rows 32 at a time:
 //    per row, the lanes unpack the key's codes (lane-strided coordinates), dot them with the
 //    tile's queries (rotq: codebook values times qr, scaled by the stored norm / head_dim; kivi:
 //    min + code * scale of the coordinate's group), reduced over the warp; the 32 scores of a chunk
 //    fold into the warp's (m, l) once (online softmax, Milakov and Gimelshein 2018); the values,
 //    weighted, are summed in shared memory (rotq's in the rotated domain). Warps then merge into
-//    the split's (m, l, accr). Nothing is expanded to global memory: codes are read straight from
-//    the blocks.
+//    the split's (m, l, accr), written to the pass's slots. Nothing is expanded to global memory:
+//    codes are read straight from the blocks.
 //    This is the generic kernel; the shapes decoding meets most (K and V rotq2-4 at head dims both
 //    64, 128 or 256) take the row-parallel one of kvg_cuda_attend_rows.cuh, 3-4x faster on an
 //    H100, and many queries a KV head (prefill) the tensor cores' (kvg_cuda_attend_tc.cu).
-// 3. combine: per query, the splits and the incoming state merge in log-sum-exp form, and a rotated
-//    sum goes back through W and the signs once: acc = acc * exp(m_in - M) + s * W(accr).
+// 3. the pass's combine: per query, every slot and the incoming state merge in log-sum-exp form,
+//    and rotq's rotated sums go back through W and the signs once.
 #include "kvg_cuda_attend.cuh"
 
 #include <math.h>
@@ -26,7 +28,6 @@
 #define KA_MAX_SPLITS 1024
 #define KA_SPLIT_ROWS 256                  // rows per split to aim for
 #define KA_MAX_DIM    512
-#define KA_SCRATCH_FLOATS ((size_t) 1 << 25)  // 128 MiB: fewer splits for very many queries
 
 // rotate: rotq keys (the signs, then W); else the queries are only scaled.
 static __global__ void ka_rotate_kernel(const float * q, int64_t n_q, int d, float scale, int rotate, uint64_t seed,
@@ -155,69 +156,7 @@ static __global__ void __launch_bounds__(KA_WARPS * 32) ka_split_kernel(const ka
     __syncthreads();
 
     // The block's warps merged: the split's (m, l, accr) per query.
-    ka_merge_warps(wm, wl, accr, QT, nq, dv, p0, hk, a.gqa, a.n_head, a.n_splits, split, a.pm, a.pl, a.pacc);
-}
-
-// One block per query: shared y [dv], c [n_splits], red [blockDim]. rotated: y goes back through W
-// and the signs (kvg_cuda_attend's values); else it is added as it is (kvg_cuda_attend_cells').
-static __global__ void ka_combine_kernel(const float * pm, const float * pl, const float * pacc, int n_splits, int dv,
-                                         int rotated, uint64_t seed, float * m, float * l, float * acc) {
-    KVG_DYNAMIC_SMEM(float, ka_sh);
-    float *       y   = ka_sh;
-    float *       c   = y + dv;
-    float *       red = c + n_splits;
-    const int64_t j   = blockIdx.x;
-    const float   m_in = m[j];
-
-    float mx = m_in;
-    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
-        mx = fmaxf(mx, pm[j * n_splits + s]);
-    }
-    red[threadIdx.x] = mx;
-    __syncthreads();
-    for (int o = blockDim.x / 2; o > 0; o >>= 1) {
-        if (threadIdx.x < o) {
-            red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + o]);
-        }
-        __syncthreads();
-    }
-    const float M = red[0];
-    __syncthreads();
-    if (M == -INFINITY) {
-        return;  // no row reached these queries: the state stays
-    }
-    float part = 0.0f;
-    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
-        const float ms = pm[j * n_splits + s];
-        c[s]           = ms == -INFINITY ? 0.0f : expf(ms - M);
-        part += c[s] * pl[j * n_splits + s];
-    }
-    red[threadIdx.x] = part;
-    __syncthreads();
-    for (int o = blockDim.x / 2; o > 0; o >>= 1) {
-        if (threadIdx.x < o) {
-            red[threadIdx.x] += red[threadIdx.x + o];
-        }
-        __syncthreads();
-    }
-    const float c_in = m_in == -INFINITY ? 0.0f : expf(m_in - M);
-    for (int i = threadIdx.x; i < dv; i += blockDim.x) {
-        float sum = 0.0f;
-        for (int s = 0; s < n_splits; s++) {
-            sum += c[s] * pacc[(j * n_splits + s) * dv + i];
-        }
-        y[i] = sum;
-    }
-    if (rotated) {  // uniform over the block, so kc_fwht_block's barriers are safe; unrotated, each
-        kc_fwht_block(y, dv);  // thread reads back only the y[i] it wrote
-    }
-    for (int i = threadIdx.x; i < dv; i += blockDim.x) {
-        acc[j * dv + i] = acc[j * dv + i] * c_in + (rotated ? kc_sign(seed, i) * y[i] : y[i]);
-    }
-    if (threadIdx.x == 0) {
-        l[j] = l[j] * c_in + red[0];
-        m[j] = M;
-    }
+    ka_merge_warps(wm, wl, accr, QT, nq, dv, p0, hk, a.gqa, a.n_head, a.n_slots, a.slot0 + split, a.pm, a.pl, a.pacc);
 }
 
 // ---- host ----------------------------------------------------------------------------------
@@ -282,33 +221,6 @@ static int ka_check_block(const kvg_cuda_block * b, int kind, int64_t row0, int6
     return KVG_OK;
 }
 
-int ka_scratch(kvg_cuda_ctx * ctx, size_t bytes) {
-    if (bytes <= ctx->scratch_bytes) {
-        return KVG_OK;
-    }
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(ctx->stream, &capturing) == cudaSuccess && capturing != cudaStreamCaptureStatusNone) {
-        // a wait or a free would end llama.cpp's capture (and abort it); the same graph ran
-        // uncaptured first, so this should not happen
-        return kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda: the attention scratch would have to grow inside a CUDA graph capture");
-    }
-    cudaError_t e = cudaStreamSynchronize(ctx->stream);  // earlier calls may still read the old one
-    if (e != cudaSuccess) {
-        return kc_cuda_fail(e, "cudaStreamSynchronize (attend scratch)");
-    }
-    cudaFree(ctx->scratch);
-    ctx->scratch       = NULL;
-    ctx->scratch_bytes = 0;
-    e                  = cudaMalloc(&ctx->scratch, bytes);
-    if (e != cudaSuccess) {
-        ctx->scratch = NULL;
-        return kc_cuda_fail(e, "cudaMalloc (attend scratch)");
-    }
-    ctx->scratch_bytes = bytes;
-    ctx->scratch_grown++;
-    return KVG_OK;
-}
-
 template <int QT, int KS>
 static void ka_launch_split_v(const ka_args & a, dim3 grid, size_t smem, cudaStream_t stream) {
     switch (a.v_src) {
@@ -344,10 +256,10 @@ static void ka_side_pointers(const kvg_cuda_block * b, int src, int kind, int64_
     }
 }
 
-extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * a) {
-    kvg_clear_error();
-    if (ctx == NULL || a == NULL || a->q_dev == NULL || a->m_dev == NULL || a->l_dev == NULL || a->acc_dev == NULL) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend: NULL ctx, args, q, m, l or acc");
+int ka_plan_run(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * a, int64_t budget_floats, ka_plan * out) {
+    memset(out, 0, sizeof(*out));
+    if (a->q_dev == NULL || a->m_dev == NULL || a->l_dev == NULL || a->acc_dev == NULL) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend: NULL q, m, l or acc");
     }
     if (a->n_head_kv <= 0 || a->n_tokens <= 0 || a->n_head <= 0 || a->n_head % a->n_head_kv != 0) {
         return kvg_fail(KVG_ERR_INVALID_ARG,
@@ -371,8 +283,12 @@ extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * 
     if (st != KVG_OK) {
         return st;
     }
+    int       k_bits = 0, v_bits = 0;
+    const int k_src = ka_source(a->k.codec, &k_bits), v_src = ka_source(a->v.codec, &v_bits);
+    out->q_rotated  = k_src == KA_SRC_ROTQ;
+    out->v_rotated  = v_src == KA_SRC_ROTQ;
     if (a->n_rows == 0) {
-        return KVG_OK;
+        return KVG_OK;  // n_splits 0: nothing to queue
     }
     const int64_t dk = a->head_dim_k, dv = a->head_dim_v;
     const int64_t gqa = a->n_head / a->n_head_kv, n_p = (int64_t) a->n_tokens * gqa;
@@ -380,12 +296,10 @@ extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * 
 
     // Query tiles: up to 8 queries of a KV head per block (4 past head_dim 256: shared memory), or
     // 64 on the tensor cores where many queries share a KV head (prefill).
-    int       k_bits = 0, v_bits = 0;
-    const int k_src = ka_source(a->k.codec, &k_bits), v_src = ka_source(a->v.codec, &v_bits);
     const int both_rotq = k_src == KA_SRC_ROTQ && v_src == KA_SRC_ROTQ;
     const int tc        = ka_tc_covers(ctx, (int) dk, (int) dv, n_p);
-    const int max_qt = (dk > 256 || dv > 256) ? 4 : 8;
-    int       qt     = 1;
+    const int max_qt    = (dk > 256 || dv > 256) ? 4 : 8;
+    int       qt        = 1;
     while (qt < n_p && qt < max_qt) {
         qt *= 2;
     }
@@ -398,9 +312,8 @@ extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * 
     }
     // The row-parallel kernel where it covers the shape, with splits enough to fill the device;
     // else the generic one, with about KA_SPLIT_ROWS rows a split. Fewer
-    // splits either way when the partial sums would outgrow the scratch.
+    // splits either way when the partial sums would outgrow the budget.
     int64_t n_splits = (a->n_rows + KA_SPLIT_ROWS - 1) / KA_SPLIT_ROWS;
-    ka_rows_kernel_t kernel = NULL;
     if (tc) {
         // about two blocks a multiprocessor (each holds over 100 KB of shared memory at head dim 128)
         const int64_t blocks = 2 * (int64_t) (ctx->sm_count > 0 ? ctx->sm_count : 1);
@@ -410,38 +323,27 @@ extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * 
     } else if (rows_kernel) {
         // About four blocks a multiprocessor. (Filling exactly the blocks the device holds at once,
         // from cudaOccupancyMaxActiveBlocksPerMultiprocessor, measured 1-10% slower on an H100.)
-        kernel               = ka_rows_kernel((int) dk, k_bits, v_bits, qt);
+        out->kernel          = ka_rows_kernel((int) dk, k_bits, v_bits, qt);
         const int64_t blocks = 4 * (int64_t) (ctx->sm_count > 0 ? ctx->sm_count : 1);
         const int64_t per    = (int64_t) a->n_head_kv * n_tiles;
         const int64_t rows   = ka_rows_split_rows(a->n_rows, (blocks + per - 1) / per);
         n_splits             = (a->n_rows + rows - 1) / rows;
     }
-    n_splits         = n_splits < KA_MAX_SPLITS ? n_splits : KA_MAX_SPLITS;
-    const int64_t fit = ((int64_t) KA_SCRATCH_FLOATS - n_q * dk) / (n_q * (dv + 2));
+    n_splits          = n_splits < KA_MAX_SPLITS ? n_splits : KA_MAX_SPLITS;
+    const int64_t fit = budget_floats / (n_q * (dv + 2));
     n_splits          = n_splits < fit ? n_splits : fit;
     n_splits          = n_splits < 1 ? 1 : n_splits;
     int64_t split_rows = (a->n_rows + n_splits - 1) / n_splits;
     split_rows         = tc ? ka_tc_split_rows(a->n_rows, n_splits) : split_rows;  // whole chunks of rows
     n_splits           = (a->n_rows + split_rows - 1) / split_rows;
 
-    kc_device_scope scope(ctx);
-    if (scope.status != KVG_OK) {
-        return scope.status;
-    }
-    const size_t n_floats = (size_t) (n_q * dk + n_q * n_splits * (dv + 2));
-    st                    = ka_scratch(ctx, n_floats * sizeof(float));
-    if (st != KVG_OK) {
-        return st;
-    }
-
-    ka_args args;
-    memset(&args, 0, sizeof(args));
-    args.k_src  = k_src;
-    args.v_src  = v_src;
-    args.k_bits = k_bits;
-    args.v_bits = v_bits;
-    args.group  = group;
-    args.v_ncg  = (a->n_head_kv * dv + group - 1) / group;
+    ka_args & args = out->args;
+    args.k_src     = k_src;
+    args.v_src     = v_src;
+    args.k_bits    = k_bits;
+    args.v_bits    = v_bits;
+    args.group     = group;
+    args.v_ncg     = (a->n_head_kv * dv + group - 1) / group;
     if (k_src == KA_SRC_ROTQ) {
         st = kc_get_rotq_tab(k_bits, dk, &args.ktab);
     }
@@ -453,46 +355,45 @@ extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * 
     }
     ka_side_pointers(&a->k, k_src, KVG_KIND_K, a->n_head_kv, dk, group, &args.k_norms, &args.k_groups, &args.k_codes);
     ka_side_pointers(&a->v, v_src, KVG_KIND_V, a->n_head_kv, dv, group, &args.v_norms, &args.v_groups, &args.v_codes);
-    args.k_row0        = a->k_row0;
-    args.v_row0        = a->v_row0;
-    args.n_rows        = a->n_rows;
-    args.n_head_kv     = a->n_head_kv;
-    args.dk            = (int) dk;
-    args.dv            = (int) dv;
-    args.inv_dk        = 1.0f / (float) dk;
-    args.inv_dv        = 1.0f / (float) dv;
-    float * qr         = (float *) ctx->scratch;
-    args.qr            = qr;
-    args.n_head        = a->n_head;
-    args.gqa           = (int) gqa;
-    args.n_p           = (int) n_p;
-    args.softcap       = a->softcap;
-    args.n_splits      = (int) n_splits;
-    args.split_rows    = split_rows;
-    args.pm            = qr + n_q * dk;
-    args.pl            = args.pm + n_q * n_splits;
-    args.pacc          = args.pl + n_q * n_splits;
+    args.k_row0     = a->k_row0;
+    args.v_row0     = a->v_row0;
+    args.n_rows     = a->n_rows;
+    args.n_head_kv  = a->n_head_kv;
+    args.dk         = (int) dk;
+    args.dv         = (int) dv;
+    args.inv_dk     = 1.0f / (float) dk;
+    args.inv_dv     = 1.0f / (float) dv;
+    args.n_head     = a->n_head;
+    args.gqa        = (int) gqa;
+    args.n_p        = (int) n_p;
+    args.softcap    = a->softcap;
+    args.n_splits   = (int) n_splits;
+    args.split_rows = split_rows;
+    out->tc         = tc;
+    out->qt         = qt;
+    out->n_tiles    = n_tiles;
+    out->n_splits   = n_splits;
+    return KVG_OK;
+}
 
-    // Soft-capping as attend.c does it: scores taken with scale / softcap, then softcap * tanh.
-    const float scale = a->softcap > 0.0f ? a->scale / a->softcap : a->scale;
-    const int   rthreads = dk >= 256 ? 128 : (int) (dk / 2 < 32 ? 32 : dk / 2);
-    KVG_LAUNCH((unsigned) (n_q < 65536 ? n_q : 65536), rthreads, (size_t) dk * sizeof(float), ctx->stream, ka_rotate_kernel)(
-        a->q_dev, n_q, (int) dk, scale, k_src == KA_SRC_ROTQ, a->seed, qr);
-    st = kc_launch_check("attend rotate launch");
-    if (st != KVG_OK) {
-        return st;
+int ka_queue_run(kvg_cuda_ctx * ctx, ka_plan * p, const float * q, float * pm, float * pl, float * pacc, int n_slots,
+                 int slot0) {
+    ka_args & args = p->args;
+    args.qr        = q;
+    args.pm        = pm;
+    args.pl        = pl;
+    args.pacc      = pacc;
+    args.n_slots   = n_slots;
+    args.slot0     = slot0;
+    if (p->tc) {
+        return ka_tc_launch(ctx, args, p->n_tiles);
     }
-
-    const dim3   grid((unsigned) n_splits, (unsigned) a->n_head_kv, (unsigned) n_tiles);
+    const int    qt = p->qt, dk = args.dk, dv = args.dv;
+    const dim3   grid((unsigned) p->n_splits, (unsigned) args.n_head_kv, (unsigned) p->n_tiles);
     const size_t smem = sizeof(float) * (size_t) (qt * dk + KA_WARPS * qt * dv + 2 * KA_WARPS * qt);
-    if (tc) {
-        st = ka_tc_launch(ctx, args, n_tiles);
-        if (st != KVG_OK) {
-            return st;
-        }
-    } else if (rows_kernel) {
-        KVG_LAUNCH(grid, KA_WARPS * 32, 0, ctx->stream, kernel)(args, ((uintptr_t) args.k_codes & 3) == 0,
-                                                        ((uintptr_t) args.v_codes & 3) == 0);
+    if (p->kernel) {
+        KVG_LAUNCH(grid, KA_WARPS * 32, 0, ctx->stream, p->kernel)(args, ((uintptr_t) args.k_codes & 3) == 0,
+                                                           ((uintptr_t) args.v_codes & 3) == 0);
     } else {
         switch (qt) {
         case 1: ka_launch_split<1>(args, grid, smem, ctx->stream); break;
@@ -501,18 +402,32 @@ extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * 
         default: ka_launch_split<8>(args, grid, smem, ctx->stream); break;
         }
     }
-    st = kc_launch_check("attend split launch");
-    if (st != KVG_OK) {
-        return st;
-    }
-    return ka_combine_launch(ctx, args.pm, args.pl, args.pacc, n_q, (int) n_splits, (int) dv, v_src == KA_SRC_ROTQ, a->seed,
-                             a->m_dev, a->l_dev, a->acc_dev, "attend combine launch");
+    return kc_launch_check("attend split launch");
 }
 
-int ka_combine_launch(kvg_cuda_ctx * ctx, const float * pm, const float * pl, const float * pacc, int64_t n_q, int n_splits,
-                      int dv, int rotated, uint64_t seed, float * m, float * l, float * acc, const char * what) {
-    const int    cthreads = 128;
-    const size_t csmem    = sizeof(float) * (size_t) (dv + n_splits + cthreads);
-    KVG_LAUNCH((unsigned) n_q, cthreads, csmem, ctx->stream, ka_combine_kernel)(pm, pl, pacc, n_splits, dv, rotated, seed, m, l, acc);
-    return kc_launch_check(what);
+int ka_rotate_launch(kvg_cuda_ctx * ctx, const float * q, int64_t n_q, int d, float scale, int rotate, uint64_t seed,
+                     float * out) {
+    const int threads = d >= 256 ? 128 : (d / 2 < 32 ? 32 : d / 2);
+    KVG_LAUNCH((unsigned) (n_q < 65536 ? n_q : 65536), threads, (size_t) d * sizeof(float), ctx->stream, ka_rotate_kernel)(
+        q, n_q, d, scale, rotate, seed, out);
+    return kc_launch_check("attend rotate launch");
+}
+
+// One run: a pass of one part, folded into the state as it is.
+extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * a) {
+    kvg_clear_error();
+    if (ctx == NULL || a == NULL) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend: NULL ctx or args");
+    }
+    const kvg_cuda_part part = { a, NULL };
+    kvg_cuda_pass_args  p;
+    memset(&p, 0, sizeof(p));
+    p.parts      = &part;
+    p.n_parts    = 1;
+    p.n_q        = (int64_t) a->n_tokens * a->n_head;
+    p.head_dim_v = a->head_dim_v;
+    p.m_dev      = a->m_dev;
+    p.l_dev      = a->l_dev;
+    p.acc_dev    = a->acc_dev;
+    return kvg_cuda_attend_pass(ctx, &p);
 }

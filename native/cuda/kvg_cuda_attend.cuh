@@ -33,10 +33,66 @@ struct ka_args {
     float           softcap;
     int             n_splits;
     int64_t         split_rows;
-    float *         pm;    // [n_q][n_splits]
-    float *         pl;    // [n_q][n_splits]
-    float *         pacc;  // [n_q][n_splits][dv]
+    int             n_slots, slot0;  // split s of query j writes slot j * n_slots + slot0 + s
+    float *         pm;    // [n_q][n_slots]
+    float *         pl;    // [n_q][n_slots]
+    float *         pacc;  // [n_q][n_slots][dv]
 };
+
+// The row-parallel kernel's type (kvg_cuda_attend_rows.cuh).
+typedef void (*ka_rows_kernel_t)(const ka_args, int, int);
+
+// The cells' split kernel's arguments (kvg_cuda_attend_cells.cu).
+struct kcl_args {
+    const uint8_t * k;
+    const uint8_t * v;
+    size_t          k_nb0, k_nb1, k_nb2, v_nb0, v_nb1, v_nb2;
+    int             k_q8, v_q8;
+    int64_t         c0, n_cells;
+    const uint8_t * mask;  // NULL: none
+    int             mask_f16;
+    size_t          mask_nb1;
+    int             dk, dv, n_head, gqa, n_p;
+    float           scale;    // scale / softcap where capped
+    float           softcap;  // 0: none
+    const float *   q;        // [n_q][dk], caller order
+    int             n_splits;
+    int64_t         split_cells;
+    int             n_slots, slot0;  // as ka_args'
+    float *         pm;    // [n_q][n_slots]
+    float *         pl;    // [n_q][n_slots]
+    float *         pacc;  // [n_q][n_slots][dv]
+};
+
+// One part of a pass (kvg_cuda_attend_pass.cu) once planned: its arguments checked, its kernel
+// and its splits chosen. A run of coded rows is planned and queued in kvg_cuda_attend.cu, cells in
+// kvg_cuda_attend_cells.cu; the pass then gives each its queries and its slots of partial sums.
+struct ka_plan {
+    int                         cells;      // 0: a run of coded rows (args), 1: cells (cargs / cell)
+    int                         q_rotated;  // a run: its queries are rotated (rotq keys), else scaled
+    int                         v_rotated;  // its value sums are in rotq's rotated domain
+    int64_t                     n_splits;   // 0: no rows, nothing to queue
+    int                         slot0;      // the pass's: its first slot of partial sums
+    int                         tc, qt;     // the tensor-core kernel; else query tiles of qt
+    int64_t                     n_tiles;
+    ka_rows_kernel_t            kernel;     // a run: the row-parallel kernel; NULL: the generic one
+    ka_args                     args;       // a run's
+    kcl_args                    cargs;      // cells' (the scalar kernel)
+    const kvg_cuda_cells_args * cell;       // cells' (the tensor-core kernel)
+};
+// Plans a run (kvg_cuda_attend's checks) with at most about budget_floats of partial sums.
+int ka_plan_run(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * a, int64_t budget_floats, ka_plan * out);
+// Plans cells (kvg_cuda_attend_cells' checks) the same way.
+int ka_plan_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_args * a, int64_t budget_floats, ka_plan * out);
+// Queues a planned part: q its queries ([n_q][dk]: a run's scaled, and rotated where q_rotated; the
+// cells' as gathered), its splits' partial sums at slots [slot0, slot0 + n_splits) of pm, pl, pacc.
+int ka_queue_run(kvg_cuda_ctx * ctx, ka_plan * p, const float * q, float * pm, float * pl, float * pacc, int n_slots,
+                 int slot0);
+int ka_queue_cells(kvg_cuda_ctx * ctx, ka_plan * p, float * pm, float * pl, float * pacc, int n_slots, int slot0);
+// Queues the queries' scaling (and rotation, for rotq keys: the signs of `seed`, then W): out =
+// [n_q][d] from q [n_q][d].
+int ka_rotate_launch(kvg_cuda_ctx * ctx, const float * q, int64_t n_q, int d, float scale, int rotate, uint64_t seed,
+                     float * out);
 
 // kivi.c's dequantization of a code against its group's stored f16 min and scale at g.
 static __device__ __forceinline__ float ka_kivi_value(const uint8_t * g, unsigned code) {
@@ -132,11 +188,11 @@ static __device__ __forceinline__ int64_t ka_query(int p, int hk, int gqa, int n
 
 // The split's partial sums from its block's KA_WARPS warps: per query qq < nq of the tile starting
 // at query p0 of KV head hk, M = max over the warps' wm, L = sum exp(wm - M) * wl, and each value
-// coordinate i < dv the same weights over wacc, written at pm / pl [j][n_splits] and pacc
-// [j][n_splits][dv] (j the caller's index). wm, wl: [KA_WARPS][qt], wacc: [KA_WARPS][qt][dv].
+// coordinate i < dv the same weights over wacc, written at slot `slot` of pm / pl [j][n_slots] and
+// pacc [j][n_slots][dv] (j the caller's index). wm, wl: [KA_WARPS][qt], wacc: [KA_WARPS][qt][dv].
 // Called by every thread of the block after the warps have written theirs (__syncthreads).
 static __device__ __forceinline__ void ka_merge_warps(const float * wm, const float * wl, const float * wacc, int qt, int nq,
-                                                      int dv, int p0, int hk, int gqa, int n_head, int n_splits, int split,
+                                                      int dv, int p0, int hk, int gqa, int n_head, int n_slots, int slot,
                                                       float * pm, float * pl, float * pacc) {
     for (int x = threadIdx.x; x < nq * dv; x += blockDim.x) {
         const int qq = x / dv, i = x % dv;
@@ -151,7 +207,7 @@ static __device__ __forceinline__ void ka_merge_warps(const float * wm, const fl
                 sum += expf(mw - M) * wacc[(w * qt + qq) * dv + i];
             }
         }
-        pacc[(ka_query(p0 + qq, hk, gqa, n_head) * n_splits + split) * dv + i] = sum;
+        pacc[(ka_query(p0 + qq, hk, gqa, n_head) * n_slots + slot) * dv + i] = sum;
     }
     for (int qq = threadIdx.x; qq < nq; qq += blockDim.x) {
         float M = -INFINITY, L = 0.0f;
@@ -165,23 +221,16 @@ static __device__ __forceinline__ void ka_merge_warps(const float * wm, const fl
             }
         }
         const int64_t j            = ka_query(p0 + qq, hk, gqa, n_head);
-        pm[j * n_splits + split] = M;
-        pl[j * n_splits + split] = L;
+        pm[j * n_slots + slot] = M;
+        pl[j * n_slots + slot] = L;
     }
 }
-
-// Queues the combine kernel: per query (n_q of them), the n_splits partial sums and the incoming
-// state (m, l, acc) merge in log-sum-exp form; rotated: the summed values are in rotq's rotated
-// domain and go back through the Walsh-Hadamard transform and the signs of `seed` once.
-int ka_combine_launch(kvg_cuda_ctx * ctx, const float * pm, const float * pl, const float * pacc, int64_t n_q, int n_splits,
-                      int dv, int rotated, uint64_t seed, float * m, float * l, float * acc, const char * what);
 
 // The row-parallel kernel (kvg_cuda_attend_rows.cu): head dims 64, 128 or 256 alike for K and V,
 // rotq2..rotq4 codes.
 int ka_rows_covers(int dk, int dv, int k_bits, int v_bits);
 // Its kernel for a shape: (args, k codes 4-byte aligned, v codes 4-byte aligned), over grid
 // (splits, KV heads, query tiles of qt: 1, 4 or 8 queries; 2 runs as 4), KA_WARPS warps a block.
-typedef void (*ka_rows_kernel_t)(const ka_args, int, int);
 ka_rows_kernel_t ka_rows_kernel(int d, int k_bits, int v_bits, int qt);
 ka_rows_kernel_t ka_rows_kernel_d64(int k_bits, int v_bits, int qt);  // kvg_cuda_attend_rows_d*.cu
 ka_rows_kernel_t ka_rows_kernel_d128(int k_bits, int v_bits, int qt);
@@ -199,11 +248,12 @@ int64_t ka_tc_split_rows(int64_t n_rows, int64_t splits_wanted);
 int     ka_tc_launch(kvg_cuda_ctx * ctx, const ka_args & args, int64_t n_tiles);
 // The same kernel over llama.cpp's cells [c0, c1) of kvg_cuda_attend_cells (the gathered queries,
 // scaled in the kernel; the mask added), n_splits of split_cells cells (whole chunks of 64), the
-// partial sums into pm, pl, pacc as the cells' split kernel writes them.
+// partial sums into slots [slot0, slot0 + n_splits) of pm, pl, pacc as the cells' split kernel
+// writes them.
 int     ka_tc_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_args * c, int64_t n_splits, int64_t split_cells, float * pm,
-                    float * pl, float * pacc);
+                    float * pl, float * pacc, int n_slots, int slot0);
 // Grows the context's attention scratch to at least `bytes` (waiting first for the work that may
-// still read it): kvg_cuda_attend's and kvg_cuda_attend_cells' partial sums.
+// still read it): a pass's queries and partial sums.
 int ka_scratch(kvg_cuda_ctx * ctx, size_t bytes);
 // Rows a split takes so that about `splits_wanted` splits cover n_rows (whole block steps).
 int64_t ka_rows_split_rows(int64_t n_rows, int64_t splits_wanted);

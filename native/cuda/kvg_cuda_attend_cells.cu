@@ -25,26 +25,6 @@
 #define KCL_MAX_SPLITS  1024
 #define KCL_STEP_CELLS  (KA_WARPS * 32)  // cells a block's warps take in one step
 
-struct kcl_args {
-    const uint8_t * k;
-    const uint8_t * v;
-    size_t          k_nb0, k_nb1, k_nb2, v_nb0, v_nb1, v_nb2;
-    int             k_q8, v_q8;
-    int64_t         c0, n_cells;
-    const uint8_t * mask;  // NULL: none
-    int             mask_f16;
-    size_t          mask_nb1;
-    int             dk, dv, n_head, gqa, n_p;
-    float           scale;    // scale / softcap where capped
-    float           softcap;  // 0: none
-    const float *   q;        // [n_q][dk], caller order
-    int             n_splits;
-    int64_t         split_cells;
-    float *         pm;    // [n_q][n_splits]
-    float *         pl;    // [n_q][n_splits]
-    float *         pacc;  // [n_q][n_splits][dv]
-};
-
 // Shared: sq [QT][dk], accs [KA_WARPS][QT][dv], wm and wl [KA_WARPS][QT].
 template <int QT>
 static __global__ void __launch_bounds__(KA_WARPS * 32) kcl_split_kernel(const kcl_args a) {
@@ -160,7 +140,7 @@ static __global__ void __launch_bounds__(KA_WARPS * 32) kcl_split_kernel(const k
     __syncthreads();
 
     // The block's warps merged: the split's (m, l, acc) per query.
-    ka_merge_warps(wm, wl, accs, QT, nq, dv, p0, hk, a.gqa, a.n_head, a.n_splits, split, a.pm, a.pl, a.pacc);
+    ka_merge_warps(wm, wl, accs, QT, nq, dv, p0, hk, a.gqa, a.n_head, a.n_slots, a.slot0 + split, a.pm, a.pl, a.pacc);
 }
 
 static __global__ void kcl_begin_kernel(int64_t n_q, int dv, float * m, float * l, float * acc) {
@@ -219,11 +199,12 @@ static void kcl_launch_split(const kcl_args & a, dim3 grid, size_t smem, cudaStr
     KVG_LAUNCH(grid, KA_WARPS * 32, smem, stream, kcl_split_kernel<QT>)(a);
 }
 
-extern "C" int kvg_cuda_attend_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_args * a) {
-    kvg_clear_error();
-    if (ctx == NULL || a == NULL || a->q_dev == NULL || a->k_dev == NULL || a->v_dev == NULL || a->m_dev == NULL ||
-        a->l_dev == NULL || a->acc_dev == NULL) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend_cells: NULL ctx, args, q, k, v, m, l or acc");
+int ka_plan_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_args * a, int64_t budget_floats, ka_plan * out) {
+    memset(out, 0, sizeof(*out));
+    out->cells = 1;
+    if (a->q_dev == NULL || a->k_dev == NULL || a->v_dev == NULL || a->m_dev == NULL || a->l_dev == NULL ||
+        a->acc_dev == NULL) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend_cells: NULL q, k, v, m, l or acc");
     }
     if (a->n_head_kv <= 0 || a->n_tokens <= 0 || a->n_head <= 0 || a->n_head % a->n_head_kv != 0) {
         return kvg_fail(KVG_ERR_INVALID_ARG,
@@ -249,7 +230,7 @@ extern "C" int kvg_cuda_attend_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_ar
     }
     const int64_t n_cells = a->c1 - a->c0;
     if (n_cells == 0) {
-        return KVG_OK;
+        return KVG_OK;  // n_splits 0: nothing to queue
     }
     const int64_t dk = a->head_dim_k, dv = a->head_dim_v;
     const int64_t gqa = a->n_head / a->n_head_kv, n_p = (int64_t) a->n_tokens * gqa;
@@ -269,7 +250,7 @@ extern "C" int kvg_cuda_attend_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_ar
     }
     // Splits of whole block steps, enough for about four blocks a multiprocessor (a decode step's
     // few queries over a few hundred cells would otherwise keep most of the device idle), fewer
-    // when the partial sums would outgrow the scratch.
+    // when the partial sums would outgrow the budget.
     const int64_t blocks  = (tc ? 2 : 4) * (int64_t) (ctx->sm_count > 0 ? ctx->sm_count : 1);
     const int64_t per     = (int64_t) a->n_head_kv * n_tiles;
     int64_t       n_split = (blocks + per - 1) / per;
@@ -277,29 +258,13 @@ extern "C" int kvg_cuda_attend_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_ar
     const int64_t steps   = (n_cells + step - 1) / step;
     n_split               = n_split < steps ? n_split : steps;
     n_split               = n_split < KCL_MAX_SPLITS ? n_split : KCL_MAX_SPLITS;
-    const int64_t fit     = (int64_t) ((size_t) 1 << 25) / (n_q * (dv + 2));  // 128 MiB of partial sums
+    const int64_t fit     = budget_floats / (n_q * (dv + 2));
     n_split               = n_split < fit ? n_split : fit;
     n_split               = n_split < 1 ? 1 : n_split;
     const int64_t split_cells = (steps + n_split - 1) / n_split * step;
     n_split                   = (n_cells + split_cells - 1) / split_cells;
 
-    kc_device_scope scope(ctx);
-    if (scope.status != KVG_OK) {
-        return scope.status;
-    }
-    int st = ka_scratch(ctx, (size_t) (n_q * n_split * (dv + 2)) * sizeof(float));
-    if (st != KVG_OK) {
-        return st;
-    }
-    if (tc) {
-        float * pm = (float *) ctx->scratch;
-        st         = ka_tc_cells(ctx, a, n_split, split_cells, pm, pm + n_q * n_split, pm + 2 * n_q * n_split);
-        return st != KVG_OK ? st
-                            : ka_combine_launch(ctx, pm, pm + n_q * n_split, pm + 2 * n_q * n_split, n_q, (int) n_split,
-                                                (int) dv, 0, 0, a->m_dev, a->l_dev, a->acc_dev, "attend_cells combine launch");
-    }
-    kcl_args args;
-    memset(&args, 0, sizeof(args));
+    kcl_args & args  = out->cargs;
     args.k           = (const uint8_t *) a->k_dev;
     args.v           = (const uint8_t *) a->v_dev;
     args.k_nb0       = a->k_nb[0];
@@ -325,24 +290,53 @@ extern "C" int kvg_cuda_attend_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_ar
     args.q           = a->q_dev;
     args.n_splits    = (int) n_split;
     args.split_cells = split_cells;
-    args.pm          = (float *) ctx->scratch;
-    args.pl          = args.pm + n_q * n_split;
-    args.pacc        = args.pl + n_q * n_split;
+    out->cell        = a;
+    out->tc          = tc;
+    out->qt          = qt;
+    out->n_tiles     = n_tiles;
+    out->n_splits    = n_split;
+    return KVG_OK;
+}
 
-    const dim3   grid((unsigned) n_split, (unsigned) a->n_head_kv, (unsigned) n_tiles);
-    const size_t smem = sizeof(float) * (size_t) (qt * dk + KA_WARPS * qt * dv + 2 * KA_WARPS * qt);
+int ka_queue_cells(kvg_cuda_ctx * ctx, ka_plan * p, float * pm, float * pl, float * pacc, int n_slots, int slot0) {
+    if (p->tc) {
+        return ka_tc_cells(ctx, p->cell, p->n_splits, p->cargs.split_cells, pm, pl, pacc, n_slots, slot0);
+    }
+    kcl_args & args = p->cargs;
+    args.pm         = pm;
+    args.pl         = pl;
+    args.pacc       = pacc;
+    args.n_slots    = n_slots;
+    args.slot0      = slot0;
+    const int    qt = p->qt;
+    const dim3   grid((unsigned) p->n_splits, (unsigned) p->cell->n_head_kv, (unsigned) p->n_tiles);
+    const size_t smem = sizeof(float) * (size_t) (qt * args.dk + KA_WARPS * qt * args.dv + 2 * KA_WARPS * qt);
     switch (qt) {
     case 1: kcl_launch_split<1>(args, grid, smem, ctx->stream); break;
     case 2: kcl_launch_split<2>(args, grid, smem, ctx->stream); break;
     case 4: kcl_launch_split<4>(args, grid, smem, ctx->stream); break;
     default: kcl_launch_split<8>(args, grid, smem, ctx->stream); break;
     }
-    st = kc_launch_check("attend_cells split launch");
-    if (st != KVG_OK) {
-        return st;
+    return kc_launch_check("attend_cells split launch");
+}
+
+// Cells alone: a pass of one part, folded into the state as it is.
+extern "C" int kvg_cuda_attend_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_args * a) {
+    kvg_clear_error();
+    if (ctx == NULL || a == NULL) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend_cells: NULL ctx or args");
     }
-    return ka_combine_launch(ctx, args.pm, args.pl, args.pacc, n_q, (int) n_split, (int) dv, 0, 0, a->m_dev, a->l_dev,
-                             a->acc_dev, "attend_cells combine launch");
+    const kvg_cuda_part part = { NULL, a };
+    kvg_cuda_pass_args  p;
+    memset(&p, 0, sizeof(p));
+    p.parts      = &part;
+    p.n_parts    = 1;
+    p.n_q        = (int64_t) a->n_tokens * a->n_head;
+    p.head_dim_v = a->head_dim_v;
+    p.m_dev      = a->m_dev;
+    p.l_dev      = a->l_dev;
+    p.acc_dev    = a->acc_dev;
+    return kvg_cuda_attend_pass(ctx, &p);
 }
 
 static unsigned kcl_grid(int64_t n) {

@@ -233,7 +233,7 @@ static __global__ void __launch_bounds__(KA_WARPS * 32) kr_split_kernel(const ka
     __syncthreads();
 
     // The block's warps merged: the split's (m, l, accr) per query, as the generic kernel does.
-    ka_merge_warps(&wm[0][0], &wl[0][0], &wacc[0][0][0], QT, nq, D, p0, hk, a.gqa, a.n_head, a.n_splits, blockIdx.x, a.pm,
+    ka_merge_warps(&wm[0][0], &wl[0][0], &wacc[0][0][0], QT, nq, D, p0, hk, a.gqa, a.n_head, a.n_slots, a.slot0 + blockIdx.x, a.pm,
                    a.pl, a.pacc);
 }
 

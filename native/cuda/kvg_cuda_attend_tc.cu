@@ -304,11 +304,11 @@ static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_ar
         const int64_t j    = ka_query(p0 + row, hk, a.gqa, a.n_head);
         const float * orow = sO + row * L::LDO;
         if (side == 0) {
-            a.pm[j * a.n_splits + split] = m_run;
-            a.pl[j * a.n_splits + split] = l_run;
+            a.pm[j * a.n_slots + a.slot0 + split] = m_run;
+            a.pl[j * a.n_slots + a.slot0 + split] = l_run;
         }
         for (int i = side * (D / 2); i < (side + 1) * (D / 2); i++) {
-            a.pacc[(j * a.n_splits + split) * D + i] = orow[i];
+            a.pacc[(j * a.n_slots + a.slot0 + split) * D + i] = orow[i];
         }
     }
 #else
@@ -370,7 +370,7 @@ int ka_tc_launch(kvg_cuda_ctx * ctx, const ka_args & a, int64_t n_tiles) {
 }
 
 int ka_tc_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_args * c, int64_t n_splits, int64_t split_cells,
-                float * pm, float * pl, float * pacc) {
+                float * pm, float * pl, float * pacc, int n_slots, int slot0) {
     const int64_t gqa = c->n_head / c->n_head_kv, n_p = (int64_t) c->n_tokens * gqa;
     ka_args       a;
     memset(&a, 0, sizeof(a));
@@ -388,6 +388,8 @@ int ka_tc_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_args * c, int64_t n_spl
     a.pm         = pm;
     a.pl         = pl;
     a.pacc       = pacc;
+    a.n_slots    = n_slots;
+    a.slot0      = slot0;
     kt_cells cl;
     memset(&cl, 0, sizeof(cl));
     cl.k        = (const uint8_t *) c->k_dev;

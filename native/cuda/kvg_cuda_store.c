@@ -84,6 +84,11 @@ struct kvg_cuda_store {
     int64_t           queued;      // sync: copies queued and not waited for yet
     uint64_t          generation;  // bumped by every change hook_attend's work depends on (hook_generation)
     int               graphs_off;  // KVGGUF_CUDA_GRAPHS=0: hook_generation says 0
+    // hook_attend's pass: its parts, and the runs' and the cells' arguments they point at
+    kvg_cuda_part *        parts;
+    kvg_cuda_attend_args * runs;
+    kvg_cuda_cells_args *  cells;
+    int64_t                cap_parts;
 };
 
 static int64_t n_lists(const kvg_cuda_store * d) {
@@ -201,6 +206,9 @@ void kvg_cuda_store_free(kvg_cuda_store * d) {
     free_pending(d);
     free(d->pend);
     free(d->arenas);
+    free(d->parts);
+    free(d->runs);
+    free(d->cells);
     kvg_cuda_free(d->ctx, d->q_dev);
     kvg_cuda_ctx_free(d->ctx);
     free(d->lists);
@@ -621,8 +629,8 @@ static int64_t buf_row(const segment * g, int64_t row) {
     return g->skip + (row - g->row0);
 }
 
-// The arguments of the cells kernel that every call of a hook shares: the gathered queries, the
-// shape, the scores' scale and cap, the state.
+// The arguments of the cells kernel that every part of a hook's pass shares: the gathered
+// queries, the shape, the scores' scale and cap, the state.
 static kvg_cuda_cells_args cells_args(const kvg_cuda_store * d, const kvg_cuda_layer_args * a) {
     kvg_cuda_cells_args c;
     memset(&c, 0, sizeof(c));
@@ -640,72 +648,99 @@ static kvg_cuda_cells_args cells_args(const kvg_cuda_store * d, const kvg_cuda_l
     return c;
 }
 
-// Rows [r0, r1) of an f16 K segment and an f16 V segment (the codec's rows as they are:
-// [token][head][i]) into the state, as llama.cpp's cells with no mask.
-static int attend_f16_run(kvg_cuda_store * d, const kvg_cuda_layer_args * a, const segment * kg, const segment * vg,
-                          int64_t r0, int64_t r1) {
-    const int64_t       hk = a->n_head_kv;
-    kvg_cuda_cells_args c  = cells_args(d, a);
-    c.k_dev                = (const uint8_t *) kg->data + (size_t) buf_row(kg, r0) * kg->code_b;
-    c.k_type               = KVG_CELLS_F16;
-    c.k_nb[0]              = 2;
-    c.k_nb[1]              = (size_t) a->head_dim_k * 2;
-    c.k_nb[2]              = (size_t) (hk * a->head_dim_k) * 2;
-    c.v_dev                = (const uint8_t *) vg->data + (size_t) buf_row(vg, r0) * vg->code_b;
-    c.v_type               = KVG_CELLS_F16;
-    c.v_nb[0]              = 2;
-    c.v_nb[1]              = (size_t) a->head_dim_v * 2;
-    c.v_nb[2]              = (size_t) (hk * a->head_dim_v) * 2;
-    c.c1                   = r1 - r0;
-    return kvg_cuda_attend_cells(d->ctx, &c);
+// Part i of the pass: rows [r0, r1) of an f16 K segment and an f16 V segment (the codec's rows as
+// they are: [token][head][i]), read as llama.cpp's cells with no mask.
+static void f16_run_part(kvg_cuda_store * d, const kvg_cuda_layer_args * a, const segment * kg, const segment * vg,
+                         int64_t r0, int64_t r1, int64_t i) {
+    const int64_t         hk = a->n_head_kv;
+    kvg_cuda_cells_args * c  = &d->cells[i];
+    *c                       = cells_args(d, a);
+    c->k_dev                 = (const uint8_t *) kg->data + (size_t) buf_row(kg, r0) * kg->code_b;
+    c->k_type                = KVG_CELLS_F16;
+    c->k_nb[0]               = 2;
+    c->k_nb[1]               = (size_t) a->head_dim_k * 2;
+    c->k_nb[2]               = (size_t) (hk * a->head_dim_k) * 2;
+    c->v_dev                 = (const uint8_t *) vg->data + (size_t) buf_row(vg, r0) * vg->code_b;
+    c->v_type                = KVG_CELLS_F16;
+    c->v_nb[0]               = 2;
+    c->v_nb[1]               = (size_t) a->head_dim_v * 2;
+    c->v_nb[2]               = (size_t) (hk * a->head_dim_v) * 2;
+    c->c1                    = r1 - r0;
+    d->parts[i]              = (kvg_cuda_part) { NULL, c };
 }
 
-// Rows [r0, r1) of a coded K segment and V segment into the state: kvg_cuda_attend reads each
-// buffer as one block of cap rows.
-static int attend_coded_run(kvg_cuda_store * d, const kvg_cuda_layer_args * a, const segment * kg, const segment * vg,
-                            int64_t r0, int64_t r1) {
-    kvg_cuda_attend_args x;
-    memset(&x, 0, sizeof(x));
-    x.k          = (kvg_cuda_block) { kg->codec, kg->data, seg_bytes(kg), kg->cap };
-    x.v          = (kvg_cuda_block) { vg->codec, vg->data, seg_bytes(vg), vg->cap };
-    x.k_row0     = buf_row(kg, r0);
-    x.v_row0     = buf_row(vg, r0);
-    x.n_rows     = r1 - r0;
-    x.n_head_kv  = a->n_head_kv;
-    x.head_dim_k = a->head_dim_k;
-    x.head_dim_v = a->head_dim_v;
-    x.seed       = d->host->p.codec.seed;
-    x.group_size = d->host->p.codec.group_size;
-    x.q_dev      = d->q_dev;
-    x.n_tokens   = a->n_tokens;
-    x.n_head     = a->n_head;
-    x.scale      = a->scale;
-    x.softcap    = a->softcap;
-    x.m_dev      = a->m_dev;
-    x.l_dev      = a->l_dev;
-    x.acc_dev    = a->acc_dev;
-    return kvg_cuda_attend(d->ctx, &x);
+// Part i of the pass: rows [r0, r1) of a coded K segment and V segment, each buffer read as one
+// block of cap rows.
+static void coded_run_part(kvg_cuda_store * d, const kvg_cuda_layer_args * a, const segment * kg, const segment * vg,
+                           int64_t r0, int64_t r1, int64_t i) {
+    kvg_cuda_attend_args * x = &d->runs[i];
+    memset(x, 0, sizeof(*x));
+    x->k          = (kvg_cuda_block) { kg->codec, kg->data, seg_bytes(kg), kg->cap };
+    x->v          = (kvg_cuda_block) { vg->codec, vg->data, seg_bytes(vg), vg->cap };
+    x->k_row0     = buf_row(kg, r0);
+    x->v_row0     = buf_row(vg, r0);
+    x->n_rows     = r1 - r0;
+    x->n_head_kv  = a->n_head_kv;
+    x->head_dim_k = a->head_dim_k;
+    x->head_dim_v = a->head_dim_v;
+    x->seed       = d->host->p.codec.seed;
+    x->group_size = d->host->p.codec.group_size;
+    x->q_dev      = d->q_dev;
+    x->n_tokens   = a->n_tokens;
+    x->n_head     = a->n_head;
+    x->scale      = a->scale;
+    x->softcap    = a->softcap;
+    x->m_dev      = a->m_dev;
+    x->l_dev      = a->l_dev;
+    x->acc_dev    = a->acc_dev;
+    d->parts[i]   = (kvg_cuda_part) { x, NULL };
 }
 
-// Layer il's rows [0, n_cold) into the state: one call per run where a K segment and a V segment
-// overlap (the cells' kernel for f16 on both, kvg_cuda_attend for any other mix). A run that cannot
-// be read (a codec without data here) is left out; the first failure is returned.
-static int attend_rows(kvg_cuda_store * d, const kvg_cuda_layer_args * a) {
-    if (a->n_cold == 0) {
+// Room for n parts (each with its run's and its cells' arguments).
+static int reserve_parts(kvg_cuda_store * d, int64_t n) {
+    if (n <= d->cap_parts) {
         return KVG_OK;
     }
+    kvg_cuda_part *        parts = (kvg_cuda_part *) realloc(d->parts, sizeof(*parts) * (size_t) n);
+    d->parts                     = parts ? parts : d->parts;
+    kvg_cuda_attend_args * runs  = parts ? (kvg_cuda_attend_args *) realloc(d->runs, sizeof(*runs) * (size_t) n) : NULL;
+    d->runs                      = runs ? runs : d->runs;
+    kvg_cuda_cells_args * cells  = runs ? (kvg_cuda_cells_args *) realloc(d->cells, sizeof(*cells) * (size_t) n) : NULL;
+    d->cells                     = cells ? cells : d->cells;
+    if (!cells) {
+        return kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda_store_hook_attend: no memory for %lld parts", (long long) n);
+    }
+    d->cap_parts = n;
+    return KVG_OK;
+}
+
+// Layer il's rows [0, n_cold) as parts [0, *n_parts) of the pass: one per run where a K segment
+// and a V segment overlap (cells for f16 on both, the sinks kept exact; a coded run for any other
+// mix). A run that cannot be read (a codec without data here) is left out, and *cold says why.
+// Room is made for one part more (llama.cpp's cells).
+static int store_parts(kvg_cuda_store * d, const kvg_cuda_layer_args * a, int64_t * n_parts, int * cold) {
+    *n_parts = 0;
+    *cold    = KVG_OK;
+    if (a->n_cold == 0) {
+        return reserve_parts(d, 1);
+    }
     if (d->stale) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "the device copy is stale: its last sync failed");
+        *cold = kvg_fail(KVG_ERR_INVALID_ARG, "the device copy is stale: its last sync failed");
+        return reserve_parts(d, 1);
     }
     const dev_list * kl = &d->lists[a->il * 2 + KVG_KIND_K];
     const dev_list * vl = &d->lists[a->il * 2 + KVG_KIND_V];
     const int64_t    nk = kl->n ? kl->s[kl->n - 1].row0 + kl->s[kl->n - 1].n_rows : 0;
     const int64_t    nv = vl->n ? vl->s[vl->n - 1].row0 + vl->s[vl->n - 1].n_rows : 0;
     if (a->n_cold > nk || a->n_cold > nv) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "layer %d: %lld cold rows asked for, the device copy holds %lld", (int) a->il,
-                        (long long) a->n_cold, (long long) (nk < nv ? nk : nv));
+        *cold = kvg_fail(KVG_ERR_INVALID_ARG, "layer %d: %lld cold rows asked for, the device copy holds %lld", (int) a->il,
+                         (long long) a->n_cold, (long long) (nk < nv ? nk : nv));
+        return reserve_parts(d, 1);
     }
-    int     first = KVG_OK;
+    const int rc = reserve_parts(d, kl->n + vl->n + 1);  // runs end where either list's segment ends
+    if (rc != KVG_OK) {
+        return rc;
+    }
     int64_t sk = 0, sv = 0;
     for (int64_t row = 0; row < a->n_cold;) {
         const segment * kg = &kl->s[sk];
@@ -713,24 +748,37 @@ static int attend_rows(kvg_cuda_store * d, const kvg_cuda_layer_args * a) {
         const int64_t   ke = kg->row0 + kg->n_rows, ve = vg->row0 + vg->n_rows;
         int64_t         e  = ke < ve ? ke : ve;
         e                  = e < a->n_cold ? e : a->n_cold;
-        int rc;
         if (!kg->data || !vg->data) {
-            rc = kvg_fail(KVG_ERR_UNSUPPORTED,
-                          "layer %d: rows of %s K / %s V, which the GPU does not attend over (f16, kivi2-8, rotq1-4)",
-                          (int) a->il, kvg_codec_name(kg->codec), kvg_codec_name(vg->codec));
+            if (*cold == KVG_OK) {
+                *cold = kvg_fail(KVG_ERR_UNSUPPORTED,
+                                 "layer %d: rows of %s K / %s V, which the GPU does not attend over (f16, kivi2-8, rotq1-4)",
+                                 (int) a->il, kvg_codec_name(kg->codec), kvg_codec_name(vg->codec));
+            }
         } else if (kg->codec == KVG_CODEC_F16 && vg->codec == KVG_CODEC_F16) {
-            rc = attend_f16_run(d, a, kg, vg, row, e);  // the sinks, kept exact
+            f16_run_part(d, a, kg, vg, row, e, (*n_parts)++);
         } else {
-            rc = attend_coded_run(d, a, kg, vg, row, e);
-        }
-        if (rc != KVG_OK && first == KVG_OK) {
-            first = rc;
+            coded_run_part(d, a, kg, vg, row, e, (*n_parts)++);
         }
         row = e;
         sk += e == ke;
         sv += e == ve;
     }
-    return first;
+    return KVG_OK;
+}
+
+// One pass over parts [0, n) of d's into the fresh state of a's queries.
+static int pass(kvg_cuda_store * d, const kvg_cuda_layer_args * a, const kvg_cuda_part * parts, int64_t n) {
+    kvg_cuda_pass_args p;
+    memset(&p, 0, sizeof(p));
+    p.parts      = parts;
+    p.n_parts    = (int32_t) n;
+    p.n_q        = (int64_t) a->n_tokens * a->n_head;
+    p.head_dim_v = a->head_dim_v;
+    p.m_dev      = a->m_dev;
+    p.l_dev      = a->l_dev;
+    p.acc_dev    = a->acc_dev;
+    p.fresh      = 1;
+    return kvg_cuda_attend_pass(d->ctx, &p);
 }
 
 int32_t kvg_cuda_store_hook_attend(void * user, const kvg_cuda_layer_args * a, int32_t device, void * stream) {
@@ -746,14 +794,13 @@ int32_t kvg_cuda_store_hook_attend(void * user, const kvg_cuda_layer_args * a, i
                         kvg_cuda_ctx_device(d->ctx));
     }
     d->calls[0]++;
-    const size_t nq = (size_t) a->n_tokens * (size_t) a->n_head * (size_t) a->head_dim_k;
+    const size_t nq   = (size_t) a->n_tokens * (size_t) a->n_head * (size_t) a->head_dim_k;
     void * const prev = kvg_cuda_ctx_set_stream(d->ctx, stream);
-    // the state empty first: whatever fails after, llama.cpp's merge reads a state
-    int rc = kvg_cuda_attend_begin(d->ctx, (int64_t) a->n_tokens * a->n_head, a->head_dim_v, a->m_dev, a->l_dev, a->acc_dev);
-    if (rc == KVG_OK && nq > d->q_floats && kvg_cuda_ctx_capturing(d->ctx)) {
+    int          rc   = KVG_OK;
+    if (nq > d->q_floats && kvg_cuda_ctx_capturing(d->ctx)) {
         // a free waits, which would end llama.cpp's capture; the same graph ran uncaptured first
         rc = kvg_fail(KVG_ERR_NO_MEMORY, "the queries' scratch would have to grow inside a CUDA graph capture");
-    } else if (rc == KVG_OK && nq > d->q_floats) {
+    } else if (nq > d->q_floats) {
         void * q = NULL;
         rc       = kvg_cuda_malloc(d->ctx, nq * sizeof(float), &q);
         if (rc == KVG_OK) {
@@ -767,27 +814,39 @@ int32_t kvg_cuda_store_hook_attend(void * user, const kvg_cuda_layer_args * a, i
         // rounded to f16 as the CPU's fused path rounds them (llama.cpp's f16 attention takes f16 queries)
         rc = kvg_cuda_gather_q(d->ctx, a->q_dev, a->q_nb, a->head_dim_k, a->n_head, a->n_tokens, 1, d->q_dev);
     }
-    if (rc != KVG_OK) {
-        kvg_cuda_ctx_set_stream(d->ctx, prev);
-        return rc;
+    int64_t n    = 0;
+    int     cold = KVG_OK;
+    if (rc == KVG_OK) {
+        rc = store_parts(d, a, &n, &cold);
     }
-    const int cold = attend_rows(d, a);
+    if (rc == KVG_OK && a->n_kv > 0) {  // llama.cpp's own cells, under its mask
+        kvg_cuda_cells_args * c = &d->cells[n];
+        *c                      = cells_args(d, a);
+        c->k_dev                = a->k_dev;
+        c->k_type               = a->k_type;
+        memcpy(c->k_nb, a->k_nb, sizeof(c->k_nb));
+        c->v_dev  = a->v_dev;
+        c->v_type = a->v_type;
+        memcpy(c->v_nb, a->v_nb, sizeof(c->v_nb));
+        c->c1        = a->n_kv;
+        c->mask_dev  = a->mask_dev;
+        c->mask_f16  = a->mask_f16;
+        c->mask_nb1  = a->mask_nb1;
+        d->parts[n]  = (kvg_cuda_part) { NULL, c };
+    }
+    const int64_t n_store = n, n_all = n + (a->n_kv > 0);
+    if (rc == KVG_OK) {
+        rc = pass(d, a, d->parts, n_all);
+        if (rc != KVG_OK && n_store > 0) {  // the store's rows left out, the cells attended all the same
+            cold = cold == KVG_OK ? rc : cold;
+            rc   = pass(d, a, d->parts + n_store, n_all - n_store);
+        }
+    }
+    if (rc != KVG_OK) {
+        pass(d, a, NULL, 0);  // the state empty: whatever failed, llama.cpp's merge reads a state
+    }
     if (cold != KVG_OK) {
         atomic_fetch_add_explicit(&((kvg_store *) d->host)->read_failures[KVG_READ_ATTEND], 1, memory_order_relaxed);
-    }
-    if (a->n_kv > 0) {  // llama.cpp's own cells, under its mask
-        kvg_cuda_cells_args c = cells_args(d, a);
-        c.k_dev               = a->k_dev;
-        c.k_type              = a->k_type;
-        memcpy(c.k_nb, a->k_nb, sizeof(c.k_nb));
-        c.v_dev  = a->v_dev;
-        c.v_type = a->v_type;
-        memcpy(c.v_nb, a->v_nb, sizeof(c.v_nb));
-        c.c1       = a->n_kv;
-        c.mask_dev = a->mask_dev;
-        c.mask_f16 = a->mask_f16;
-        c.mask_nb1 = a->mask_nb1;
-        rc         = kvg_cuda_attend_cells(d->ctx, &c);
     }
     kvg_cuda_ctx_set_stream(d->ctx, prev);
     return rc != KVG_OK ? rc : cold;

@@ -1103,6 +1103,169 @@ static void run_attend(const char * which) {
            which, n, worst, worst_cc);
 }
 
+// kvg_cuda_attend_pass where one call a part would not show it: a fresh state that starts as NaN
+// (the pass must not read it), more slots than one combine merges (4,500 runs of a row each: the
+// pass then merges in chunks, the later ones into the state), an empty run, a pass of no part (an
+// empty state), and a part whose state is not the pass's (refused before anything is queued:
+// the state keeps its bytes).
+static void run_pass() {
+    Rng      rng(0x9a55);
+    AttnCase a;
+    a.k_codec   = KVG_CODEC_ROTQ4;
+    a.v_codec   = KVG_CODEC_ROTQ3;
+    a.n_head_kv = 2;
+    a.n_head    = 4;
+    a.n_tokens  = 2;
+    a.dk = a.dv = 64;
+    a.n_rows    = 4500;
+    a.softcap   = 0.0f;
+    const int64_t    R = a.n_rows, Hk = a.n_head_kv, n_q = (int64_t) a.n_tokens * a.n_head;
+    kvg_store_params sp;
+    kvg_store_default_params(&sp);
+    sp.n_layer    = 1;
+    sp.n_head_kv  = (int32_t) Hk;
+    sp.head_dim_k = (int32_t) a.dk;
+    sp.head_dim_v = (int32_t) a.dv;
+    kvg_store * store = NULL;
+    if (kvg_store_init(&sp, &store) != KVG_OK) {
+        die("kvg_store_init: %s", kvg_last_error());
+    }
+    std::vector<float> kx = kv_rows(rng, R, Hk * a.dk, a.dk), vx = kv_rows(rng, R, Hk * a.dv, a.dv);
+    if (kvg_store_append(store, 0, KVG_KIND_K, KVG_TIER_WARM, a.k_codec, kx.data(), kx.size(), R) != KVG_OK ||
+        kvg_store_append(store, 0, KVG_KIND_V, KVG_TIER_WARM, a.v_codec, vx.data(), vx.size(), R) != KVG_OK) {
+        die("kvg_store_append: %s", kvg_last_error());
+    }
+    std::vector<uint8_t> kb, vb;
+    for (int kind = 0; kind < 2; kind++) {
+        kvg_block_info info;
+        kvg_store_block(store, 0, kind, 0, &info, NULL, 0);
+        std::vector<uint8_t> & b = kind ? vb : kb;
+        b.resize(info.n_bytes);
+        kvg_store_block(store, 0, kind, 0, &info, b.data(), b.size());
+    }
+    std::vector<float> kd((size_t) (R * Hk * a.dk)), vd((size_t) (R * Hk * a.dv));
+    kvg_store_decode(store, 0, KVG_KIND_K, 0, R, kd.data(), kd.size());
+    kvg_store_decode(store, 0, KVG_KIND_V, 0, R, vd.data(), vd.size());
+    kvg_store_free(store);
+    double vmax = 0.0;
+    for (float x : vd) {
+        vmax = fabs(x) > vmax ? fabs(x) : vmax;
+    }
+    std::vector<float> q((size_t) (n_q * a.dk));
+    for (auto & x : q) {
+        x = 2.0f * rng.gauss();
+    }
+    const float         scale = 1.0f / sqrtf((float) a.dk);
+    std::vector<double> m_ref, l_ref, out_ref;
+    attn_reference(a, q, kd, vd, 0, R, scale, m_ref, l_ref, out_ref);
+
+    DevBuf dk_(kb.size()), dv_(vb.size()), dq(q.size() * 4), dm((size_t) n_q * 4), dl((size_t) n_q * 4),
+        dacc((size_t) (n_q * a.dv) * 4);
+    dk_.put(kb.data(), kb.size());
+    dv_.put(vb.data(), vb.size());
+    dq.put(q.data(), q.size() * 4);
+    // a run of one row per part, and an empty one
+    std::vector<kvg_cuda_attend_args> runs((size_t) R + 1);
+    std::vector<kvg_cuda_part>        parts((size_t) R + 1);
+    for (int64_t i = 0; i <= R; i++) {
+        kvg_cuda_attend_args & x = runs[(size_t) i];
+        memset(&x, 0, sizeof(x));
+        x.k          = { a.k_codec, dk_.p, kb.size(), R };
+        x.v          = { a.v_codec, dv_.p, vb.size(), R };
+        x.k_row0     = i < R ? i : 0;
+        x.v_row0     = x.k_row0;
+        x.n_rows     = i < R ? 1 : 0;
+        x.n_head_kv  = a.n_head_kv;
+        x.head_dim_k = a.dk;
+        x.head_dim_v = a.dv;
+        x.seed       = KVG_DEFAULT_SEED;
+        x.q_dev      = (const float *) dq.p;
+        x.n_tokens   = a.n_tokens;
+        x.n_head     = a.n_head;
+        x.scale      = scale;
+        x.m_dev      = (float *) dm.p;
+        x.l_dev      = (float *) dl.p;
+        x.acc_dev    = (float *) dacc.p;
+        parts[(size_t) (i == R ? R / 2 : i < R / 2 ? i : i + 1)] = { &runs[(size_t) i], NULL };  // the empty run mid-way
+    }
+    kvg_cuda_pass_args p;
+    memset(&p, 0, sizeof(p));
+    p.parts      = parts.data();
+    p.n_parts    = (int32_t) parts.size();
+    p.n_q        = n_q;
+    p.head_dim_v = a.dv;
+    p.m_dev      = (float *) dm.p;
+    p.l_dev      = (float *) dl.p;
+    p.acc_dev    = (float *) dacc.p;
+    p.fresh      = 1;
+    dm.fill(0xff);  // NaN: a fresh pass must not read them
+    dl.fill(0xff);
+    dacc.fill(0xff);
+    int st = kvg_cuda_attend_pass(g_attend_ctx, &p);
+    if (st == KVG_OK) {
+        st = kvg_cuda_sync(g_ctx);
+    }
+    expect_status("pass of 4,501 runs", "kvg_cuda_attend_pass", KVG_OK, st);
+    std::vector<float> gm((size_t) n_q), gl((size_t) n_q), gacc((size_t) (n_q * a.dv));
+    double             worst = 0.0;
+    if (st == KVG_OK) {
+        dm.get(gm.data(), gm.size() * 4);
+        dl.get(gl.data(), gl.size() * 4);
+        dacc.get(gacc.data(), gacc.size() * 4);
+        attn_compare("cuda", "pass of 4,501 runs (chunks), fresh over NaN", gm, gl, gacc, m_ref, l_ref, out_ref, a.dv, vmax,
+                     &worst);
+    }
+
+    // no part: the state emptied
+    p.n_parts = 0;
+    dacc.fill(0xff);
+    st = kvg_cuda_attend_pass(g_attend_ctx, &p);
+    if (st == KVG_OK) {
+        st = kvg_cuda_sync(g_ctx);
+    }
+    expect_status("pass of no part", "kvg_cuda_attend_pass", KVG_OK, st);
+    if (st == KVG_OK) {
+        dm.get(gm.data(), gm.size() * 4);
+        dl.get(gl.data(), gl.size() * 4);
+        dacc.get(gacc.data(), gacc.size() * 4);
+        g_checks++;
+        for (size_t j = 0; j < gm.size(); j++) {
+            if (gm[j] != -INFINITY || gl[j] != 0.0f) {
+                mismatch("pass of no part: m[%zu] = %g, l = %g, not -inf and 0", j, (double) gm[j], (double) gl[j]);
+                break;
+            }
+        }
+        for (float x : gacc) {
+            if (x != 0.0f) {
+                mismatch("pass of no part: acc %g, not 0", (double) x);
+                break;
+            }
+        }
+    }
+
+    // a part whose state is not the pass's: refused, the state as it was
+    p.n_parts = 3;
+    dacc.fill(0x5a);
+    float * other = (float *) dacc.p + 1;
+    runs[2].acc_dev = other;
+    st              = kvg_cuda_attend_pass(g_attend_ctx, &p);
+    runs[2].acc_dev = (float *) dacc.p;
+    if (st == KVG_OK) {
+        kvg_cuda_sync(g_ctx);
+    }
+    expect_status("pass with a part of another state", "kvg_cuda_attend_pass", KVG_ERR_INVALID_ARG, st);
+    std::vector<uint8_t> bytes(dacc.n);
+    dacc.get(bytes.data(), bytes.size());
+    g_checks++;
+    for (uint8_t b : bytes) {
+        if (b != 0x5a) {
+            mismatch("pass refused: the state changed");
+            break;
+        }
+    }
+    printf("attend_pass: 3 cases; 4,501 parts over 4,500 rows within %.3g of max|v| of float64 (bound 5e-5)\n", worst);
+}
+
 // ---- llama.cpp's cells, and the output (GPU) ----------------------------------------------
 
 struct CellsCase {
@@ -1960,6 +2123,101 @@ struct TimedPair {
     }
 };
 
+// One decoded token's layer on the 3B shape (8 KV heads, 24 query heads, head dim 128) at 8K, as
+// the store's hook has it: the sinks' 4 f16 rows, 5,888 rotq2 rows (the archive), 2,048 rotq4 rows
+// (the warm ones), 256 f16 cells (llama.cpp's hot window). One pass (the hook's way) against the
+// calls one after the other (begin, attend per run, cells per part): its 6 kernels against 11.
+static void run_timing_layer() {
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    Rng           rng(0x1a7e);
+    const int     Hk = 8, Hq = 24;
+    const int64_t D = 128, R_max = 5888;
+    std::vector<float> x((size_t) (R_max * Hk * D));
+    for (auto & v : x) {
+        v = rng.gauss();
+    }
+    DevBuf src(x.size() * 4);
+    src.put(x.data(), x.size() * 4);
+    TimedPair sinks(KVG_CODEC_F16, KVG_CODEC_F16, 4, Hk, D), archive(KVG_CODEC_ROTQ2, KVG_CODEC_ROTQ2, 5888, Hk, D),
+        warm(KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ4, 2048, Hk, D), hot(KVG_CODEC_F16, KVG_CODEC_F16, 256, Hk, D);
+    if (!sinks.encode(src, Hk, D, "layer timing encode") || !archive.encode(src, Hk, D, "layer timing encode") ||
+        !warm.encode(src, Hk, D, "layer timing encode") || !hot.encode(src, Hk, D, "layer timing encode")) {
+        return;
+    }
+    DevBuf             q((size_t) Hq * D * 4), m((size_t) Hq * 4), l((size_t) Hq * 4), acc((size_t) Hq * D * 4);
+    std::vector<float> qh((size_t) Hq * D);
+    for (auto & v : qh) {
+        v = rng.gauss();
+    }
+    q.put(qh.data(), qh.size() * 4);
+    const kvg_cuda_attend_args ra = archive.args(Hk, D, 1, Hq, q, m, l, acc), rw = warm.args(Hk, D, 1, Hq, q, m, l, acc);
+    kvg_cuda_cells_args        cs, ch;  // f16 rows [token][head][i] read as cells
+    for (int which = 0; which < 2; which++) {
+        const TimedPair &     tp = which ? hot : sinks;
+        kvg_cuda_cells_args & c  = which ? ch : cs;
+        memset(&c, 0, sizeof(c));
+        c.q_dev      = (const float *) q.p;
+        c.n_tokens   = 1;
+        c.n_head     = Hq;
+        c.n_head_kv  = Hk;
+        c.head_dim_k = D;
+        c.head_dim_v = D;
+        c.k_dev      = tp.kb.p;
+        c.v_dev      = tp.vb.p;
+        c.k_type     = KVG_CELLS_F16;
+        c.v_type     = KVG_CELLS_F16;
+        c.k_nb[0] = c.v_nb[0] = 2;
+        c.k_nb[1] = c.v_nb[1] = (size_t) D * 2;
+        c.k_nb[2] = c.v_nb[2] = (size_t) (Hk * D) * 2;
+        c.c1                  = tp.R;
+        c.scale               = 0.088f;
+        c.m_dev               = (float *) m.p;
+        c.l_dev               = (float *) l.p;
+        c.acc_dev             = (float *) acc.p;
+    }
+    const kvg_cuda_part parts[] = { { NULL, &cs }, { &ra, NULL }, { &rw, NULL }, { NULL, &ch } };
+    kvg_cuda_pass_args  p;
+    memset(&p, 0, sizeof(p));
+    p.parts      = parts;
+    p.n_parts    = 4;
+    p.n_q        = Hq;
+    p.head_dim_v = D;
+    p.m_dev      = (float *) m.p;
+    p.l_dev      = (float *) l.p;
+    p.acc_dev    = (float *) acc.p;
+    p.fresh      = 1;
+    auto one_pass = [&] { return kvg_cuda_attend_pass(g_ctx, &p); };
+    auto calls    = [&] {
+        int st = kvg_cuda_attend_begin(g_ctx, Hq, D, (float *) m.p, (float *) l.p, (float *) acc.p);
+        st     = st ? st : kvg_cuda_attend_cells(g_ctx, &cs);
+        st     = st ? st : kvg_cuda_attend(g_ctx, &ra);
+        st     = st ? st : kvg_cuda_attend(g_ctx, &rw);
+        return st ? st : kvg_cuda_attend_cells(g_ctx, &ch);
+    };
+    for (int way = 0; way < 2; way++) {
+        const double med = way ? median_call_ms(e0, e1, 3, 20, [] {}, calls, "layer timing calls")
+                               : median_call_ms(e0, e1, 3, 20, [] {}, one_pass, "layer timing pass");
+        if (med < 0) {
+            return;
+        }
+        float b2b = 0.0f;  // 20 layers queued back to back: the device's time a layer
+        cudaEventRecord(e0, g_stream);
+        for (int it = 0; it < 20; it++) {
+            way ? calls() : one_pass();
+        }
+        cudaEventRecord(e1, g_stream);
+        cudaEventSynchronize(e1);
+        cudaEventElapsedTime(&b2b, e0, e1);
+        printf("  one decoded layer, 3B shape, 4 sinks + 5888 rotq2 + 2048 rotq4 rows + 256 f16 cells, %s: %8.1f us a lone "
+               "layer, %6.1f us a layer back to back\n",
+               way ? "calls one after another (11 kernels)" : "one pass (6 kernels)", med * 1e3, b2b / 20 * 1e3);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+}
+
 static void run_timing_prefill(kvg_cuda_ctx * rows_ctx) {
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
@@ -2303,6 +2561,7 @@ int main(int argc, char ** argv) {
         g_attend_ctx = g_ctx;
         run_encode_batch();
         run_gather_q();
+        run_pass();
         // the cells: the scalar kernels alone at their bounds, then the default ones (the tensor
         // cores for many queries a KV head, from compute capability 8.0) at f16's
         g_attend_ctx = rows_ctx ? rows_ctx : g_ctx;
@@ -2321,6 +2580,7 @@ int main(int argc, char ** argv) {
         attend_bad = g_bad - before;
         if (timing) {
             run_timing(generic);
+            run_timing_layer();
             run_timing_prefill(rows_ctx);
         }
         if (rows_ctx) {

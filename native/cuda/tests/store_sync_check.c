@@ -149,11 +149,6 @@ size_t kvg_cuda_ctx_scratch_bytes(const struct kvg_cuda_ctx * ctx) { (void) ctx;
 uint64_t kvg_cuda_ctx_scratch_grown(const struct kvg_cuda_ctx * ctx) { (void) ctx; return 0; }
 int    kvg_cuda_ctx_capturing(const struct kvg_cuda_ctx * ctx) { (void) ctx; return 0; }
 
-int kvg_cuda_attend_begin(kvg_cuda_ctx * ctx, int64_t n_q, int64_t dv, float * m, float * l, float * acc) {
-    (void) ctx, (void) n_q, (void) dv, (void) m, (void) l, (void) acc;
-    return KVG_OK;
-}
-
 int kvg_cuda_gather_q(kvg_cuda_ctx * ctx, const void * src, const size_t * nb, int64_t d, int32_t h, int32_t t, int32_t r,
                       float * dst) {
     (void) ctx, (void) src, (void) nb, (void) d, (void) h, (void) t, (void) r, (void) dst;
@@ -280,6 +275,34 @@ int kvg_cuda_attend_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_args * a) {
     check_f16(KVG_KIND_K, a->k_dev, a->k_nb, a->c1 - a->c0);
     check_f16(KVG_KIND_V, a->v_dev, a->v_nb, a->c1 - a->c0);
     g_row += a->c1 - a->c0;
+    return KVG_OK;
+}
+
+// The pass: its parts in order, each as the calls above take it, after all of them were checked
+// (the pass refuses a part before it queues anything). Each part's state must be the pass's.
+int kvg_cuda_attend_pass(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p) {
+    for (int32_t i = 0; i < p->n_parts; i++) {
+        const kvg_cuda_attend_args * r = p->parts[i].run;
+        const kvg_cuda_cells_args *  c = p->parts[i].cells;
+        if ((r != NULL) == (c != NULL)) {
+            return KVG_ERR_INVALID_ARG;
+        }
+        if (r && (!gpu_attends(r->k.codec) || !gpu_attends(r->v.codec))) {
+            return KVG_ERR_UNSUPPORTED;  // as the kernel refuses them
+        }
+        if ((r ? r->m_dev : c->m_dev) != p->m_dev || (r ? r->acc_dev : c->acc_dev) != p->acc_dev) {
+            bad("a part's state is not the pass's");
+        }
+    }
+    if (!p->fresh) {
+        bad("the hook's pass does not start its state fresh");
+    }
+    for (int32_t i = 0; i < p->n_parts; i++) {
+        const int st = p->parts[i].run ? kvg_cuda_attend(ctx, p->parts[i].run) : kvg_cuda_attend_cells(ctx, p->parts[i].cells);
+        if (st != KVG_OK) {
+            return st;
+        }
+    }
     return KVG_OK;
 }
 

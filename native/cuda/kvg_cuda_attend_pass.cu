@@ -1,0 +1,304 @@
+// kvg_cuda_attend_pass.cu: a layer's attention over several parts in one pass (kvg_cuda_attend_pass):
+// runs of coded rows (kvg_cuda_attend.cu's split kernels) and cells (kvg_cuda_attend_cells.cu's),
+// each part's splits writing their partial sums into slots of one scratch, then one combine kernel
+// per query that merges every slot (and the incoming state, unless the pass starts it fresh).
+//
+// A decoded token's layer over three runs of blocks (the sinks' f16 rows, the archive, the warm
+// rows) and the hot cells was a begin, then a split and a combine per part and a rotation per coded
+// run: 11 kernels. As one pass it is a rotation, a split a part and one combine: 6.
+//
+// Why one combine gives the same state: the parts' partial sums are (m, l, acc) triples over
+// disjoint rows, whose log-sum-exp merge does not depend on the grouping; rotq's value sums are in
+// the rotated domain of the store's seed, and turning them back (the Walsh-Hadamard transform and
+// the signs) is linear, so the rotated slots (placed first) are summed, turned back once, and the
+// other slots added. Only the order of float sums differs from one call a part.
+#include "kvg_cuda_attend.cuh"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KP_STACK_PARTS    8
+#define KP_MAX_SLOTS      4096                  // slots one combine merges (its shared memory)
+#define KP_SCRATCH_FLOATS ((int64_t) 1 << 25)  // 128 MiB of partial sums: fewer splits for very many queries
+#define KP_MAX_DIM        512
+
+// One block per query j: shared yr, yp [dv] (the rotated and the plain sums), c [n_slots], red
+// [blockDim]. Slots [0, n_rot) hold rotq's rotated value sums, [n_rot, n_slots) the others.
+static __global__ void kp_combine_kernel(const float * pm, const float * pl, const float * pacc, int n_slots, int n_rot,
+                                         int dv, uint64_t seed, int fresh, float * m, float * l, float * acc) {
+    KVG_DYNAMIC_SMEM(float, kp_sh);
+    float *       yr   = kp_sh;
+    float *       yp   = yr + dv;
+    float *       c    = yp + dv;
+    float *       red  = c + n_slots;
+    const int64_t j    = blockIdx.x;
+    const float   m_in = fresh ? -INFINITY : m[j];
+
+    float mx = m_in;
+    for (int s = threadIdx.x; s < n_slots; s += blockDim.x) {
+        mx = fmaxf(mx, pm[j * n_slots + s]);
+    }
+    red[threadIdx.x] = mx;
+    __syncthreads();
+    for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+        if (threadIdx.x < o) {
+            red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + o]);
+        }
+        __syncthreads();
+    }
+    const float M = red[0];
+    __syncthreads();
+    if (M == -INFINITY) {  // no row reached the query: a fresh state is emptied, another stays
+        if (fresh) {
+            for (int i = threadIdx.x; i < dv; i += blockDim.x) {
+                acc[j * dv + i] = 0.0f;
+            }
+            if (threadIdx.x == 0) {
+                m[j] = -INFINITY;
+                l[j] = 0.0f;
+            }
+        }
+        return;
+    }
+    float part = 0.0f;
+    for (int s = threadIdx.x; s < n_slots; s += blockDim.x) {
+        const float ms = pm[j * n_slots + s];
+        c[s]           = ms == -INFINITY ? 0.0f : expf(ms - M);
+        part += c[s] * pl[j * n_slots + s];
+    }
+    red[threadIdx.x] = part;
+    __syncthreads();
+    for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+        if (threadIdx.x < o) {
+            red[threadIdx.x] += red[threadIdx.x + o];
+        }
+        __syncthreads();
+    }
+    const float c_in = m_in == -INFINITY ? 0.0f : expf(m_in - M);
+    for (int i = threadIdx.x; i < dv; i += blockDim.x) {
+        float r = 0.0f, u = 0.0f;
+        for (int s = 0; s < n_rot; s++) {
+            r += c[s] * pacc[(j * n_slots + s) * dv + i];
+        }
+        for (int s = n_rot; s < n_slots; s++) {
+            u += c[s] * pacc[(j * n_slots + s) * dv + i];
+        }
+        yr[i] = r;
+        yp[i] = u;
+    }
+    if (n_rot > 0) {  // uniform over the block, so kc_fwht_block's barriers are safe; else each
+        kc_fwht_block(yr, dv);  // thread reads back only the yr[i] and yp[i] it wrote
+    }
+    for (int i = threadIdx.x; i < dv; i += blockDim.x) {
+        const float kept = fresh ? 0.0f : acc[j * dv + i] * c_in;
+        acc[j * dv + i]  = kept + (n_rot > 0 ? kc_sign(seed, i) * yr[i] : 0.0f) + yp[i];
+    }
+    if (threadIdx.x == 0) {
+        l[j] = (fresh ? 0.0f : l[j] * c_in) + red[0];
+        m[j] = M;
+    }
+}
+
+int ka_scratch(kvg_cuda_ctx * ctx, size_t bytes) {
+    if (bytes <= ctx->scratch_bytes) {
+        return KVG_OK;
+    }
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(ctx->stream, &capturing) == cudaSuccess && capturing != cudaStreamCaptureStatusNone) {
+        // a wait or a free would end llama.cpp's capture (and abort it); the same graph ran
+        // uncaptured first, so this should not happen
+        return kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda: the attention scratch would have to grow inside a CUDA graph capture");
+    }
+    cudaError_t e = cudaStreamSynchronize(ctx->stream);  // earlier calls may still read the old one
+    if (e != cudaSuccess) {
+        return kc_cuda_fail(e, "cudaStreamSynchronize (attend scratch)");
+    }
+    cudaFree(ctx->scratch);
+    ctx->scratch       = NULL;
+    ctx->scratch_bytes = 0;
+    e                  = cudaMalloc(&ctx->scratch, bytes);
+    if (e != cudaSuccess) {
+        ctx->scratch = NULL;
+        return kc_cuda_fail(e, "cudaMalloc (attend scratch)");
+    }
+    ctx->scratch_bytes = bytes;
+    ctx->scratch_grown++;
+    return KVG_OK;
+}
+
+// ---- host ----------------------------------------------------------------------------------
+
+// Whether a part's shape and state are the pass's, and a run's queries the first run's (the pass
+// scales and rotates them once for all runs).
+static int kp_agrees(const kvg_cuda_pass_args * p, const kvg_cuda_part * part, const kvg_cuda_attend_args * first,
+                     int64_t i) {
+    const kvg_cuda_attend_args * r = part->run;
+    const kvg_cuda_cells_args *  c = part->cells;
+    const int64_t n_q = r ? (int64_t) r->n_tokens * r->n_head : (int64_t) c->n_tokens * c->n_head;
+    const int64_t dv  = r ? r->head_dim_v : c->head_dim_v;
+    const int     same_state = r ? (r->m_dev == p->m_dev && r->l_dev == p->l_dev && r->acc_dev == p->acc_dev)
+                                 : (c->m_dev == p->m_dev && c->l_dev == p->l_dev && c->acc_dev == p->acc_dev);
+    if (n_q != p->n_q || dv != p->head_dim_v || !same_state) {
+        return kvg_fail(KVG_ERR_INVALID_ARG,
+                        "kvg_cuda_attend_pass: part %lld has %lld queries of %lld values or another state; the pass has "
+                        "%lld of %lld",
+                        (long long) i, (long long) n_q, (long long) dv, (long long) p->n_q, (long long) p->head_dim_v);
+    }
+    if (r && first && (r->q_dev != first->q_dev || r->n_head != first->n_head || r->n_head_kv != first->n_head_kv ||
+                       r->head_dim_k != first->head_dim_k || r->scale != first->scale || r->softcap != first->softcap ||
+                       r->seed != first->seed)) {
+        return kvg_fail(KVG_ERR_INVALID_ARG,
+                        "kvg_cuda_attend_pass: run %lld's queries, heads, scale, softcap or seed are not the first run's",
+                        (long long) i);
+    }
+    return KVG_OK;
+}
+
+// Queues parts [i0, i1) (their slots assigned, rotated values first) and the combine of their
+// n_slots slots into the state. fresh: the state is written, not read.
+static int kp_queue_chunk(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p, ka_plan * plans, int64_t i0, int64_t i1,
+                          const float * q_rot, const float * q_plain, float * partials, uint64_t seed, int fresh) {
+    int n_slots = 0, n_rot = 0;
+    for (int pass = 0; pass < 2; pass++) {  // the rotated value sums first
+        for (int64_t i = i0; i < i1; i++) {
+            ka_plan * pl = &plans[i];
+            if (pl->n_splits > 0 && (pl->v_rotated && !pl->cells) == (pass == 0)) {
+                pl->slot0 = n_slots;
+                n_slots += (int) pl->n_splits;
+            }
+        }
+        n_rot = pass == 0 ? n_slots : n_rot;
+    }
+    if (n_slots == 0 && !fresh) {
+        return KVG_OK;
+    }
+    float * pm   = partials;
+    float * pl   = pm + p->n_q * n_slots;
+    float * pacc = pl + p->n_q * n_slots;
+    for (int64_t i = i0; i < i1; i++) {
+        ka_plan * plan = &plans[i];
+        if (plan->n_splits == 0) {
+            continue;
+        }
+        const int st = plan->cells ? ka_queue_cells(ctx, plan, pm, pl, pacc, n_slots, plan->slot0)
+                                   : ka_queue_run(ctx, plan, plan->q_rotated ? q_rot : q_plain, pm, pl, pacc, n_slots,
+                                                  plan->slot0);
+        if (st != KVG_OK) {
+            return st;
+        }
+    }
+    const int    dv      = (int) p->head_dim_v;
+    const int    threads = 128;
+    const size_t smem    = sizeof(float) * (size_t) (2 * dv + n_slots + threads);
+    KVG_LAUNCH((unsigned) p->n_q, threads, smem, ctx->stream, kp_combine_kernel)(pm, pl, pacc, n_slots, n_rot, dv, seed, fresh,
+                                                                          p->m_dev, p->l_dev, p->acc_dev);
+    return kc_launch_check("attend_pass combine launch");
+}
+
+// The parts planned: queued in chunks of at most KP_MAX_SLOTS slots, each merged by one combine.
+static int kp_queue(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p, ka_plan * plans, const kvg_cuda_attend_args * first) {
+    int need_rot = 0, need_plain = 0;
+    for (int32_t i = 0; i < p->n_parts; i++) {
+        if (!plans[i].cells && plans[i].n_splits > 0) {
+            need_rot |= plans[i].q_rotated;
+            need_plain |= !plans[i].q_rotated;
+        }
+    }
+    int64_t chunk = 0, widest = 0;
+    for (int32_t i = 0; i < p->n_parts; i++) {
+        if (chunk > 0 && chunk + plans[i].n_splits > KP_MAX_SLOTS) {
+            chunk = 0;
+        }
+        chunk += plans[i].n_splits;
+        widest = chunk > widest ? chunk : widest;
+    }
+    const int64_t dk      = first ? first->head_dim_k : 0;
+    const int64_t q_float = p->n_q * dk;
+    const size_t  floats  = (size_t) ((need_rot + need_plain) * q_float + p->n_q * widest * (p->head_dim_v + 2));
+    kc_device_scope scope(ctx);
+    if (scope.status != KVG_OK) {
+        return scope.status;
+    }
+    int st = ka_scratch(ctx, floats * sizeof(float));
+    if (st != KVG_OK) {
+        return st;
+    }
+    float * q_rot    = (float *) ctx->scratch;
+    float * q_plain  = q_rot + (need_rot ? q_float : 0);
+    float * partials = q_plain + (need_plain ? q_float : 0);
+    if (need_rot || need_plain) {
+        // Soft-capping as attend.c does it: scores taken with scale / softcap, then softcap * tanh.
+        const float scale = first->softcap > 0.0f ? first->scale / first->softcap : first->scale;
+        if (need_rot) {
+            st = ka_rotate_launch(ctx, first->q_dev, p->n_q, (int) dk, scale, 1, first->seed, q_rot);
+        }
+        if (st == KVG_OK && need_plain) {
+            st = ka_rotate_launch(ctx, first->q_dev, p->n_q, (int) dk, scale, 0, first->seed, q_plain);
+        }
+        if (st != KVG_OK) {
+            return st;
+        }
+    }
+    const uint64_t seed = first ? first->seed : 0;
+    int64_t        i0 = 0, slots = 0;
+    int            fresh = p->fresh != 0;
+    for (int32_t i = 0; i <= p->n_parts; i++) {
+        if (i == p->n_parts || (slots > 0 && slots + plans[i].n_splits > KP_MAX_SLOTS)) {
+            st = kp_queue_chunk(ctx, p, plans, i0, i, q_rot, q_plain, partials, seed, fresh);
+            if (st != KVG_OK || i == p->n_parts) {
+                return st;
+            }
+            fresh = 0;  // the state holds the chunks before
+            i0    = i;
+            slots = 0;
+        }
+        slots += plans[i].n_splits;
+    }
+    return KVG_OK;
+}
+
+extern "C" int kvg_cuda_attend_pass(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p) {
+    kvg_clear_error();
+    if (ctx == NULL || p == NULL || p->n_parts < 0 || (p->n_parts > 0 && p->parts == NULL)) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend_pass: NULL ctx or args, or a negative or NULL list of parts");
+    }
+    const kvg_cuda_attend_args * first = NULL;
+    for (int32_t i = 0; i < p->n_parts; i++) {
+        const kvg_cuda_part * part = &p->parts[i];
+        if ((part->run == NULL) == (part->cells == NULL)) {
+            return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend_pass: part %d is neither a run nor cells, or both", (int) i);
+        }
+        first = first ? first : part->run;
+    }
+    ka_plan   stack[KP_STACK_PARTS];
+    ka_plan * plans = p->n_parts <= KP_STACK_PARTS ? stack : (ka_plan *) malloc(sizeof(ka_plan) * (size_t) p->n_parts);
+    if (plans == NULL) {
+        return kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda_attend_pass: no memory to plan %d parts", (int) p->n_parts);
+    }
+    // Each part's splits within its share of the partial sums' budget (after the queries' copies).
+    const int64_t dk     = first ? first->head_dim_k : 0;
+    int64_t       budget = (KP_SCRATCH_FLOATS - 2 * p->n_q * (dk > 0 ? dk : 0)) / (p->n_parts > 0 ? p->n_parts : 1);
+    budget               = budget > 0 ? budget : 0;
+    int st               = KVG_OK;
+    for (int32_t i = 0; i < p->n_parts && st == KVG_OK; i++) {
+        const kvg_cuda_part * part = &p->parts[i];
+        st = part->run ? ka_plan_run(ctx, part->run, budget, &plans[i]) : ka_plan_cells(ctx, part->cells, budget, &plans[i]);
+        if (st == KVG_OK) {
+            st = kp_agrees(p, part, first, i);
+        }
+    }
+    if (st == KVG_OK && (p->m_dev == NULL || p->l_dev == NULL || p->acc_dev == NULL || p->n_q <= 0 ||
+                         p->head_dim_v < 1 || p->head_dim_v > KP_MAX_DIM)) {
+        // (after the parts, whose own checks say more about their arguments)
+        st = kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend_pass: NULL state, or n_q %lld / head_dim_v %lld out of range",
+                      (long long) p->n_q, (long long) p->head_dim_v);
+    }
+    if (st == KVG_OK) {
+        st = kp_queue(ctx, p, plans, first);
+    }
+    if (plans != stack) {
+        free(plans);
+    }
+    return st;
+}
