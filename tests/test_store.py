@@ -176,3 +176,32 @@ def test_rows_at_the_edge_of_f16_never_reach_llama_cpp_as_inf(codec, kind):
     back = s.decode_f16(1, kind, 0, 32)
     assert np.isfinite(back).all()
     assert np.all(np.abs(back.astype(np.float32)) <= 65504.0)
+
+
+def test_aging_on_threads_gives_one_thread_s_bytes_and_books():
+    # Each list is coded by one thread, as one thread codes it: rotq from its codes, kivi and pq2
+    # from the decoded rows (pq2 trains the list's book on the rows it codes first).
+    def aged(n_threads):
+        s = KVStore(n_layer=6, n_head_kv=2, head_dim_k=64, head_dim_v=64)
+        s.set_threads(n_threads)
+        for il in range(6):
+            for kind in Kind:
+                s.append(il, kind, Tier.WARM, "rotq4", rows(48, 10 * il + kind))
+                s.append(il, kind, Tier.WARM, "rotq4", rows(16, 10 * il + kind + 5))
+        table = {(il, kind): ("rotq2", "kivi2", "pq2")[il % 3] for il in range(6) for kind in Kind}
+        s.retier_lists(0, 64, Tier.ARCHIVE, table)
+        blocks = [(b.tier, b.codec, b.data) for il in range(6) for kind in Kind for b in s.blocks(il, kind)]
+        return blocks, [(il, kind, codec, book.tobytes()) for il, kind, codec, book in s.books()]
+
+    one = aged(1)
+    assert {codec for _, codec, _ in one[0]} == {"rotq2", "kivi2", "pq2"} and len(one[1]) == 4
+    assert aged(4) == one
+    assert aged(64) == one
+
+
+def test_set_threads_refuses_counts_outside_1_to_64():
+    s = make_store()
+    for bad in (0, -1, 65):
+        with pytest.raises(ValueError, match="1 to 64"):
+            s.set_threads(bad)
+    s.set_threads(64)

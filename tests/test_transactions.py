@@ -52,6 +52,13 @@ MUTATIONS = {
     "retier_lists": lambda s: s.retier_lists(
         32, 81, Tier.ARCHIVE, {(il, k): ("rotq2" if k else "kivi2") for il in range(N_LAYER) for k in (0, 1)}
     ),
+    # the same on 4 threads: the first failure stops the others, and nothing is committed
+    "retier_lists_on_threads": lambda s: (
+        s.set_threads(4),
+        s.retier_lists(
+            32, 81, Tier.ARCHIVE, {(il, k): ("rotq2" if k else "kivi2") for il in range(N_LAYER) for k in (0, 1)}
+        ),
+    ),
     "retier_one_codec": lambda s: s.retier(4, 64, Tier.ARCHIVE, "rotq3"),
     "truncate_cutting_blocks": lambda s: s.truncate(50),
     "truncate_to_zero": lambda s: s.truncate(0),

@@ -67,6 +67,11 @@ class KVStore:
     def set_layer_enabled(self, il: int, enabled: bool) -> None:
         check(get_lib().kvg_store_set_layer_enabled(self._ptr, il, int(enabled)), f"layer {il}")
 
+    def set_threads(self, n_threads: int) -> None:
+        """Threads a retier (aging) may re-encode lists on at once, 1 to 64: the same bytes
+        whatever the count, each list coded by one thread."""
+        check(get_lib().kvg_store_set_threads(self._ptr, int(n_threads)), "set_threads")
+
     def append(self, il: int, kind: int, tier: int, codec: str, rows: np.ndarray) -> None:
         rows = np.ascontiguousarray(rows, dtype=np.float32)
         n_rows = rows.shape[0]

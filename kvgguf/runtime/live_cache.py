@@ -56,6 +56,8 @@ class LiveCache:
                 self.store.set_layer_enabled(il, False)
         if not self.layers:
             raise ValueError("this model has no full-attention layer with a KV cache to compress")
+        # aging runs between batches, when llama.cpp's batch threads are idle: the same count
+        self.store.set_threads(max(1, min(64, C.llama_n_threads_batch(ctx))))
         # the hot cells' type as llama.cpp allocated it (f16, or q8_0: read_rows dequantizes)
         cells = hooks.cells_of(ctx, self.layers[0])
         self.hot_type = cells[0] if cells else CACHE_TYPES["f16"]

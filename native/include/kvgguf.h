@@ -162,7 +162,7 @@ enum kvg_kind {
 // Bumped whenever a declaration in this region changes; kvg_abi_version() returns the value the
 // library was built with, and the Python binding refuses a library and header that disagree.
 enum kvg_abi {
-    KVG_ABI_VERSION = 15
+    KVG_ABI_VERSION = 16
 };
 
 enum kvg_simd {
@@ -341,6 +341,10 @@ int kvg_store_retier_list(kvg_store * s, int32_t il, int32_t kind, int64_t r0, i
 // is); n_codecs must be 2 * n_layer. What one eviction's aging needs in one call.
 int kvg_store_retier_lists(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, const int32_t * codecs,
                            size_t n_codecs);
+
+// Threads a retier may re-encode lists on at once (1 to 64; 1 when the store is made). The bytes
+// are the same whatever the count: each list is coded by one thread, as one thread codes it.
+int kvg_store_set_threads(kvg_store * s, int32_t n_threads);
 
 // Every layer and kind: keeps rows [0, n_rows). A block cut in two is re-encoded (a rotq block's
 // codes are copied); a cut on a block boundary (undoing appends) allocates nothing and cannot fail.

@@ -541,6 +541,7 @@ struct kvg_store {
     _Atomic int32_t  n_notes;    // slots taken by attend calls since the last hook_mass
     _Atomic int64_t  mass_dropped;
     _Atomic int64_t  read_failures[2];  // kvg_store_read_failures, by enum kvg_read_path
+    int32_t          n_threads;         // kvg_store_set_threads: threads of a retier's re-encodes
 };
 
 // mass.c: a slot for an attend call's notes (NULL when collection is off or none is left) with

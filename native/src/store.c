@@ -10,9 +10,13 @@
 #include "kvg_internal.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define KVG_STORE_MAX_THREADS 64
 
 // Per-thread scratch for decoding a block as float32 (scratch.c): the hook decodes on
 // llama.cpp's long-lived worker threads, so it is kept between calls.
@@ -81,8 +85,9 @@ int kvg_store_init(const kvg_store_params * p, kvg_store ** out) {
         return kvg_fail(KVG_ERR_NO_MEMORY, "store");
     }
     const int32_t d_max = p->head_dim_k > p->head_dim_v ? p->head_dim_k : p->head_dim_v;
-    s->p       = *p;
-    s->enabled = (int32_t *) malloc((size_t) p->n_layer * sizeof(int32_t));
+    s->p         = *p;
+    s->n_threads = 1;
+    s->enabled   = (int32_t *) malloc((size_t) p->n_layer * sizeof(int32_t));
     s->rows    = (kvg_rows *) calloc((size_t) p->n_layer * 2, sizeof(kvg_rows));
     s->sgn     = (float *) malloc((size_t) d_max * sizeof(float));
     s->mass     = (double **) calloc((size_t) p->n_layer, sizeof(double *));
@@ -154,6 +159,18 @@ int kvg_store_set_layer_enabled(kvg_store * s, int32_t il, int32_t enabled) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "layer %d holds rows; clear the store before disabling it", (int) il);
     }
     s->enabled[il] = enabled ? 1 : 0;
+    return KVG_OK;
+}
+
+int kvg_store_set_threads(kvg_store * s, int32_t n_threads) {
+    kvg_clear_error();
+    if (!s) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "store is NULL");
+    }
+    if (n_threads < 1 || n_threads > KVG_STORE_MAX_THREADS) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "%d threads: a store takes 1 to %d", (int) n_threads, KVG_STORE_MAX_THREADS);
+    }
+    s->n_threads = n_threads;
     return KVG_OK;
 }
 
@@ -634,6 +651,80 @@ static void staged_free(kvg_staged * st, int64_t n) {
     free(st);
 }
 
+// Retier's staging, shared by its threads: job j is one list's blocks st[starts[j], starts[j + 1]),
+// re-encoded in order by one thread (a codebook trained for a list is trained once, as one thread
+// would). The first failure stops the others; its status and message are kept for the caller.
+typedef struct retier_stage {
+    const kvg_store * s;
+    kvg_staged *      st;
+    const int64_t *   starts;
+    int64_t           n_jobs;
+    int32_t           tier;
+    const int32_t *   codecs;
+    float **          fresh;
+    _Atomic int64_t   next;  // the next job to take
+    _Atomic int       rc;    // KVG_OK, or the first failure's status
+    pthread_mutex_t   lock;  // for the first failure's message
+    char              msg[512];
+} retier_stage;
+
+static void * stage_worker(void * arg) {
+    retier_stage * w = (retier_stage *) arg;
+    for (int64_t j; (j = atomic_fetch_add(&w->next, 1)) < w->n_jobs && atomic_load(&w->rc) == KVG_OK;) {
+        for (int64_t k = w->starts[j]; k < w->starts[j + 1]; ++k) {
+            const int64_t     li = w->st[k].li;
+            const kvg_block * b  = &w->s->rows[li].blocks[w->st[k].bi];
+            if (b->codec == w->codecs[li]) {
+                continue;  // the tier alone changes: the bytes stay (and so does the id)
+            }
+            const int rc = reencode_block(w->s, li, b, b->n_rows, w->tier, w->codecs[li], &w->fresh[li], &w->st[k].nb);
+            if (rc != KVG_OK) {
+                pthread_mutex_lock(&w->lock);
+                if (atomic_load(&w->rc) == KVG_OK) {
+                    snprintf(w->msg, sizeof(w->msg), "%s", kvg_last_error());
+                    atomic_store(&w->rc, rc);
+                }
+                pthread_mutex_unlock(&w->lock);
+                break;
+            }
+        }
+    }
+    return NULL;
+}
+
+// Re-encodes the staged blocks on up to s->n_threads threads (this one among them; fewer where a
+// thread cannot be started). Each list's result is the same bytes as on one thread.
+static int stage_lists(const kvg_store * s, kvg_staged * st, const int64_t * starts, int64_t n_jobs, int32_t tier,
+                       const int32_t * codecs, float ** fresh) {
+    retier_stage w;
+    memset(&w, 0, sizeof(w));
+    w.s      = s;
+    w.st     = st;
+    w.starts = starts;
+    w.n_jobs = n_jobs;
+    w.tier   = tier;
+    w.codecs = codecs;
+    w.fresh  = fresh;
+    atomic_init(&w.next, 0);
+    atomic_init(&w.rc, KVG_OK);
+    if (pthread_mutex_init(&w.lock, NULL) != 0) {
+        return kvg_fail(KVG_ERR_NO_MEMORY, "retier: a lock for its threads");
+    }
+    pthread_t     th[KVG_STORE_MAX_THREADS];
+    const int64_t want    = s->n_threads < n_jobs ? s->n_threads : n_jobs;
+    int64_t       started = 0;
+    while (started + 1 < want && pthread_create(&th[started], NULL, stage_worker, &w) == 0) {
+        started++;
+    }
+    stage_worker(&w);
+    for (int64_t t = 0; t < started; ++t) {
+        pthread_join(th[t], NULL);
+    }
+    pthread_mutex_destroy(&w.lock);
+    const int rc = atomic_load(&w.rc);
+    return rc == KVG_OK ? KVG_OK : kvg_fail(rc, "%s", w.msg);
+}
+
 int kvg_store_retier_lists(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, const int32_t * codecs,
                            size_t n_codecs) {
     kvg_clear_error();
@@ -680,26 +771,35 @@ int kvg_store_retier_lists(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, 
         free(st);
         return rc != KVG_OK ? rc : kvg_fail(KVG_ERR_NO_MEMORY, "retier: staging list of %lld blocks", (long long) n_todo);
     }
-    int64_t k = 0;
-    for (int64_t li = 0; li < n_lists && rc == KVG_OK; ++li) {
-        const kvg_rows * r = &s->rows[li];
-        for (int64_t bi = 0; codecs[li] != -1 && bi < r->n_blocks && rc == KVG_OK; ++bi) {
+    // The blocks staged list by list (the lists' starts in `starts`), then coded on the threads.
+    int64_t * starts = (int64_t *) malloc(((size_t) n_lists + 1) * sizeof(int64_t));
+    if (!starts) {
+        free(st);
+        free(fresh);
+        return kvg_fail(KVG_ERR_NO_MEMORY, "retier: staging list of %lld lists", (long long) n_lists);
+    }
+    int64_t k = 0, n_jobs = 0;
+    for (int64_t li = 0; li < n_lists; ++li) {
+        const kvg_rows * r  = &s->rows[li];
+        const int64_t    k0 = k;
+        for (int64_t bi = 0; codecs[li] != -1 && bi < r->n_blocks; ++bi) {
             const kvg_block * b = &r->blocks[bi];
             if (b->row0 < r0 || b->row0 + b->n_rows > r1 || (b->tier == tier && b->codec == codecs[li])) {
                 continue;
             }
-            if (b->codec == codecs[li]) {
-                st[k].nb.data = NULL;  // the tier alone changes: the bytes stay (and so does the id)
-            } else {
-                rc = reencode_block(s, li, b, b->n_rows, tier, codecs[li], &fresh[li], &st[k].nb);
-            }
             st[k].li = li;
             st[k].bi = bi;
-            k += rc == KVG_OK;
+            k++;
+        }
+        if (k > k0) {
+            starts[n_jobs++] = k0;
         }
     }
+    starts[n_jobs] = k;
+    rc             = stage_lists(s, st, starts, n_jobs, tier, codecs, fresh);
+    free(starts);
     if (rc != KVG_OK) {
-        staged_free(st, k);
+        staged_free(st, n_todo);
         for (int64_t li = 0; li < n_lists; ++li) {
             free(fresh[li]);
         }
