@@ -168,9 +168,10 @@ typedef struct kvg_cuda_attend_args {
 
 KVG_CUDA_API int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * a);
 
-// A layer's attention on the fused path, on the GPU, is: kvg_cuda_gather_q (the queries),
-// kvg_cuda_attend_pass over the store's coded rows and llama.cpp's own cells into a fresh state,
-// kvg_cuda_attend_finish (the output). All queued on the context's stream without waiting.
+// A layer's attention on the fused path, on the GPU, is: kvg_cuda_attend_pass over the store's
+// coded rows and llama.cpp's own cells into a fresh state (gathering the queries itself, as
+// kvg_cuda_gather_q would), then kvg_cuda_attend_finish (the output). All queued on the context's
+// stream without waiting.
 
 // The queries as the other calls take them, f32 [n_tokens][n_head][head_dim] at dst_dev, from a
 // ggml tensor's f32 elements at any byte strides (element i of head h of token t at src_dev +
@@ -233,6 +234,13 @@ typedef struct kvg_cuda_pass_args {
     float *               l_dev;
     float *               acc_dev;
     int32_t               fresh;
+    // Optional: the queries as llama.cpp holds them (f32, element i of head h of token t at q_src +
+    // i * q_nb[0] + h * q_nb[1] + t * q_nb[2]). The pass gathers them into q_dst, rounded to f16 as
+    // kvg_cuda_gather_q(..., round_f16 = 1) does, in the kernel that scales and rotates them; every
+    // part's q_dev must then be q_dst. NULL: the parts' q_dev hold the queries already.
+    const void *          q_src;
+    size_t                q_nb[3];
+    float *               q_dst;
 } kvg_cuda_pass_args;
 
 KVG_CUDA_API int kvg_cuda_attend_pass(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p);
@@ -326,8 +334,9 @@ typedef struct kvg_cuda_layer_args {
 } kvg_cuda_layer_args;
 
 // The state of layer il's queries over [the store's rows | llama.cpp's cells], on `stream` of
-// `device` (llama.cpp's): the queries rounded to f16 as the CPU's fused path takes them, then one
-// pass (kvg_cuda_attend_pass) over a part per run of blocks and the cells, into a fresh state.
+// `device` (llama.cpp's): one pass (kvg_cuda_attend_pass) over a part per run of blocks and the
+// cells, into a fresh state, the queries gathered by it and rounded to f16 as the CPU's fused path
+// takes them.
 // Rows that cannot be read (a stale copy, a codec the GPU does not attend)
 // are left out, as if masked, counted in host's kvg_store_read_failures(KVG_READ_ATTEND), and the
 // status says why; the cells are attended all the same. Queued without waiting.

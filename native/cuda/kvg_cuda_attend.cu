@@ -5,8 +5,8 @@
 // A run is planned here (ka_plan_run: the checks, the kernel, the splits) and queued by a pass
 // (kvg_cuda_attend_pass.cu), which kvg_cuda_attend is with one part. Its kernels on the context's
 // stream:
-// 1. rotate: qr_j = W(s * (scale * q_j)) per query where K is rotq, scale * q_j otherwise, once per
-//    pass (shared-memory butterflies).
+// 1. the pass's queries: qr_j = W(s * (scale * q_j)) per query where K is rotq, scale * q_j
+//    otherwise, once per pass (shared-memory butterflies).
 // 2. split: grid (row splits x KV heads x query tiles). Each warp walks its rows 32 at a time:
 //    per row, the lanes unpack the key's codes (lane-strided coordinates), dot them with the
 //    tile's queries (rotq: codebook values times qr, scaled by the stored norm / head_dim; kivi:
@@ -28,25 +28,6 @@
 #define KA_MAX_SPLITS 1024
 #define KA_SPLIT_ROWS 256                  // rows per split to aim for
 #define KA_MAX_DIM    512
-
-// rotate: rotq keys (the signs, then W); else the queries are only scaled.
-static __global__ void ka_rotate_kernel(const float * q, int64_t n_q, int d, float scale, int rotate, uint64_t seed,
-                                        float * qr) {
-    KVG_DYNAMIC_SMEM(float, ka_sh);
-    float * y = ka_sh;
-    for (int64_t j = blockIdx.x; j < n_q; j += gridDim.x) {
-        for (int i = threadIdx.x; i < d; i += blockDim.x) {
-            y[i] = rotate ? kc_sign(seed, i) * (scale * q[j * d + i]) : scale * q[j * d + i];
-        }
-        if (rotate) {  // uniform over the block: kc_fwht_block's barriers are safe
-            kc_fwht_block(y, d);
-        }
-        for (int i = threadIdx.x; i < d; i += blockDim.x) {
-            qr[j * d + i] = y[i];
-        }
-        __syncthreads();
-    }
-}
 
 // Shared: sq [QT][dk], accr [KA_WARPS][QT][dv], wm and wl [KA_WARPS][QT]. KS, VS: the K and V
 // sides' sources (KA_SRC_*).
@@ -403,14 +384,6 @@ int ka_queue_run(kvg_cuda_ctx * ctx, ka_plan * p, const float * q, float * pm, f
         }
     }
     return kc_launch_check("attend split launch");
-}
-
-int ka_rotate_launch(kvg_cuda_ctx * ctx, const float * q, int64_t n_q, int d, float scale, int rotate, uint64_t seed,
-                     float * out) {
-    const int threads = d >= 256 ? 128 : (d / 2 < 32 ? 32 : d / 2);
-    KVG_LAUNCH((unsigned) (n_q < 65536 ? n_q : 65536), threads, (size_t) d * sizeof(float), ctx->stream, ka_rotate_kernel)(
-        q, n_q, d, scale, rotate, seed, out);
-    return kc_launch_check("attend rotate launch");
 }
 
 // One run: a pass of one part, folded into the state as it is.

@@ -89,10 +89,6 @@ int ka_plan_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_args * a, int64_t bud
 int ka_queue_run(kvg_cuda_ctx * ctx, ka_plan * p, const float * q, float * pm, float * pl, float * pacc, int n_slots,
                  int slot0);
 int ka_queue_cells(kvg_cuda_ctx * ctx, ka_plan * p, float * pm, float * pl, float * pacc, int n_slots, int slot0);
-// Queues the queries' scaling (and rotation, for rotq keys: the signs of `seed`, then W): out =
-// [n_q][d] from q [n_q][d].
-int ka_rotate_launch(kvg_cuda_ctx * ctx, const float * q, int64_t n_q, int d, float scale, int rotate, uint64_t seed,
-                     float * out);
 
 // kivi.c's dequantization of a code against its group's stored f16 min and scale at g.
 static __device__ __forceinline__ float ka_kivi_value(const uint8_t * g, unsigned code) {

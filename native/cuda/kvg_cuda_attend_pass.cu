@@ -4,8 +4,9 @@
 // per query that merges every slot (and the incoming state, unless the pass starts it fresh).
 //
 // A decoded token's layer over three runs of blocks (the sinks' f16 rows, the archive, the warm
-// rows) and the hot cells was a begin, then a split and a combine per part and a rotation per coded
-// run: 11 kernels. As one pass it is a rotation, a split a part and one combine: 6.
+// rows) and the hot cells was the queries' gather, a begin, then a split and a combine per part
+// and a rotation per coded run: 12 kernels. As one pass it is one kernel for the queries (gathered
+// from llama.cpp's strides, scaled, rotated), a split a part and one combine: 6.
 //
 // Why one combine gives the same state: the parts' partial sums are (m, l, acc) triples over
 // disjoint rows, whose log-sum-exp merge does not depend on the grouping; rotq's value sums are in
@@ -100,6 +101,39 @@ static __global__ void kp_combine_kernel(const float * pm, const float * pl, con
     }
 }
 
+// The pass's queries, a block per query j (token j / n_head, head j % n_head): its d floats read
+// at src + i * nb0 + h * nb1 + t * nb2, rounded to f16 where round_f16 (kvg_cuda_gather_q's job),
+// and written to `gathered`; scale * q to `plain`; the signs of `seed`, then W, of scale * q to
+// `rot` (rotq keys). Each output may be NULL. Shared: y [d].
+static __global__ void kp_queries_kernel(const uint8_t * src, size_t nb0, size_t nb1, size_t nb2, int n_head, int64_t n_q,
+                                         int d, int round_f16, float scale, uint64_t seed, float * gathered, float * plain,
+                                         float * rot) {
+    KVG_DYNAMIC_SMEM(float, kp_sh);
+    float * y = kp_sh;
+    for (int64_t j = blockIdx.x; j < n_q; j += gridDim.x) {
+        const int64_t t = j / n_head, h = j % n_head;
+        for (int i = threadIdx.x; i < d; i += blockDim.x) {
+            float v;
+            memcpy(&v, src + (size_t) i * nb0 + (size_t) h * nb1 + (size_t) t * nb2, sizeof(v));
+            v = round_f16 ? kc_f16_to_f32(kc_f32_to_f16(v)) : v;
+            if (gathered) {
+                gathered[j * d + i] = v;
+            }
+            if (plain) {
+                plain[j * d + i] = scale * v;
+            }
+            y[i] = kc_sign(seed, i) * (scale * v);
+        }
+        if (rot) {  // uniform over the block: kc_fwht_block's barriers are safe
+            kc_fwht_block(y, d);
+            for (int i = threadIdx.x; i < d; i += blockDim.x) {
+                rot[j * d + i] = y[i];
+            }
+        }
+        __syncthreads();
+    }
+}
+
 int ka_scratch(kvg_cuda_ctx * ctx, size_t bytes) {
     if (bytes <= ctx->scratch_bytes) {
         return KVG_OK;
@@ -139,6 +173,15 @@ static int kp_agrees(const kvg_cuda_pass_args * p, const kvg_cuda_part * part, c
     const int64_t dv  = r ? r->head_dim_v : c->head_dim_v;
     const int     same_state = r ? (r->m_dev == p->m_dev && r->l_dev == p->l_dev && r->acc_dev == p->acc_dev)
                                  : (c->m_dev == p->m_dev && c->l_dev == p->l_dev && c->acc_dev == p->acc_dev);
+    const kvg_cuda_part * p0 = &p->parts[0];  // where the pass gathers, the queries' shape
+    const int32_t n_head = r ? r->n_head : c->n_head, n_head0 = p0->run ? p0->run->n_head : p0->cells->n_head;
+    const int64_t dk = r ? r->head_dim_k : c->head_dim_k, dk0 = p0->run ? p0->run->head_dim_k : p0->cells->head_dim_k;
+    if (p->q_src && ((r ? r->q_dev : c->q_dev) != p->q_dst || n_head != n_head0 || dk != dk0)) {
+        return kvg_fail(KVG_ERR_INVALID_ARG,
+                        "kvg_cuda_attend_pass: part %lld's q_dev is not q_dst, or its heads or head dim are not the "
+                        "first part's, where the pass gathers the queries",
+                        (long long) i);
+    }
     if (n_q != p->n_q || dv != p->head_dim_v || !same_state) {
         return kvg_fail(KVG_ERR_INVALID_ARG,
                         "kvg_cuda_attend_pass: part %lld has %lld queries of %lld values or another state; the pass has "
@@ -213,9 +256,13 @@ static int kp_queue(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p, ka_plan * 
         chunk += plans[i].n_splits;
         widest = chunk > widest ? chunk : widest;
     }
-    const int64_t dk      = first ? first->head_dim_k : 0;
-    const int64_t q_float = p->n_q * dk;
-    const size_t  floats  = (size_t) ((need_rot + need_plain) * q_float + p->n_q * widest * (p->head_dim_v + 2));
+    // The queries' shape from the first part (the pass checked that the runs agree; cells take the
+    // same gathered queries in the hook).
+    const kvg_cuda_part * p0      = p->n_parts > 0 ? &p->parts[0] : NULL;
+    const int64_t         dk      = first ? first->head_dim_k : p0 ? p0->cells->head_dim_k : 0;
+    const int32_t         n_head  = first ? first->n_head : p0 ? p0->cells->n_head : 1;
+    const int64_t         q_float = p->n_q * dk;
+    const size_t floats = (size_t) ((need_rot + need_plain) * q_float + p->n_q * widest * (p->head_dim_v + 2));
     kc_device_scope scope(ctx);
     if (scope.status != KVG_OK) {
         return scope.status;
@@ -224,18 +271,23 @@ static int kp_queue(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p, ka_plan * 
     if (st != KVG_OK) {
         return st;
     }
-    float * q_rot    = (float *) ctx->scratch;
-    float * q_plain  = q_rot + (need_rot ? q_float : 0);
-    float * partials = q_plain + (need_plain ? q_float : 0);
-    if (need_rot || need_plain) {
-        // Soft-capping as attend.c does it: scores taken with scale / softcap, then softcap * tanh.
-        const float scale = first->softcap > 0.0f ? first->scale / first->softcap : first->scale;
-        if (need_rot) {
-            st = ka_rotate_launch(ctx, first->q_dev, p->n_q, (int) dk, scale, 1, first->seed, q_rot);
-        }
-        if (st == KVG_OK && need_plain) {
-            st = ka_rotate_launch(ctx, first->q_dev, p->n_q, (int) dk, scale, 0, first->seed, q_plain);
-        }
+    float *      q_rot    = (float *) ctx->scratch;
+    float *      q_plain  = q_rot + (need_rot ? q_float : 0);
+    float *      partials = q_plain + (need_plain ? q_float : 0);
+    const int    gather   = p->q_src != NULL && p0 != NULL;
+    if (need_rot || need_plain || gather) {
+        // one kernel: gathered (where the pass gathers), scaled, rotated; soft-capping as attend.c
+        // does it: scores taken with scale / softcap, then softcap * tanh
+        const float   scale = first ? (first->softcap > 0.0f ? first->scale / first->softcap : first->scale) : 1.0f;
+        const size_t  f     = sizeof(float);
+        const uint8_t * src = gather ? (const uint8_t *) p->q_src : (const uint8_t *) first->q_dev;
+        const size_t  nb0 = gather ? p->q_nb[0] : f, nb1 = gather ? p->q_nb[1] : f * (size_t) dk,
+                     nb2 = gather ? p->q_nb[2] : f * (size_t) (dk * n_head);
+        const int threads = dk >= 256 ? 128 : (int) (dk / 2 < 32 ? 32 : dk / 2);
+        KVG_LAUNCH((unsigned) (p->n_q < 65536 ? p->n_q : 65536), threads, (size_t) dk * sizeof(float), ctx->stream,
+                   kp_queries_kernel)(src, nb0, nb1, nb2, n_head, p->n_q, (int) dk, gather, scale, first ? first->seed : 0,
+                                      gather ? p->q_dst : NULL, need_plain ? q_plain : NULL, need_rot ? q_rot : NULL);
+        st = kc_launch_check("attend_pass queries launch");
         if (st != KVG_OK) {
             return st;
         }
@@ -262,6 +314,10 @@ extern "C" int kvg_cuda_attend_pass(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args
     kvg_clear_error();
     if (ctx == NULL || p == NULL || p->n_parts < 0 || (p->n_parts > 0 && p->parts == NULL)) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend_pass: NULL ctx or args, or a negative or NULL list of parts");
+    }
+    if (p->q_src && (p->q_dst == NULL || p->q_nb[0] % sizeof(float) || p->q_nb[1] % sizeof(float) ||
+                     p->q_nb[2] % sizeof(float))) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend_pass: q_src without q_dst, or strides that are not whole floats");
     }
     const kvg_cuda_attend_args * first = NULL;
     for (int32_t i = 0; i < p->n_parts; i++) {

@@ -766,10 +766,17 @@ static int store_parts(kvg_cuda_store * d, const kvg_cuda_layer_args * a, int64_
     return KVG_OK;
 }
 
-// One pass over parts [0, n) of d's into the fresh state of a's queries.
+// One pass over parts [0, n) of d's into the fresh state of a's queries, which it gathers into
+// d->q_dev (rounded to f16 as the CPU's fused path rounds them: llama.cpp's f16 attention takes
+// f16 queries).
 static int pass(kvg_cuda_store * d, const kvg_cuda_layer_args * a, const kvg_cuda_part * parts, int64_t n) {
     kvg_cuda_pass_args p;
     memset(&p, 0, sizeof(p));
+    if (n > 0) {
+        p.q_src = a->q_dev;
+        memcpy(p.q_nb, a->q_nb, sizeof(p.q_nb));
+        p.q_dst = d->q_dev;
+    }
     p.parts      = parts;
     p.n_parts    = (int32_t) n;
     p.n_q        = (int64_t) a->n_tokens * a->n_head;
@@ -809,10 +816,6 @@ int32_t kvg_cuda_store_hook_attend(void * user, const kvg_cuda_layer_args * a, i
             d->q_floats = nq;
             d->generation++;  // a captured graph holds the old address
         }
-    }
-    if (rc == KVG_OK) {
-        // rounded to f16 as the CPU's fused path rounds them (llama.cpp's f16 attention takes f16 queries)
-        rc = kvg_cuda_gather_q(d->ctx, a->q_dev, a->q_nb, a->head_dim_k, a->n_head, a->n_tokens, 1, d->q_dev);
     }
     int64_t n    = 0;
     int     cold = KVG_OK;

@@ -1263,7 +1263,51 @@ static void run_pass() {
             break;
         }
     }
-    printf("attend_pass: 3 cases; 4,501 parts over 4,500 rows within %.3g of max|v| of float64 (bound 5e-5)\n", worst);
+
+    // the pass gathering the queries from llama.cpp's strides (padded heads and tokens) must give
+    // what kvg_cuda_gather_q then a pass over the gathered queries gives, bit for bit
+    const size_t       nb[3] = { 4, (size_t) (a.dk + 3) * 4, (size_t) ((a.dk + 3) * a.n_head + 5) * 4 };
+    std::vector<float> src_h(nb[2] / 4 * (size_t) a.n_tokens);
+    for (auto & x : src_h) {
+        x = 2.0f * rng.gauss();
+    }
+    DevBuf src(src_h.size() * 4), qa(q.size() * 4), qb(q.size() * 4);
+    src.put(src_h.data(), src_h.size() * 4);
+    const int64_t cuts[] = { 0, 1000, 2500, R };
+    std::vector<float> state[2];
+    std::vector<float> gathered[2];
+    for (int way = 0; way < 2; way++) {
+        DevBuf & qd = way ? qb : qa;
+        for (int i = 0; i < 3; i++) {
+            runs[(size_t) i]        = runs[(size_t) R];  // the empty run's fields, then its rows
+            runs[(size_t) i].k_row0 = runs[(size_t) i].v_row0 = cuts[i];
+            runs[(size_t) i].n_rows = cuts[i + 1] - cuts[i];
+            runs[(size_t) i].q_dev  = (const float *) qd.p;
+            parts[(size_t) i]       = { &runs[(size_t) i], NULL };
+        }
+        p.n_parts = 3;
+        p.q_src   = way ? src.p : NULL;
+        memcpy(p.q_nb, nb, sizeof(nb));
+        p.q_dst = way ? (float *) qb.p : NULL;
+        st      = way ? KVG_OK : kvg_cuda_gather_q(g_ctx, src.p, nb, a.dk, a.n_head, a.n_tokens, 1, (float *) qa.p);
+        st      = st ? st : kvg_cuda_attend_pass(g_attend_ctx, &p);
+        st      = st ? st : kvg_cuda_sync(g_ctx);
+        expect_status(way ? "pass gathering its queries" : "gather_q, then a pass", "kvg_cuda_attend_pass", KVG_OK, st);
+        state[way].resize((size_t) (n_q * (a.dv + 2)));
+        gathered[way].resize(q.size());
+        dm.get(state[way].data(), (size_t) n_q * 4);
+        dl.get(state[way].data() + n_q, (size_t) n_q * 4);
+        dacc.get(state[way].data() + 2 * n_q, (size_t) (n_q * a.dv) * 4);
+        qd.get(gathered[way].data(), q.size() * 4);
+    }
+    g_checks++;
+    if (memcmp(state[0].data(), state[1].data(), state[0].size() * 4) != 0 ||
+        memcmp(gathered[0].data(), gathered[1].data(), gathered[0].size() * 4) != 0) {
+        mismatch("a pass gathering its queries differs from kvg_cuda_gather_q then a pass");
+    }
+    printf("attend_pass: 4 cases; 4,501 parts over 4,500 rows within %.3g of max|v| of float64 (bound 5e-5); gathering "
+           "in the pass bit for bit\n",
+           worst);
 }
 
 // ---- llama.cpp's cells, and the output (GPU) ----------------------------------------------
@@ -2125,8 +2169,9 @@ struct TimedPair {
 
 // One decoded token's layer on the 3B shape (8 KV heads, 24 query heads, head dim 128) at 8K, as
 // the store's hook has it: the sinks' 4 f16 rows, 5,888 rotq2 rows (the archive), 2,048 rotq4 rows
-// (the warm ones), 256 f16 cells (llama.cpp's hot window). One pass (the hook's way) against the
-// calls one after the other (begin, attend per run, cells per part): its 6 kernels against 11.
+// (the warm ones), 256 f16 cells (llama.cpp's hot window). One pass gathering the queries (the
+// hook's way) against the calls one after the other (gather, begin, attend per run, cells per
+// part): its 6 kernels against 12.
 static void run_timing_layer() {
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
@@ -2151,7 +2196,9 @@ static void run_timing_layer() {
     for (auto & v : qh) {
         v = rng.gauss();
     }
-    q.put(qh.data(), qh.size() * 4);
+    DevBuf qsrc(qh.size() * 4);  // as llama.cpp holds them; both ways gather them into q
+    qsrc.put(qh.data(), qh.size() * 4);
+    const size_t               q_nb[3] = { 4, (size_t) D * 4, (size_t) (Hq * D) * 4 };
     const kvg_cuda_attend_args ra = archive.args(Hk, D, 1, Hq, q, m, l, acc), rw = warm.args(Hk, D, 1, Hq, q, m, l, acc);
     kvg_cuda_cells_args        cs, ch;  // f16 rows [token][head][i] read as cells
     for (int which = 0; which < 2; which++) {
@@ -2188,9 +2235,13 @@ static void run_timing_layer() {
     p.l_dev      = (float *) l.p;
     p.acc_dev    = (float *) acc.p;
     p.fresh      = 1;
+    p.q_src      = qsrc.p;
+    memcpy(p.q_nb, q_nb, sizeof(q_nb));
+    p.q_dst       = (float *) q.p;
     auto one_pass = [&] { return kvg_cuda_attend_pass(g_ctx, &p); };
     auto calls    = [&] {
-        int st = kvg_cuda_attend_begin(g_ctx, Hq, D, (float *) m.p, (float *) l.p, (float *) acc.p);
+        int st = kvg_cuda_gather_q(g_ctx, qsrc.p, q_nb, D, Hq, 1, 1, (float *) q.p);
+        st     = st ? st : kvg_cuda_attend_begin(g_ctx, Hq, D, (float *) m.p, (float *) l.p, (float *) acc.p);
         st     = st ? st : kvg_cuda_attend_cells(g_ctx, &cs);
         st     = st ? st : kvg_cuda_attend(g_ctx, &ra);
         st     = st ? st : kvg_cuda_attend(g_ctx, &rw);
@@ -2212,7 +2263,7 @@ static void run_timing_layer() {
         cudaEventElapsedTime(&b2b, e0, e1);
         printf("  one decoded layer, 3B shape, 4 sinks + 5888 rotq2 + 2048 rotq4 rows + 256 f16 cells, %s: %8.1f us a lone "
                "layer, %6.1f us a layer back to back\n",
-               way ? "calls one after another (11 kernels)" : "one pass (6 kernels)", med * 1e3, b2b / 20 * 1e3);
+               way ? "calls one after another (12 kernels)" : "one pass (6 kernels)", med * 1e3, b2b / 20 * 1e3);
     }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);

@@ -149,12 +149,6 @@ size_t kvg_cuda_ctx_scratch_bytes(const struct kvg_cuda_ctx * ctx) { (void) ctx;
 uint64_t kvg_cuda_ctx_scratch_grown(const struct kvg_cuda_ctx * ctx) { (void) ctx; return 0; }
 int    kvg_cuda_ctx_capturing(const struct kvg_cuda_ctx * ctx) { (void) ctx; return 0; }
 
-int kvg_cuda_gather_q(kvg_cuda_ctx * ctx, const void * src, const size_t * nb, int64_t d, int32_t h, int32_t t, int32_t r,
-                      float * dst) {
-    (void) ctx, (void) src, (void) nb, (void) d, (void) h, (void) t, (void) r, (void) dst;
-    return KVG_OK;
-}
-
 int kvg_cuda_attend_finish(kvg_cuda_ctx * ctx, const kvg_cuda_finish_args * a) {
     (void) ctx, (void) a;
     return KVG_OK;
@@ -293,6 +287,9 @@ int kvg_cuda_attend_pass(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p) {
         if ((r ? r->m_dev : c->m_dev) != p->m_dev || (r ? r->acc_dev : c->acc_dev) != p->acc_dev) {
             bad("a part's state is not the pass's");
         }
+        if (!p->q_src || (r ? r->q_dev : c->q_dev) != p->q_dst) {
+            bad("the hook's pass does not gather the queries into every part's");
+        }
     }
     if (!p->fresh) {
         bad("the hook's pass does not start its state fresh");
@@ -324,6 +321,7 @@ static void check_all(kvg_cuda_store * d, int n_layer, const char * when) {
         a.head_dim_v = DV;
         a.n_kv       = 1;
         a.mask_dev   = &a;  // marks llama.cpp's cells
+        a.q_dev      = &a;  // never read here: the pass gathers it on the device
         g_il         = il;
         g_row        = 0;
         const long before = g_bad;
