@@ -393,14 +393,5 @@ extern "C" int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * 
         return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend: NULL ctx or args");
     }
     const kvg_cuda_part part = { a, NULL };
-    kvg_cuda_pass_args  p;
-    memset(&p, 0, sizeof(p));
-    p.parts      = &part;
-    p.n_parts    = 1;
-    p.n_q        = (int64_t) a->n_tokens * a->n_head;
-    p.head_dim_v = a->head_dim_v;
-    p.m_dev      = a->m_dev;
-    p.l_dev      = a->l_dev;
-    p.acc_dev    = a->acc_dev;
-    return kvg_cuda_attend_pass(ctx, &p);
+    return ka_pass_of_one(ctx, &part, (int64_t) a->n_tokens * a->n_head, a->head_dim_v, a->m_dev, a->l_dev, a->acc_dev);
 }

@@ -80,6 +80,10 @@ struct ka_plan {
     kcl_args                    cargs;      // cells' (the scalar kernel)
     const kvg_cuda_cells_args * cell;       // cells' (the tensor-core kernel)
 };
+// A pass of one part folded into the state (m, l, acc) of n_q queries of dv values as it is: what
+// kvg_cuda_attend and kvg_cuda_attend_cells are (kvg_cuda_attend_pass.cu).
+int ka_pass_of_one(kvg_cuda_ctx * ctx, const kvg_cuda_part * part, int64_t n_q, int64_t dv, float * m, float * l,
+                   float * acc);
 // Plans a run (kvg_cuda_attend's checks) with at most about budget_floats of partial sums.
 int ka_plan_run(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * a, int64_t budget_floats, ka_plan * out);
 // Plans cells (kvg_cuda_attend_cells' checks) the same way.

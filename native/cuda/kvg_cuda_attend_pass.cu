@@ -310,6 +310,20 @@ static int kp_queue(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p, ka_plan * 
     return KVG_OK;
 }
 
+int ka_pass_of_one(kvg_cuda_ctx * ctx, const kvg_cuda_part * part, int64_t n_q, int64_t dv, float * m, float * l,
+                   float * acc) {
+    kvg_cuda_pass_args p;
+    memset(&p, 0, sizeof(p));
+    p.parts      = part;
+    p.n_parts    = 1;
+    p.n_q        = n_q;
+    p.head_dim_v = dv;
+    p.m_dev      = m;
+    p.l_dev      = l;
+    p.acc_dev    = acc;
+    return kvg_cuda_attend_pass(ctx, &p);
+}
+
 extern "C" int kvg_cuda_attend_pass(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p) {
     kvg_clear_error();
     if (ctx == NULL || p == NULL || p->n_parts < 0 || (p->n_parts > 0 && p->parts == NULL)) {

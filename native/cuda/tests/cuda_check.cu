@@ -838,14 +838,13 @@ static void attn_compare(const char * who, const std::string & where, const std:
     }
 }
 
-static void run_attend_case(const AttnCase & a, Rng & rng, double * worst_gpu, double * worst_cpu_gpu) {
-    char buf[256];
-    snprintf(buf, sizeof(buf), "attend K %s / V %s dk=%lld dv=%lld heads=%d/%d T=%d rows=%lld softcap=%g group=%d",
-             kvg_codec_name(a.k_codec), kvg_codec_name(a.v_codec), (long long) a.dk, (long long) a.dv, a.n_head_kv, a.n_head,
-             a.n_tokens, (long long) a.n_rows, (double) a.softcap, a.group);
-    const std::string where = buf;
-    const int64_t     R = a.n_rows, Hk = a.n_head_kv;
-    // a store holding the rows, as the CPU path sees them
+// A one-layer store (the CPU path's view) holding a.n_rows random rows of a's codecs in one warm
+// block each side: kx, vx the rows, kb, vb the blocks' bytes, kd, vd the rows decoded, vmax the
+// largest |v| decoded. The caller frees the store.
+static kvg_store * coded_store(const AttnCase & a, Rng & rng, std::vector<float> & kx, std::vector<float> & vx,
+                               std::vector<uint8_t> & kb, std::vector<uint8_t> & vb, std::vector<float> & kd,
+                               std::vector<float> & vd, double * vmax) {
+    const int64_t    R = a.n_rows, Hk = a.n_head_kv;
     kvg_store_params sp;
     kvg_store_default_params(&sp);
     sp.n_layer    = 1;
@@ -859,12 +858,12 @@ static void run_attend_case(const AttnCase & a, Rng & rng, double * worst_gpu, d
     if (kvg_store_init(&sp, &store) != KVG_OK) {
         die("kvg_store_init: %s", kvg_last_error());
     }
-    std::vector<float> kx = kv_rows(rng, R, Hk * a.dk, a.dk), vx = kv_rows(rng, R, Hk * a.dv, a.dv);
+    kx = kv_rows(rng, R, Hk * a.dk, a.dk);
+    vx = kv_rows(rng, R, Hk * a.dv, a.dv);
     if (kvg_store_append(store, 0, KVG_KIND_K, KVG_TIER_WARM, a.k_codec, kx.data(), kx.size(), R) != KVG_OK ||
         kvg_store_append(store, 0, KVG_KIND_V, KVG_TIER_WARM, a.v_codec, vx.data(), vx.size(), R) != KVG_OK) {
         die("kvg_store_append: %s", kvg_last_error());
     }
-    std::vector<uint8_t> kb, vb;
     for (int kind = 0; kind < 2; kind++) {
         kvg_block_info info;
         kvg_store_block(store, 0, kind, 0, &info, NULL, 0);
@@ -872,12 +871,33 @@ static void run_attend_case(const AttnCase & a, Rng & rng, double * worst_gpu, d
         b.resize(info.n_bytes);
         kvg_store_block(store, 0, kind, 0, &info, b.data(), b.size());
     }
-    std::vector<float> kd((size_t) (R * Hk * a.dk)), vd((size_t) (R * Hk * a.dv));
+    kd.assign((size_t) (R * Hk * a.dk), 0.0f);
+    vd.assign((size_t) (R * Hk * a.dv), 0.0f);
     kvg_store_decode(store, 0, KVG_KIND_K, 0, R, kd.data(), kd.size());
     kvg_store_decode(store, 0, KVG_KIND_V, 0, R, vd.data(), vd.size());
-    double vmax = 0.0;
+    *vmax = 0.0;
     for (float x : vd) {
-        vmax = fabs(x) > vmax ? fabs(x) : vmax;
+        *vmax = fabs(x) > *vmax ? fabs(x) : *vmax;
+    }
+    return store;
+}
+
+static void run_attend_case(const AttnCase & a, Rng & rng, double * worst_gpu, double * worst_cpu_gpu) {
+    char buf[256];
+    snprintf(buf, sizeof(buf), "attend K %s / V %s dk=%lld dv=%lld heads=%d/%d T=%d rows=%lld softcap=%g group=%d",
+             kvg_codec_name(a.k_codec), kvg_codec_name(a.v_codec), (long long) a.dk, (long long) a.dv, a.n_head_kv, a.n_head,
+             a.n_tokens, (long long) a.n_rows, (double) a.softcap, a.group);
+    const std::string where = buf;
+    const int64_t     R = a.n_rows, Hk = a.n_head_kv;
+    // a store holding the rows, as the CPU path sees them
+    std::vector<float>   kx, vx, kd, vd;
+    std::vector<uint8_t> kb, vb;
+    double               vmax  = 0.0;
+    kvg_store *          store = coded_store(a, rng, kx, vx, kb, vb, kd, vd, &vmax);
+    kvg_codec_params     vcp;  // the store's, for V's block of its own below
+    kvg_codec_default_params(&vcp);
+    if (a.group > 0) {
+        vcp.group_size = a.group;
     }
 
     const int64_t      n_q = (int64_t) a.n_tokens * a.n_head;
@@ -942,7 +962,7 @@ static void run_attend_case(const AttnCase & a, Rng & rng, double * worst_gpu, d
             // V from its own block of rows [r0, r1), encoded by the GPU itself
             std::vector<float> vpart(vx.begin() + (long) (r0 * Hk * a.dv), vx.begin() + (long) (r1 * Hk * a.dv));
             size_t             vsz = 0;
-            kvg_codec_params   vp  = sp.codec;
+            kvg_codec_params   vp  = vcp;
             kvg_encoded_size(a.v_codec, KVG_KIND_V, r1 - r0, Hk, a.dv, &vp, &vsz);
             DevBuf vsrc(vpart.size() * 4), vblk(vsz);
             vsrc.put(vpart.data(), vpart.size() * 4);
@@ -1119,38 +1139,11 @@ static void run_pass() {
     a.dk = a.dv = 64;
     a.n_rows    = 4500;
     a.softcap   = 0.0f;
-    const int64_t    R = a.n_rows, Hk = a.n_head_kv, n_q = (int64_t) a.n_tokens * a.n_head;
-    kvg_store_params sp;
-    kvg_store_default_params(&sp);
-    sp.n_layer    = 1;
-    sp.n_head_kv  = (int32_t) Hk;
-    sp.head_dim_k = (int32_t) a.dk;
-    sp.head_dim_v = (int32_t) a.dv;
-    kvg_store * store = NULL;
-    if (kvg_store_init(&sp, &store) != KVG_OK) {
-        die("kvg_store_init: %s", kvg_last_error());
-    }
-    std::vector<float> kx = kv_rows(rng, R, Hk * a.dk, a.dk), vx = kv_rows(rng, R, Hk * a.dv, a.dv);
-    if (kvg_store_append(store, 0, KVG_KIND_K, KVG_TIER_WARM, a.k_codec, kx.data(), kx.size(), R) != KVG_OK ||
-        kvg_store_append(store, 0, KVG_KIND_V, KVG_TIER_WARM, a.v_codec, vx.data(), vx.size(), R) != KVG_OK) {
-        die("kvg_store_append: %s", kvg_last_error());
-    }
+    const int64_t        R = a.n_rows, n_q = (int64_t) a.n_tokens * a.n_head;
+    std::vector<float>   kx, vx, kd, vd;
     std::vector<uint8_t> kb, vb;
-    for (int kind = 0; kind < 2; kind++) {
-        kvg_block_info info;
-        kvg_store_block(store, 0, kind, 0, &info, NULL, 0);
-        std::vector<uint8_t> & b = kind ? vb : kb;
-        b.resize(info.n_bytes);
-        kvg_store_block(store, 0, kind, 0, &info, b.data(), b.size());
-    }
-    std::vector<float> kd((size_t) (R * Hk * a.dk)), vd((size_t) (R * Hk * a.dv));
-    kvg_store_decode(store, 0, KVG_KIND_K, 0, R, kd.data(), kd.size());
-    kvg_store_decode(store, 0, KVG_KIND_V, 0, R, vd.data(), vd.size());
-    kvg_store_free(store);
-    double vmax = 0.0;
-    for (float x : vd) {
-        vmax = fabs(x) > vmax ? fabs(x) : vmax;
-    }
+    double               vmax = 0.0;
+    kvg_store_free(coded_store(a, rng, kx, vx, kb, vb, kd, vd, &vmax));
     std::vector<float> q((size_t) (n_q * a.dk));
     for (auto & x : q) {
         x = 2.0f * rng.gauss();
