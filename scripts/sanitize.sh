@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # libkvgguf built with AddressSanitizer and UndefinedBehaviorSanitizer, and the tests that drive
 # it run against that build: codecs (delta, outliers, low-rank, QJL, PQ/VQ and wfq too), store and attention kernels directly, then the fused
-# attention op and its mass counters inside llama.cpp's decode (SmolLM2 and Gemma-3).
+# attention op and its mass counters inside llama.cpp's decode (SmolLM2 and Gemma-3). Then a
+# ThreadSanitizer build under the store's tests of its retier on threads.
 #
 #   bash scripts/sanitize.sh            # after the README's test install (.venv, cmake from [test])
 #
@@ -27,4 +28,18 @@ KVGGUF_LIB="$lib" LD_PRELOAD="$asan $ubsan" \
     .venv/bin/pytest -q -p no:cacheprovider tests/test_codecs.py tests/test_store.py tests/test_attend.py \
     tests/test_codec_delta.py tests/test_codec_outliers.py tests/test_codec_lowrank.py tests/test_codec_qjl.py tests/test_codec_pq.py tests/test_codec_wfq.py \
     tests/test_attention_mass.py "$@"
+
+# ThreadSanitizer: the store's retier on threads (kvg_store_set_threads), where libkvgguf starts
+# threads of its own. (--capture=sys: a report goes to fd 2, which pytest would otherwise hold
+# until the test ends, and the report ends the process first.)
+tbuild=build/sanitize-thread
+"$cmake" -S . -B "$tbuild" -DKVGGUF_BUILD_LLAMA=OFF -DKVGGUF_SANITIZE=thread \
+      -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$tbuild.log" 2>&1 || { cat "$tbuild.log"; exit 1; }
+"$cmake" --build "$tbuild" --target kvgguf -j 2 >> "$tbuild.log" 2>&1 || { cat "$tbuild.log"; exit 1; }
+tlib=$(find "$tbuild" -maxdepth 1 -name 'libkvgguf.so' | head -n 1)
+tsan=$(${CC:-cc} -print-file-name=libtsan.so)
+nm -D "$tlib" | grep __tsan_func_entry > /dev/null || { echo "sanitize: $tlib is not instrumented"; exit 1; }
+echo "sanitize: $tlib (preloading $tsan)"
+KVGGUF_LIB="$tlib" LD_PRELOAD="$tsan" TSAN_OPTIONS=halt_on_error=1:report_signal_unsafe=0 \
+    .venv/bin/pytest -q -p no:cacheprovider --capture=sys tests/test_store.py tests/test_transactions.py -k threads
 echo "sanitize: clean in $(( $(date +%s) - start )) s"
