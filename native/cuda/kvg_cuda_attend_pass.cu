@@ -198,20 +198,31 @@ static int kp_agrees(const kvg_cuda_pass_args * p, const kvg_cuda_part * part, c
     return KVG_OK;
 }
 
+// The end of the chunk of parts that starts at i0 (i0 < n_parts): i0 and the parts after it while
+// their slots, *slots in all, fit in one combine's KP_MAX_SLOTS (a part has at most 1,024).
+static int32_t kp_chunk_end(const ka_plan * plans, int32_t i0, int32_t n_parts, int64_t * slots) {
+    int32_t i = i0 + 1;
+    *slots    = plans[i0].n_splits;
+    while (i < n_parts && *slots + plans[i].n_splits <= KP_MAX_SLOTS) {
+        *slots += plans[i++].n_splits;
+    }
+    return i;
+}
+
 // Queues parts [i0, i1) (their slots assigned, rotated values first) and the combine of their
 // n_slots slots into the state. fresh: the state is written, not read.
 static int kp_queue_chunk(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p, ka_plan * plans, int64_t i0, int64_t i1,
                           const float * q_rot, const float * q_plain, float * partials, uint64_t seed, int fresh) {
     int n_slots = 0, n_rot = 0;
-    for (int pass = 0; pass < 2; pass++) {  // the rotated value sums first
+    for (int rotated = 1; rotated >= 0; rotated--) {  // the rotated value sums first
         for (int64_t i = i0; i < i1; i++) {
-            ka_plan * pl = &plans[i];
-            if (pl->n_splits > 0 && (pl->v_rotated && !pl->cells) == (pass == 0)) {
-                pl->slot0 = n_slots;
-                n_slots += (int) pl->n_splits;
+            ka_plan * plan = &plans[i];
+            if (plan->n_splits > 0 && (plan->v_rotated && !plan->cells) == rotated) {
+                plan->slot0 = n_slots;
+                n_slots += (int) plan->n_splits;
             }
         }
-        n_rot = pass == 0 ? n_slots : n_rot;
+        n_rot = rotated ? n_slots : n_rot;
     }
     if (n_slots == 0 && !fresh) {
         return KVG_OK;
@@ -248,13 +259,10 @@ static int kp_queue(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p, ka_plan * 
             need_plain |= !plans[i].q_rotated;
         }
     }
-    int64_t chunk = 0, widest = 0;
-    for (int32_t i = 0; i < p->n_parts; i++) {
-        if (chunk > 0 && chunk + plans[i].n_splits > KP_MAX_SLOTS) {
-            chunk = 0;
-        }
-        chunk += plans[i].n_splits;
-        widest = chunk > widest ? chunk : widest;
+    int64_t widest = 0, slots = 0;  // the scratch holds the widest chunk's partial sums
+    for (int32_t i0 = 0; i0 < p->n_parts;) {
+        i0     = kp_chunk_end(plans, i0, p->n_parts, &slots);
+        widest = slots > widest ? slots : widest;
     }
     // The queries' shape from the first part (the pass checked that the runs agree; cells take the
     // same gathered queries in the hook).
@@ -292,22 +300,16 @@ static int kp_queue(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p, ka_plan * 
             return st;
         }
     }
-    const uint64_t seed = first ? first->seed : 0;
-    int64_t        i0 = 0, slots = 0;
+    const uint64_t seed  = first ? first->seed : 0;
+    int32_t        i0    = 0;
     int            fresh = p->fresh != 0;
-    for (int32_t i = 0; i <= p->n_parts; i++) {
-        if (i == p->n_parts || (slots > 0 && slots + plans[i].n_splits > KP_MAX_SLOTS)) {
-            st = kp_queue_chunk(ctx, p, plans, i0, i, q_rot, q_plain, partials, seed, fresh);
-            if (st != KVG_OK || i == p->n_parts) {
-                return st;
-            }
-            fresh = 0;  // the state holds the chunks before
-            i0    = i;
-            slots = 0;
-        }
-        slots += plans[i].n_splits;
-    }
-    return KVG_OK;
+    do {  // at least one chunk: a fresh pass of no part still empties the state
+        const int32_t end = i0 < p->n_parts ? kp_chunk_end(plans, i0, p->n_parts, &slots) : i0;
+        st                = kp_queue_chunk(ctx, p, plans, i0, end, q_rot, q_plain, partials, seed, fresh);
+        fresh             = 0;  // the state holds the chunks before
+        i0                = end;
+    } while (st == KVG_OK && i0 < p->n_parts);
+    return st;
 }
 
 int ka_pass_of_one(kvg_cuda_ctx * ctx, const kvg_cuda_part * part, int64_t n_q, int64_t dv, float * m, float * l,
