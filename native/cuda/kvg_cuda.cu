@@ -163,6 +163,7 @@ extern "C" int kvg_cuda_ctx_init(int device, void * stream, kvg_cuda_ctx ** out)
     const char * which  = getenv("KVGGUF_CUDA_ATTEND");
     ctx->attend_generic = which != NULL && strcmp(which, "generic") == 0;
     ctx->attend_no_tc   = ctx->attend_generic || (which != NULL && strcmp(which, "rows") == 0);
+    ctx->attend_parts   = ctx->attend_generic || (which != NULL && strcmp(which, "parts") == 0);
     {
         kc_device_scope scope(ctx);
         st = scope.status;

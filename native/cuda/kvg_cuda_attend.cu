@@ -6,7 +6,8 @@
 // (kvg_cuda_attend_pass.cu), which kvg_cuda_attend is with one part. Its kernels on the context's
 // stream:
 // 1. the pass's queries: qr_j = W(s * (scale * q_j)) per query where K is rotq, scale * q_j
-//    otherwise, once per pass (shared-memory butterflies).
+//    otherwise, once per pass (shared-memory butterflies); the pass's fused kernel instead has
+//    each block compute its tile's (kvg_cuda_attend_fused.cuh).
 // 2. split: grid (row splits x KV heads x query tiles). Each warp walks its rows 32 at a time:
 //    per row, the lanes unpack the key's codes (lane-strided coordinates), dot them with the
 //    tile's queries (rotq: codebook values times qr, scaled by the stored norm / head_dim; kivi:

@@ -64,6 +64,57 @@ struct kcl_args {
     float *         pacc;  // [n_q][n_slots][dv]
 };
 
+// The pass's fused split kernel (kvg_cuda_attend_fused.cuh): one launch for up to KA_FUSE_PARTS
+// parts of a pass, each a run the row-parallel kernel takes or cells the scalar cells kernel
+// takes, at one head dim D (64, 128 or 256, K's and V's) and one query tile; the blocks of part i
+// are [block0, block0 + n_splits * n_head_kv * n_tiles) of a 1-D grid. Each block reads its tile's
+// queries from their source itself (scaled, and for a run signed and rotated), so a pass whose
+// parts all fuse queues no queries kernel either. The same bodies as the per-part kernels, so the
+// same floats.
+#define KA_FUSE_PARTS 6
+
+enum { KA_FUSED_ROWS = 0, KA_FUSED_CELLS = 1 };
+
+// Where a part's queries are read: element i of head h of token t at src + i * nb0 + h * nb1 +
+// t * nb2 (f32), rounded to f16 where round_f16 (a pass that gathers them).
+struct ka_qsrc {
+    const uint8_t * src;
+    size_t          nb0, nb1, nb2;
+    int             round_f16;
+};
+
+struct ka_fused_part {
+    int     kind;            // KA_FUSED_*
+    int     k_bits, v_bits;  // a run's: rotq 2-4
+    int     k_al4, v_al4;    // a run's codes 4-byte aligned
+    int     n_splits, n_tiles;
+    int64_t block0;
+    ka_qsrc q;
+    union {
+        ka_args  run;    // its slots set (n_slots, slot0, pm, pl, pacc)
+        kcl_args cells;  // the same
+    };
+};
+
+struct ka_fused_args {
+    int           n_parts;
+    int           n_head, n_head_kv, gqa, n_p;
+    float         rot_scale;  // runs: scale (over softcap where capped), then the signs of seed and W
+    uint64_t      seed;
+    float *       q_dst;  // not NULL: part 0's first splits write the gathered queries there ([n_q][D])
+    ka_fused_part part[KA_FUSE_PARTS];
+};
+// By value within the 4 KB of kernel parameters every CUDA version takes.
+static_assert(sizeof(ka_fused_args) <= 4000, "ka_fused_args outgrows a kernel's parameters");
+
+typedef void (*ka_fused_kernel_t)(const ka_fused_args);
+// The fused kernel of head dim d (64, 128, 256) and query tile qt (1, 4, 8), a 1-D grid of
+// KA_WARPS warps a block (kvg_cuda_attend_rows_d*.cu).
+ka_fused_kernel_t ka_fused_kernel(int d, int qt);
+ka_fused_kernel_t ka_fused_kernel_d64(int qt);
+ka_fused_kernel_t ka_fused_kernel_d128(int qt);
+ka_fused_kernel_t ka_fused_kernel_d256(int qt);
+
 // One part of a pass (kvg_cuda_attend_pass.cu) once planned: its arguments checked, its kernel
 // and its splits chosen. A run of coded rows is planned and queued in kvg_cuda_attend.cu, cells in
 // kvg_cuda_attend_cells.cu; the pass then gives each its queries and its slots of partial sums.
@@ -76,6 +127,7 @@ struct ka_plan {
     int                         tc, qt;     // the tensor-core kernel; else query tiles of qt
     int64_t                     n_tiles;
     ka_rows_kernel_t            kernel;     // a run: the row-parallel kernel; NULL: the generic one
+    int                         fused;      // queued in the pass's fused kernel
     ka_args                     args;       // a run's
     kcl_args                    cargs;      // cells' (the scalar kernel)
     const kvg_cuda_cells_args * cell;       // cells' (the tensor-core kernel)

@@ -5,18 +5,13 @@
 // the layer's output with the attention sinks (kvg_cuda_attend_finish, what the patched llama.cpp's
 // merge computes on the CPU).
 //
-// kvg_cuda_attend_cells has two kernels on the context's stream:
-// 1. split: grid (cell splits x KV heads x query tiles). Each warp walks its cells 32 at a time:
-//    per cell the lanes read the key's elements where llama.cpp keeps them (strides in bytes, so a
-//    transposed V is only other strides; q8_0 blocks read as scale times code, exactly as the CPU
-//    does), dot them with the tile's scaled queries and reduce over the warp; the mask is added, the
-//    32 scores fold into the warp's (m, l) once, and the weighted values are summed in shared
-//    memory. Warps then merge into the split's (m, l, acc). Masked cells (-inf) weigh nothing, and a
-//    query that sees no cell of a split leaves that split at m = -inf.
-// 2. combine: per query, the splits and the incoming state merge in log-sum-exp form; a query that
-//    saw no cell keeps its state (kvg_cuda_attend's combine kernel, without the inverse rotation).
+// kvg_cuda_attend_cells is a pass of one part (kvg_cuda_attend_pass.cu): the split kernel here
+// (its body in kvg_cuda_attend_cells.cuh: grid cell splits x KV heads x query tiles), or the
+// tensor cores' for many queries, or the pass's fused kernel; then the pass's combine, where the
+// splits and the incoming state merge in log-sum-exp form and a query that saw no cell keeps its
+// state.
 // No cell is converted to f16 or f32 in global memory.
-#include "kvg_cuda_attend.cuh"
+#include "kvg_cuda_attend_cells.cuh"
 
 #include <math.h>
 #include <string.h>
@@ -24,124 +19,6 @@
 #define KCL_MAX_DIM     512
 #define KCL_MAX_SPLITS  1024
 #define KCL_STEP_CELLS  (KA_WARPS * 32)  // cells a block's warps take in one step
-
-// Shared: sq [QT][dk], accs [KA_WARPS][QT][dv], wm and wl [KA_WARPS][QT].
-template <int QT>
-static __global__ void __launch_bounds__(KA_WARPS * 32) kcl_split_kernel(const kcl_args a) {
-    KVG_DYNAMIC_SMEM(float, kcl_sh);
-    const int dk = a.dk, dv = a.dv;
-    float *   sq   = kcl_sh;
-    float *   accs = sq + QT * dk;
-    float *   wm   = accs + KA_WARPS * QT * dv;
-    float *   wl   = wm + KA_WARPS * QT;
-
-    const int split = blockIdx.x, hk = blockIdx.y, p0 = blockIdx.z * QT;
-    const int nq    = a.n_p - p0 < QT ? a.n_p - p0 : QT;
-    const int warp  = threadIdx.x / 32, lane = threadIdx.x % 32;
-
-    for (int x = threadIdx.x; x < QT * dk; x += blockDim.x) {
-        const int qq = x / dk;
-        sq[x]        = qq < nq ? a.scale * a.q[ka_query(p0 + qq, hk, a.gqa, a.n_head) * dk + x % dk] : 0.0f;
-    }
-    float * my_acc = accs + warp * QT * dv;
-    for (int x = lane; x < QT * dv; x += 32) {
-        my_acc[x] = 0.0f;
-    }
-    float   m_run[QT], l_run[QT];
-    int64_t tok[QT];  // each query's token: its row of the mask
-#pragma unroll
-    for (int qq = 0; qq < QT; qq++) {
-        m_run[qq] = -INFINITY;
-        l_run[qq] = 0.0f;
-        tok[qq]   = (p0 + qq < a.n_p ? p0 + qq : p0) / a.gqa;
-    }
-    __syncthreads();
-
-    const int64_t r_begin = (int64_t) split * a.split_cells;
-    const int64_t r_end   = r_begin + a.split_cells < a.n_cells ? r_begin + a.split_cells : a.n_cells;
-    for (int64_t base = r_begin + warp * 32; base < r_end; base += KA_WARPS * 32) {
-        const int nc = r_end - base < 32 ? (int) (r_end - base) : 32;
-        float     s_mine[QT];  // lane r: the scores of cell base + r
-#pragma unroll
-        for (int qq = 0; qq < QT; qq++) {
-            s_mine[qq] = -INFINITY;
-        }
-        for (int r = 0; r < nc; r++) {
-            const int64_t c = a.c0 + base + r;
-            float         part[QT];
-#pragma unroll
-            for (int qq = 0; qq < QT; qq++) {
-                part[qq] = 0.0f;
-            }
-            for (int i = lane; i < dk; i += 32) {
-                const float kx = ka_cell(a.k, a.k_q8, a.k_nb0, a.k_nb1, a.k_nb2, hk, c, i);
-#pragma unroll
-                for (int qq = 0; qq < QT; qq++) {
-                    part[qq] += sq[qq * dk + i] * kx;
-                }
-            }
-#pragma unroll
-            for (int qq = 0; qq < QT; qq++) {
-                float sc = ka_warp_sum(part[qq]);
-                if (lane == r) {
-                    sc          = a.softcap > 0.0f ? a.softcap * tanhf(sc) : sc;
-                    s_mine[qq] = qq < nq ? sc + ka_mask(a.mask, a.mask_f16, a.mask_nb1, tok[qq], c) : -INFINITY;
-                }
-            }
-        }
-        float w_mine[QT];
-        int   any = 0;
-#pragma unroll
-        for (int qq = 0; qq < QT; qq++) {
-            const float cmax = ka_warp_max(s_mine[qq]);
-            if (cmax > m_run[qq]) {  // warp-uniform; never while every score is -inf
-                const float corr = expf(m_run[qq] - cmax);  // 0 while m is -inf
-                l_run[qq] *= corr;
-                for (int i = lane; i < dv; i += 32) {
-                    my_acc[qq * dv + i] *= corr;
-                }
-                m_run[qq] = cmax;
-            }
-            w_mine[qq] = s_mine[qq] == -INFINITY ? 0.0f : expf(s_mine[qq] - m_run[qq]);
-            l_run[qq] += ka_warp_sum(w_mine[qq]);
-            any |= cmax != -INFINITY;
-        }
-        if (!any) {
-            continue;  // every cell of the chunk masked for the tile
-        }
-        for (int r = 0; r < nc; r++) {
-            const int64_t c = a.c0 + base + r;
-            float         wr[QT];
-            int           seen = 0;
-#pragma unroll
-            for (int qq = 0; qq < QT; qq++) {
-                wr[qq] = __shfl_sync(0xffffffffu, w_mine[qq], r);
-                seen |= wr[qq] != 0.0f;
-            }
-            if (!seen) {
-                continue;  // warp-uniform: the shuffled weights are the same in every lane
-            }
-            for (int i = lane; i < dv; i += 32) {
-                const float vx = ka_cell(a.v, a.v_q8, a.v_nb0, a.v_nb1, a.v_nb2, hk, c, i);
-#pragma unroll
-                for (int qq = 0; qq < QT; qq++) {
-                    my_acc[qq * dv + i] += wr[qq] * vx;
-                }
-            }
-        }
-    }
-    if (lane == 0) {
-#pragma unroll
-        for (int qq = 0; qq < QT; qq++) {
-            wm[warp * QT + qq] = m_run[qq];
-            wl[warp * QT + qq] = l_run[qq];
-        }
-    }
-    __syncthreads();
-
-    // The block's warps merged: the split's (m, l, acc) per query.
-    ka_merge_warps(wm, wl, accs, QT, nq, dv, p0, hk, a.gqa, a.n_head, a.n_slots, a.slot0 + split, a.pm, a.pl, a.pacc);
-}
 
 static __global__ void kcl_begin_kernel(int64_t n_q, int dv, float * m, float * l, float * acc) {
     for (int64_t x = (int64_t) blockIdx.x * blockDim.x + threadIdx.x; x < n_q * dv; x += (int64_t) gridDim.x * blockDim.x) {

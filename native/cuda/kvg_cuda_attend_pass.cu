@@ -6,7 +6,11 @@
 // A decoded token's layer over three runs of blocks (the sinks' f16 rows, the archive, the warm
 // rows) and the hot cells was the queries' gather, a begin, then a split and a combine per part
 // and a rotation per coded run: 12 kernels. As one pass it is one kernel for the queries (gathered
-// from llama.cpp's strides, scaled, rotated), a split a part and one combine: 6.
+// from llama.cpp's strides, scaled, rotated), a split a part and one combine: 6. The parts the
+// row-parallel kernel and the scalar cells kernel take (every part of such a layer at head dims
+// 64, 128 and 256) then go in one launch of the fused kernel (kvg_cuda_attend_fused.cuh), whose
+// blocks compute their own queries: 2 kernels, the fused split and the combine.
+// KVGGUF_CUDA_ATTEND=parts (read when a context is made) keeps a launch a part, for comparisons.
 //
 // Why one combine gives the same state: the parts' partial sums are (m, l, acc) triples over
 // disjoint rows, whose log-sum-exp merge does not depend on the grouping; rotq's value sums are in
@@ -209,10 +213,128 @@ static int32_t kp_chunk_end(const ka_plan * plans, int32_t i0, int32_t n_parts, 
     return i;
 }
 
-// Queues parts [i0, i1) (their slots assigned, rotated values first) and the combine of their
-// n_slots slots into the state. fresh: the state is written, not read.
+// What the fused kernel needs of a pass: its head dim and query tile, where each kind of part reads
+// its queries, how they are scaled and rotated, and where (once) the gathered queries go.
+struct kp_fusion {
+    int       n;   // parts it takes (plan->fused)
+    int       d, qt, n_head_kv, gqa, n_p, n_head;
+    ka_qsrc   q_runs;  // the runs' queries (the cells' are their own q_dev unless the pass gathers)
+    int       gather;  // the pass gathers: every part reads q_src
+    ka_qsrc   q_src;
+    float     rot_scale;
+    uint64_t  seed;
+    float *   q_dst;  // the gathered queries' home, written by the first fused launch; else NULL
+};
+
+// Marks the planned parts the fused kernel takes: runs of the row-parallel kernel and cells of the
+// scalar cells kernel (not the tensor cores'), at K and V head dims both 64, 128 or 256, sharing
+// the first such part's head dim, KV heads and queries a KV head. None where the context holds to
+// one launch a part (KVGGUF_CUDA_ATTEND=parts or generic).
+static void kp_plan_fusion(const kvg_cuda_ctx * ctx, ka_plan * plans, int32_t n_parts, kp_fusion * fu) {
+    memset(fu, 0, sizeof(*fu));
+    for (int32_t i = 0; i < n_parts; i++) {
+        ka_plan * pl = &plans[i];
+        pl->fused    = 0;
+        if (ctx->attend_parts || pl->n_splits == 0 || pl->tc || (!pl->cells && pl->kernel == NULL)) {
+            continue;
+        }
+        const int     dk  = pl->cells ? pl->cargs.dk : pl->args.dk, dv = pl->cells ? pl->cargs.dv : pl->args.dv;
+        const int     hkv = pl->cells ? (int) pl->cell->n_head_kv : pl->args.n_head_kv;
+        const int     gqa = pl->cells ? pl->cargs.gqa : pl->args.gqa;
+        const int     n_p = pl->cells ? pl->cargs.n_p : pl->args.n_p;
+        const int64_t blocks = pl->n_splits * hkv * pl->n_tiles;
+        if (dk != dv || (dk != 64 && dk != 128 && dk != 256) || blocks > ((int64_t) 1 << 28) ||
+            (fu->n > 0 && (dk != fu->d || hkv != fu->n_head_kv || gqa != fu->gqa))) {
+            continue;
+        }
+        fu->d         = dk;
+        fu->n_head_kv = hkv;
+        fu->gqa       = gqa;
+        fu->n_p       = n_p;
+        fu->n_head    = pl->cells ? pl->cargs.n_head : pl->args.n_head;
+        fu->qt        = pl->qt > fu->qt ? pl->qt : fu->qt;
+        pl->fused     = 1;
+        fu->n++;
+    }
+    fu->qt = fu->qt == 2 ? 4 : fu->qt;  // the row-parallel body's tiles are 1, 4 or 8 queries
+}
+
+// Queues the parts gathered in f (their blocks counted in n_blocks) as one launch, and empties f.
+static int kp_launch_fused(kvg_cuda_ctx * ctx, kp_fusion * fu, ka_fused_args * f, int64_t * n_blocks) {
+    if (f->n_parts == 0) {
+        return KVG_OK;
+    }
+    KVG_LAUNCH((unsigned) *n_blocks, KA_WARPS * 32, 0, ctx->stream, ka_fused_kernel(fu->d, fu->qt))(*f);
+    ctx->fused_launches++;
+    fu->q_dst      = NULL;  // written once
+    f->q_dst       = NULL;
+    f->n_parts     = 0;
+    *n_blocks      = 0;
+    return kc_launch_check("attend_pass fused split launch");
+}
+
+// Adds planned part pl, its slots set, to the fused launch f (queued first when full).
+static int kp_add_fused(kvg_cuda_ctx * ctx, kp_fusion * fu, ka_fused_args * f, int64_t * n_blocks, ka_plan * pl,
+                        float * pm, float * pl_, float * pacc, int n_slots) {
+    const int64_t n_tiles = (fu->n_p + fu->qt - 1) / fu->qt;
+    const int64_t blocks  = pl->n_splits * fu->n_head_kv * n_tiles;
+    if (f->n_parts == KA_FUSE_PARTS || *n_blocks + blocks > INT32_MAX) {
+        const int st = kp_launch_fused(ctx, fu, f, n_blocks);
+        if (st != KVG_OK) {
+            return st;
+        }
+    }
+    if (f->n_parts == 0) {
+        f->n_head    = fu->n_head;
+        f->n_head_kv = fu->n_head_kv;
+        f->gqa       = fu->gqa;
+        f->n_p       = fu->n_p;
+        f->rot_scale = fu->rot_scale;
+        f->seed      = fu->seed;
+        f->q_dst     = fu->q_dst;
+    }
+    ka_fused_part & fp = f->part[f->n_parts++];
+    memset(&fp, 0, sizeof(fp));
+    fp.n_splits = (int) pl->n_splits;
+    fp.n_tiles  = (int) n_tiles;
+    fp.block0   = *n_blocks;
+    if (pl->cells) {
+        fp.kind          = KA_FUSED_CELLS;
+        fp.cells         = pl->cargs;
+        fp.cells.pm      = pm;
+        fp.cells.pl      = pl_;
+        fp.cells.pacc    = pacc;
+        fp.cells.n_slots = n_slots;
+        fp.cells.slot0   = pl->slot0;
+        const size_t f4  = sizeof(float);
+        fp.q             = fu->gather ? fu->q_src
+                                      : ka_qsrc { (const uint8_t *) pl->cargs.q, f4, f4 * (size_t) fu->d,
+                                      f4 * (size_t) fu->d * (size_t) fu->n_head, 0 };
+    } else {
+        fp.kind        = KA_FUSED_ROWS;
+        fp.run         = pl->args;
+        fp.run.qr      = NULL;  // the block rotates its own
+        fp.run.pm      = pm;
+        fp.run.pl      = pl_;
+        fp.run.pacc    = pacc;
+        fp.run.n_slots = n_slots;
+        fp.run.slot0   = pl->slot0;
+        fp.k_bits      = pl->args.k_bits;
+        fp.v_bits      = pl->args.v_bits;
+        fp.k_al4       = ((uintptr_t) pl->args.k_codes & 3) == 0;
+        fp.v_al4       = ((uintptr_t) pl->args.v_codes & 3) == 0;
+        fp.q           = fu->gather ? fu->q_src : fu->q_runs;
+    }
+    *n_blocks += blocks;
+    return KVG_OK;
+}
+
+// Queues parts [i0, i1) (their slots assigned, rotated values first; the fused ones in as few
+// launches as they fit) and the combine of their n_slots slots into the state. fresh: the state
+// is written, not read.
 static int kp_queue_chunk(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p, ka_plan * plans, int64_t i0, int64_t i1,
-                          const float * q_rot, const float * q_plain, float * partials, uint64_t seed, int fresh) {
+                          const float * q_rot, const float * q_plain, float * partials, uint64_t seed, int fresh,
+                          kp_fusion * fu) {
     int n_slots = 0, n_rot = 0;
     for (int rotated = 1; rotated >= 0; rotated--) {  // the rotated value sums first
         for (int64_t i = i0; i < i1; i++) {
@@ -230,17 +352,25 @@ static int kp_queue_chunk(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p, ka_p
     float * pm   = partials;
     float * pl   = pm + p->n_q * n_slots;
     float * pacc = pl + p->n_q * n_slots;
+    ka_fused_args fused;
+    int64_t       n_blocks = 0;
+    fused.n_parts          = 0;
     for (int64_t i = i0; i < i1; i++) {
         ka_plan * plan = &plans[i];
         if (plan->n_splits == 0) {
             continue;
         }
-        const int st = plan->cells ? ka_queue_cells(ctx, plan, pm, pl, pacc, n_slots, plan->slot0)
-                                   : ka_queue_run(ctx, plan, plan->q_rotated ? q_rot : q_plain, pm, pl, pacc, n_slots,
-                                                  plan->slot0);
+        const int st = plan->fused ? kp_add_fused(ctx, fu, &fused, &n_blocks, plan, pm, pl, pacc, n_slots)
+                       : plan->cells ? ka_queue_cells(ctx, plan, pm, pl, pacc, n_slots, plan->slot0)
+                                     : ka_queue_run(ctx, plan, plan->q_rotated ? q_rot : q_plain, pm, pl, pacc, n_slots,
+                                                    plan->slot0);
         if (st != KVG_OK) {
             return st;
         }
+    }
+    const int st = kp_launch_fused(ctx, fu, &fused, &n_blocks);
+    if (st != KVG_OK) {
+        return st;
     }
     const int    dv      = (int) p->head_dim_v;
     const int    threads = 128;
@@ -252,11 +382,14 @@ static int kp_queue_chunk(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p, ka_p
 
 // The parts planned: queued in chunks of at most KP_MAX_SLOTS slots, each merged by one combine.
 static int kp_queue(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p, ka_plan * plans, const kvg_cuda_attend_args * first) {
-    int need_rot = 0, need_plain = 0;
+    kp_fusion fu;
+    kp_plan_fusion(ctx, plans, p->n_parts, &fu);
+    int need_rot = 0, need_plain = 0, need_gathered = 0;  // what the parts outside the fused kernel read
     for (int32_t i = 0; i < p->n_parts; i++) {
-        if (!plans[i].cells && plans[i].n_splits > 0) {
-            need_rot |= plans[i].q_rotated;
-            need_plain |= !plans[i].q_rotated;
+        if (plans[i].n_splits > 0 && !plans[i].fused) {
+            need_rot |= !plans[i].cells && plans[i].q_rotated;
+            need_plain |= !plans[i].cells && !plans[i].q_rotated;
+            need_gathered |= plans[i].cells;
         }
     }
     int64_t widest = 0, slots = 0;  // the scratch holds the widest chunk's partial sums
@@ -283,10 +416,22 @@ static int kp_queue(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p, ka_plan * 
     float *      q_plain  = q_rot + (need_rot ? q_float : 0);
     float *      partials = q_plain + (need_plain ? q_float : 0);
     const int    gather   = p->q_src != NULL && p0 != NULL;
-    if (need_rot || need_plain || gather) {
-        // one kernel: gathered (where the pass gathers), scaled, rotated; soft-capping as attend.c
-        // does it: scores taken with scale / softcap, then softcap * tanh
-        const float   scale = first ? (first->softcap > 0.0f ? first->scale / first->softcap : first->scale) : 1.0f;
+    // soft-capping as attend.c does it: scores taken with scale / softcap, then softcap * tanh
+    const float  scale    = first ? (first->softcap > 0.0f ? first->scale / first->softcap : first->scale) : 1.0f;
+    {
+        const size_t f = sizeof(float);
+        fu.gather      = gather;
+        fu.q_src       = ka_qsrc { (const uint8_t *) p->q_src, p->q_nb[0], p->q_nb[1], p->q_nb[2], 1 };
+        fu.q_runs      = ka_qsrc { (const uint8_t *) (first ? first->q_dev : NULL), f, f * (size_t) dk, f * (size_t) (dk * n_head), 0 };
+        fu.rot_scale   = scale;
+        fu.seed        = first ? first->seed : 0;
+    }
+    // The queries' kernel where a part outside the fused kernel reads its output, or where the
+    // pass gathers and no fused launch writes the gathered queries.
+    const int fused_gathers = gather && fu.n > 0 && !need_rot && !need_plain && !need_gathered;
+    fu.q_dst                = fused_gathers ? p->q_dst : NULL;
+    if (need_rot || need_plain || (gather && !fused_gathers)) {
+        // one kernel: gathered (where the pass gathers), scaled, rotated
         const size_t  f     = sizeof(float);
         const uint8_t * src = gather ? (const uint8_t *) p->q_src : (const uint8_t *) first->q_dev;
         const size_t  nb0 = gather ? p->q_nb[0] : f, nb1 = gather ? p->q_nb[1] : f * (size_t) dk,
@@ -305,7 +450,7 @@ static int kp_queue(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p, ka_plan * 
     int            fresh = p->fresh != 0;
     do {  // at least one chunk: a fresh pass of no part still empties the state
         const int32_t end = i0 < p->n_parts ? kp_chunk_end(plans, i0, p->n_parts, &slots) : i0;
-        st                = kp_queue_chunk(ctx, p, plans, i0, end, q_rot, q_plain, partials, seed, fresh);
+        st                = kp_queue_chunk(ctx, p, plans, i0, end, q_rot, q_plain, partials, seed, fresh, &fu);
         fresh             = 0;  // the state holds the chunks before
         i0                = end;
     } while (st == KVG_OK && i0 < p->n_parts);

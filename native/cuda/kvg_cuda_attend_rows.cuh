@@ -69,21 +69,38 @@ static __device__ __forceinline__ uint32_t kr_load_8codes(const uint8_t * p, int
     }
 }
 
+// The body's shared memory, in floats, carved from one array (16-byte aligned): sq [D][QT] (the
+// tile's rotated queries, coordinate-major), wacc [KA_WARPS][QT][D], ktab and vtab [16], wm and wl
+// [KA_WARPS][QT]. The pass's fused kernel (kvg_cuda_attend_fused.cuh) lends the same array to
+// the cells' body.
+template <int D, int QT>
+struct kr_smem {
+    static constexpr int SQ = 0, WACC = SQ + D * QT, KTAB = WACC + KA_WARPS * QT * D, VTAB = KTAB + 16,
+                         WM = VTAB + 16, WL = WM + KA_WARPS * QT, FLOATS = WL + KA_WARPS * QT;
+};
+
+// Split `split` of KV head hk's query tile `tile`, with the block's shared array sh. sq_ready: the
+// caller has written sq (the fused kernel computes the queries itself); else they are read from
+// a.qr.
 template <int D, int KB, int VB, int QT>
-static __global__ void __launch_bounds__(KA_WARPS * 32) kr_split_kernel(const ka_args a, const int k_al4, const int v_al4) {
+static __device__ __forceinline__ void kr_split_body(const ka_args & a, const int k_al4, const int v_al4, const int split,
+                                                     const int hk, const int tile, float * sh, const bool sq_ready) {
     constexpr int G  = D / 8;           // lanes per value row
     constexpr int RPS = 32 / G;         // value rows a warp adds per step
     constexpr int NK = D * KB / 32;     // 32-bit words of a key row's codes
     constexpr size_t K_ROW = D * KB / 8, V_ROW = D * VB / 8;  // bytes of one row's codes
-    __shared__ __align__(16) float sq[D * QT];  // [coordinate][query]
-    __shared__ float               ktab[16], vtab[16];
-    __shared__ __align__(16) float wacc[KA_WARPS][QT][D];
-    __shared__ float               wm[KA_WARPS][QT], wl[KA_WARPS][QT];
+    using L          = kr_smem<D, QT>;
+    float * const sq   = sh + L::SQ;  // [coordinate][query]
+    float * const ktab = sh + L::KTAB;
+    float * const vtab = sh + L::VTAB;
+    float(*const wacc)[QT][D] = reinterpret_cast<float(*)[QT][D]>(sh + L::WACC);
+    float(*const wm)[QT]      = reinterpret_cast<float(*)[QT]>(sh + L::WM);
+    float(*const wl)[QT]      = reinterpret_cast<float(*)[QT]>(sh + L::WL);
 
-    const int split = blockIdx.x, hk = blockIdx.y, p0 = blockIdx.z * QT;
-    const int nq    = a.n_p - p0 < QT ? a.n_p - p0 : QT;
-    const int warp  = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int x = threadIdx.x; x < QT * D; x += blockDim.x) {
+    const int p0   = tile * QT;
+    const int nq   = a.n_p - p0 < QT ? a.n_p - p0 : QT;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int x = threadIdx.x; x < QT * D && !sq_ready; x += blockDim.x) {
         const int qq = x % QT, i = x / QT;
         sq[x]        = qq < nq ? a.qr[ka_query(p0 + qq, hk, a.gqa, a.n_head) * D + i] : 0.0f;
     }
@@ -103,11 +120,10 @@ static __global__ void __launch_bounds__(KA_WARPS * 32) kr_split_kernel(const ka
     }
     __syncthreads();
 
-    const int64_t r_begin = (int64_t) blockIdx.x * a.split_rows;
+    const int64_t r_begin = (int64_t) split * a.split_rows;
     const int64_t r_end   = r_begin + a.split_rows < a.n_rows ? r_begin + a.split_rows : a.n_rows;
     const int64_t H       = a.n_head_kv;
     const int     vl = lane % G, vr = lane / G;  // value coordinates [8 vl, 8 vl + 8) of row vr of a step
-    (void) split;
     for (int64_t base = r_begin + warp * 32; base < r_end; base += KA_WARPS * 32) {
         const int  nc    = r_end - base < 32 ? (int) (r_end - base) : 32;
         const bool valid = lane < nc;
@@ -233,8 +249,15 @@ static __global__ void __launch_bounds__(KA_WARPS * 32) kr_split_kernel(const ka
     __syncthreads();
 
     // The block's warps merged: the split's (m, l, accr) per query, as the generic kernel does.
-    ka_merge_warps(&wm[0][0], &wl[0][0], &wacc[0][0][0], QT, nq, D, p0, hk, a.gqa, a.n_head, a.n_slots, a.slot0 + blockIdx.x, a.pm,
+    ka_merge_warps(&wm[0][0], &wl[0][0], &wacc[0][0][0], QT, nq, D, p0, hk, a.gqa, a.n_head, a.n_slots, a.slot0 + split, a.pm,
                    a.pl, a.pacc);
+}
+
+// The body alone over grid (splits, KV heads, query tiles).
+template <int D, int KB, int VB, int QT>
+static __global__ void __launch_bounds__(KA_WARPS * 32) kr_split_kernel(const ka_args a, const int k_al4, const int v_al4) {
+    __shared__ __align__(16) float sh[kr_smem<D, QT>::FLOATS];
+    kr_split_body<D, KB, VB, QT>(a, k_al4, v_al4, blockIdx.x, blockIdx.y, blockIdx.z, sh, false);
 }
 
 template <int D, int KB, int VB>

@@ -60,6 +60,8 @@ struct kvg_cuda_ctx {
     int          sm_count;        // multiprocessors: how many blocks keep the device busy
     int          attend_generic;  // KVGGUF_CUDA_ATTEND=generic: the generic split kernel only (comparisons)
     int          attend_no_tc;    // KVGGUF_CUDA_ATTEND=rows: no tensor-core kernel for many queries either
+    int          attend_parts;    // KVGGUF_CUDA_ATTEND=parts (or generic): a pass launches each part's kernel
+    uint64_t     fused_launches;  // the pass's fused split kernel's launches (cuda_check counts them)
     int          cc_major;        // compute capability: the tensor-core kernel needs 8.0 (bf16/f16 WMMA, big smem)
     int          smem_optin;      // bytes of shared memory a block may opt in to
 };
@@ -325,17 +327,22 @@ KC_HD void kc_fwht_pair(float * y, int p, int h) {
     y[j + h]      = kc_sub(a, b);
 }
 
-// kvg_fwht_ref on d floats in shared memory, by the block: the same stages (h = 1, 2, 4, ...) and
-// the same pairs, each a + b and a - b of the previous stage, so the floats are the reference's
-// whatever order the pairs of a stage are done in. Starts and ends with a barrier.
-static __device__ __forceinline__ void kc_fwht_block(float * y, int d) {
+// kvg_fwht_ref on n vectors of d floats each in shared memory (y [n][d]), by the block: the same
+// stages (h = 1, 2, 4, ...) and the same pairs, each a + b and a - b of the previous stage, so the
+// floats are the reference's whatever order the pairs of a stage are done in. Starts and ends with
+// a barrier.
+static __device__ __forceinline__ void kc_fwht_block_n(float * y, int d, int n) {
     __syncthreads();
     for (int h = 1; h < d; h <<= 1) {
-        for (int p = threadIdx.x; p < d / 2; p += blockDim.x) {
-            kc_fwht_pair(y, p, h);
+        for (int p = threadIdx.x; p < n * (d / 2); p += blockDim.x) {
+            kc_fwht_pair(y + (p / (d / 2)) * d, p % (d / 2), h);
         }
         __syncthreads();
     }
+}
+
+static __device__ __forceinline__ void kc_fwht_block(float * y, int d) {
+    kc_fwht_block_n(y, d, 1);
 }
 
 // Element (t, c) of a row block of src_type: f32 as is, f16 widened exactly.

@@ -31,6 +31,7 @@
 //
 // Exit: 0 all equal, 1 a mismatch (each printed with its place, the first 40 in full), 2 a setup
 // failure, 77 no CUDA device.
+#include "kvg_cuda_attend.cuh"  // KA_FUSE_PARTS
 #include "kvg_cuda_kernels.cuh"
 
 #include <cuda_fp16.h>
@@ -2165,7 +2166,178 @@ struct TimedPair {
 // (the warm ones), 256 f16 cells (llama.cpp's hot window). One pass gathering the queries (the
 // hook's way) against the calls one after the other (gather, begin, attend per run, cells per
 // part): its 6 kernels against 12.
-static void run_timing_layer() {
+// The pass's fused split kernel against one launch a part (a context made with
+// KVGGUF_CUDA_ATTEND=parts): decoded tokens' layers as the store's hook passes them (the sinks'
+// f16 rows read as cells, runs of rotq codes of other bits, llama.cpp's f16 cells under a mask),
+// with and without soft-capping, gathering the queries from padded strides or not, 1 to 8
+// queries a KV head, and more runs than one fused launch holds. The fused kernel runs the same
+// bodies on the same queries, so the state and the gathered queries must be equal float for
+// float; and the default context must have launched it.
+static void run_pass_fused(kvg_cuda_ctx * parts_ctx) {
+    struct Shape {
+        int     hk, h, t;
+        int64_t d;
+        float   softcap;
+        int     gather, n_runs;
+    };
+    const Shape shapes[] = { { 2, 6, 1, 128, 0.0f, 1, 2 }, { 2, 4, 1, 64, 30.0f, 0, 2 }, { 1, 8, 1, 256, 0.0f, 1, 2 },
+                             { 2, 2, 1, 128, 0.0f, 1, 9 }, { 2, 4, 3, 64, 0.0f, 1, 3 },    { 4, 4, 1, 128, 0.0f, 0, 1 } };
+    const int   pairs[][2] = { { KVG_CODEC_ROTQ2, KVG_CODEC_ROTQ3 }, { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ4 },
+                               { KVG_CODEC_ROTQ3, KVG_CODEC_ROTQ2 }, { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2 } };
+    Rng         rng(0xf05e);
+    int         n_cases = 0;
+    for (const Shape & sh : shapes) {
+        const int     Hk = sh.hk, Hq = sh.h, T = sh.t;
+        const int64_t D = sh.d, n_q = (int64_t) T * Hq, n_sinks = 4, n_cells = 200;
+        const int64_t R_max = 300 + 97 * sh.n_runs;
+        std::vector<float> x((size_t) (R_max * Hk * D));
+        for (auto & v : x) {
+            v = rng.gauss();
+        }
+        DevBuf src(x.size() * 4);
+        src.put(x.data(), x.size() * 4);
+        std::vector<TimedPair *> runs;
+        for (int i = 0; i < sh.n_runs; i++) {
+            runs.push_back(new TimedPair(pairs[i % 4][0], pairs[i % 4][1], 300 + 97 * i, Hk, D));
+            if (!runs.back()->encode(src, Hk, D, "fused pass encode")) {
+                return;
+            }
+        }
+        // f16 rows [row][head][i]: the sinks' (4 rows) and llama.cpp's hot cells (200)
+        auto f16_rows = [&](int64_t n) {
+            std::vector<uint16_t> h((size_t) (n * Hk * D));
+            for (auto & v : h) {
+                v = host_f16(rng.gauss());
+            }
+            return h;
+        };
+        const std::vector<uint16_t> sk = f16_rows(n_sinks), sv = f16_rows(n_sinks), ck = f16_rows(n_cells),
+                                    cv = f16_rows(n_cells);
+        DevBuf dsk(sk.size() * 2), dsv(sv.size() * 2), dck(ck.size() * 2), dcv(cv.size() * 2);
+        dsk.put(sk.data(), sk.size() * 2);
+        dsv.put(sv.data(), sv.size() * 2);
+        dck.put(ck.data(), ck.size() * 2);
+        dcv.put(cv.data(), cv.size() * 2);
+        std::vector<float> mask((size_t) (T * n_cells));  // token t sees cells [0, 150 + 20 t)
+        for (int t = 0; t < T; t++) {
+            for (int64_t c = 0; c < n_cells; c++) {
+                mask[(size_t) (t * n_cells + c)] = c < 150 + 20 * t ? 0.0f : -INFINITY;
+            }
+        }
+        DevBuf dmask(mask.size() * 4);
+        dmask.put(mask.data(), mask.size() * 4);
+        // the queries: as llama.cpp holds them (padded heads and tokens) where the pass gathers
+        const size_t       nb[3] = { 4, (size_t) (D + 3) * 4, (size_t) ((D + 3) * Hq + 5) * 4 };
+        std::vector<float> qh(sh.gather ? nb[2] / 4 * (size_t) T : (size_t) (n_q * D));
+        for (auto & v : qh) {
+            v = 2.0f * rng.gauss();
+        }
+        DevBuf qsrc(qh.size() * 4);
+        qsrc.put(qh.data(), qh.size() * 4);
+        std::vector<float> state[2], gathered[2];
+        for (int way = 0; way < 2; way++) {  // 0: the default context (fused), 1: one launch a part
+            DevBuf m((size_t) n_q * 4), l((size_t) n_q * 4), acc((size_t) (n_q * D) * 4), qd((size_t) (n_q * D) * 4);
+            qd.fill(0);
+            const float * q_dev = (const float *) (sh.gather ? qd.p : qsrc.p);
+            std::vector<kvg_cuda_attend_args> ra;
+            for (TimedPair * tp : runs) {
+                ra.push_back(tp->args(Hk, D, T, Hq, sh.gather ? qd : qsrc, m, l, acc));
+                ra.back().softcap = sh.softcap;
+            }
+            kvg_cuda_cells_args cs, ch;
+            for (int which = 0; which < 2; which++) {
+                kvg_cuda_cells_args & c = which ? ch : cs;
+                memset(&c, 0, sizeof(c));
+                c.q_dev      = q_dev;
+                c.n_tokens   = T;
+                c.n_head     = Hq;
+                c.n_head_kv  = Hk;
+                c.head_dim_k = D;
+                c.head_dim_v = D;
+                c.k_dev      = which ? dck.p : dsk.p;
+                c.v_dev      = which ? dcv.p : dsv.p;
+                c.k_type = c.v_type = KVG_CELLS_F16;
+                c.k_nb[0] = c.v_nb[0] = 2;
+                c.k_nb[1] = c.v_nb[1] = (size_t) D * 2;
+                c.k_nb[2] = c.v_nb[2] = (size_t) (Hk * D) * 2;
+                c.c1                  = which ? n_cells : n_sinks;
+                c.mask_dev            = which ? dmask.p : NULL;
+                c.mask_nb1            = (size_t) n_cells * 4;
+                c.scale               = 0.088f;
+                c.softcap             = sh.softcap;
+                c.m_dev               = (float *) m.p;
+                c.l_dev               = (float *) l.p;
+                c.acc_dev             = (float *) acc.p;
+            }
+            std::vector<kvg_cuda_part> parts;
+            parts.push_back({ NULL, &cs });
+            for (const auto & r : ra) {
+                parts.push_back({ &r, NULL });
+            }
+            parts.push_back({ NULL, &ch });
+            kvg_cuda_pass_args p;
+            memset(&p, 0, sizeof(p));
+            p.parts      = parts.data();
+            p.n_parts    = (int32_t) parts.size();
+            p.n_q        = n_q;
+            p.head_dim_v = D;
+            p.m_dev      = (float *) m.p;
+            p.l_dev      = (float *) l.p;
+            p.acc_dev    = (float *) acc.p;
+            p.fresh      = 1;
+            if (sh.gather) {
+                p.q_src = qsrc.p;
+                memcpy(p.q_nb, nb, sizeof(nb));
+                p.q_dst = (float *) qd.p;
+            }
+            kvg_cuda_ctx * ctx      = way ? parts_ctx : g_ctx;
+            const uint64_t launches = ctx->fused_launches;
+            int            st       = kvg_cuda_attend_pass(ctx, &p);
+            st                      = st ? st : kvg_cuda_sync(ctx);
+            char where[160];
+            snprintf(where, sizeof(where), "fused pass, %d KV heads, %d heads, %d tokens, head dim %lld, %d runs (%s)", Hk, Hq, T,
+                     (long long) D, sh.n_runs, way ? "a launch a part" : "fused");
+            expect_status(where, "kvg_cuda_attend_pass", KVG_OK, st);
+            if (st != KVG_OK) {
+                return;
+            }
+            const uint64_t want = way ? 0 : (uint64_t) (parts.size() + KA_FUSE_PARTS - 1) / KA_FUSE_PARTS;
+            g_checks++;
+            if (ctx->fused_launches - launches != want) {
+                mismatch("%s: %llu fused launches, expected %llu", where, (unsigned long long) (ctx->fused_launches - launches),
+                         (unsigned long long) want);
+            }
+            state[way].resize((size_t) (n_q * (D + 2)));
+            m.get(state[way].data(), (size_t) n_q * 4);
+            l.get(state[way].data() + n_q, (size_t) n_q * 4);
+            acc.get(state[way].data() + 2 * n_q, (size_t) (n_q * D) * 4);
+            gathered[way].resize((size_t) (n_q * D));
+            qd.get(gathered[way].data(), gathered[way].size() * 4);
+        }
+        g_checks++;
+        n_cases++;
+        for (size_t i = 0; i < state[0].size(); i++) {
+            if (!(state[0][i] == state[1][i])) {  // -0 and 0 alike: a tile's unused queries may add either
+                mismatch("fused pass (%d KV heads, %d heads, head dim %lld, %d runs): state float %zu is %.9g fused, %.9g a "
+                         "launch a part",
+                         Hk, Hq, (long long) D, sh.n_runs, i, (double) state[0][i], (double) state[1][i]);
+                break;
+            }
+        }
+        g_checks++;
+        if (memcmp(gathered[0].data(), gathered[1].data(), gathered[0].size() * 4) != 0) {
+            mismatch("fused pass (%d KV heads, %d heads, head dim %lld): the gathered queries differ", Hk, Hq, (long long) D);
+        }
+        for (TimedPair * tp : runs) {
+            delete tp;
+        }
+    }
+    printf("attend_pass fused: %d cases (sinks, 1-9 rotq runs, masked cells; 1-8 queries a KV head; head dims 64-256) equal "
+           "to a launch a part, float for float\n",
+           n_cases);
+}
+
+static void run_timing_layer(kvg_cuda_ctx * parts_ctx) {
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
@@ -2232,6 +2404,7 @@ static void run_timing_layer() {
     memcpy(p.q_nb, q_nb, sizeof(q_nb));
     p.q_dst       = (float *) q.p;
     auto one_pass = [&] { return kvg_cuda_attend_pass(g_ctx, &p); };
+    auto by_parts = [&] { return kvg_cuda_attend_pass(parts_ctx, &p); };
     auto calls    = [&] {
         int st = kvg_cuda_gather_q(g_ctx, qsrc.p, q_nb, D, Hq, 1, 1, (float *) q.p);
         st     = st ? st : kvg_cuda_attend_begin(g_ctx, Hq, D, (float *) m.p, (float *) l.p, (float *) acc.p);
@@ -2240,23 +2413,31 @@ static void run_timing_layer() {
         st     = st ? st : kvg_cuda_attend(g_ctx, &rw);
         return st ? st : kvg_cuda_attend_cells(g_ctx, &ch);
     };
-    for (int way = 0; way < 2; way++) {
-        const double med = way ? median_call_ms(e0, e1, 3, 20, [] {}, calls, "layer timing calls")
-                               : median_call_ms(e0, e1, 3, 20, [] {}, one_pass, "layer timing pass");
+    // the pass fused (its split kernel, the combine), a launch a part (the queries, four splits,
+    // the combine), and the calls one after another (the gather, the begin, a fused split and a
+    // combine each)
+    const char * names[] = { "one pass, fused (2 kernels)", "one pass, a launch a part (6 kernels)",
+                             "calls one after another (10 kernels)" };
+    for (int way = 0; way < 3; way++) {
+        if (way == 1 && parts_ctx == NULL) {
+            continue;
+        }
+        auto         run = [&] { return way == 0 ? one_pass() : way == 1 ? by_parts() : calls(); };
+        const double med = median_call_ms(e0, e1, 3, 20, [] {}, run, "layer timing");
         if (med < 0) {
             return;
         }
         float b2b = 0.0f;  // 20 layers queued back to back: the device's time a layer
         cudaEventRecord(e0, g_stream);
         for (int it = 0; it < 20; it++) {
-            way ? calls() : one_pass();
+            run();
         }
         cudaEventRecord(e1, g_stream);
         cudaEventSynchronize(e1);
         cudaEventElapsedTime(&b2b, e0, e1);
         printf("  one decoded layer, 3B shape, 4 sinks + 5888 rotq2 + 2048 rotq4 rows + 256 f16 cells, %s: %8.1f us a lone "
                "layer, %6.1f us a layer back to back\n",
-               way ? "calls one after another (12 kernels)" : "one pass (6 kernels)", med * 1e3, b2b / 20 * 1e3);
+               names[way], med * 1e3, b2b / 20 * 1e3);
     }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
@@ -2606,6 +2787,14 @@ int main(int argc, char ** argv) {
         run_encode_batch();
         run_gather_q();
         run_pass();
+        kvg_cuda_ctx * parts_ctx = NULL;  // a pass launching each part's kernel, as before the fused one
+        setenv("KVGGUF_CUDA_ATTEND", "parts", 1);
+        if (kvg_cuda_ctx_init(0, g_stream, &parts_ctx) != KVG_OK) {
+            mismatch("kvg_cuda_ctx_init (a launch a part): %s", kvg_last_error());
+        } else {
+            run_pass_fused(parts_ctx);
+        }
+        unsetenv("KVGGUF_CUDA_ATTEND");
         // the cells: the scalar kernels alone at their bounds, then the default ones (the tensor
         // cores for many queries a KV head, from compute capability 8.0) at f16's
         g_attend_ctx = rows_ctx ? rows_ctx : g_ctx;
@@ -2624,8 +2813,11 @@ int main(int argc, char ** argv) {
         attend_bad = g_bad - before;
         if (timing) {
             run_timing(generic);
-            run_timing_layer();
+            run_timing_layer(parts_ctx);
             run_timing_prefill(rows_ctx);
+        }
+        if (parts_ctx) {
+            kvg_cuda_ctx_free(parts_ctx);
         }
         if (rows_ctx) {
             kvg_cuda_ctx_free(rows_ctx);
