@@ -202,8 +202,9 @@ class GpuOps:
 class PhaseClock:
     """--phases: seconds spent in llama_decode (graph build and launch; on a GPU its kernels finish
     later, when the logits are read) and, for a kvgguf cache, in LiveCache's steps between batches
-    (before_batch: eviction, aging, the device copy's sync), by wrapping them; take() returns the
-    sums since the last take and starts again."""
+    (before_batch: eviction, the device copy's sync; _age: aging, after the batch or beside it on
+    the GPU; _settle: the waits for aging beside the GPU), by wrapping them; take() returns the sums
+    since the last take and starts again."""
 
     def __init__(self, llm):
         import llama_cpp.llama_cpp as C
@@ -212,7 +213,7 @@ class PhaseClock:
         self._wrap(C, "llama_decode", "llama_decode")
         kv = getattr(llm, "_kv", None)
         if kv is not None:
-            for name in ("before_batch", "after_batch", "_evict", "_age"):
+            for name in ("before_batch", "after_batch", "_evict", "_age", "_settle"):
                 self._wrap(kv, name, name)
             if kv.device_store is not None:
                 self._wrap(kv.device_store, "sync", "device sync")

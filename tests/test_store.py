@@ -199,6 +199,45 @@ def test_aging_on_threads_gives_one_thread_s_bytes_and_books():
     assert aged(64) == one
 
 
+def test_attention_beside_aging_on_threads_reads_whole_lists_before_or_after():
+    # Aging may run on its own thread beside a batch (LiveCache.ages_beside), and a layer that
+    # falls back to the CPU path would then read blocks that the retier swaps. The store's lock
+    # orders them: each attend call reads a layer's blocks wholly before the swap or wholly after.
+    import threading
+
+    def filled():
+        s = KVStore(n_layer=4, n_head_kv=2, head_dim_k=64, head_dim_v=64)
+        s.set_threads(2)
+        for il in range(4):
+            for kind in Kind:
+                for b in range(8):
+                    s.append(il, kind, Tier.WARM, "rotq4", rows(32, 100 * il + 10 * kind + b))
+        return s
+
+    q = np.random.default_rng(7).standard_normal((1, 4, 64)).astype(np.float32)
+    table = {(il, kind): "rotq2" for il in range(4) for kind in Kind}
+    before = [filled().attend(il, 0, 256, q, 0.125) for il in range(4)]
+    aged = filled()
+    aged.retier_lists(0, 256, Tier.ARCHIVE, table)
+    after = [aged.attend(il, 0, 256, q, 0.125) for il in range(4)]
+    same = lambda a, b: all(np.array_equal(x, y) for x, y in zip(a, b))  # noqa: E731
+    for _ in range(3):
+        s, seen, done = filled(), [], threading.Event()
+
+        def attend_until_done():
+            while not done.is_set():
+                for il in range(4):
+                    seen.append((il, s.attend(il, 0, 256, q, 0.125)))
+
+        reader = threading.Thread(target=attend_until_done)
+        reader.start()
+        s.retier_lists(0, 256, Tier.ARCHIVE, table)
+        done.set()
+        reader.join()
+        assert seen and all(same(got, before[il]) or same(got, after[il]) for il, got in seen)
+        assert all(same(s.attend(il, 0, 256, q, 0.125), after[il]) for il in range(4))
+
+
 def test_set_threads_refuses_counts_outside_1_to_64():
     s = make_store()
     for bad in (0, -1, 65):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import os
 import ctypes
+import threading
 import warnings
 
 import llama_cpp.llama_cpp as C
@@ -44,7 +45,14 @@ class LiveCache:
         self.shape = shape
         self.config = config
         self.capacity = C.llama_n_ctx(ctx)  # llama.cpp's cells: hot + one batch, padded
-        self.store = KVStore(
+        # Aging (warm blocks past the warm window re-coded to the archive tier) follows the batch
+        # after their eviction: at its end on the CPU; where every attended layer reads the
+        # device copy, on a thread of its own while the GPU runs that batch (the result reaches the
+        # copy at the next sync). Either way a batch attends over the same codes on both paths.
+        self._aging_due = False  # an eviction's aging still to do
+        self._aging: threading.Thread | None = None  # aging beside the GPU's batch
+        self._aging_error: BaseException | None = None
+        self._store = KVStore(
             shape.n_layer, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v, group_size=config.group_size
         )
         self.layers = []  # layers that get cold rows (all but sliding-window ones)
@@ -53,11 +61,11 @@ class LiveCache:
             if attention == 1:
                 self.layers.append(il)
             else:
-                self.store.set_layer_enabled(il, False)
+                self._store.set_layer_enabled(il, False)
         if not self.layers:
             raise ValueError("this model has no full-attention layer with a KV cache to compress")
         # aging runs between batches, when llama.cpp's batch threads are idle: the same count
-        self.store.set_threads(max(1, min(64, C.llama_n_threads_batch(ctx))))
+        self._store.set_threads(max(1, min(64, C.llama_n_threads_batch(ctx))))
         # the hot cells' type as llama.cpp allocated it (f16, or q8_0: read_rows dequantizes)
         cells = hooks.cells_of(ctx, self.layers[0])
         self.hot_type = cells[0] if cells else CACHE_TYPES["f16"]
@@ -82,7 +90,39 @@ class LiveCache:
         if self.gpu is not None and self.fused_max_tokens > 0:
             # every ubatch fused: the expanding path's ops run on the CPU
             self.fused_max_tokens = max(self.fused_max_tokens, C.llama_n_ubatch(ctx))
-        self._attach(self.store)
+        self._attach(self._store)
+
+    @property
+    def store(self) -> KVStore:
+        """The store, once aging that runs beside the GPU's batch is done with it."""
+        self._settle()
+        return self._store
+
+    @property
+    def ages_beside(self) -> bool:
+        """Whether aging runs on a thread of its own during the next batch: by default where every
+        attended layer reads the device copy, so that the batch reads nothing of the host store
+        and attends over the codes aging after it would leave; never with a keep signal (the
+        batch's logits feed it). KVGGUF_AGE_BESIDE=0: never; =1: on the CPU too, where the batch
+        reads the store while aging swaps its blocks (safe: the store's lock orders them; but
+        which codes a layer reads then depends on timing, so this is for tests)."""
+        if self.config.keep is not None:
+            return False
+        forced = os.environ.get("KVGGUF_AGE_BESIDE", "")
+        if forced in ("0", "1"):
+            return forced == "1"
+        return self.device_store is not None and self.gpu is not None and set(self.layers) <= self.gpu[1]
+
+    def _settle(self) -> None:
+        """Waits for aging running beside the GPU; what it raised beyond a store error (which it
+        reports as a warning, as aging does) is raised here, from the next access to the store."""
+        if self._aging is None:
+            return
+        self._aging.join()
+        self._aging = None
+        error, self._aging_error = self._aging_error, None
+        if error is not None:
+            raise RuntimeError("kvgguf: aging beside the GPU's batch failed") from error
 
     def _gpu_layers(self) -> tuple[int, set[int]] | None:
         """(device, layers) of the layers whose cells a CUDA device holds, None where none does.
@@ -149,6 +189,7 @@ class LiveCache:
 
     def _attach(self, store: KVStore) -> None:
         """Points llama.cpp's hooks at store (the C entry points read it, no Python)."""
+        self._settle()
         self._install_books(store)  # first: if it fails, the hooks still point at the old store
         device_store = self._attach_gpu(store)  # so is this
         n_cold_fn, decode_fn = store.hook_functions()
@@ -161,7 +202,7 @@ class LiveCache:
         # The fused path also counts the attention mass of cold rows (one add per row and query).
         store.set_mass(fused)
         hooks.set_mass(self.ctx, store.mass_function() if fused else None)
-        self.store = store
+        self._store = store
         self.device_store = device_store
 
     def use_books(self, books: dict[tuple[int, int, str], np.ndarray]) -> None:
@@ -196,11 +237,13 @@ class LiveCache:
         store, blocks, signals = snapshot
         self._attach(store)
         self.blocks, self.signals = blocks, signals
+        self._aging_due = False
 
     def adopt(self, store: KVStore, blocks: list[tuple[int, int, int]]) -> None:
         """Replaces the compressed rows by another store's (a restored session's)."""
         self._attach(store)
         self.blocks = [plan.Block(*b) for b in blocks]
+        self._aging_due = False
         if self.config.keep is not None:
             # Warm blocks below the warm window were kept when they aged (the signals that
             # chose them are not saved): they stay warm.
@@ -215,6 +258,7 @@ class LiveCache:
     def set_codecs(self, tier: int, table: dict[tuple[int, int], str]) -> None:
         """Another {(layer, kind): codec} table for a tier, for rows encoded from now on (rows
         already held keep theirs). Calibration swaps one list at a time between runs."""
+        self._settle()  # aging reads the archive's table
         if tier not in self.codecs or tier == Tier.SINK:
             raise ValueError(f"tier {tier} holds no compressed rows in this config")
         if set(table) != set(self.codecs[tier]):
@@ -243,6 +287,10 @@ class LiveCache:
         return out
 
     def close(self) -> None:
+        try:
+            self._settle()
+        except RuntimeError as e:  # closing: the store goes anyway
+            warnings.warn(str(e.__cause__ or e), RuntimeWarning, stacklevel=2)
         if self.ctx is not None:
             hooks.set_mass(self.ctx, None)
             hooks.set_cuda(self.ctx, None)
@@ -254,7 +302,12 @@ class LiveCache:
 
     def before_batch(self, n_past: int, n_new: int) -> None:
         """Carries out the eviction plan before a batch of n_new tokens: the oldest hot rows
-        beyond the configured window go to the store, then warm blocks that aged go to archive."""
+        beyond the configured window go to the store; warm blocks that aged go to archive after
+        the batch (after_batch), or beside it on the GPU."""
+        self._settle()
+        if self._aging_due:  # the last batch never reached after_batch (llama_decode failed)
+            self._aging_due = False
+            self._age()
         n_cold = self.n_cold
         n_evict = plan.rows_to_evict(n_past, n_cold, self.config)
         if n_past - n_cold - n_evict + n_new > self.capacity:
@@ -264,10 +317,20 @@ class LiveCache:
             )
         if n_evict:
             self._evict(n_cold, n_cold + n_evict)
-            self._age()
+            self._aging_due = True
         if self.device_store is not None:
             # what changed since the last batch (evictions, aging, a truncation, a clear)
             self.device_store.sync()
+        if self._aging_due and self.ages_beside:
+            self._aging_due = False
+            self._aging = threading.Thread(target=self._age_beside, name="kvgguf-aging", daemon=True)
+            self._aging.start()
+
+    def _age_beside(self) -> None:
+        try:
+            self._age()
+        except BaseException as e:  # raised by _settle, at the next access to the store
+            self._aging_error = e
 
     @property
     def wants_logits(self) -> bool:
@@ -278,9 +341,13 @@ class LiveCache:
         self.signals.note_logits(n_past, tokens, logits)
 
     def after_batch(self, n_tokens: int) -> None:
-        """Notes what a batch of n_tokens just decoded tells the keep signal."""
+        """Notes what a batch of n_tokens just decoded tells the keep signal, then ages the blocks
+        the batch's eviction pushed out of the warm window."""
         if self.signals.wants_mass and self.blocks and 0 < n_tokens <= self.fused_max_tokens:
             self.signals.note_mass(self.attention_mass(reset=True), n_tokens)
+        if self._aging_due:
+            self._aging_due = False
+            self._age()
 
     def read_rows(self, il: int, kind: int, p0: int, p1: int) -> np.ndarray:
         """Rows of positions [p0, p1) that llama.cpp holds exactly on list (il, kind), as float32."""
@@ -363,7 +430,8 @@ class LiveCache:
 
     def _age(self) -> None:
         """Warm blocks that left the warm window go to the archive tier: each block in one
-        store call over every layer and kind (all of them or none), its tier noted after."""
+        store call over every layer and kind (all of them or none), its tier noted after. Reads
+        _store, not store: it may run beside the GPU's batch, which store would wait for."""
         table = self.codecs.get(Tier.ARCHIVE, {})
         aging = plan.blocks_to_archive(self.blocks, self.config)
         if aging and self.config.keep is not None:
@@ -375,7 +443,7 @@ class LiveCache:
         lists = {(il, kind): table[il, kind] for il in self.layers for kind in Kind} if table else {}
         for b in aging:
             try:
-                self.store.retier_lists(b.r0, b.r1, Tier.ARCHIVE, lists)
+                self._store.retier_lists(b.r0, b.r1, Tier.ARCHIVE, lists)
             except KvgError as e:
                 # Not worth failing the batch over: warm rows are the better copy, and the next
                 # eviction tries again.
@@ -398,13 +466,15 @@ class LiveCache:
     def clear(self) -> None:
         self.store.clear()  # frees the codebooks too: given ones go back in
         self.blocks = []
+        self._aging_due = False
         self.signals.clear()
         self._install_books(self.store)
 
     def read_failures(self) -> tuple[int, int, int]:
         """Failed reads so far: the store's (expanded, fused) and every failed hook call llama.cpp
         counted (a hook other than the store's counts only there); compare before and after a batch."""
-        return (*self.store.read_failures(), int(hooks.n_errors(self.ctx)))
+        # counters the hooks add to atomically: read beside aging, which touches none of them
+        return (*self._store.read_failures(), int(hooks.n_errors(self.ctx)))
 
     def check_batch(self, before: tuple[int, int, int], n_past: int) -> None:
         """After llama_decode of the batch that started at n_past: a failed read of cold rows

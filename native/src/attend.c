@@ -148,8 +148,14 @@ int32_t kvg_store_hook_attend_capped(void * user, int32_t il, int64_t r0, int64_
                                      int32_t n_tokens, int32_t n_head, float scale, float softcap, float * m,
                                      float * l, float * acc) {
     kvg_clear_error();
-    kvg_store *   s  = (kvg_store *) user;  // read only, but for the mass notes of this call's own slot
-    const int32_t rc = attend(s, il, r0, r1, q, n_tokens, n_head, scale, softcap, m, l, acc);
+    kvg_store * s  = (kvg_store *) user;  // read only, but for the mass notes of this call's own slot
+    int32_t     rc = s ? kvg_store_read_begin(s) : KVG_OK;
+    if (rc == KVG_OK) {
+        rc = attend(s, il, r0, r1, q, n_tokens, n_head, scale, softcap, m, l, acc);
+        if (s) {
+            kvg_store_read_end(s);
+        }
+    }
     if (rc != KVG_OK && s) {  // some rows (or all) were left out: Python reads the count after decode
         atomic_fetch_add_explicit(&s->read_failures[KVG_READ_ATTEND], 1, memory_order_relaxed);
     }

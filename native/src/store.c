@@ -84,6 +84,11 @@ int kvg_store_init(const kvg_store_params * p, kvg_store ** out) {
     if (!s) {
         return kvg_fail(KVG_ERR_NO_MEMORY, "store");
     }
+    if (pthread_rwlock_init(&s->swap_lock, NULL) != 0) {
+        free(s);
+        return kvg_fail(KVG_ERR_NO_MEMORY, "store: its lock");
+    }
+    s->swap_lock_on = 1;
     const int32_t d_max = p->head_dim_k > p->head_dim_v ? p->head_dim_k : p->head_dim_v;
     s->p         = *p;
     s->n_threads = 1;
@@ -146,7 +151,20 @@ void kvg_store_free(kvg_store * s) {
     free(s->enabled);
     free(s->sgn);
     kvg_mass_free(s);
+    if (s->swap_lock_on) {
+        pthread_rwlock_destroy(&s->swap_lock);
+    }
     free(s);
+}
+
+int kvg_store_read_begin(const kvg_store * s) {
+    return pthread_rwlock_rdlock(&((kvg_store *) s)->swap_lock) == 0
+               ? KVG_OK
+               : kvg_fail(KVG_ERR_NO_MEMORY, "the store's lock could not be taken for reading");
+}
+
+void kvg_store_read_end(const kvg_store * s) {
+    pthread_rwlock_unlock(&((kvg_store *) s)->swap_lock);
 }
 
 int kvg_store_set_layer_enabled(kvg_store * s, int32_t il, int32_t enabled) {
@@ -806,7 +824,8 @@ int kvg_store_retier_lists(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, 
         free(fresh);
         return rc;
     }
-    // Commit: pointer swaps only.
+    // Commit: pointer swaps only, while no hook reads the blocks.
+    pthread_rwlock_wrlock(&s->swap_lock);
     for (k = 0; k < n_todo; ++k) {
         kvg_block * b = &s->rows[st[k].li].blocks[st[k].bi];
         s->rows[st[k].li].version++;
@@ -824,6 +843,7 @@ int kvg_store_retier_lists(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, 
             s->rows[li].book[book_slot(codecs[li])] = fresh[li];
         }
     }
+    pthread_rwlock_unlock(&s->swap_lock);
     free(fresh);
     staged_free(st, n_todo);
     return KVG_OK;
@@ -958,7 +978,11 @@ int32_t kvg_store_hook_decode(void * user, int32_t il, int32_t kind, int64_t r0,
     if (!s || !dst || check_layer_kind(s, il, kind) != KVG_OK || n_embd != row_width(s, kind) || r1 < r0) {
         return KVG_ERR_INVALID_ARG;
     }
-    const int rc = decode_range(s, il, kind, r0, r1, NULL, dst, (size_t) (r1 - r0) * (size_t) n_embd);
+    int rc = kvg_store_read_begin(s);
+    if (rc == KVG_OK) {
+        rc = decode_range(s, il, kind, r0, r1, NULL, dst, (size_t) (r1 - r0) * (size_t) n_embd);
+        kvg_store_read_end(s);
+    }
     if (rc != KVG_OK) {
         atomic_fetch_add_explicit(&((kvg_store *) user)->read_failures[KVG_READ_DECODE], 1, memory_order_relaxed);
     }
