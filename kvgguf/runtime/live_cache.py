@@ -64,8 +64,6 @@ class LiveCache:
                 self._store.set_layer_enabled(il, False)
         if not self.layers:
             raise ValueError("this model has no full-attention layer with a KV cache to compress")
-        # aging runs between batches, when llama.cpp's batch threads are idle: the same count
-        self._store.set_threads(max(1, min(64, C.llama_n_threads_batch(ctx))))
         # the hot cells' type as llama.cpp allocated it (f16, or q8_0: read_rows dequantizes)
         cells = hooks.cells_of(ctx, self.layers[0])
         self.hot_type = cells[0] if cells else CACHE_TYPES["f16"]
@@ -204,6 +202,11 @@ class LiveCache:
         hooks.set_mass(self.ctx, store.mass_function() if fused else None)
         self._store = store
         self.device_store = device_store
+        # Aging codes on llama.cpp's batch threads, idle after a batch; beside a GPU's batch one
+        # fewer, which leaves the thread launching the batch's kernels a core. (Every store this
+        # cache holds, a restored session's too.)
+        threads = max(1, min(64, C.llama_n_threads_batch(self.ctx)))
+        store.set_threads(max(1, threads - 1) if self.ages_beside else threads)
 
     def use_books(self, books: dict[tuple[int, int, str], np.ndarray]) -> None:
         """pq2/vq8/vq8f codebooks ({(layer, kind, codec): book}, a calibration's) for the lists this
