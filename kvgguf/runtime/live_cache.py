@@ -326,7 +326,8 @@ class LiveCache:
             self.device_store.sync()
         if self._aging_due and self.ages_beside:
             self._aging_due = False
-            self._aging = threading.Thread(target=self._age_beside, name="kvgguf-aging", daemon=True)
+            # not a daemon: an interpreter that exits mid-aging waits for it before freeing the store
+            self._aging = threading.Thread(target=self._age_beside, name="kvgguf-aging", daemon=False)
             self._aging.start()
 
     def _age_beside(self) -> None:
