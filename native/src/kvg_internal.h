@@ -4,7 +4,6 @@
 
 #include "kvgguf.h"
 
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -543,11 +542,11 @@ struct kvg_store {
     _Atomic int64_t  mass_dropped;
     _Atomic int64_t  read_failures[2];  // kvg_store_read_failures, by enum kvg_read_path
     int32_t          n_threads;         // kvg_store_set_threads: threads of a retier's re-encodes
-    // Held for reading by the hooks that read blocks while llama.cpp computes (attend, decode),
-    // for writing by a retier's commit: aging may run on another thread beside a GPU's batch, and
-    // a layer that falls back to the CPU path would read the blocks it swaps.
-    pthread_rwlock_t swap_lock;
-    int32_t          swap_lock_on;  // initialized (kvg_store_free destroys it)
+    // A pthread_rwlock_t (store.c's, behind a pointer: a strict C11 build of another file would
+    // not see the type), held for reading by the hooks that read blocks while llama.cpp computes
+    // (attend, decode), for writing by a retier's commit: aging may run on another thread beside
+    // a GPU's batch, and a layer that falls back to the CPU path would read the blocks it swaps.
+    void *           swap_lock;
 };
 
 // The hooks' side of swap_lock: KVG_OK once held for reading (else a status to return).

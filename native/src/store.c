@@ -1,11 +1,18 @@
 // store.c: compressed K/V rows of one sequence, per layer and kind, in tiers.
 //
 // Rows live in blocks (one per eviction, usually): each block is one kvg_encode call, so a
-// block is the unit of re-encoding. Readers take no locks: Python mutates the store only
-// between llama_decode calls, and llama.cpp's worker threads only read it.
+// block is the unit of re-encoding. Python mutates the store only between llama_decode calls,
+// and llama.cpp's worker threads only read it; the one exception, aging on a thread of its own
+// beside a GPU's batch, swaps blocks under swap_lock, which the hooks that read blocks hold for
+// reading.
 //
 // Every mutation is all or nothing: whatever can fail (allocations, encodes) runs first into
 // blocks nobody sees yet, and the store changes only in a commit step that cannot fail.
+
+#if !defined(_POSIX_C_SOURCE) || _POSIX_C_SOURCE < 200809L
+#    undef _POSIX_C_SOURCE
+#    define _POSIX_C_SOURCE 200809L  // pthread_rwlock_t, which a strict C11 build hides
+#endif
 
 #include "kvg_internal.h"
 
@@ -84,11 +91,13 @@ int kvg_store_init(const kvg_store_params * p, kvg_store ** out) {
     if (!s) {
         return kvg_fail(KVG_ERR_NO_MEMORY, "store");
     }
-    if (pthread_rwlock_init(&s->swap_lock, NULL) != 0) {
+    pthread_rwlock_t * lock = (pthread_rwlock_t *) malloc(sizeof(pthread_rwlock_t));
+    if (!lock || pthread_rwlock_init(lock, NULL) != 0) {
+        free(lock);
         free(s);
         return kvg_fail(KVG_ERR_NO_MEMORY, "store: its lock");
     }
-    s->swap_lock_on = 1;
+    s->swap_lock = lock;
     const int32_t d_max = p->head_dim_k > p->head_dim_v ? p->head_dim_k : p->head_dim_v;
     s->p         = *p;
     s->n_threads = 1;
@@ -151,20 +160,21 @@ void kvg_store_free(kvg_store * s) {
     free(s->enabled);
     free(s->sgn);
     kvg_mass_free(s);
-    if (s->swap_lock_on) {
-        pthread_rwlock_destroy(&s->swap_lock);
+    if (s->swap_lock) {
+        pthread_rwlock_destroy((pthread_rwlock_t *) s->swap_lock);
+        free(s->swap_lock);
     }
     free(s);
 }
 
 int kvg_store_read_begin(const kvg_store * s) {
-    return pthread_rwlock_rdlock(&((kvg_store *) s)->swap_lock) == 0
+    return pthread_rwlock_rdlock((pthread_rwlock_t *) s->swap_lock) == 0
                ? KVG_OK
                : kvg_fail(KVG_ERR_NO_MEMORY, "the store's lock could not be taken for reading");
 }
 
 void kvg_store_read_end(const kvg_store * s) {
-    pthread_rwlock_unlock(&((kvg_store *) s)->swap_lock);
+    pthread_rwlock_unlock((pthread_rwlock_t *) s->swap_lock);
 }
 
 int kvg_store_set_layer_enabled(kvg_store * s, int32_t il, int32_t enabled) {
@@ -825,7 +835,7 @@ int kvg_store_retier_lists(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, 
         return rc;
     }
     // Commit: pointer swaps only, while no hook reads the blocks.
-    pthread_rwlock_wrlock(&s->swap_lock);
+    pthread_rwlock_wrlock((pthread_rwlock_t *) s->swap_lock);
     for (k = 0; k < n_todo; ++k) {
         kvg_block * b = &s->rows[st[k].li].blocks[st[k].bi];
         s->rows[st[k].li].version++;
@@ -843,7 +853,7 @@ int kvg_store_retier_lists(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, 
             s->rows[li].book[book_slot(codecs[li])] = fresh[li];
         }
     }
-    pthread_rwlock_unlock(&s->swap_lock);
+    pthread_rwlock_unlock((pthread_rwlock_t *) s->swap_lock);
     free(fresh);
     staged_free(st, n_todo);
     return KVG_OK;
