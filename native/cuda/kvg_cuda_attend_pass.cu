@@ -431,21 +431,19 @@ static int kp_queue(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p, ka_plan * 
     const int fused_gathers = gather && fu.n > 0 && !need_rot && !need_plain && !need_gathered;
     fu.q_dst                = fused_gathers ? p->q_dst : NULL;
     if (need_rot || need_plain || (gather && !fused_gathers)) {
-        // one kernel: gathered (where the pass gathers), scaled, rotated
-        const size_t  f     = sizeof(float);
-        const uint8_t * src = gather ? (const uint8_t *) p->q_src : (const uint8_t *) first->q_dev;
-        const size_t  nb0 = gather ? p->q_nb[0] : f, nb1 = gather ? p->q_nb[1] : f * (size_t) dk,
-                     nb2 = gather ? p->q_nb[2] : f * (size_t) (dk * n_head);
-        const int threads = dk >= 256 ? 128 : (int) (dk / 2 < 32 ? 32 : dk / 2);
+        // one kernel: gathered (where the pass gathers), scaled, rotated; read where the fused
+        // kernel would read the runs' queries
+        const ka_qsrc & qs      = gather ? fu.q_src : fu.q_runs;
+        const int       threads = dk >= 256 ? 128 : (int) (dk / 2 < 32 ? 32 : dk / 2);
         KVG_LAUNCH((unsigned) (p->n_q < 65536 ? p->n_q : 65536), threads, (size_t) dk * sizeof(float), ctx->stream,
-                   kp_queries_kernel)(src, nb0, nb1, nb2, n_head, p->n_q, (int) dk, gather, scale, first ? first->seed : 0,
+                   kp_queries_kernel)(qs.src, qs.nb0, qs.nb1, qs.nb2, n_head, p->n_q, (int) dk, gather, scale, fu.seed,
                                       gather ? p->q_dst : NULL, need_plain ? q_plain : NULL, need_rot ? q_rot : NULL);
         st = kc_launch_check("attend_pass queries launch");
         if (st != KVG_OK) {
             return st;
         }
     }
-    const uint64_t seed  = first ? first->seed : 0;
+    const uint64_t seed  = fu.seed;
     int32_t        i0    = 0;
     int            fresh = p->fresh != 0;
     do {  // at least one chunk: a fresh pass of no part still empties the state
