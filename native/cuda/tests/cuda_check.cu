@@ -2173,6 +2173,34 @@ struct TimedPair {
 // queries a KV head, and more runs than one fused launch holds. The fused kernel runs the same
 // bodies on the same queries, so the state and the gathered queries must be equal float for
 // float; and the default context must have launched it.
+// f16 rows [row][head][i] read as llama.cpp's cells (dense strides), unmasked, folding into the
+// state (m, l, acc): the sinks and hot cells of the pass cases and the layer timing
+static kvg_cuda_cells_args f16_rows_as_cells(const float * q_dev, int T, int Hq, int Hk, int64_t D, const void * k_dev,
+                                             const void * v_dev, int64_t n_rows, float softcap, const DevBuf & m,
+                                             const DevBuf & l, const DevBuf & acc) {
+    kvg_cuda_cells_args c;
+    memset(&c, 0, sizeof(c));
+    c.q_dev      = q_dev;
+    c.n_tokens   = T;
+    c.n_head     = Hq;
+    c.n_head_kv  = Hk;
+    c.head_dim_k = D;
+    c.head_dim_v = D;
+    c.k_dev      = k_dev;
+    c.v_dev      = v_dev;
+    c.k_type = c.v_type = KVG_CELLS_F16;
+    c.k_nb[0] = c.v_nb[0] = 2;
+    c.k_nb[1] = c.v_nb[1] = (size_t) D * 2;
+    c.k_nb[2] = c.v_nb[2] = (size_t) (Hk * D) * 2;
+    c.c1                  = n_rows;
+    c.scale               = 0.088f;
+    c.softcap             = softcap;
+    c.m_dev               = (float *) m.p;
+    c.l_dev               = (float *) l.p;
+    c.acc_dev             = (float *) acc.p;
+    return c;
+}
+
 static void run_pass_fused(kvg_cuda_ctx * parts_ctx) {
     struct Shape {
         int     hk, h, t;
@@ -2244,31 +2272,10 @@ static void run_pass_fused(kvg_cuda_ctx * parts_ctx) {
                 ra.push_back(tp->args(Hk, D, T, Hq, sh.gather ? qd : qsrc, m, l, acc));
                 ra.back().softcap = sh.softcap;
             }
-            kvg_cuda_cells_args cs, ch;
-            for (int which = 0; which < 2; which++) {
-                kvg_cuda_cells_args & c = which ? ch : cs;
-                memset(&c, 0, sizeof(c));
-                c.q_dev      = q_dev;
-                c.n_tokens   = T;
-                c.n_head     = Hq;
-                c.n_head_kv  = Hk;
-                c.head_dim_k = D;
-                c.head_dim_v = D;
-                c.k_dev      = which ? dck.p : dsk.p;
-                c.v_dev      = which ? dcv.p : dsv.p;
-                c.k_type = c.v_type = KVG_CELLS_F16;
-                c.k_nb[0] = c.v_nb[0] = 2;
-                c.k_nb[1] = c.v_nb[1] = (size_t) D * 2;
-                c.k_nb[2] = c.v_nb[2] = (size_t) (Hk * D) * 2;
-                c.c1                  = which ? n_cells : n_sinks;
-                c.mask_dev            = which ? dmask.p : NULL;
-                c.mask_nb1            = (size_t) n_cells * 4;
-                c.scale               = 0.088f;
-                c.softcap             = sh.softcap;
-                c.m_dev               = (float *) m.p;
-                c.l_dev               = (float *) l.p;
-                c.acc_dev             = (float *) acc.p;
-            }
+            kvg_cuda_cells_args cs = f16_rows_as_cells(q_dev, T, Hq, Hk, D, dsk.p, dsv.p, n_sinks, sh.softcap, m, l, acc);
+            kvg_cuda_cells_args ch = f16_rows_as_cells(q_dev, T, Hq, Hk, D, dck.p, dcv.p, n_cells, sh.softcap, m, l, acc);
+            ch.mask_dev            = dmask.p;
+            ch.mask_nb1            = (size_t) n_cells * 4;
             std::vector<kvg_cuda_part> parts;
             parts.push_back({ NULL, &cs });
             for (const auto & r : ra) {
@@ -2365,30 +2372,9 @@ static void run_timing_layer(kvg_cuda_ctx * parts_ctx) {
     qsrc.put(qh.data(), qh.size() * 4);
     const size_t               q_nb[3] = { 4, (size_t) D * 4, (size_t) (Hq * D) * 4 };
     const kvg_cuda_attend_args ra = archive.args(Hk, D, 1, Hq, q, m, l, acc), rw = warm.args(Hk, D, 1, Hq, q, m, l, acc);
-    kvg_cuda_cells_args        cs, ch;  // f16 rows [token][head][i] read as cells
-    for (int which = 0; which < 2; which++) {
-        const TimedPair &     tp = which ? hot : sinks;
-        kvg_cuda_cells_args & c  = which ? ch : cs;
-        memset(&c, 0, sizeof(c));
-        c.q_dev      = (const float *) q.p;
-        c.n_tokens   = 1;
-        c.n_head     = Hq;
-        c.n_head_kv  = Hk;
-        c.head_dim_k = D;
-        c.head_dim_v = D;
-        c.k_dev      = tp.kb.p;
-        c.v_dev      = tp.vb.p;
-        c.k_type     = KVG_CELLS_F16;
-        c.v_type     = KVG_CELLS_F16;
-        c.k_nb[0] = c.v_nb[0] = 2;
-        c.k_nb[1] = c.v_nb[1] = (size_t) D * 2;
-        c.k_nb[2] = c.v_nb[2] = (size_t) (Hk * D) * 2;
-        c.c1                  = tp.R;
-        c.scale               = 0.088f;
-        c.m_dev               = (float *) m.p;
-        c.l_dev               = (float *) l.p;
-        c.acc_dev             = (float *) acc.p;
-    }
+    const float * const       qd = (const float *) q.p;
+    const kvg_cuda_cells_args cs = f16_rows_as_cells(qd, 1, Hq, Hk, D, sinks.kb.p, sinks.vb.p, sinks.R, 0.0f, m, l, acc),
+                              ch = f16_rows_as_cells(qd, 1, Hq, Hk, D, hot.kb.p, hot.vb.p, hot.R, 0.0f, m, l, acc);
     const kvg_cuda_part parts[] = { { NULL, &cs }, { &ra, NULL }, { &rw, NULL }, { NULL, &ch } };
     kvg_cuda_pass_args  p;
     memset(&p, 0, sizeof(p));
