@@ -295,6 +295,32 @@ extern "C" int kvg_cuda_free(kvg_cuda_ctx * ctx, void * dev) {
     return e == cudaSuccess ? KVG_OK : kc_cuda_fail(e, "cudaFree");
 }
 
+extern "C" int kvg_cuda_host_alloc(kvg_cuda_ctx * ctx, size_t bytes, void ** out_host) {
+    kvg_clear_error();
+    if (ctx == NULL || out_host == NULL || bytes == 0) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_host_alloc: NULL ctx or out_host, or 0 bytes");
+    }
+    *out_host = NULL;
+    kc_device_scope scope(ctx);
+    if (scope.status != KVG_OK) {
+        return scope.status;
+    }
+    const cudaError_t e = cudaMallocHost(out_host, bytes);
+    if (e != cudaSuccess) {
+        *out_host = NULL;
+        return kc_cuda_fail(e, "cudaMallocHost");
+    }
+    return KVG_OK;
+}
+
+extern "C" void kvg_cuda_host_free(kvg_cuda_ctx * ctx, void * host) {
+    if (ctx == NULL || host == NULL) {
+        return;
+    }
+    kc_device_scope scope(ctx);
+    cudaFreeHost(host);
+}
+
 static int kc_copy(kvg_cuda_ctx * ctx, void * dst, const void * src, size_t bytes, cudaMemcpyKind kind, const char * what) {
     kvg_clear_error();
     if (ctx == NULL || ((dst == NULL || src == NULL) && bytes > 0)) {

@@ -43,6 +43,10 @@ KVG_CUDA_HIDDEN int kvg_cuda_ctx_capturing(const struct kvg_cuda_ctx * ctx);
 // reports a failure. kvg_cuda_store_sync queues a sync's copies and waits once.
 KVG_CUDA_HIDDEN int kvg_cuda_copy_queue(struct kvg_cuda_ctx * ctx, void * dst_dev, const void * src, size_t bytes,
                                         int from_host);
+// Page-locked host memory (cudaMallocHost): copies out of the device into it run at the bus's
+// speed, where pageable memory goes through a bounce buffer. Freeing it waits on the device.
+KVG_CUDA_HIDDEN int  kvg_cuda_host_alloc(struct kvg_cuda_ctx * ctx, size_t bytes, void ** out_host);
+KVG_CUDA_HIDDEN void kvg_cuda_host_free(struct kvg_cuda_ctx * ctx, void * host);
 
 #ifdef __cplusplus
 }

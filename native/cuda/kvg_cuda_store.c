@@ -81,6 +81,15 @@ struct kvg_cuda_store {
     int64_t           n_pend, cap_pend;
     arena *           arenas;    // the device buffers they lie in (one per kvg_cuda_store_encode_many)
     int64_t           n_arenas, cap_arenas;
+    // An eviction a batch (prefill) would otherwise cudaMalloc an arena and cudaFree it at the
+    // next sync, and cudaFree waits on the whole device: the largest arena a sync emptied is kept
+    // for the next encode (counted as scratch).
+    arena             spare;
+    // The codes come out to the host store through page-locked memory (grown, never shrunk;
+    // pageable where the driver gives none): a prefill's eviction copies out megabytes each batch.
+    void *            stage;
+    size_t            stage_bytes;
+    int               stage_pinned;
     int64_t           queued;      // sync: copies queued and not waited for yet
     uint64_t          generation;  // bumped by every change hook_attend's work depends on (hook_generation)
     int               graphs_off;  // KVGGUF_CUDA_GRAPHS=0: hook_generation says 0
@@ -188,9 +197,16 @@ static void free_list(kvg_cuda_store * d, dev_list * l) {
     l->n = 0;
 }
 
+// Called once the blocks in the arenas are taken (or gone): the largest arena becomes the spare.
 static void free_pending(kvg_cuda_store * d) {
     for (int64_t i = 0; i < d->n_arenas; ++i) {
-        kvg_cuda_free(d->ctx, d->arenas[i].data);
+        arena a = d->arenas[i];
+        if (a.n_bytes > d->spare.n_bytes) {
+            const arena t = d->spare;
+            d->spare      = a;
+            a             = t;
+        }
+        kvg_cuda_free(d->ctx, a.data);
     }
     d->n_arenas = 0;
     d->n_pend   = 0;
@@ -204,6 +220,12 @@ void kvg_cuda_store_free(kvg_cuda_store * d) {
         free_list(d, &d->lists[li]);
     }
     free_pending(d);
+    kvg_cuda_free(d->ctx, d->spare.data);
+    if (d->stage_pinned) {
+        kvg_cuda_host_free(d->ctx, d->stage);
+    } else {
+        free(d->stage);
+    }
     free(d->pend);
     free(d->arenas);
     free(d->parts);
@@ -497,6 +519,47 @@ static int reserve_pending(kvg_cuda_store * d, int64_t more) {
     return KVG_OK;
 }
 
+// A device arena of at least `need` bytes: the spare where it is large enough, else a new one
+// with a quarter to spare (the spare, too small, freed first).
+static int take_arena(kvg_cuda_store * d, size_t need, arena * out) {
+    if (d->spare.data && d->spare.n_bytes >= need) {
+        *out     = d->spare;
+        d->spare = (arena) { NULL, 0 };
+        return KVG_OK;
+    }
+    kvg_cuda_free(d->ctx, d->spare.data);
+    d->spare    = (arena) { NULL, 0 };
+    out->n_bytes = need + need / 4;
+    const int rc = kvg_cuda_malloc(d->ctx, out->n_bytes, &out->data);
+    if (rc != KVG_OK) {
+        out->n_bytes = 0;
+    }
+    return rc;
+}
+
+// Host room for `need` bytes of codes: the stage, grown by a quarter more when too small.
+static int stage_room(kvg_cuda_store * d, size_t need) {
+    if (d->stage && d->stage_bytes >= need) {
+        return KVG_OK;
+    }
+    if (d->stage_pinned) {
+        kvg_cuda_host_free(d->ctx, d->stage);
+    } else {
+        free(d->stage);
+    }
+    d->stage_bytes  = need + need / 4;
+    d->stage_pinned = kvg_cuda_host_alloc(d->ctx, d->stage_bytes, &d->stage) == KVG_OK;
+    if (!d->stage_pinned) {
+        kvg_clear_error();
+        d->stage = malloc(d->stage_bytes);
+    }
+    if (!d->stage) {
+        d->stage_bytes = 0;
+        return kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda_store_encode_many: %zu bytes on the host", need);
+    }
+    return KVG_OK;
+}
+
 int kvg_cuda_store_encode_many(kvg_cuda_store * d, const kvg_cuda_store_item * items, int64_t n) {
     kvg_clear_error();
     if (!d || n < 0 || (n > 0 && !items)) {
@@ -537,13 +600,15 @@ int kvg_cuda_store_encode_many(kvg_cuda_store * d, const kvg_cuda_store_item * i
         rc                = kvg_encoded_size(it->codec, it->kind, it->n_rows, H, D, &j->params, &j->dst_bytes);
         off[i + 1]        = off[i] + ((j->dst_bytes + 255) / 256) * 256;
     }
-    void *    buf   = NULL;
+    arena     ar    = { NULL, 0 };
     uint8_t * bytes = NULL;
     if (rc == KVG_OK) {
-        bytes = (uint8_t *) malloc(off[n] ? off[n] : 1);
-        rc    = bytes ? kvg_cuda_malloc(d->ctx, off[n] ? off[n] : 1, &buf)
-                      : kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda_store_encode_many: %zu bytes on the host", off[n]);
+        const size_t need = off[n] ? off[n] : 1;
+        rc                = stage_room(d, need);
+        rc                = rc == KVG_OK ? take_arena(d, need, &ar) : rc;
+        bytes             = (uint8_t *) d->stage;
     }
+    void * const buf = ar.data;
     int64_t failed = -1;
     if (rc == KVG_OK) {
         for (int64_t i = 0; i < n; ++i) {
@@ -567,11 +632,10 @@ int kvg_cuda_store_encode_many(kvg_cuda_store * d, const kvg_cuda_store_item * i
         }
     }
     if (appended > 0) {
-        d->arenas[d->n_arenas++] = (arena) { buf, off[n] ? off[n] : 1 };  // the next sync takes the blocks from it
-    } else {
-        kvg_cuda_free(d->ctx, buf);
+        d->arenas[d->n_arenas++] = ar;  // the next sync takes the blocks from it
+    } else if (ar.data) {
+        d->spare = ar;  // take_arena left no spare
     }
-    free(bytes);
     free(jobs);
     free(off);
     return rc;
@@ -595,7 +659,7 @@ int kvg_cuda_store_bytes(const kvg_cuda_store * d, uint64_t * out_blocks, uint64
         }
     }
     if (out_scratch) {
-        *out_scratch = d->q_floats * sizeof(float) + kvg_cuda_ctx_scratch_bytes(d->ctx);
+        *out_scratch = d->q_floats * sizeof(float) + d->spare.n_bytes + kvg_cuda_ctx_scratch_bytes(d->ctx);
     }
     return KVG_OK;
 }

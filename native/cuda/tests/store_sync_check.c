@@ -43,8 +43,10 @@ int kvg_cuda_malloc(kvg_cuda_ctx * ctx, size_t bytes, void ** out) {
     return KVG_OK;
 }
 
-static long         g_batches;      // kvg_cuda_encode_batch calls
-static const void * g_coded[4096];  // the blocks the device's encoder wrote, until freed
+static long         g_batches;           // kvg_cuda_encode_batch calls
+static const void * g_coded[4096];       // the blocks the device's encoder wrote, until freed
+static const void * g_coded_arena[4096]; // the arena each lies in (a batch's first block starts it)
+static const void * g_batch_arena;
 static int          g_n_coded;
 static long         g_from_device;  // the copies a sync took from them
 
@@ -92,6 +94,23 @@ int kvg_cuda_sync(kvg_cuda_ctx * ctx) {
     return KVG_OK;
 }
 
+// page-locked host memory: counted, so that a check can see the stage reused
+static long g_host_allocs, g_host_live;
+
+int kvg_cuda_host_alloc(kvg_cuda_ctx * ctx, size_t n, void ** out) {
+    (void) ctx;
+    *out = malloc(n);
+    g_host_allocs += *out != NULL;
+    g_host_live += *out != NULL;
+    return *out ? KVG_OK : KVG_ERR_NO_MEMORY;
+}
+
+void kvg_cuda_host_free(kvg_cuda_ctx * ctx, void * p) {
+    (void) ctx;
+    g_host_live -= p != NULL;
+    free(p);
+}
+
 int kvg_cuda_copy_out(kvg_cuda_ctx * ctx, void * dst, const void * src, size_t n) {
     (void) ctx;
     memcpy(dst, src, n);
@@ -105,7 +124,8 @@ int kvg_cuda_encode(kvg_cuda_ctx * ctx, int type, int kind, const void * src, in
                     size_t * out_written) {
     (void) ctx;
     if (g_n_coded < 4096) {
-        g_coded[g_n_coded++] = dst;
+        g_coded_arena[g_n_coded] = g_batch_arena;
+        g_coded[g_n_coded++]     = dst;
     }
     float * x = (float *) malloc((size_t) (T * Hh * D) * sizeof(float));
     for (int64_t t = 0; t < T; t++) {
@@ -127,6 +147,7 @@ int kvg_cuda_encode(kvg_cuda_ctx * ctx, int type, int kind, const void * src, in
 
 int kvg_cuda_encode_batch(kvg_cuda_ctx * ctx, const kvg_cuda_encode_job * jobs, int64_t n, int64_t * out_failed) {
     g_batches++;
+    g_batch_arena = n > 0 ? jobs[0].dst_dev : NULL;
     for (int64_t i = 0; i < n; i++) {
         const kvg_cuda_encode_job * j  = &jobs[i];
         const int                   rc = kvg_cuda_encode(ctx, j->type, j->kind, j->src_dev, j->src_type, j->src_row_stride,
@@ -363,6 +384,7 @@ static int run(const flavor * fl) {
     p.codec.group_size = fl->group;
     g_params           = p.codec;
     g_from_device      = 0;
+    const long host_allocs = g_host_allocs;
     kvg_store * s = NULL;
     if (kvg_store_init(&p, &s) != KVG_OK) {
         printf("kvg_store_init: %s\n", kvg_last_error());
@@ -412,7 +434,7 @@ static int run(const flavor * fl) {
             }
             // every other time all lists in one call, as an eviction codes them (one wait, one arena)
             const int      many = step % 4 == 1;
-            const long     b0   = g_batches;
+            const long     b0   = g_batches, a0 = g_allocs;
             kvg_cuda_store_item items[2 * 16];
             for (int il = 0; many && il < L; il++) {
                 items[2 * il]     = (kvg_cuda_store_item) { il, KVG_KIND_K, tier, kc, ck, KVG_CUDA_F16, H * DK, 1, nr };
@@ -421,6 +443,13 @@ static int run(const flavor * fl) {
             if (many && (kvg_cuda_store_encode_many(d, items, 2 * L) != KVG_OK || g_batches != b0 + 1)) {
                 printf("kvg_cuda_store_encode_many: %s (%ld batches)\n", kvg_last_error(), g_batches - b0);
                 return 1;
+            }
+            // an eviction as large as one before it (since synced) codes into the arena that one
+            // left: no cudaMalloc, and no cudaFree at the next sync, each of which waits on the device
+            g_checks += many && step > 1;
+            if (many && step > 1 && g_allocs != a0) {
+                printf("MISMATCH: step %d: an eviction the size of the last allocated %ld arenas\n", step, g_allocs - a0);
+                g_bad++;
             }
             for (int il = 0; il < L; il++) {
                 if (!many && (kvg_cuda_store_encode(d, il, KVG_KIND_K, tier, kc, ck, KVG_CUDA_F16, H * DK, 1, nr) != KVG_OK ||
@@ -533,13 +562,16 @@ static int run(const flavor * fl) {
             printf("MISMATCH: step %d: the store changed and the copy's generation did not\n", step);
             g_bad++;
         }
+        // every arena the sync emptied is freed, but for one kept for the next eviction
         g_checks++;
+        const void * kept = NULL;
         for (int i = 0; i < g_n_coded; i++) {
-            if (g_coded[i]) {
-                printf("MISMATCH: step %d: a block coded on the device outlived the sync that took it\n", step);
+            if (g_coded[i] && kept && g_coded_arena[i] != kept) {
+                printf("MISMATCH: step %d: two arenas of blocks coded on the device outlived the sync that took them\n", step);
                 g_bad++;
                 break;
             }
+            kept = g_coded[i] ? g_coded_arena[i] : kept;
         }
         g_n_coded = 0;
         uint64_t dev = 0, scratch = 0;
@@ -605,8 +637,14 @@ static int run(const flavor * fl) {
         g_bad++;
     }
     g_checks++;
-    if (g_live_allocs != 0) {
-        printf("MISMATCH: %ld allocations left after kvg_cuda_store_free\n", g_live_allocs);
+    if (g_live_allocs != 0 || g_host_live != 0) {
+        printf("MISMATCH: %ld device and %ld host allocations left after kvg_cuda_store_free\n", g_live_allocs, g_host_live);
+        g_bad++;
+    }
+    // the codes come out through one page-locked stage, sized by the first (and largest) eviction
+    g_checks++;
+    if (g_host_allocs - host_allocs != 1) {
+        printf("MISMATCH: %ld page-locked stages allocated, expected 1\n", g_host_allocs - host_allocs);
         g_bad++;
     }
     printf("store_sync_check (%s): %d syncs (%d failed on purpose), %ld blocks coded on the device and taken from there\n",
