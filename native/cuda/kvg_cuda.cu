@@ -261,22 +261,27 @@ extern "C" int kvg_cuda_sync(kvg_cuda_ctx * ctx) {
 
 // ---- memory --------------------------------------------------------------------------------
 
-extern "C" int kvg_cuda_malloc(kvg_cuda_ctx * ctx, size_t bytes, void ** out_dev) {
+// Device memory, or page-locked host memory (host = 1).
+static int kc_alloc(kvg_cuda_ctx * ctx, size_t bytes, void ** out, int host, const char * what) {
     kvg_clear_error();
-    if (ctx == NULL || out_dev == NULL || bytes == 0) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_malloc: NULL ctx or out_dev, or 0 bytes");
+    if (ctx == NULL || out == NULL || bytes == 0) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "%s: NULL ctx or out, or 0 bytes", what);
     }
-    *out_dev = NULL;
+    *out = NULL;
     kc_device_scope scope(ctx);
     if (scope.status != KVG_OK) {
         return scope.status;
     }
-    const cudaError_t e = cudaMalloc(out_dev, bytes);
+    const cudaError_t e = host ? cudaMallocHost(out, bytes) : cudaMalloc(out, bytes);
     if (e != cudaSuccess) {
-        *out_dev = NULL;
-        return kc_cuda_fail(e, "cudaMalloc");
+        *out = NULL;
+        return kc_cuda_fail(e, host ? "cudaMallocHost" : "cudaMalloc");
     }
     return KVG_OK;
+}
+
+extern "C" int kvg_cuda_malloc(kvg_cuda_ctx * ctx, size_t bytes, void ** out_dev) {
+    return kc_alloc(ctx, bytes, out_dev, 0, "kvg_cuda_malloc");
 }
 
 extern "C" int kvg_cuda_free(kvg_cuda_ctx * ctx, void * dev) {
@@ -296,21 +301,7 @@ extern "C" int kvg_cuda_free(kvg_cuda_ctx * ctx, void * dev) {
 }
 
 extern "C" int kvg_cuda_host_alloc(kvg_cuda_ctx * ctx, size_t bytes, void ** out_host) {
-    kvg_clear_error();
-    if (ctx == NULL || out_host == NULL || bytes == 0) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_host_alloc: NULL ctx or out_host, or 0 bytes");
-    }
-    *out_host = NULL;
-    kc_device_scope scope(ctx);
-    if (scope.status != KVG_OK) {
-        return scope.status;
-    }
-    const cudaError_t e = cudaMallocHost(out_host, bytes);
-    if (e != cudaSuccess) {
-        *out_host = NULL;
-        return kc_cuda_fail(e, "cudaMallocHost");
-    }
-    return KVG_OK;
+    return kc_alloc(ctx, bytes, out_host, 1, "kvg_cuda_host_alloc");
 }
 
 extern "C" void kvg_cuda_host_free(kvg_cuda_ctx * ctx, void * host) {
