@@ -250,3 +250,7 @@ def test_on_a_gpu_the_preset_keeps_its_hot_cells_in_f16(smollm2_path):
     assert resolve.resolve(str(smollm2_path), "tiered", **kw).hot_cells == "q8_0"
     assert resolve.resolve(str(smollm2_path), "tiered", gpu=True, **kw).hot_cells == "f16"
     assert resolve.resolve(str(smollm2_path), "tiered:hot=q8_0", gpu=True, **kw).hot_cells == "q8_0"
+    # and batches of 256 (a graph launch each), where SmolLM2 on the CPU keeps the preset's 32
+    on_cpu, on_gpu = (resolve.resolve(str(smollm2_path), "tiered", gpu=g, **kw) for g in (False, True))
+    assert (on_cpu.config.hot, on_cpu.config.ubatch, on_cpu.n_batch) == (224, 32, 32)
+    assert (on_gpu.config.hot, on_gpu.config.ubatch, on_gpu.n_batch) == (256, 256, 256)

@@ -167,6 +167,9 @@ def test_the_presets_widen_the_hot_window_and_batch_only_where_weights_dominate(
     preset = TieredConfig()
     # SmolLM2-135M: 23,040 bytes of f16 K/V per token, a 94 MiB file: 512 cells are 12% of it
     assert sized_for_model(preset, 23040, 98_360_000) == preset
+    # ... but on a GPU, where each ubatch is a graph launch, every model takes them
+    on_gpu = sized_for_model(preset, 23040, 98_360_000, gpu=True)
+    assert (on_gpu.hot, on_gpu.ubatch) == (WIDE_HOT, WIDE_UBATCH) and on_gpu.warm == preset.warm
     # the Llama-3.2-1B shape: 32 KiB per token, a 667 MiB file: 2.4%
     wide = sized_for_model(preset, 32768, 699_359_456)
     assert (wide.hot, wide.ubatch) == (WIDE_HOT, WIDE_UBATCH) and wide.warm == preset.warm

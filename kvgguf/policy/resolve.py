@@ -142,7 +142,7 @@ def resolve(
     config, shape = _config_for_model(config, preset, model_path)
     cells = _fit_cell_types(config, shape, model_path, flash_attn=flash_attn, verbose=verbose, gpu=gpu)
     if preset:  # the presets' hot window and batch follow the model's size (policy.tiered.WIDE_SHARE)
-        config = sized_for_model(config, 2 * shape.values_per_token, os.path.getsize(model_path))
+        config = sized_for_model(config, 2 * shape.values_per_token, os.path.getsize(model_path), gpu=gpu)
     tiered_preset = preset and kv_codec.split(":")[0] == "tiered"  # "tiered", "tiered:fixed", "tiered:keep=..."
     config, request = _fit_codecs(
         config, shape, model_path, tiered_preset=tiered_preset, request=request, verbose=verbose

@@ -202,12 +202,16 @@ class TieredConfig:
 # Taken where llama.cpp's f16 buffer of hot + ubatch cells then adds at most WIDE_SHARE to the
 # bytes of the model's file: 2.4% on the 1B shapes, 3.2% on the 3B one; SmolLM2-135M (12%) and
 # Gemma-3-270M (3.7%), whose caches dwarf or rival their weights, keep 224/32 and the bytes it
-# saves.
+# saves. On a GPU every model takes them: each ubatch is a graph launch and a sync there (stock
+# prefills in ubatches of 512), and the buffer's few MiB more (5.6 on SmolLM2) are small in VRAM.
 WIDE_HOT, WIDE_UBATCH, WIDE_SHARE = 256, 256, 0.035
 
 
-def sized_for_model(config: TieredConfig, f16_bytes_per_token: int, model_bytes: int) -> TieredConfig:
-    """A preset's config with the wide hot window and batch where the model's weights dominate."""
-    if (WIDE_HOT + WIDE_UBATCH) * f16_bytes_per_token > WIDE_SHARE * model_bytes:
+def sized_for_model(
+    config: TieredConfig, f16_bytes_per_token: int, model_bytes: int, gpu: bool = False
+) -> TieredConfig:
+    """A preset's config with the wide hot window and batch where the model's weights dominate,
+    or where its layers run on a GPU."""
+    if not gpu and (WIDE_HOT + WIDE_UBATCH) * f16_bytes_per_token > WIDE_SHARE * model_bytes:
         return config
     return replace(config, hot=max(config.hot, WIDE_HOT), ubatch=max(config.ubatch, WIDE_UBATCH))
