@@ -161,7 +161,7 @@ def test_block_counts_at_ten_billion_tokens():
     assert counts[64, Tier.ARCHIVE] > 10**8
 
 
-def test_the_presets_widen_the_hot_window_and_batch_only_where_weights_dominate():
+def test_the_presets_widen_the_hot_window_and_batch_where_weights_dominate_or_on_a_gpu():
     from kvgguf.policy.tiered import WIDE_HOT, WIDE_UBATCH, sized_for_model
 
     preset = TieredConfig()

@@ -197,6 +197,17 @@ static void free_list(kvg_cuda_store * d, dev_list * l) {
     l->n = 0;
 }
 
+// The stage's memory, page-locked or (where the driver gave none) pageable, freed as it was taken.
+static void free_stage(kvg_cuda_store * d) {
+    if (d->stage_pinned) {
+        kvg_cuda_host_free(d->ctx, d->stage);
+    } else {
+        free(d->stage);
+    }
+    d->stage       = NULL;
+    d->stage_bytes = 0;
+}
+
 // Called once the blocks in the arenas are taken (or gone): the largest arena becomes the spare.
 static void free_pending(kvg_cuda_store * d) {
     for (int64_t i = 0; i < d->n_arenas; ++i) {
@@ -221,11 +232,7 @@ void kvg_cuda_store_free(kvg_cuda_store * d) {
     }
     free_pending(d);
     kvg_cuda_free(d->ctx, d->spare.data);
-    if (d->stage_pinned) {
-        kvg_cuda_host_free(d->ctx, d->stage);
-    } else {
-        free(d->stage);
-    }
+    free_stage(d);
     free(d->pend);
     free(d->arenas);
     free(d->parts);
@@ -542,11 +549,7 @@ static int stage_room(kvg_cuda_store * d, size_t need) {
     if (d->stage && d->stage_bytes >= need) {
         return KVG_OK;
     }
-    if (d->stage_pinned) {
-        kvg_cuda_host_free(d->ctx, d->stage);
-    } else {
-        free(d->stage);
-    }
+    free_stage(d);
     d->stage_bytes  = need + need / 4;
     d->stage_pinned = kvg_cuda_host_alloc(d->ctx, d->stage_bytes, &d->stage) == KVG_OK;
     if (!d->stage_pinned) {
