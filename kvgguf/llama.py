@@ -278,13 +278,29 @@ class Llama(SessionCalls):
                 raise
             raise ValueError(re.sub(r"context window of \d+", f"context window of {self.n_ctx()}", str(e))) from None
 
-    def _begin_eval(self, n_new: int) -> None:
-        """Refuses tokens past the logical context, and drops compressed rows past n_tokens
-        (what llama-cpp-python's truncation does to llama.cpp's own cells)."""
-        if self.n_tokens + n_new > self.n_ctx():
-            raise ValueError(f"{self.n_tokens} tokens in context + {n_new} new exceed n_ctx={self.n_ctx()}")
-        if self._kv is not None:
-            self._kv.truncate(self.n_tokens)
+    def _begin_eval(self, tokens: Sequence[int]) -> Sequence[int]:
+        """Refuses tokens past the logical context, and cuts the cache back to n_tokens (what
+        llama-cpp-python's truncation does to llama.cpp's own cells) so that it holds what a
+        fresh context would: returns the tokens to evaluate, with those of the context that
+        must be evaluated again in front (LiveCache.rewind), n_tokens set back to match."""
+        if self.n_tokens + len(tokens) > self.n_ctx():
+            raise ValueError(f"{self.n_tokens} tokens in context + {len(tokens)} new exceed n_ctx={self.n_ctx()}")
+        if self._kv is None:
+            return tokens
+        start = self._kv.rewind(self.n_tokens)
+        if start < self.n_tokens:
+            tokens = [*self.input_ids[start : self.n_tokens].tolist(), *tokens]
+            self.n_tokens = start
+        return tokens
+
+    def _batches(self, tokens: Sequence[int]) -> Iterator[Sequence[int]]:
+        """tokens in batches of at most n_batch that never cross a multiple of n_batch (the
+        positions where the live cache evicts), read as n_tokens advances."""
+        i = 0
+        while i < len(tokens):
+            room = self.n_batch - self.n_tokens % self.n_batch
+            yield tokens[i : i + room]
+            i += room
 
     @one_call
     def eval(self, tokens: Sequence[int]):
@@ -294,15 +310,15 @@ class Llama(SessionCalls):
                 if self._logits_all:
                     self.scores[n_past : n_past + len(logits), :] = logits
             return
-        self.tokens_evaluated += len(tokens)
         if self._kv is None:
+            self.tokens_evaluated += len(tokens)
             with self._kv_lock:
                 return super().eval(tokens)
         with self._kv_lock:
-            self._begin_eval(len(tokens))
-        for i in range(0, len(tokens), self.n_batch):
-            batch = tokens[i : i + self.n_batch]
-            self._run_batch("eval", batch, lambda n_past: llama_cpp.Llama.eval(self, batch))
+            tokens = self._begin_eval(tokens)
+        self.tokens_evaluated += len(tokens)
+        for batch in self._batches(tokens):
+            self._run_batch("eval", batch, lambda n_past, batch=batch: llama_cpp.Llama.eval(self, batch))
 
     def _run_batch(
         self, what: str, batch: Sequence[int], decode: Callable[[int], Optional[np.ndarray]]
@@ -323,7 +339,7 @@ class Llama(SessionCalls):
                 self._batch_done(before, n_past)
                 if logits is not None and self._kv.wants_logits:
                     self._kv.note_logits(n_past, batch, logits)
-                self._kv.after_batch(len(batch))
+                self._kv.after_batch(n_past, len(batch))
             return n_past, logits
 
     def _batch_done(self, before: tuple[int, int, int], n_past: int) -> None:
@@ -344,12 +360,16 @@ class Llama(SessionCalls):
 
     def _eval_logits(self, tokens: Sequence[int]) -> Iterator[tuple[int, np.ndarray]]:
         with self._kv_lock:
-            self._begin_eval(len(tokens))
+            start = self.n_tokens  # the caller's first token; a cut may evaluate earlier ones again
+            tokens = self._begin_eval(tokens)
             self.tokens_evaluated += len(tokens)
             self._ctx.kv_cache_seq_rm(-1, self.n_tokens, -1)
-        for i in range(0, len(tokens), self.n_batch):
-            batch = tokens[i : i + self.n_batch]
-            yield self._run_batch("eval_logits", batch, lambda n_past: self._decode_logits(batch, n_past))
+        for batch in self._batches(tokens):
+            n_past, logits = self._run_batch(
+                "eval_logits", batch, lambda n_past, batch=batch: self._decode_logits(batch, n_past)
+            )
+            if n_past + len(batch) > start:
+                yield max(n_past, start), logits[max(0, start - n_past) :]
 
     def _decode_logits(self, batch: Sequence[int], n_past: int) -> np.ndarray:
         """llama_decode with every position's logits kept; advances n_tokens as stock eval does."""

@@ -1,5 +1,5 @@
-"""When warm blocks age into the archive tier: after the batch that follows their eviction, on the
-CPU at that batch's end, and beside it on a thread of its own where the batch reads only the GPU's
+"""When warm blocks age into the archive tier: after the batch that follows their eviction (the
+one that ends on the next multiple of n_batch), on the CPU at that batch's end, and beside it on a thread of its own where the batch reads only the GPU's
 device copy (forced here on the CPU with KVGGUF_AGE_BESIDE=1, where the store's lock orders the
 batch's reads and aging's swaps)."""
 
@@ -35,9 +35,10 @@ def watch(kv):
         before(n_past, n_new)
         seen.append({"due": len(plan.blocks_to_archive(kv.blocks, CONFIG)), "beside": kv._aging is not None})
 
-    def after_batch(n_tokens):
-        after(n_tokens)
-        if kv._aging is None:  # on the CPU's thread: done by the batch's end
+    def after_batch(n_past, n_tokens):
+        after(n_past, n_tokens)
+        if kv._aging is None and (n_past + n_tokens) % kv.step == 0:  # on the CPU's thread: done by
+            # the end of the batch that ends on a multiple of n_batch
             assert plan.blocks_to_archive(kv.blocks, CONFIG) == []
 
     kv.before_batch, kv.after_batch = before_batch, after_batch

@@ -48,10 +48,10 @@ def context(llm):
 def test_a_failure_anywhere_in_eviction_or_aging_loses_nothing(smollm2_path, tokens):
     llm = Llama(str(smollm2_path), kv_codec=SMALL, n_ctx=1024, verbose=False, n_threads=N_THREADS)
     try:
-        llm.eval(tokens[:300])
+        llm.eval(tokens[:288])  # a multiple of n_batch: the next 32 tokens are one batch
         start = llm.save_state()
         before = context(llm)
-        nxt = tokens[300:332]
+        nxt = tokens[288:320]
         reference = last_logits(llm, nxt)
         # How many fallible steps one batch takes (eviction: an append per list; aging: a re-encode per list).
         llm.load_state(start)

@@ -33,13 +33,32 @@ def test_rows_to_evict_keeps_at_most_hot_rows(n_past, n_cold, expected):
         assert n_hot_after > CFG.hot - CFG.block  # never more than needed
 
 
-def test_decode_keeps_the_configured_window():
-    # One token at a time: the hot rows stay within (hot - block, hot] once the window filled.
-    n_cold = 0
-    for n_past in range(1, 2000):
-        n_cold += plan.rows_to_evict(n_past, n_cold, CFG)
-        if n_past >= CFG.hot:
-            assert CFG.hot - CFG.block < n_past - n_cold <= CFG.hot
+def test_what_a_context_holds_is_a_function_of_its_length():
+    """plan.state_at: evictions only before batches at multiples of n_batch, so between them the
+    hot rows grow by one a token, to at most hot + n_batch - 1; at a multiple it is what a prefill
+    in batches of n_batch ends with (blocks_after), and aging follows the batch ending on the next."""
+    step = 32
+    for n in range(0, 1500, 7):
+        blocks, due = plan.state_at(n, step, CFG)
+        n_cold = blocks[-1].r1 if blocks else 0
+        since = (n - 1) % step + 1  # tokens since the last multiple of step before n
+        if n >= CFG.hot + step:
+            assert CFG.hot - CFG.block + since < n - n_cold <= CFG.hot + since
+        if n % step == 0:
+            assert not due
+            want = plan.blocks_after(n, step, CFG)
+            assert [(b.r0, b.r1, b.tier) for b in blocks] == [(b.r0, b.r1, b.tier) for b in want]
+        else:  # an eviction before the batch at the last multiple: its aging is still due
+            assert due == (plan.state_at(n - n % step, step, CFG)[0] != blocks)
+
+
+def test_a_cell_type_given_twice_is_refused_saying_so():
+    from kvgguf.policy import kv_codec
+
+    with pytest.raises(ValueError, match="':hot=' is given twice"):
+        kv_codec.split_cells("rotq2:hot=q8_0:hot=f16")
+    with pytest.raises(ValueError, match="must be one of f16, q8_0; got 'q4_0'"):
+        kv_codec.split_cells("rotq2:hot=q4_0")
 
 
 def test_evicted_parts_keep_sinks_exact():

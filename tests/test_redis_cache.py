@@ -283,3 +283,20 @@ def test_a_failed_read_is_a_miss_that_keeps_the_entry():
     with pytest.warns(RuntimeWarning, match="timeout"):
         assert [1, 2, 3, 4, 5] not in cache
     assert cache.faults == {"timeout": 1} and Client.deleted == []
+
+
+def test_entries_restored_and_cut_answer_as_a_fresh_context(smollm2_path, flushed):
+    """The prompt that shares a prefix with an entry (tests/test_prefix_reuse.py's sequence):
+    restored from Redis and cut, the context answers as a fresh one."""
+    from test_prefix_reuse import check_sequence, completion
+
+    def make():
+        llm = Llama(str(smollm2_path), kv_codec="tiered:fixed", **KW)
+        llm.set_cache(CompressedRedisCache(f"redis://127.0.0.1:{flushed.port}/0", chunk_tokens=CHUNK))
+        return llm
+
+    def ask(llm, tokens):
+        llm.reset()  # what the cache holds is what is reused
+        return completion(llm, tokens)
+
+    check_sequence(make, ask=ask)

@@ -101,14 +101,26 @@ class KVStore:
             f"encoded block of {block.n_rows} rows for layer {il} {'KV'[kind]}",
         )
 
-    def blocks(self, il: int, kind: int) -> list["EncodedBlock"]:
-        """The blocks of (il, kind) in row order, with copies of their encoded bytes."""
+    def blocks(self, il: int, kind: int, r0: int = 0, r1: int | None = None) -> list["EncodedBlock"]:
+        """The blocks of (il, kind) that start in rows [r0, r1) (default: all), in row order,
+        with copies of their encoded bytes."""
         ffi, lib = get_ffi(), get_lib()
         n = ffi.new("int64_t *")
         check(lib.kvg_store_n_blocks(self._ptr, il, kind, n))
         info = ffi.new("kvg_block_info *")
+
+        def row0(bi: int) -> int:
+            check(lib.kvg_store_block(self._ptr, il, kind, bi, info, ffi.NULL, 0))
+            return int(info.row0)
+
+        lo, hi = 0, int(n[0])  # the first block starting at r0 or later, by bisection (blocks are in row order)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (mid + 1, hi) if row0(mid) < r0 else (lo, mid)
         out = []
-        for bi in range(int(n[0])):
+        for bi in range(lo, int(n[0])):
+            if r1 is not None and row0(bi) >= r1:
+                break
             check(lib.kvg_store_block(self._ptr, il, kind, bi, info, ffi.NULL, 0))
             data = bytearray(info.n_bytes)
             check(lib.kvg_store_block(self._ptr, il, kind, bi, info, ffi.from_buffer(data), len(data)))

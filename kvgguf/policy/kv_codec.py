@@ -100,16 +100,20 @@ def split_cells(kv_codec):
     """(kv_codec without its ":window=TYPE" / ":hot=TYPE" suffixes, {option: TYPE}); any other
     kv_codec as it is."""
     cells: dict[str, str] = {}
+    given = kv_codec
     while isinstance(kv_codec, str):
         head, _, tail = kv_codec.rpartition(":")
         option, eq, value = tail.partition("=")
         if not head or not eq or option not in CELL_OPTIONS:
             break
         what, types = CELL_OPTIONS[option]
-        if value not in types or option in cells:
+        if option in cells:  # read from the end: the later one is in cells already
             raise ValueError(
-                f"kv_codec {kv_codec!r}: {what}' type must be given once, one of {', '.join(types)}; got {value!r}"
+                f"kv_codec {given!r}: ':{option}=' is given twice "
+                f"({value!r} and {cells[option]!r}); give {what}' type once"
             )
+        if value not in types:
+            raise ValueError(f"kv_codec {given!r}: {what}' type must be one of {', '.join(types)}; got {value!r}")
         cells[option] = value
         kv_codec = head
     return kv_codec, cells

@@ -85,6 +85,36 @@ def blocks_after(n_tokens: int, n_batch: int, config: TieredConfig) -> list[Bloc
     return blocks
 
 
+def state_at(n_tokens: int, step: int, config: TieredConfig) -> tuple[list[Block], bool]:
+    """What a context of n_tokens holds, whatever it was asked before: the live cache evicts
+    only before a batch that starts on a multiple of ``step`` (its n_batch; no batch crosses
+    one), and ages the blocks an eviction pushed out of the warm window once the batch that
+    ends on the next multiple is done. So every row was computed over the same cold rows as
+    in a fresh evaluation, and the blocks are a function of n_tokens: (blocks, whether the
+    last eviction's aging is still due). Blocks that aged are ARCHIVE here; a keep signal
+    may have kept some of them warm instead (LiveCache._age)."""
+    blocks: list[Block] = []
+    due = False
+
+    def age() -> None:
+        for b in blocks_to_archive(blocks, config):
+            b.tier = Tier.ARCHIVE
+
+    for start in range(0, n_tokens, step):
+        if due:
+            age()
+        n_cold = blocks[-1].r1 if blocks else 0
+        n_evict = rows_to_evict(start, n_cold, config)
+        blocks += [
+            Block(n_cold + a, n_cold + b, tier) for tier, a, b in evicted_parts(n_cold, n_cold + n_evict, config)
+        ]
+        due = n_evict > 0
+    if due and n_tokens % step == 0:
+        age()
+        due = False
+    return blocks, due
+
+
 def block_counts(n_tokens: int, n_batch: int, config: TieredConfig) -> tuple[dict[tuple[int, int], int], int]:
     """What blocks_after ends with, in closed form: ({(rows, tier): how many blocks}, n_cold), in
     time independent of n_tokens (inspect answers at any context).

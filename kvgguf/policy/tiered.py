@@ -72,6 +72,15 @@ class TieredConfig:
         "f16" (exact), "q8_0" (8.5 bits per value, half the bytes; both attention paths read
         them as f16 rows, eviction dequantizes them; needs flash attention and head dims that
         blocks of 32 divide), or None: "q8_0" where llama.cpp can hold it, else "f16".
+    reuse: how far back (in positions) a context can be cut and still be reused as it is.
+        A prompt that shares only a prefix with what the context holds cuts it back there; a
+        fresh context would hold that prefix's newest tokens exact and its younger blocks warm,
+        where this one has evicted and aged them since. So llama.cpp's own bytes of the rows
+        evicted within the newest ``reuse`` compressed positions (every layer, sliding windows
+        too) and the warm codes of the blocks aged within as many are kept, counted in
+        kv_memory() as "reuse", and a cut within that reach puts them back; a deeper cut
+        evaluates the prefix again. Either way the cut context holds what a fresh one would.
+        0 keeps nothing (every cut into evicted rows evaluates again).
     """
 
     hot: int = 224
@@ -87,9 +96,10 @@ class TieredConfig:
     codebooks: str = "sequence"
     window: Optional[str] = None
     hot_cells: Optional[str] = None
+    reuse: int = 256
 
     def __post_init__(self):
-        for name in ("hot", "ubatch", "block", "group_size", "sinks", "warm_tokens"):
+        for name in ("hot", "ubatch", "block", "group_size", "sinks", "warm_tokens", "reuse"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise TypeError(f"TieredConfig.{name} must be an int, got {value!r}")
@@ -98,7 +108,7 @@ class TieredConfig:
         for name in ("hot", "ubatch", "block", "group_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"TieredConfig.{name} must be > 0, got {getattr(self, name)}")
-        for name in ("sinks", "warm_tokens"):
+        for name in ("sinks", "warm_tokens", "reuse"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TieredConfig.{name} must be >= 0, got {getattr(self, name)}")
         if self.codebooks not in CODEBOOKS:

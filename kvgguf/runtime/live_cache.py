@@ -17,8 +17,9 @@ import warnings
 import llama_cpp.llama_cpp as C
 import numpy as np
 
-from ..llamacpp import hooks, q8_0
-from .memory import KVMemory, TierMemory
+from ..llamacpp import hooks, q8_0, seq_state, state_format
+from .memory import REUSE, KVMemory, TierMemory
+from .reuse import RecentRows
 from .signals import TokenSignals
 from ..model.shape import KVShape
 from ..bindings import codecs, cuda_store
@@ -45,6 +46,13 @@ class LiveCache:
         self.shape = shape
         self.config = config
         self.capacity = C.llama_n_ctx(ctx)  # llama.cpp's cells: hot + one batch, padded
+        # Evictions only before a batch that starts on a multiple of step (kvgguf.Llama splits
+        # batches there), so what a context holds is a function of its tokens (plan.state_at).
+        self.step = max(1, C.llama_n_batch(ctx))
+        # Rows [0, canonical) are as a fresh evaluation of the tokens would hold them (not, say,
+        # a session's hot rows restored through a lossy codec).
+        self.canonical = 0
+        self.n_held = 0  # positions [0, n_held) have rows here (cold) or in llama.cpp's cells
         # Aging (warm blocks past the warm window re-coded to the archive tier) follows the batch
         # after their eviction: at its end on the CPU; where every attended layer reads the
         # device copy, on a thread of its own while the GPU runs that batch (the result reaches the
@@ -85,6 +93,10 @@ class LiveCache:
         # evicted f16 cells coded on the GPU (KVGGUF_GPU_ENCODE=0: read out and coded on the CPU, to compare)
         self.encode_on_gpu = os.environ.get("KVGGUF_GPU_ENCODE", "1") != "0"
         self.rows_coded_on_gpu = 0  # (rows, one layer and kind each) that never left the GPU
+        # What a cut needs to put back (TieredConfig.reuse); not on a GPU, whose device copy of
+        # the store is not rebuilt in place: a cut into evicted rows evaluates again there.
+        self.recent = RecentRows(config.reuse if self.gpu is None else 0, config.warm_tokens)
+        self._layers_of_cache = state_format.cache_layers(ctx, shape.n_layer, hooks.layer_info)
         if self.gpu is not None and self.fused_max_tokens > 0:
             # every ubatch fused: the expanding path's ops run on the CPU
             self.fused_max_tokens = max(self.fused_max_tokens, C.llama_n_ubatch(ctx))
@@ -232,21 +244,28 @@ class LiveCache:
             if store.book(il, kind, name) is None:
                 store.set_book(il, kind, name, bk)
 
-    def snapshot(self) -> tuple[KVStore, list[plan.Block], TokenSignals]:
-        """The store, block list and keep signals now, for restore() to put back."""
-        return self.store, copy.deepcopy(self.blocks), copy.deepcopy(self.signals)
+    def snapshot(self) -> tuple:
+        """The store, block list, keep signals and what is canonical now, for restore() to put
+        back (without what a cut could put back: RecentRows starts over)."""
+        state = (self.canonical, self.n_held, self._aging_due)
+        return self.store, copy.deepcopy(self.blocks), copy.deepcopy(self.signals), state
 
-    def restore(self, snapshot: tuple[KVStore, list[plan.Block], TokenSignals]) -> None:
-        store, blocks, signals = snapshot
+    def restore(self, snapshot: tuple) -> None:
+        store, blocks, signals, (canonical, n_held, aging_due) = snapshot
         self._attach(store)
         self.blocks, self.signals = blocks, signals
-        self._aging_due = False
+        self.canonical, self.n_held, self._aging_due = canonical, n_held, aging_due
+        self.recent.clear()
 
-    def adopt(self, store: KVStore, blocks: list[tuple[int, int, int]]) -> None:
-        """Replaces the compressed rows by another store's (a restored session's)."""
+    def adopt(self, store: KVStore, blocks: list[tuple[int, int, int]], n_tokens: int, exact: bool) -> None:
+        """Replaces the compressed rows by another store's (a restored session's of n_tokens
+        tokens, whose rows llama.cpp holds exactly were kept bit for bit where exact)."""
         self._attach(store)
         self.blocks = [plan.Block(*b) for b in blocks]
-        self._aging_due = False
+        self._aging_due = plan.state_at(n_tokens, self.step, self.config)[1]
+        self.n_held = n_tokens
+        self.canonical = n_tokens if exact else self.n_cold  # coded exact rows are not a fresh context's
+        self.recent.clear()
         if self.config.keep is not None:
             # Warm blocks below the warm window were kept when they aged (the signals that
             # chose them are not saved): they stay warm.
@@ -308,11 +327,14 @@ class LiveCache:
         beyond the configured window go to the store; warm blocks that aged go to archive after
         the batch (after_batch), or beside it on the GPU."""
         self._settle()
-        if self._aging_due:  # the last batch never reached after_batch (llama_decode failed)
+        aligned = n_past % self.step == 0
+        if n_past % self.step + n_new > self.step:
+            raise ValueError(f"kvgguf: a batch of {n_new} tokens at {n_past} crosses a multiple of n_batch={self.step}")
+        if aligned and self._aging_due:  # aging not done yet (a batch that ended here failed)
             self._aging_due = False
             self._age()
         n_cold = self.n_cold
-        n_evict = plan.rows_to_evict(n_past, n_cold, self.config)
+        n_evict = plan.rows_to_evict(n_past, n_cold, self.config) if aligned else 0
         if n_past - n_cold - n_evict + n_new > self.capacity:
             raise ValueError(
                 f"a batch of {n_new} tokens does not fit beside the hot window "
@@ -324,7 +346,7 @@ class LiveCache:
         if self.device_store is not None:
             # what changed since the last batch (evictions, aging, a truncation, a clear)
             self.device_store.sync()
-        if self._aging_due and self.ages_beside:
+        if self._aging_due and self.ages_beside and (n_past + n_new) % self.step == 0:
             self._aging_due = False
             # not a daemon: an interpreter that exits mid-aging waits for it before freeing the store
             self._aging = threading.Thread(target=self._age_beside, name="kvgguf-aging", daemon=False)
@@ -344,12 +366,16 @@ class LiveCache:
     def note_logits(self, n_past: int, tokens, logits: np.ndarray) -> None:
         self.signals.note_logits(n_past, tokens, logits)
 
-    def after_batch(self, n_tokens: int) -> None:
-        """Notes what a batch of n_tokens just decoded tells the keep signal, then ages the blocks
-        the batch's eviction pushed out of the warm window."""
+    def after_batch(self, n_past: int, n_tokens: int) -> None:
+        """Notes what the batch of n_tokens at n_past just decoded tells the keep signal; where it
+        ends on a multiple of step, ages the blocks the last eviction pushed out of the warm
+        window (a fresh prefill's batch after the eviction attends over them unaged too)."""
         if self.signals.wants_mass and self.blocks and 0 < n_tokens <= self.fused_max_tokens:
             self.signals.note_mass(self.attention_mass(reset=True), n_tokens)
-        if self._aging_due:
+        if n_past <= self.canonical:
+            self.canonical = max(self.canonical, n_past + n_tokens)
+        self.n_held = n_past + n_tokens
+        if self._aging_due and (n_past + n_tokens) % self.step == 0:
             self._aging_due = False
             self._age()
 
@@ -395,14 +421,18 @@ class LiveCache:
             if on_device:
                 self.device_store.encode_many(on_device)
                 self.rows_coded_on_gpu += sum(item[-1] for item in on_device)
+            if self.recent.reach:
+                self.recent.keep_rows(seq_state.read(self.ctx), self._layers_of_cache, p0, p1)
             mem = C.llama_get_memory(self.ctx)
             if not C.llama_memory_seq_rm(mem, SEQ, p0, p1):
                 raise RuntimeError(f"kvgguf: llama.cpp could not remove positions [{p0}, {p1}) after encoding them")
         except BaseException:
             self.store.truncate(p0)
+            self.recent.forget_from(p0)
             raise
         for tier, a, b in parts:
             self.blocks.append(plan.Block(p0 + a, p0 + b, tier))
+        self.recent.forget_older(self.n_cold)
         # Hot rows back in position order at the front: attention then sums in the same
         # order as a cache that never wrapped, and new tokens follow the old ones. (It fails
         # only for caches kvgguf refuses when it attaches; the rows are consistent either way.)
@@ -446,6 +476,7 @@ class LiveCache:
             aging = [b for b in aging if not b.kept]
         lists = {(il, kind): table[il, kind] for il in self.layers for kind in Kind} if table else {}
         for b in aging:
+            warm = self._warm_codes(b) if self.recent.reach else None
             try:
                 self._store.retier_lists(b.r0, b.r1, Tier.ARCHIVE, lists)
             except KvgError as e:
@@ -459,20 +490,125 @@ class LiveCache:
                 )
                 return
             b.tier = Tier.ARCHIVE
+            if warm is not None:
+                self.recent.keep_warm(b.r0, b.r1, warm)
+
+    def _warm_codes(self, b: plan.Block) -> dict:
+        """Block b's codes in every list, as the store holds them."""
+        return {(il, kind): self._store.blocks(il, kind, b.r0, b.r1) for il in self.layers for kind in Kind}
 
     def truncate(self, n_tokens: int) -> None:
         """Forgets compressed rows at positions >= n_tokens (a new prompt diverged there)."""
         if n_tokens < self.n_cold:
             self.store.truncate(n_tokens)  # first: all or nothing, and the only step that can fail
             self.blocks = plan.truncated(self.blocks, n_tokens)
+            self.recent.forget_from(n_tokens)
         self.signals.truncate(n_tokens)
+        self.canonical = min(self.canonical, n_tokens)
+        self.n_held = min(self.n_held, n_tokens)
 
     def clear(self) -> None:
         self.store.clear()  # frees the codebooks too: given ones go back in
         self.blocks = []
         self._aging_due = False
         self.signals.clear()
+        self.recent.clear()
+        self.canonical = self.n_held = 0
         self._install_books(self.store)
+
+    def rewind(self, n_tokens: int) -> int:
+        """Cuts the context back to its first n_tokens tokens (a prompt that shares only those
+        with it) so that it holds what a fresh context that evaluated them holds: returns r <=
+        n_tokens, the tokens [r, n_tokens) to evaluate again. r = n_tokens where the rows and codes
+        a fresh context holds are here or put back from RecentRows (r is then where a fresh
+        prefill's last batch starts, at most n_batch - 1 back); else 0, the cache emptied.
+        A cut among rows no fresh context holds (a session's exact rows restored from their codes)
+        keeps them as they are: evaluating the context again is what the session saved."""
+        self._settle()
+        if n_tokens >= self.n_held:  # nothing to cut
+            return n_tokens
+        if n_tokens > self.canonical:
+            self.truncate(n_tokens)
+            return n_tokens
+        # back to where a fresh prefill's batch starts: the tokens after it are evaluated again in
+        # one batch with the new ones, as a fresh context evaluates them (another batch size sums
+        # in another order: logits within the arithmetic floor, not equal)
+        n = n_tokens - n_tokens % self.step
+        target, aging_due = plan.state_at(n, self.step, self.config)
+        c = target[-1].r1 if target else 0
+        C.llama_memory_seq_rm(C.llama_get_memory(self.ctx), SEQ, n, -1)
+        blocks = self._blocks_for(target) if self.n_cold >= c else None
+        if blocks is None or (self.n_cold > c and not self.recent.covers(c, min(self.n_cold, n))):
+            self._start_over()
+            return 0
+        try:
+            self._put_back(blocks, c, min(self.n_cold, n))
+        except (KvgError, RuntimeError, MemoryError):
+            self._start_over()
+            return 0
+        self.blocks, self._aging_due = blocks, aging_due
+        self.recent.forget_from(c)
+        self.signals.truncate(n)
+        self.canonical = self.n_held = n
+        return n
+
+    def _blocks_for(self, target: list[plan.Block]) -> list[plan.Block] | None:
+        """The block list this context holds once cut to the fresh one's target (its kept
+        blocks stay kept), or None where the codes cannot be made the same: other block
+        boundaries, or an aged block that a fresh context holds warm and whose warm codes are
+        not kept. Blocks to make warm again come back with tier WARM."""
+        c = target[-1].r1 if target else 0
+        held = plan.truncated(self.blocks, c)
+        if len(held) != len(target):
+            return None
+        out = []
+        for h, t in zip(held, target):
+            if (h.r0, h.r1) != (t.r0, t.r1):
+                return None
+            if t.tier == Tier.ARCHIVE and h.tier == Tier.WARM and h.kept:  # the keep signal kept it
+                out.append(plan.Block(h.r0, h.r1, Tier.WARM, kept=True))
+            elif t.tier == h.tier or (t.tier == Tier.WARM and self.recent.warm(h.r0, h.r1)):
+                out.append(plan.Block(t.r0, t.r1, t.tier))  # not aged yet in a fresh context
+            else:
+                return None
+        return out
+
+    def _put_back(self, blocks: list[plan.Block], c: int, p1: int) -> None:
+        """The store cut to c rows with the warm codes of blocks[i] that aged put back, and
+        llama.cpp's cells given the kept rows of positions [c, p1) before the ones they hold."""
+        current = {(b.r0, b.r1): b.tier for b in self.blocks}
+        unage = [b for b in blocks if b.tier == Tier.WARM and current.get((b.r0, b.r1)) == Tier.ARCHIVE]
+        if unage:
+            first = unage[0].r0
+            lists = {}
+            for il in self.layers:
+                for kind in Kind:
+                    lists[il, kind] = [
+                        x
+                        for b in blocks
+                        if b.r0 >= first
+                        for x in (
+                            self.recent.warm(b.r0, b.r1).lists[il, kind]
+                            if b in unage
+                            else self.store.blocks(il, kind, b.r0, b.r1)
+                        )
+                    ]
+            self.store.truncate(first)
+            for (il, kind), encoded in lists.items():
+                for x in encoded:
+                    self.store.append_encoded(il, kind, x)
+        self.store.truncate(c)
+        if p1 > c:
+            state = seq_state.read(self.ctx)
+            cells = self.recent.with_rows(state_format.parse(state, self._layers_of_cache), c, p1)
+            if not seq_state.write(self.ctx, state_format.build(cells)):
+                seq_state.write(self.ctx, state)
+                raise RuntimeError("llama.cpp refused the rows a cut puts back")
+
+    def _start_over(self) -> None:
+        """Empties the cache, llama.cpp's cells too: its tokens are evaluated again."""
+        self.clear()
+        C.llama_memory_seq_rm(C.llama_get_memory(self.ctx), SEQ, -1, -1)
 
     def read_failures(self) -> tuple[int, int, int]:
         """Failed reads so far: the store's (expanded, fused) and every failed hook call llama.cpp
@@ -525,6 +661,8 @@ class LiveCache:
                 tiers.append(TierMemory(Tier(tier).label, names[tier], held.bytes))
         if books := self.store.book_bytes():  # pq2/vq8: one codebook per layer and kind, part of their cost
             tiers.append(TierMemory("books", "codebooks", books))
+        if kept := self.recent.nbytes:  # what a cut puts back (TieredConfig.reuse)
+            tiers.append(TierMemory(REUSE, "exact rows and warm codes", kept))
         return KVMemory(
             tuple(tiers),
             self.store.index_bytes(),

@@ -6,11 +6,12 @@ from dataclasses import dataclass, field
 
 MIB = 2**20
 LLAMA_TIERS = ("hot", "window")  # llama.cpp's cells; the other tiers are the store's
+REUSE = "reuse"  # what a cut puts back (TieredConfig.reuse): copies, not the store's rows
 
 
 @dataclass(frozen=True)
 class TierMemory:
-    name: str  # "hot", "window", "sink", "warm", "archive", "books"
+    name: str  # "hot", "window", "sink", "warm", "archive", "books", "reuse"
     codec: str
     bytes: int
 
@@ -22,7 +23,8 @@ class KVMemory:
     ``hot`` is what llama.cpp allocated for its own cache (the whole buffer, used or not), and
     ``window`` the part of it that sliding-window layers hold, where a model has them;
     the other tiers are the store's encoded rows (and "books", the codebooks pq2 and vq8 rows
-    are coded with, where they are used); ``index_bytes`` is the store's
+    are coded with, where they are used; "reuse", the copies a cut puts back, where a context
+    has evicted rows: TieredConfig.reuse); ``index_bytes`` is the store's
     bookkeeping. ``bits_per_value`` divides all of it by the K/V values of the tokens held
     (docs/design.md, "The yardstick": tokens x layers x (n_embd_k_gqa + n_embd_v_gqa)).
 
@@ -55,8 +57,8 @@ class KVMemory:
 
     @property
     def cold_bytes(self) -> int:
-        """Bytes of the store's tiers (everything but llama.cpp's own buffers)."""
-        return sum(t.bytes for t in self.tiers if t.name not in LLAMA_TIERS)
+        """Bytes of the store's tiers (everything but llama.cpp's own buffers and reuse's copies)."""
+        return sum(t.bytes for t in self.tiers if t.name not in (*LLAMA_TIERS, REUSE))
 
     @property
     def cell_bytes(self) -> int:

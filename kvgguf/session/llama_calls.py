@@ -109,7 +109,8 @@ class SessionCalls(llama_cpp.Llama):
     @serialized
     def save_state(self):
         """llama-cpp-python's state; with a kv_codec or a compressed prompt cache, a
-        SessionState holding .kvz bytes (encoded with the cache's codec)."""
+        SessionState holding .kvz bytes: the compressed rows as held, the rows llama.cpp holds
+        exactly kept bit for bit with a kv_codec, else encoded with the cache's codec."""
         cache = self.cache if isinstance(self.cache, CompressedCache) else None
         if self._kv is None and cache is None:
             return super().save_state()
@@ -117,7 +118,9 @@ class SessionCalls(llama_cpp.Llama):
         data, _info = session.dump(
             self._session_view(drop_dead_rows=True),
             codec=codec,
-            exact=cache is None,
+            # with a kv_codec the exact rows stay exact: a prompt cache's entry, restored and cut,
+            # must hold what a fresh context holds (its cold rows are kept as held either way)
+            exact=cache is None or self._kv is not None,
             entropy=cache.entropy if cache is not None else False,
         )
         return SessionState(self.input_ids[: self.n_tokens].copy(), data, self._seed)

@@ -20,7 +20,6 @@ llama.cpp still refuses, the previous state is put back. A bad file never half-a
 
 from __future__ import annotations
 
-import ctypes
 import json
 import struct
 from dataclasses import asdict, dataclass
@@ -30,7 +29,7 @@ import llama_cpp.llama_cpp as C
 import numpy as np
 
 from ..errors import SessionCorruptError, SessionError, SessionMismatchError, SessionVersionError
-from ..llamacpp import hooks, q8_0, state_format
+from ..llamacpp import hooks, q8_0, seq_state, state_format
 from ..model.shape import KVShape
 from ..bindings import codecs
 from ..bindings.binding import KvgError
@@ -184,12 +183,7 @@ ANY_HEAD_DIM_STOCK_CODEC = "kivi4"
 
 
 def _seq_state(ctx) -> bytes:
-    n = C.llama_state_seq_get_size(ctx, SEQ)
-    buf = (ctypes.c_uint8 * n)()
-    got = C.llama_state_seq_get_data(ctx, buf, n, SEQ)
-    if got != n:
-        raise RuntimeError(f"llama.cpp wrote {got} bytes of sequence state, announced {n}")
-    return bytes(buf)
+    return seq_state.read(ctx)
 
 
 def _check_positions(caches, n_cold: int, n_tokens: int) -> None:
@@ -522,7 +516,7 @@ def apply(live: LiveContext, restored: _Restored) -> None:
     old_store = kv.snapshot() if kv is not None else None
     try:
         if kv is not None:
-            kv.adopt(restored.store, restored.blocks)
+            kv.adopt(restored.store, restored.blocks, len(restored.tokens), exact=restored.meta["codec"] == "f16")
         _set_seq_state(live.ctx, restored.state)
     except BaseException:
         if kv is not None:
@@ -532,9 +526,5 @@ def apply(live: LiveContext, restored: _Restored) -> None:
 
 
 def _set_seq_state(ctx, state: bytes) -> None:
-    C.llama_memory_seq_rm(C.llama_get_memory(ctx), SEQ, -1, -1)
-    buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
-    if C.llama_state_seq_set_data(ctx, buf, len(state), SEQ) != len(state):
+    if not seq_state.write(ctx, state):
         raise SessionMismatchError("llama.cpp refused the session's cache rows (its cache is too small?)")
-    if hooks.compact(ctx) != 0:
-        raise RuntimeError("kvgguf: llama.cpp could not compact its KV cache after a restore")
