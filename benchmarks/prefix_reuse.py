@@ -4,7 +4,7 @@ A Llama answers A (a document + one question, 16 tokens at temperature 0), then 
 document + another question): B cuts the context back to the document and evaluates its own
 tokens. Timed: B's prompt on that Llama (reuse), and B's prompt on a fresh Llama (the whole
 prompt), each up to its first sampled token; medians of the repeats, in one process. kvgguf
-with its default reach (TieredConfig.reuse = 256: the rows evicted since are put back) and with
+with its default reach (TieredConfig.reuse = 128: the rows evicted since are put back) and with
 reuse=0 (the cut evaluates the document again); stock llama.cpp's f16 cache beside them.
 
     .venv/bin/python benchmarks/prefix_reuse.py --contexts 1024,4096 --repeats 3 --out benchmarks/results/sessions/prefix_reuse
@@ -20,7 +20,7 @@ from common import add_out_option, add_threads_option, command, markdown_table, 
 
 CACHES = {
     "stock f16": None,
-    "tiered (reuse 256)": "tiered:fixed",
+    "tiered (reuse 128)": "tiered:fixed",
     "tiered (reuse 0)": "reuse0",
 }
 

@@ -86,7 +86,9 @@ def test_compressed_prompt_caches_serve_a_per_layer_cache(smollm2_path, tokens, 
         assert cache.cache_size > 0
         before = llm.tokens_evaluated
         again = llm.create_completion(text, max_tokens=2, temperature=0.0)
-        assert llm.tokens_evaluated - before < 10, "the cached prompt was evaluated again"
+        # the tokens after the last multiple of n_batch go again, in one batch, as a fresh
+        # context evaluates them (docs/live-cache.md, "A prompt that shares a prefix")
+        assert llm.tokens_evaluated - before < llm.n_batch + 10, "the cached prompt was evaluated again"
         assert again["choices"][0]["text"] == first["choices"][0]["text"]
 
 

@@ -4,6 +4,7 @@ is checked against kv_memory() of real contexts of both models, for llama.cpp's 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 
@@ -15,6 +16,7 @@ from kvgguf.cli import inspect
 from kvgguf.evaluation.text import wikitext2_test
 from kvgguf.model.gguf_file import GGUFError, read_metadata
 from kvgguf.model.shape import KVShape
+from kvgguf.policy import held
 from kvgguf.policy.resolve import tiered_preset_for
 
 from test_cli import run_cli
@@ -32,9 +34,10 @@ def card(name: str) -> dict:
     return json.loads(out.stdout)
 
 
-def predicted(name: str, cache: str, n_ctx: int) -> int:
-    rows = {r["cache"]: r for r in card(name)["kv_table"]}
-    return rows[cache]["bytes"][str(n_ctx)]
+def predicted(name: str, cache: str, n_ctx: int, source: str = "kvgguf") -> int:
+    """inspect's bytes for a cache row of llama.cpp's or kvgguf's (both have an "f16")."""
+    rows = {(r["from"], r["cache"]): r for r in card(name)["kv_table"]}
+    return rows[source, cache]["bytes"][str(n_ctx)]
 
 
 def tokens(llm, n: int) -> list[int]:
@@ -78,7 +81,7 @@ def test_llama_cpp_cache_bytes_are_what_inspect_prints(name, cache, n_ctx):
     for swa_full in (True, False) if shape.n_swa else (None,):
         kw = {} if swa_full is None else {"swa_full": swa_full}
         llm = Llama(str(kvgguf.models.path(name)), n_ctx=n_ctx, type_k=cache, type_v=cache, **kw, **KW)
-        want = predicted(name, inspect.llama_label(shape, cache, swa_full is not False), n_ctx)
+        want = predicted(name, inspect.llama_label(shape, cache, swa_full is not False), n_ctx, "llama.cpp")
         assert llm.kv_memory().total_bytes == want, (name, cache, n_ctx, swa_full)
         llm.close()
 
@@ -106,7 +109,14 @@ def assert_tiered(mem, want, llm):
     if window:
         assert window.codec == llm.kv_cells["window"]
     assert mem.cold_bytes == want["store"]
-    assert mem.total_bytes - want["hot"] - want["window"] - want["store"] == mem.index_bytes
+    reuse = mem.by_tier["reuse"].bytes if "reuse" in mem.by_tier else 0
+    if window:  # the sliding windows' rows a cut keeps: at most those of every evicted position
+        config = dataclasses.replace(llm.kv_config, hot_cells=llm.kv_cells["hot"], window=llm.kv_cells["window"])
+        full = held.reuse_bytes(KVShape.of(llm), llm.n_tokens, llm.n_batch, config, windows=False)
+        assert full <= reuse <= want["reuse"]
+    else:
+        assert reuse == want["reuse"]
+    assert mem.total_bytes - want["hot"] - want["window"] - want["store"] - reuse == mem.index_bytes
     assert 0 < mem.index_bytes < 0.01 * mem.total_bytes
 
 
@@ -144,7 +154,7 @@ def test_tiered_preset_row_is_what_a_full_context_holds(name):
     mem = llm.kv_memory()
     shape = KVShape.from_gguf(path)
     want = inspect.kvgguf_bytes(shape, 2048, tiered_preset_for(shape, TieredConfig()))
-    assert want["hot"] + want["window"] + want["store"] == predicted(name, "tiered", 2048)
+    assert want["hot"] + want["window"] + want["store"] + want["reuse"] == predicted(name, "tiered", 2048)
     assert_tiered(mem, want, llm)
     llm.close()
 

@@ -163,3 +163,24 @@ def test_the_calibrated_preset_answers_as_fresh(smollm2_path, calibrated):
     assert llm.kv_calibration is not None  # the per-layer plan, not the fixed preset
     llm.close()
     check_sequence(lambda: Llama(str(smollm2_path), kv_codec="tiered", **KW))
+
+
+def test_sliding_window_rows_a_cut_needs_are_there_or_the_prefix_is_evaluated_again(gemma3_path):
+    """The context goes 100 tokens past B's document, evicting rows that B's window layers still
+    see from its cut (llama.cpp may have reused their cells for newer positions before the
+    eviction kept them): B answers as fresh either way."""
+
+    def make():
+        return Llama(str(gemma3_path), kv_codec="tiered", **KW)
+
+    llm = make()
+    p = prompts(llm, 900)
+    llm.eval(llm.tokenize(wikitext2_test()[:20000].encode("utf-8"))[:1000])
+    n_swa = llm.kv_shape.n_swa
+    assert llm.kv_cache.n_cold > 896 - n_swa + 1  # rows the window sees from B's cut (at 896) were evicted
+    got = (completion(llm, p["B"]), last_logits(llm))
+    llm.close()
+    fresh = make()
+    want = (completion(fresh, p["B"]), last_logits(fresh))
+    fresh.close()
+    assert got[0] == want[0] and kl(want[1], got[1]) <= KL_BOUND

@@ -116,7 +116,7 @@ def kv_table(
                 "from": "kvgguf",
                 "swa_full": None,
                 "bits_per_value": None,
-                "bytes": {n: s["hot"] + s["window"] + s["store"] for n, s in sizes.items()},
+                "bytes": {n: s["hot"] + s["window"] + s["store"] + s["reuse"] for n, s in sizes.items()},
             }
         )
     for r in rows:

@@ -23,7 +23,7 @@ import math
 from typing import Callable, Optional
 
 from ..bindings import codecs
-from ..enums import Kind
+from ..enums import Kind, Tier
 from ..model.shape import KVShape
 from . import plan
 from .tiered import TieredConfig
@@ -138,7 +138,55 @@ def context_bytes(
         window_cells=physical,
     )
     store = store_bytes(shape, counts, config)
-    return {"hot": hot, "window": window, "store": store, "index": index_bytes(shape, counts), "n_cold": n_cold}
+    n = n_ctx if n_tokens is None else n_tokens
+    return {
+        "hot": hot,
+        "window": window,
+        "store": store,
+        "index": index_bytes(shape, counts),
+        "reuse": reuse_bytes(shape, n, n_batch, config),
+        "n_cold": n_cold,
+    }
+
+
+def reuse_bytes(shape: KVShape, n_tokens: int, n_batch: int, config: TieredConfig, *, windows: bool = True) -> int:
+    """What runtime/reuse.py keeps after n_tokens in batches of n_batch (kv_memory()'s "reuse"):
+    llama.cpp's bytes of the rows of every eviction that ended within config.reuse of the newest
+    cold row (the full-attention layers' cells in hot_cells; with windows, the sliding ones' in
+    window too: at most, since llama.cpp may have given a window cell to a newer position
+    before the eviction, which then has no row to keep), and the warm codes of every block that
+    aged and ends within as many of the aging limit."""
+    if not config.reuse:
+        return 0
+    moved, due = plan.last_evictions(n_tokens, n_batch, config, config.reuse + config.warm_tokens)
+    if not moved:
+        return 0
+    n_cold = moved[-1][1]
+    floor = n_cold - config.reuse
+    full = set(shape.full_layers)
+    per_row = sum(
+        (shape.width(il, 0) + shape.width(il, 1))
+        // 32
+        * LLAMA_BLOCK_BYTES[config.hot_cells if il in full else config.window]
+        for il in range(shape.n_layer)
+        if windows or il in full
+    )
+    total = per_row * sum(p1 - p0 for p0, p1 in moved if p1 > floor)
+    if config.archive is None:
+        return total
+    # blocks aged so far: by the limit of the last eviction whose aging ran
+    aged_at = moved[-2][1] if due and len(moved) > 1 else (0 if due else n_cold)
+    limit = aged_at - config.warm_tokens
+    table = config.table(Tier.WARM, shape.n_layer)
+    for p0, p1 in moved:
+        for tier, a, b in plan.evicted_parts(p0, p1, config):
+            r0, r1 = p0 + a, p0 + b
+            if tier == Tier.WARM and floor - config.warm_tokens < r1 <= limit:
+                for il in shape.full_layers:
+                    for kind, dim, role in ((Kind.K, shape.head_dim_k, "k"), (Kind.V, shape.head_dim_v, "v")):
+                        c = codecs.get(table[il, kind], group_size=config.group_size)
+                        total += c.encoded_size((r1 - r0, shape.n_head_kv, dim), role)
+    return total
 
 
 BLOCK_ENTRY_BYTES = 56  # sizeof(kvg_block), native/src/kvg_internal.h (a static assert there), on 64-bit machines
@@ -158,10 +206,10 @@ def index_bytes(shape: KVShape, counts: dict[tuple[int, int], int]) -> int:
 
 def bits_held(shape: KVShape, n_ctx: int, config: TieredConfig, n_batch: Optional[int] = None) -> float:
     """Bits per value of the whole context (K and V of every layer) that a full context of n_ctx
-    tokens holds, llama.cpp's cells and the store's block tables included: what kv_memory()
-    reports as bits held."""
+    tokens holds, llama.cpp's cells, the store's block tables and what a cut puts back (reuse)
+    included: what kv_memory() reports as bits held."""
     b = context_bytes(shape, n_ctx, config, n_batch=n_batch)
-    return 8 * (b["hot"] + b["window"] + b["store"] + b["index"]) / (n_ctx * shape.values_per_token)
+    return 8 * (b["hot"] + b["window"] + b["store"] + b["index"] + b["reuse"]) / (n_ctx * shape.values_per_token)
 
 
 def compressed_bits(shape: KVShape, n_ctx: int, config: TieredConfig, n_batch: Optional[int] = None) -> float:

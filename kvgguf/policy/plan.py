@@ -115,6 +115,37 @@ def state_at(n_tokens: int, step: int, config: TieredConfig) -> tuple[list[Block
     return blocks, due
 
 
+def last_evictions(n_tokens: int, step: int, config: TieredConfig, rows: int) -> tuple[list[tuple[int, int]], bool]:
+    """The rows [p0, p1) each of state_at's evictions moved out, in order, of those that end
+    above the newest cold row less `rows` (and the one before them), and whether the last one's
+    aging is still due: in time independent of n_tokens (inspect answers at any context), by
+    the period of the hot rows before each batch (block_counts)."""
+    n_starts = -(-n_tokens // step) if n_tokens > 0 else 0
+    sizes, first_at, h = [], {}, 0
+    while len(sizes) < n_starts and h not in first_at:
+        first_at[h] = len(sizes)
+        sizes.append(rows_to_evict(h, 0, config))
+        h += step - sizes[-1]
+    c0 = first_at.get(h, len(sizes))
+    prefix, cycle = sizes[:c0], sizes[c0:]
+
+    def size(j: int) -> int:
+        return prefix[j] if j < c0 else cycle[(j - c0) % len(cycle)]
+
+    reps, rest = divmod(n_starts - c0, len(cycle)) if cycle and n_starts > c0 else (0, 0)
+    n_cold = sum(prefix[:n_starts]) + reps * sum(cycle) + sum(cycle[:rest])
+    out, end, j = [], n_cold, n_starts - 1
+    while j >= 0 and (end > n_cold - rows or len(out) < 2):
+        if size(j):
+            out.append((end - size(j), end))
+            end -= size(j)
+        if end <= 0:
+            break
+        j -= 1
+    due = n_starts > 0 and size(n_starts - 1) > 0 and n_tokens % step != 0
+    return out[::-1], due
+
+
 def block_counts(n_tokens: int, n_batch: int, config: TieredConfig) -> tuple[dict[tuple[int, int], int], int]:
     """What blocks_after ends with, in closed form: ({(rows, tier): how many blocks}, n_cold), in
     time independent of n_tokens (inspect answers at any context).

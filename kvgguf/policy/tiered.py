@@ -29,7 +29,7 @@ def type_name(value: Union[str, int]) -> Union[str, int]:
 # window's. q8_0 halves them for a KL within the measurement's floor (docs/quality.md, "Every
 # cell counted").
 PRESET_WINDOW = PRESET_HOT_CELLS = "q8_0"
-# The hot cells' types the patched attention reads besides f16 (src/llama-kvgguf-graph.cpp).
+# The hot cells' types the patched attention reads besides f16 (native/llama/src/llama-kvgguf-graph.cpp).
 HOT_CELL_TYPES = ("f16", "q8_0")
 
 
@@ -96,7 +96,7 @@ class TieredConfig:
     codebooks: str = "sequence"
     window: Optional[str] = None
     hot_cells: Optional[str] = None
-    reuse: int = 256
+    reuse: int = 128
 
     def __post_init__(self):
         for name in ("hot", "ubatch", "block", "group_size", "sinks", "warm_tokens", "reuse"):

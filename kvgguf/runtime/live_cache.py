@@ -57,7 +57,8 @@ class LiveCache:
         # after their eviction: at its end on the CPU; where every attended layer reads the
         # device copy, on a thread of its own while the GPU runs that batch (the result reaches the
         # copy at the next sync). Either way a batch attends over the same codes on both paths.
-        self._aging_due = False  # an eviction's aging still to do
+        # the batch start of the eviction whose aging is still to do (None: none is)
+        self._aging_due: int | None = None
         self._aging: threading.Thread | None = None  # aging beside the GPU's batch
         self._aging_error: BaseException | None = None
         self._store = KVStore(
@@ -262,7 +263,8 @@ class LiveCache:
         tokens, whose rows llama.cpp holds exactly were kept bit for bit where exact)."""
         self._attach(store)
         self.blocks = [plan.Block(*b) for b in blocks]
-        self._aging_due = plan.state_at(n_tokens, self.step, self.config)[1]
+        due = plan.state_at(n_tokens, self.step, self.config)[1]
+        self._aging_due = n_tokens - n_tokens % self.step if due else None
         self.n_held = n_tokens
         self.canonical = n_tokens if exact else self.n_cold  # coded exact rows are not a fresh context's
         self.recent.clear()
@@ -330,8 +332,9 @@ class LiveCache:
         aligned = n_past % self.step == 0
         if n_past % self.step + n_new > self.step:
             raise ValueError(f"kvgguf: a batch of {n_new} tokens at {n_past} crosses a multiple of n_batch={self.step}")
-        if aligned and self._aging_due:  # aging not done yet (a batch that ended here failed)
-            self._aging_due = False
+        if aligned and self._aging_due is not None and n_past > self._aging_due:
+            # aging not done yet (the batch that ended here failed)
+            self._aging_due = None
             self._age()
         n_cold = self.n_cold
         n_evict = plan.rows_to_evict(n_past, n_cold, self.config) if aligned else 0
@@ -342,12 +345,12 @@ class LiveCache:
             )
         if n_evict:
             self._evict(n_cold, n_cold + n_evict)
-            self._aging_due = True
+            self._aging_due = n_past
         if self.device_store is not None:
             # what changed since the last batch (evictions, aging, a truncation, a clear)
             self.device_store.sync()
-        if self._aging_due and self.ages_beside and (n_past + n_new) % self.step == 0:
-            self._aging_due = False
+        if self._aging_due is not None and self.ages_beside and (n_past + n_new) % self.step == 0:
+            self._aging_due = None
             # not a daemon: an interpreter that exits mid-aging waits for it before freeing the store
             self._aging = threading.Thread(target=self._age_beside, name="kvgguf-aging", daemon=False)
             self._aging.start()
@@ -375,8 +378,8 @@ class LiveCache:
         if n_past <= self.canonical:
             self.canonical = max(self.canonical, n_past + n_tokens)
         self.n_held = n_past + n_tokens
-        if self._aging_due and (n_past + n_tokens) % self.step == 0:
-            self._aging_due = False
+        if self._aging_due is not None and (n_past + n_tokens) % self.step == 0:
+            self._aging_due = None
             self._age()
 
     def read_rows(self, il: int, kind: int, p0: int, p1: int) -> np.ndarray:
@@ -492,6 +495,7 @@ class LiveCache:
             b.tier = Tier.ARCHIVE
             if warm is not None:
                 self.recent.keep_warm(b.r0, b.r1, warm)
+        self.recent.forget_older(self.n_cold)
 
     def _warm_codes(self, b: plan.Block) -> dict:
         """Block b's codes in every list, as the store holds them."""
@@ -510,7 +514,7 @@ class LiveCache:
     def clear(self) -> None:
         self.store.clear()  # frees the codebooks too: given ones go back in
         self.blocks = []
-        self._aging_due = False
+        self._aging_due = None
         self.signals.clear()
         self.recent.clear()
         self.canonical = self.n_held = 0
@@ -534,11 +538,13 @@ class LiveCache:
         # one batch with the new ones, as a fresh context evaluates them (another batch size sums
         # in another order: logits within the arithmetic floor, not equal)
         n = n_tokens - n_tokens % self.step
-        target, aging_due = plan.state_at(n, self.step, self.config)
+        # the batch at n starts with the eviction at n, which this context made too (the same rows,
+        # so the same codes): the target is the state after it
+        target, aging_due = plan.state_at(n + 1, self.step, self.config)
         c = target[-1].r1 if target else 0
         C.llama_memory_seq_rm(C.llama_get_memory(self.ctx), SEQ, n, -1)
         blocks = self._blocks_for(target) if self.n_cold >= c else None
-        if blocks is None or (self.n_cold > c and not self.recent.covers(c, min(self.n_cold, n))):
+        if blocks is None or not self._rows_kept(c, min(self.n_cold, n), n):
             self._start_over()
             return 0
         try:
@@ -546,11 +552,25 @@ class LiveCache:
         except (KvgError, RuntimeError, MemoryError):
             self._start_over()
             return 0
-        self.blocks, self._aging_due = blocks, aging_due
+        self.blocks, self._aging_due = blocks, (n if aging_due else None)
         self.recent.forget_from(c)
         self.signals.truncate(n)
         self.canonical = self.n_held = n
         return n
+
+    def _rows_kept(self, p0: int, p1: int, n: int) -> bool:
+        """Whether RecentRows holds the rows [p0, p1) that a fresh context of n tokens holds
+        exact: every layer's, the sliding windows' where a query from n on still sees them."""
+        if p1 <= p0:
+            return True
+        if not self.recent.covers(p0, p1):
+            return False
+        for i, layers in enumerate(self._layers_of_cache):
+            sliding = layers and layers[0] not in self.layers
+            lo = max(p0, n - self.shape.n_swa + 1) if sliding and self.shape.n_swa else p0
+            if not self.recent.covers_cells(i, lo, p1):
+                return False
+        return True
 
     def _blocks_for(self, target: list[plan.Block]) -> list[plan.Block] | None:
         """The block list this context holds once cut to the fresh one's target (its kept

@@ -121,6 +121,17 @@ class RecentRows:
                 at = r.p1
         return at >= p1
 
+    def covers_cells(self, record: int, p0: int, p1: int) -> bool:
+        """Whether cache record `record` (state_format's order) has the rows of every position
+        in [p0, p1) kept: a sliding window's cells may have been reused for newer positions
+        before their eviction, which then found none to keep."""
+        held = set()
+        for r in self._rows:
+            c = r.caches[record]
+            if c.n_cells:
+                held.update(state_format.cell_records(c.cells)[:, 0].tolist())
+        return all(p in held for p in range(p0, p1))
+
     def warm(self, r0: int, r1: int) -> _Warm | None:
         return next((w for w in self._warm if (w.r0, w.r1) == (r0, r1)), None)
 
