@@ -1,5 +1,6 @@
 # Obtains llama.cpp's source from the pinned llama-cpp-python sdist (through pip, cached)
-# and applies patches/*.patch to it. Sets OUT_VAR to the patched source directory.
+# places kvgguf's own files (native/llama/) in it and applies patches/*.patch, the hunks into
+# llama.cpp's own files. Sets OUT_VAR to the patched source directory.
 
 function(kvgguf_cache_dir out_var)
     if (DEFINED ENV{KVGGUF_CACHE_DIR})
@@ -47,13 +48,22 @@ function(kvgguf_prepare_llama_source out_var)
     kvgguf_fetch_sdist(sdist)
     file(GLOB patches "${CMAKE_CURRENT_SOURCE_DIR}/patches/*.patch")
     list(SORT patches)
-    set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${patches})
+    # kvgguf's own files inside llama.cpp, at the paths they take there (native/llama/README.md)
+    set(own_root "${CMAKE_CURRENT_SOURCE_DIR}/native/llama")
+    file(GLOB_RECURSE own_files RELATIVE "${own_root}" "${own_root}/include/*" "${own_root}/src/*" "${own_root}/ggml/*")
+    list(SORT own_files)
+    set(own_paths "")
+    foreach(f ${own_files})
+        list(APPEND own_paths "${own_root}/${f}")
+    endforeach()
+    set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${patches} ${own_paths})
 
-    # The stamp names the sdist and every patch's content: any change re-extracts cleanly.
+    # The stamp names the sdist, every patch's content and every own file's: any change
+    # re-extracts cleanly.
     set(stamp_text "${KVGGUF_LLAMA_CPP_PYTHON_VERSION}")
-    foreach(p ${patches})
+    foreach(p ${patches} ${own_paths})
         file(SHA256 "${p}" h)
-        string(APPEND stamp_text ";${h}")
+        string(APPEND stamp_text ";${p};${h}")
     endforeach()
     string(SHA256 stamp "${stamp_text}")
 
@@ -78,6 +88,12 @@ function(kvgguf_prepare_llama_source out_var)
         file(REMOVE "${src}/.git")
         find_program(GIT git REQUIRED)
         execute_process(COMMAND "${GIT}" init -q WORKING_DIRECTORY "${src}" RESULT_VARIABLE rc)
+        foreach(f ${own_files})
+            if (EXISTS "${src}/${f}")
+                message(FATAL_ERROR "kvgguf: native/llama/${f} would replace a file of llama.cpp's own")
+            endif()
+            configure_file("${own_root}/${f}" "${src}/${f}" COPYONLY)
+        endforeach()
         foreach(p ${patches})
             message(STATUS "kvgguf: applying ${p}")
             execute_process(COMMAND "${GIT}" apply --whitespace=nowarn "${p}"

@@ -1,5 +1,5 @@
 """kvg_attend_f16: attention over llama.cpp's f16 or q8_0 cells outside the store (its hot cells on the fused
-path, src/llama-kvgguf-graph.cpp) under llama.cpp's mask, into the same online-softmax state as the store's
+path, native/llama/src/llama-kvgguf-graph.cpp) under llama.cpp's mask, into the same online-softmax state as the store's
 attend. Checked against softmax attention in float64 at every SIMD level, for contiguous and
 transposed V (strides), f16 and f32 masks, q8_0 cells, soft-capping, split ranges, and bad arguments."""
 

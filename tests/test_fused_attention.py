@@ -1,4 +1,4 @@
-"""The fused attention over compressed rows (llama.cpp's src/llama-kvgguf-graph.cpp, through
+"""The fused attention over compressed rows (llama.cpp's native/llama/src/llama-kvgguf-graph.cpp, through
 kvg_store_hook_attend) against the expanding path on the same store: both models, flash
 attention on and off, every codec family.
 

@@ -60,14 +60,16 @@ def test_the_cuda_header_marks_what_cffi_reads():
     assert items[0].codec == codecs.get("rotq2").type
 
 
+LLAMA_API = ROOT / "native/llama/include/llama-kvgguf.h"
+
+
 def _fields(text: str, start: str) -> list[tuple[str, str]]:
-    """(type, name) of each field of the struct whose definition starts with `start` (a patch's
-    added lines read as they are)."""
+    """(type, name) of each field of the struct whose definition starts with `start`."""
     body = text[text.index(start) :]
     body = body[body.index("{") + 1 : body.index("}")]
     out = []
     for line in body.splitlines():
-        line = line.split("//")[0].strip().lstrip("+").strip().rstrip(";")
+        line = line.split("//")[0].strip().rstrip(";")
         if not line:
             continue
         first, *more = line.split(",")
@@ -87,20 +89,21 @@ def _fields(text: str, start: str) -> list[tuple[str, str]]:
     ],
 )
 def test_the_patch_and_the_library_agree_on_the_hooks_arguments(theirs, ours, n):
-    """llama.cpp's structs (patches/0001) and libkvgguf's (kvg_cuda.h), which the hooks pass between
-    them, have the same fields in the same order with the same types."""
-    patch = _fields((ROOT / "patches/0001-kvgguf-c-api.patch").read_text(), theirs)
+    """llama.cpp's structs (kvgguf's C API inside it, native/llama/include/llama-kvgguf.h) and
+    libkvgguf's (kvg_cuda.h), which the hooks pass between them, have the same fields in the same
+    order with the same types."""
+    patch = _fields(LLAMA_API.read_text(), theirs)
     header = _fields((ROOT / "native/cuda/kvg_cuda.h").read_text(), ours)
     assert header == patch
     assert len(patch) == n
 
 
 def test_the_hooks_table_is_the_patch_s_struct():
-    """kvgguf hands llama.cpp its CUDA hooks as struct llama_kvgguf_cuda (patches/0001): the ctypes
+    """kvgguf hands llama.cpp its CUDA hooks as struct llama_kvgguf_cuda (llama-kvgguf.h): the ctypes
     struct has its fields in its order, the generation hook (patch 17) last."""
     from kvgguf.llamacpp import hooks
 
-    patch = _fields((ROOT / "patches/0001-kvgguf-c-api.patch").read_text(), "struct llama_kvgguf_cuda {")
+    patch = _fields(LLAMA_API.read_text(), "struct llama_kvgguf_cuda {")
     assert [name for _, name in patch] == [name for name, _ in hooks.llama_kvgguf_cuda._fields_]
     assert patch[-1] == ("llama_kvgguf_cuda_generation_fn", "generation")
 

@@ -1,4 +1,4 @@
-"""ctypes bindings for the functions patches/ add to llama.cpp (include/llama-kvgguf.h)."""
+"""ctypes bindings for the functions kvgguf adds to llama.cpp (native/llama/include/llama-kvgguf.h)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Patch 0007 records, for every layer, how llama.cpp built its attention while the context reserved
 its graphs (before any token). kvgguf holds a model when every layer that has a KV cache attends
-through the KV-cache `build_attn` that the patches hook (src/llama-kvgguf-graph.cpp), with K and V of its own, in a
+through the KV-cache `build_attn` that the patches hook (native/llama/src/llama-kvgguf-graph.cpp), with K and V of its own, in a
 `llama_kv_cache` (or its sliding-window pair). That is the whole llama class (llama, qwen2/3,
 phi3, gemma 1-3, mistral, olmo, granite, starcoder2, smollm3, cohere2, exaone, glm4, ...).
 It refuses MLA's latent caches (deepseek2, kimi), sparse attention, recurrent and hybrid

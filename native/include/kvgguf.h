@@ -388,14 +388,14 @@ int kvg_store_block(const kvg_store * s, int32_t il, int32_t kind, int64_t bi, k
 int kvg_store_append_encoded(kvg_store * s, int32_t il, int32_t kind, int32_t tier, int32_t codec,
                              int64_t n_rows, const void * data, size_t n_bytes);
 
-// Entry points with the signatures of llama_kvgguf_hooks (llama.cpp's include/llama-kvgguf.h),
+// Entry points with the signatures of llama_kvgguf_hooks (native/llama/include/llama-kvgguf.h),
 // user = the store.
 int32_t kvg_store_hook_n_cold(void * user, int32_t il);
 int32_t kvg_store_hook_decode(void * user, int32_t il, int32_t kind, int64_t r0, int64_t r1,
                               uint16_t * dst, int64_t n_embd);
 
 // Fused attention over the stored rows, scored and summed from their codes without expanding
-// them (llama_kvgguf_attend_fn of include/llama-kvgguf.h; user = the store).
+// them (llama_kvgguf_attend_fn of native/llama/include/llama-kvgguf.h; user = the store).
 // Online-softmax attention state of n_q = n_tokens * n_head query vectors over rows of one layer:
 // for query j, m[j] is the running maximum of its scores, l[j] = sum over rows of exp(score - m[j]),
 // acc[j*head_dim_v + d] = sum over rows of exp(score - m[j]) * v[d]. score = scale * dot(q_j, k_row).
@@ -425,7 +425,7 @@ int32_t kvg_store_hook_attend_capped(void * user, int32_t il, int64_t r0, int64_
 
 // Attention over llama.cpp's cells outside the store, under a mask, into the same state (q, m, l, acc,
 // scale, softcap as kvg_store_hook_attend_capped): llama.cpp's hot cells on the fused path
-// (llama_kvgguf_attend_f16_fn of include/llama-kvgguf.h). Cells [c0, c1) of n_head_kv KV heads, of
+// (llama_kvgguf_attend_f16_fn of native/llama/include/llama-kvgguf.h). Cells [c0, c1) of n_head_kv KV heads, of
 // ggml type k_type / v_type (enum kvg_cell_type). f16: element i of KV head hk of cell c is the f16
 // at k + i * k_nb[0] + hk * k_nb[1] + c * k_nb[2] (bytes; v likewise, so a transposed V is a
 // matter of strides). q8_0 (ggml's blocks of 32 codes and an f16 scale, k_nb[0] = 34, head dims a
@@ -467,7 +467,7 @@ int kvg_store_set_mass(kvg_store * s, int32_t on);
 int kvg_store_mass(const kvg_store * s, int32_t il, double * out, int64_t n);
 // Zeroes every counter.
 void kvg_store_mass_clear(kvg_store * s);
-// llama_kvgguf_mass_fn of include/llama-kvgguf.h (user = the store): max[j] and sum[j] are the softmax
+// llama_kvgguf_mass_fn of native/llama/include/llama-kvgguf.h (user = the store): max[j] and sum[j] are the softmax
 // normalizers of the n_tokens * n_head queries (order of attend's q) of layer il whose attend
 // calls since the previous kvg_store_hook_mass are brought in. Notes of another layer or shape
 // are dropped (counted in kvg_store_mass_dropped). Runs on one thread, with no attend call in flight.

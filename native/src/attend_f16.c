@@ -1,6 +1,6 @@
 // attend_f16.c: attention over llama.cpp's f16 or q8_0 cells outside the store, under a mask (kvg_attend_f16).
 //
-// llama.cpp's fused path (src/llama-kvgguf-graph.cpp, patches/0003) attends over the store's cold rows through
+// llama.cpp's fused path (native/llama/src/llama-kvgguf-graph.cpp) attends over the store's cold rows through
 // kvg_store_hook_attend and over its own hot cells (the window of exact tokens, and the ubatch
 // itself, causally masked) through this function, into the same online-softmax state. The patch
 // is compiled without the CPU's vector extensions; here the cells take the same dense tiles as
