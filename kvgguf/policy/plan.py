@@ -70,18 +70,12 @@ def truncated(blocks: list[Block], n_rows: int) -> list[Block]:
 
 
 def blocks_after(n_tokens: int, n_batch: int, config: TieredConfig) -> list[Block]:
-    """The block list a sequence of n_tokens fed in batches of n_batch ends with: the plans
-    above run as the live cache runs them, before every batch (for predictions: inspect)."""
-    blocks: list[Block] = []
-    for start in range(0, n_tokens, n_batch):
-        n_cold = blocks[-1].r1 if blocks else 0
-        n_evict = rows_to_evict(start, n_cold, config)
-        if n_evict:
-            blocks += [
-                Block(n_cold + a, n_cold + b, tier) for tier, a, b in evicted_parts(n_cold, n_cold + n_evict, config)
-            ]
-            for b in blocks_to_archive(blocks, config):
-                b.tier = Tier.ARCHIVE
+    """The block list a sequence of n_tokens fed in batches of n_batch ends with once the last
+    eviction's aging ran too: state_at's (for predictions: inspect)."""
+    blocks, due = state_at(n_tokens, n_batch, config)
+    if due:
+        for b in blocks_to_archive(blocks, config):
+            b.tier = Tier.ARCHIVE
     return blocks
 
 
@@ -115,19 +109,27 @@ def state_at(n_tokens: int, step: int, config: TieredConfig) -> tuple[list[Block
     return blocks, due
 
 
-def last_evictions(n_tokens: int, step: int, config: TieredConfig, rows: int) -> tuple[list[tuple[int, int]], bool]:
-    """The rows [p0, p1) each of state_at's evictions moved out, in order, of those that end
-    above the newest cold row less `rows` (and the one before them), and whether the last one's
-    aging is still due: in time independent of n_tokens (inspect answers at any context), by
-    the period of the hot rows before each batch (block_counts)."""
-    n_starts = -(-n_tokens // step) if n_tokens > 0 else 0
+def _eviction_period(n_starts: int, step: int, config: TieredConfig) -> tuple[list[int], list[int]]:
+    """The rows evicted before each of n_starts batches of step tokens, as (prefix, cycle): the hot
+    rows before batch i, h, follow h' = h - evicted(h) + step, a function on a finite set of
+    values, so after the prefix the evictions repeat (cycle empty: every batch was walked)."""
     sizes, first_at, h = [], {}, 0
     while len(sizes) < n_starts and h not in first_at:
         first_at[h] = len(sizes)
         sizes.append(rows_to_evict(h, 0, config))
         h += step - sizes[-1]
     c0 = first_at.get(h, len(sizes))
-    prefix, cycle = sizes[:c0], sizes[c0:]
+    return sizes[:c0], sizes[c0:]
+
+
+def last_evictions(n_tokens: int, step: int, config: TieredConfig, rows: int) -> tuple[list[tuple[int, int]], bool]:
+    """The rows [p0, p1) each of state_at's evictions moved out, in order, of those that end
+    above the newest cold row less `rows` (and the one before them), and whether the last one's
+    aging is still due: in time independent of n_tokens (inspect answers at any context), by
+    the period of the hot rows before each batch (block_counts)."""
+    n_starts = -(-n_tokens // step) if n_tokens > 0 else 0
+    prefix, cycle = _eviction_period(n_starts, step, config)
+    c0 = len(prefix)
 
     def size(j: int) -> int:
         return prefix[j] if j < c0 else cycle[(j - c0) % len(cycle)]
@@ -150,17 +152,10 @@ def block_counts(n_tokens: int, n_batch: int, config: TieredConfig) -> tuple[dic
     """What blocks_after ends with, in closed form: ({(rows, tier): how many blocks}, n_cold), in
     time independent of n_tokens (inspect answers at any context).
 
-    The hot rows before batch i, h, follow h' = h - evicted(h) + n_batch, a function on a finite
-    set of values: after a prefix the evictions repeat with a period. Positions grow with the
-    sum of the evictions, so which blocks lie below the archive limit is arithmetic too."""
+    The evictions repeat with a period (_eviction_period). Positions grow with the sum of the
+    evictions, so which blocks lie below the archive limit is arithmetic too."""
     n_starts = -(-n_tokens // n_batch) if n_tokens > 0 else 0
-    sizes, first_at, h = [], {}, 0
-    while len(sizes) < n_starts and h not in first_at:
-        first_at[h] = len(sizes)
-        sizes.append(rows_to_evict(h, 0, config))
-        h += n_batch - sizes[-1]
-    c0 = first_at.get(h, len(sizes))  # the period starts here (none if every batch was walked)
-    prefix, cycle = sizes[:c0], sizes[c0:]
+    prefix, cycle = _eviction_period(n_starts, n_batch, config)
     repeats, rest = divmod(n_starts - len(prefix), len(cycle)) if cycle else (0, 0)
     period = sum(cycle)
     n_cold = sum(prefix) + repeats * period + sum(cycle[:rest])
