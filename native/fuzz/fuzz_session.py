@@ -26,7 +26,6 @@ dropped, repeated or swapped, and the container packed again, raw or zstd-coded.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import random
@@ -73,18 +72,10 @@ def _cells_of(ctx: FakeContext, il: int):
     return None if ctx.cell_type is None else (ctx.cell_type, ctx.cell_type, 0)
 
 
-def _get_data(ctx: FakeContext, buf, n, _seq) -> int:
-    ctypes.memmove(buf, ctx.state, n)
-    return n
-
-
-# The two llama.cpp modules session.py calls into, for this process only.
+# The llama.cpp modules session.py calls into, for this process only.
 kvz.hooks = SimpleNamespace(layer_info=_layer_info, cells_of=_cells_of)
-kvz.C = SimpleNamespace(
-    llama_n_ctx=lambda ctx: ctx.n_cells,
-    llama_state_seq_get_size=lambda ctx, _seq: len(ctx.state),
-    llama_state_seq_get_data=_get_data,
-)
+kvz.seq_state = SimpleNamespace(read=lambda ctx: ctx.state)
+kvz.C = SimpleNamespace(llama_n_ctx=lambda ctx: ctx.n_cells)
 
 
 @dataclass
