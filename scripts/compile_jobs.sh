@@ -18,9 +18,9 @@ compile() {
 compile_c_sources() {
     local out=$1 cc=$2 src extra
     shift 2
-    for src in native/src/*.c native/cuda/*.c; do
+    for src in native/src/*/*.c native/src/arch/*/*.c native/cuda/*.c; do
         extra=()
-        case "$src" in *avx2*) [ "$(uname -m)" = x86_64 ] && extra=(-mavx2 -mfma -mf16c) ;; esac
+        case "$src" in */arch/x86/*) [ "$(uname -m)" = x86_64 ] && extra=(-mavx2 -mfma -mf16c) ;; esac
         compile "$out/$(basename "$src" .c).o" "$cc" "$@" "${extra[@]}" -c "$src" -o "$out/$(basename "$src" .c).o"
     done
 }

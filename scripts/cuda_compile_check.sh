@@ -60,7 +60,7 @@ echo "cuda_compile_check: compiled and linked in $(( $(date +%s) - start )) s"
 
 # The device store's bookkeeping (kvg_cuda_store.c) on the host, with stand-ins for the device calls.
 host_objs=()
-for src in native/src/*.c native/cuda/kvg_cuda_store.c; do
+for src in native/src/*/*.c native/src/arch/*/*.c native/cuda/kvg_cuda_store.c; do
     host_objs+=("$out/$(basename "$src" .c).o")
 done
 "${CC:-cc}" "${cflags[@]}" -Inative/cuda native/cuda/tests/store_sync_check.c "${host_objs[@]}" -o "$out/store_sync_check" -lpthread -lm &&

@@ -77,21 +77,21 @@ build_native() {
 
     # ---- build: the library's sources and the targets, all instrumented ------------------------
 
-    flags="-g -O2 -std=c11 -fno-omit-frame-pointer -ffp-contract=off -fno-sanitize-recover=all -Inative/include"
+    flags="-g -O2 -std=c11 -fno-omit-frame-pointer -ffp-contract=off -fno-sanitize-recover=all -Inative/include -Inative/src"
     lib_flags="$flags -fsanitize=fuzzer-no-link,address,undefined"
-    newest_header=$(ls -t native/include/*.h native/src/*.h native/fuzz/*.h | head -n 1)
+    newest_header=$(ls -t native/include/*.h native/src/*.h native/src/*/*.h native/src/arch/*/*.h native/fuzz/*.h | head -n 1)
     objs=()
-    for src in native/src/*.c; do
+    for src in native/src/*/*.c native/src/arch/*/*.c; do
         obj="$out/obj/$(basename "${src%.c}").o"
         objs+=("$obj")
         [ "$obj" -nt "$src" ] && [ "$obj" -nt "$newest_header" ] && continue
         extra=""
-        case "$src" in *avx2*) extra="-mavx2 -mfma -mf16c" ;; esac
+        case "$src" in */arch/x86/*) extra="-mavx2 -mfma -mf16c" ;; esac
         if ! "$cc_fuzz" $lib_flags $extra -c "$src" -o "$obj" 2> "$out/logs/build.log"; then
             # clang 14 rejects __builtin_cpu_supports("f16c"); cpu.c only asks the CPU what it has
             # and reads no input, so it may go uninstrumented, built by the C compiler.
             if [ "$(basename "$src")" = cpu.c ]; then
-                ${CC:-cc} -O2 -std=c11 -Inative/include -c "$src" -o "$obj"
+                ${CC:-cc} -O2 -std=c11 -Inative/include -Inative/src -c "$src" -o "$obj"
             else
                 cat "$out/logs/build.log"; exit 1
             fi

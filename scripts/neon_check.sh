@@ -16,7 +16,7 @@ out=build/neon_check
 mkdir -p "$out"
 # As CMakeLists.txt builds the library: no FMA contraction, or SIMD and scalar would part ways.
 cflags=(-std=c11 -O3 -ffp-contract=off -Wall -Wextra -Inative/include -Inative/src)
-sources=(native/src/*.c native/tests/simd_check.c)
+sources=(native/src/*/*.c native/src/arch/*/*.c native/tests/simd_check.c)
 
 if ! command -v aarch64-linux-gnu-gcc > /dev/null || ! command -v qemu-aarch64 > /dev/null; then
     start=$(date +%s)
@@ -34,7 +34,7 @@ if [ "$(uname -m)" = x86_64 ]; then
     objs=()
     for src in "${sources[@]}"; do
         extra=()
-        case "$src" in *avx2*) extra=(-mavx2 -mfma -mf16c) ;; esac
+        case "$src" in */arch/x86/*) extra=(-mavx2 -mfma -mf16c) ;; esac
         obj="$out/x86_64-$(basename "$src" .c).o"
         ${CC:-cc} "${cflags[@]}" "${extra[@]}" -c "$src" -o "$obj"
         objs+=("$obj")

@@ -1,4 +1,4 @@
-"""Writes native/src/tcq_tables.h: the level tables of the tcq codecs (bitshift trellis codes).
+"""Writes native/src/codecs/tcq_tables.h: the level tables of the tcq codecs (bitshift trellis codes).
 
 A tcq code of B bits per value reads value i from the L = 8 bits of its stream that end with
 value i's own B bits (codes packed from bit 0 up; bits before the vector's first are 0), and
@@ -7,7 +7,7 @@ quantiles in a fixed random order, then rounds of Viterbi assignment of unit-var
 rows of 64 values (as rotated, normalized head vectors look) and each level moved to the mean
 of the values it coded (Lloyd's step). Deterministic: the same seed writes the same file.
 
-    python scripts/tcq_tables.py            # rewrites native/src/tcq_tables.h
+    python scripts/tcq_tables.py            # rewrites native/src/codecs/tcq_tables.h
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def train(k: int) -> np.ndarray:
 
 
 def main() -> None:
-    out = Path(__file__).resolve().parents[1] / "native" / "src" / "tcq_tables.h"
+    out = Path(__file__).resolve().parents[1] / "native" / "src" / "codecs" / "tcq_tables.h"
     lines = [
         "// tcq_tables.h: written by scripts/tcq_tables.py (trained bitshift-trellis levels); do not edit.",
         "#pragma once",

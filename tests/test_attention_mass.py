@@ -1,4 +1,4 @@
-"""Attention mass per granule of cold rows (native/src/mass.c, KVStore.mass, Llama.kv_attention_mass):
+"""Attention mass per granule of cold rows (native/src/store/mass.c, KVStore.mass, Llama.kv_attention_mass):
 the share of each query's softmax that rows [64 g, 64 g + 64) received, summed over queries, must
 be what float64 softmax over the decoded rows gives, whichever way the rows are split between
 attend calls, and in a live model a token the model must look back at must draw more of it."""

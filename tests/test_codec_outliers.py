@@ -1,4 +1,4 @@
-"""outl2 / outl3 (native/src/outliers.c): each head's highest-energy channels of a block kept in
+"""outl2 / outl3 (native/src/codecs/outliers.c): each head's highest-energy channels of a block kept in
 f16, the rest through rotq."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""pq2 / vq8 / vq8f (native/src/pq.c): rotq's rotation and norm, then one byte per sub-vector
+"""pq2 / vq8 / vq8f (native/src/codecs/pq.c): rotq's rotation and norm, then one byte per sub-vector
 naming a centroid of a trained codebook (vq8f: the worst 1/32 of head vectors kept in f16 instead);
 the store trains and keeps one codebook per (layer, kind)."""
 

@@ -1,4 +1,4 @@
-"""tcq2 / tcq3 / tcq4 (native/src/tcq.c): rotq's rotation and f16 norm, then a bitshift trellis
+"""tcq2 / tcq3 / tcq4 (native/src/codecs/tcq.c): rotq's rotation and f16 norm, then a bitshift trellis
 code: value i is the trained level of the 8-bit window of the stream that ends with its own B
 bits, the codes of a head vector chosen together by a Viterbi search. B + 16/head_dim bits per
 value, as rotq."""

@@ -1,4 +1,4 @@
-"""wfq2 / wfq3 / wfq4 (native/src/wfq.c): bits per coordinate water-filled on its energy, the
+"""wfq2 / wfq3 / wfq4 (native/src/codecs/wfq.c): bits per coordinate water-filled on its energy, the
 coordinates of one width mixed by a fixed random rotation, Gaussian Lloyd-Max levels, an f16
 gain per head vector; B bits per value held. The plan per (layer, kind) is the store's book."""
 

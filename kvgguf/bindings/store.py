@@ -1,4 +1,4 @@
-"""The native store of compressed K/V rows (native/src/store.c), seen from Python."""
+"""The native store of compressed K/V rows (native/src/store/store.c), seen from Python."""
 
 from __future__ import annotations
 

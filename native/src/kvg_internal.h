@@ -2,6 +2,7 @@
 #ifndef KVG_INTERNAL_H
 #define KVG_INTERNAL_H
 
+#include "core/status.h"
 #include "kvgguf.h"
 
 #include <stddef.h>
@@ -173,15 +174,6 @@ int kvg_make_job(int type, int kind, int64_t n_tokens, int64_t n_heads, int64_t 
 // make_job, exact size, then the codec's check: what the store runs once on every block it links.
 int kvg_check_encoded(int type, int kind, const void * src, size_t src_bytes, int64_t n_tokens,
                       int64_t n_heads, int64_t head_dim, const kvg_codec_params * p);
-
-// codecs.c: records a detail message for kvg_last_error() and returns status.
-int kvg_fail(int status, const char * fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
-
-void kvg_clear_error(void);  // every public entry point starts with this
 
 // splitmix64 (Steele, Lea & Flood 2014): the finalizer, and the generator that steps its state by
 // the golden-ratio increment first. Every random stream of the library (rotq's signs, QJL's and

@@ -128,4 +128,4 @@ KVG_INLINE vf8 window_lanes(int bits, const float * T, uint64_t w) {
 #    define KVG_SIMD_STUBS
 #endif
 
-#include "attend_simd.h"
+#include "attend/attend_simd.h"

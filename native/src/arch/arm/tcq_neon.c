@@ -6,7 +6,7 @@
 
 #    define TCQ_VECTOR_EXT 1
 #    define TCQ_VITERBI    tcq_viterbi_neon
-#    include "tcq_viterbi.h"
+#    include "codecs/tcq_viterbi.h"
 
 int kvg_tcq_encode_neon(const kvg_job * job, const float * src, uint8_t * dst) {
     return kvg_tcq_encode_with(job, src, dst, tcq_viterbi_neon);
