@@ -1,7 +1,9 @@
 """When warm blocks age into the archive tier: after the batch that follows their eviction (the
 one that ends on the next multiple of n_batch), on the CPU at that batch's end, and beside it on a thread of its own where the batch reads only the GPU's
-device copy (forced here on the CPU with KVGGUF_AGE_BESIDE=1, where the store's lock orders the
+device copy (forced here on the CPU with TieredConfig(age_beside=True), where the store's lock orders the
 batch's reads and aging's swaps)."""
+
+from dataclasses import replace
 
 import llama_cpp
 import numpy as np
@@ -21,8 +23,9 @@ def tokens(smollm2_path):
     return vocab.tokenize(wikitext2_test()[:8000].encode("utf-8"))[:384]
 
 
-def make(path):
-    return Llama(str(path), kv_codec=CONFIG, n_ctx=512, n_batch=32, verbose=False, n_threads=2)
+def make(path, age_beside=None):
+    config = replace(CONFIG, age_beside=age_beside)
+    return Llama(str(path), kv_codec=config, n_ctx=512, n_batch=32, verbose=False, n_threads=2)
 
 
 def watch(kv):
@@ -45,9 +48,8 @@ def watch(kv):
     return seen
 
 
-def test_blocks_age_after_the_batch_that_follows_their_eviction(smollm2_path, tokens, monkeypatch):
-    monkeypatch.setenv("KVGGUF_AGE_BESIDE", "0")
-    llm = make(smollm2_path)
+def test_blocks_age_after_the_batch_that_follows_their_eviction(smollm2_path, tokens):
+    llm = make(smollm2_path, age_beside=False)
     seen = watch(llm.kv_cache)
     llm.eval(tokens)
     # the batch after an eviction attends over blocks still warm that will age at its end
@@ -57,14 +59,13 @@ def test_blocks_age_after_the_batch_that_follows_their_eviction(smollm2_path, to
     assert [b.tier for b in kv.blocks[1:]] == [Tier.ARCHIVE if b.r1 <= limit else Tier.WARM for b in kv.blocks[1:]]
 
 
-def test_aging_beside_the_batch_ends_in_the_same_tiers_and_bytes(smollm2_path, tokens, monkeypatch):
+def test_aging_beside_the_batch_ends_in_the_same_tiers_and_bytes(smollm2_path, tokens):
     held = {}
-    for forced in ("0", "1"):
-        monkeypatch.setenv("KVGGUF_AGE_BESIDE", forced)
-        llm = make(smollm2_path)
+    for forced in (False, True):
+        llm = make(smollm2_path, age_beside=forced)
         seen = watch(llm.kv_cache)
         llm.eval(tokens)
-        assert any(b["beside"] for b in seen) == (forced == "1")
+        assert any(b["beside"] for b in seen) == forced
         kv = llm.kv_cache
         mem = llm.kv_memory()  # waits for the last aging
         last = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),))
@@ -72,12 +73,11 @@ def test_aging_beside_the_batch_ends_in_the_same_tiers_and_bytes(smollm2_path, t
         held[forced] = ([(b.r0, b.r1, b.tier) for b in kv.blocks], {t.name: t.bytes for t in mem.tiers})
         llm.close()
     # which codes each batch read depends on timing beside the batch; where the rows end does not
-    assert held["1"] == held["0"]
+    assert held[True] == held[False]
 
 
-def test_what_aging_beside_raised_surfaces_at_the_next_access_and_nothing_is_lost(smollm2_path, tokens, monkeypatch):
-    monkeypatch.setenv("KVGGUF_AGE_BESIDE", "1")
-    llm = make(smollm2_path)
+def test_what_aging_beside_raised_surfaces_at_the_next_access_and_nothing_is_lost(smollm2_path, tokens):
+    llm = make(smollm2_path, age_beside=True)
     kv = llm.kv_cache
     llm.eval(tokens[:160])
     age = kv._age

@@ -81,6 +81,15 @@ class TieredConfig:
         kv_memory() as "reuse", and a cut within that reach puts them back; a deeper cut
         evaluates the prefix again. Either way the cut context holds what a fresh one would.
         0 keeps nothing (every cut into evicted rows evaluates again).
+    gpu_encode: where a layer's cells live in a GPU's memory, its evicted rows are coded there,
+        where they lie (True), or read out and coded on the CPU (False: the same codes, slower;
+        a comparison for the GPU path). Ignored on the CPU.
+    age_beside: whether aging runs on a thread of its own during the next batch. None: where
+        every attended layer reads the GPU's copy of the store, so the batch reads nothing of the
+        host store. False: never. True: on the CPU too, where the batch reads the store while
+        aging swaps its blocks (safe: the store's lock orders them, but which codes a layer reads
+        then depends on timing, so it is for tests). Never with a keep signal: the batch's
+        logits feed it.
     """
 
     hot: int = 224
@@ -97,6 +106,8 @@ class TieredConfig:
     window: Optional[str] = None
     hot_cells: Optional[str] = None
     reuse: int = 128
+    gpu_encode: bool = True
+    age_beside: Optional[bool] = None
 
     def __post_init__(self):
         for name in ("hot", "ubatch", "block", "group_size", "sinks", "warm_tokens", "reuse"):
@@ -111,6 +122,10 @@ class TieredConfig:
         for name in ("sinks", "warm_tokens", "reuse"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TieredConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if not isinstance(self.gpu_encode, bool):
+            raise TypeError(f"TieredConfig.gpu_encode must be True or False, got {self.gpu_encode!r}")
+        if self.age_beside is not None and not isinstance(self.age_beside, bool):
+            raise TypeError(f"TieredConfig.age_beside must be None, True or False, got {self.age_beside!r}")
         if self.codebooks not in CODEBOOKS:
             raise ValueError(f"TieredConfig.codebooks must be one of {CODEBOOKS}, got {self.codebooks!r}")
         if self.window is not None and self.window not in CACHE_TYPES:

@@ -9,7 +9,6 @@ Cold rows are exactly positions [0, n_cold) of the sequence; hot ones follow.
 from __future__ import annotations
 
 import copy
-import os
 import ctypes
 import threading
 import warnings
@@ -91,8 +90,7 @@ class LiveCache:
         # run there, over a device copy of the store (device_store), synced before every batch
         self.gpu = self._gpu_layers()
         self.device_store: cuda_store.DeviceStore | None = None
-        # evicted f16 cells coded on the GPU (KVGGUF_GPU_ENCODE=0: read out and coded on the CPU, to compare)
-        self.encode_on_gpu = os.environ.get("KVGGUF_GPU_ENCODE", "1") != "0"
+        self.encode_on_gpu = config.gpu_encode  # evicted f16 cells coded where they lie
         self.rows_coded_on_gpu = 0  # (rows, one layer and kind each) that never left the GPU
         # What a cut needs to put back (TieredConfig.reuse); not on a GPU, whose device copy of
         # the store is not rebuilt in place: a cut into evicted rows evaluates again there.
@@ -111,17 +109,13 @@ class LiveCache:
 
     @property
     def ages_beside(self) -> bool:
-        """Whether aging runs on a thread of its own during the next batch: by default where every
-        attended layer reads the device copy, so that the batch reads nothing of the host store
-        and attends over the codes aging after it would leave; never with a keep signal (the
-        batch's logits feed it). KVGGUF_AGE_BESIDE=0: never; =1: on the CPU too, where the batch
-        reads the store while aging swaps its blocks (safe: the store's lock orders them; but
-        which codes a layer reads then depends on timing, so this is for tests)."""
+        """Whether aging runs on a thread of its own during the next batch (TieredConfig.age_beside):
+        by default where every attended layer reads the device copy, so that the batch reads
+        nothing of the host store and attends over the codes aging after it would leave."""
         if self.config.keep is not None:
             return False
-        forced = os.environ.get("KVGGUF_AGE_BESIDE", "")
-        if forced in ("0", "1"):
-            return forced == "1"
+        if self.config.age_beside is not None:
+            return self.config.age_beside
         return self.device_store is not None and self.gpu is not None and set(self.layers) <= self.gpu[1]
 
     def _settle(self) -> None:
