@@ -37,10 +37,12 @@ test-all: lint
 lint:
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
+	$(PY) scripts/clang_format.py --check
 
 format:
 	.venv/bin/ruff check --fix .
 	.venv/bin/ruff format .
+	$(PY) scripts/clang_format.py
 
 native-checks:
 	bash scripts/native_checks.sh

@@ -111,8 +111,8 @@ def test_default_params_match_header_macros():
     p = ffi.new("kvg_codec_params *")
     lib.kvg_codec_default_params(p)
     text = _native.header_path().read_text()
-    assert p.group_size == int(re.search(r"#define KVG_DEFAULT_GROUP_SIZE (\d+)", text).group(1))
-    assert p.seed == int(re.search(r"#define KVG_DEFAULT_SEED (0x[0-9a-fA-F]+)ULL", text).group(1), 16)
+    assert p.group_size == int(re.search(r"#define KVG_DEFAULT_GROUP_SIZE\s+(\d+)", text).group(1))
+    assert p.seed == int(re.search(r"#define KVG_DEFAULT_SEED\s+(0x[0-9a-fA-F]+)ULL", text).group(1), 16)
 
 
 @pytest.mark.parametrize("lang,compiler,std", [("c", "cc", "-std=c11"), ("c++", "c++", "-std=c++11")])

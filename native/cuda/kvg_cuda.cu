@@ -10,15 +10,12 @@
 
 static int kc_status_of(cudaError_t e) {
     switch (e) {
-        case cudaSuccess:
-            return KVG_OK;
-        case cudaErrorMemoryAllocation:
-            return KVG_ERR_NO_MEMORY;
+        case cudaSuccess:                    return KVG_OK;
+        case cudaErrorMemoryAllocation:      return KVG_ERR_NO_MEMORY;
         case cudaErrorInvalidValue:
         case cudaErrorInvalidDevicePointer:
         case cudaErrorInvalidResourceHandle:
-        case cudaErrorInvalidDevice:
-            return KVG_ERR_INVALID_ARG;
+        case cudaErrorInvalidDevice:         return KVG_ERR_INVALID_ARG;
         default:  // no device or driver, no kernel image for this GPU, a failed launch, a fault
             return KVG_ERR_UNSUPPORTED;
     }
@@ -49,7 +46,8 @@ int kc_status_reset(kvg_cuda_ctx * ctx) {
 }
 
 static int kc_status_fetch(kvg_cuda_ctx * ctx) {
-    cudaError_t e = cudaMemcpyAsync(ctx->h_status, ctx->d_status, sizeof(kc_status), cudaMemcpyDeviceToHost, ctx->stream);
+    cudaError_t e =
+        cudaMemcpyAsync(ctx->h_status, ctx->d_status, sizeof(kc_status), cudaMemcpyDeviceToHost, ctx->stream);
     if (e == cudaSuccess) {
         e = cudaStreamSynchronize(ctx->stream);
     }
@@ -78,20 +76,25 @@ int kc_flags_status(const kc_shape * s, const kc_status * st, int decode) {
     if (st->flags & (1u << KC_RANGE)) {
         const unsigned long long i = st->first[KC_RANGE];
         if (fam == 2) {
-            return kvg_fail(KVG_ERR_RANGE, "%s encode (cuda): vector norm does not fit in f16 (<= 65504), at token %lld, head %lld",
+            return kvg_fail(KVG_ERR_RANGE,
+                            "%s encode (cuda): vector norm does not fit in f16 (<= 65504), at token %lld, head %lld",
                             name, (long long) (i / (unsigned long long) s->n_heads),
                             (long long) (i % (unsigned long long) s->n_heads));
         }
         if (fam == 1) {
-            return kvg_fail(KVG_ERR_RANGE, "%s encode (cuda): the range of group %llu does not fit in f16 (|x| <= 65504)",
-                            name, i);
+            return kvg_fail(KVG_ERR_RANGE,
+                            "%s encode (cuda): the range of group %llu does not fit in f16 (|x| <= 65504)", name, i);
         }
         return kvg_fail(KVG_ERR_RANGE, "f16 encode (cuda): value at index %llu does not fit in f16 (|x| <= 65504)", i);
     }
     if (st->flags & (1u << KC_CORRUPT)) {
         const unsigned long long i = st->first[KC_CORRUPT];
         return kvg_fail(KVG_ERR_CORRUPT, "%s %s (cuda): %s %llu holds bytes no encoder writes", name,
-                        decode ? "decode" : "encode", fam == 2 ? "the norm of vector" : fam == 1 ? "group" : "value", i);
+                        decode ? "decode" : "encode",
+                        fam == 2   ? "the norm of vector"
+                        : fam == 1 ? "group"
+                                   : "value",
+                        i);
     }
     return KVG_OK;
 }
@@ -124,8 +127,8 @@ extern "C" int kvg_cuda_mem_info(int device, size_t * out_free, size_t * out_tot
         return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_mem_info: NULL out_free or out_total");
     }
     *out_free = *out_total = 0;
-    int prev = -1;
-    cudaError_t e = cudaGetDevice(&prev);
+    int         prev       = -1;
+    cudaError_t e          = cudaGetDevice(&prev);
     if (e == cudaSuccess && prev != device) {
         e = cudaSetDevice(device);
     }
@@ -143,8 +146,8 @@ extern "C" int kvg_cuda_ctx_init(int device, void * stream, kvg_cuda_ctx ** out)
     if (out == NULL) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_ctx_init: NULL out");
     }
-    *out  = NULL;
-    int n = 0;
+    *out   = NULL;
+    int n  = 0;
     int st = kvg_cuda_device_count(&n);
     if (st != KVG_OK) {
         return st;
@@ -159,7 +162,7 @@ extern "C" int kvg_cuda_ctx_init(int device, void * stream, kvg_cuda_ctx ** out)
     if (ctx == NULL) {
         return kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda_ctx_init: cannot allocate the context");
     }
-    ctx->device = device;
+    ctx->device         = device;
     const char * which  = getenv("KVGGUF_CUDA_ATTEND");
     ctx->attend_generic = which != NULL && strcmp(which, "generic") == 0;
     ctx->attend_no_tc   = ctx->attend_generic || (which != NULL && strcmp(which, "rows") == 0);
@@ -176,7 +179,7 @@ extern "C" int kvg_cuda_ctx_init(int device, void * stream, kvg_cuda_ctx ** out)
         }
         if (st == KVG_OK) {
             const cudaError_t e = cudaDeviceGetAttribute(&ctx->sm_count, cudaDevAttrMultiProcessorCount, device);
-            st                  = e == cudaSuccess ? KVG_OK : kc_cuda_fail(e, "cudaDeviceGetAttribute (multiprocessors)");
+            st = e == cudaSuccess ? KVG_OK : kc_cuda_fail(e, "cudaDeviceGetAttribute (multiprocessors)");
         }
         if (st == KVG_OK) {
             cudaError_t e = cudaDeviceGetAttribute(&ctx->cc_major, cudaDevAttrComputeCapabilityMajor, device);
@@ -312,7 +315,8 @@ extern "C" void kvg_cuda_host_free(kvg_cuda_ctx * ctx, void * host) {
     cudaFreeHost(host);
 }
 
-static int kc_copy(kvg_cuda_ctx * ctx, void * dst, const void * src, size_t bytes, cudaMemcpyKind kind, const char * what) {
+static int kc_copy(kvg_cuda_ctx * ctx, void * dst, const void * src, size_t bytes, cudaMemcpyKind kind,
+                   const char * what) {
     kvg_clear_error();
     if (ctx == NULL || ((dst == NULL || src == NULL) && bytes > 0)) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "%s: NULL ctx, dst or src", what);
@@ -343,8 +347,8 @@ extern "C" int kvg_cuda_copy_queue(kvg_cuda_ctx * ctx, void * dst_dev, const voi
     if (scope.status != KVG_OK) {
         return scope.status;
     }
-    const cudaError_t e = cudaMemcpyAsync(dst_dev, src, bytes, from_host ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice,
-                                          ctx->stream);
+    const cudaError_t e = cudaMemcpyAsync(dst_dev, src, bytes,
+                                          from_host ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice, ctx->stream);
     return e == cudaSuccess ? KVG_OK : kc_cuda_fail(e, "kvg_cuda_copy_queue");
 }
 
@@ -377,15 +381,15 @@ extern "C" int kvg_cuda_codec_supported(int type, int64_t head_dim) {
         case KVG_CODEC_KIVI2:
         case KVG_CODEC_KIVI3:
         case KVG_CODEC_KIVI4:
-        case KVG_CODEC_KIVI8:
-            return KVG_OK;
+        case KVG_CODEC_KIVI8: return KVG_OK;
         case KVG_CODEC_ROTQ1:
         case KVG_CODEC_ROTQ2:
         case KVG_CODEC_ROTQ3:
         case KVG_CODEC_ROTQ4:
             // From 8 on a head vector's codes fill whole bytes, so each vector's block writes its own.
             if (head_dim < 8 || head_dim > KVG_ROTQ_MAX_HEAD_DIM || (head_dim & (head_dim - 1)) != 0) {
-                return kvg_fail(KVG_ERR_SHAPE, "kvg_cuda: %s needs a power-of-two head_dim in [8, 4096] on the GPU, got %lld",
+                return kvg_fail(KVG_ERR_SHAPE,
+                                "kvg_cuda: %s needs a power-of-two head_dim in [8, 4096] on the GPU, got %lld",
                                 kc_codec_name(type), (long long) head_dim);
             }
             return KVG_OK;
@@ -434,8 +438,8 @@ static int kc_check_rows(const char * name, const char * op, const char * side, 
         return kvg_fail(KVG_ERR_INVALID_ARG, "%s %s (cuda): NULL ctx, src or dst", name, op);
     }
     if (rows_type != KVG_CUDA_F32 && rows_type != KVG_CUDA_F16) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "%s %s (cuda): %s_type must be KVG_CUDA_F32 or KVG_CUDA_F16, got %d", name, op,
-                        side, rows_type);
+        return kvg_fail(KVG_ERR_INVALID_ARG, "%s %s (cuda): %s_type must be KVG_CUDA_F32 or KVG_CUDA_F16, got %d", name,
+                        op, side, rows_type);
     }
     if (row_stride <= 0 || col_stride <= 0) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "%s %s (cuda): strides must be > 0, got %lld, %lld", name, op,
@@ -451,9 +455,11 @@ static int kc_encode_check(kvg_cuda_ctx * ctx, const kvg_cuda_encode_job * j, kc
         return st;
     }
     const char * name = kc_codec_name(j->type);
-    st = kc_check_rows(name, "encode", "src", ctx, j->src_dev, j->dst_dev, j->src_type, j->src_row_stride, j->src_col_stride);
+    st = kc_check_rows(name, "encode", "src", ctx, j->src_dev, j->dst_dev, j->src_type, j->src_row_stride,
+                       j->src_col_stride);
     if (st == KVG_OK && j->dst_bytes < *size) {
-        st = kvg_fail(KVG_ERR_BUFFER_SIZE, "%s encode (cuda): dst holds %zu bytes, needs %zu", name, j->dst_bytes, *size);
+        st = kvg_fail(KVG_ERR_BUFFER_SIZE, "%s encode (cuda): dst holds %zu bytes, needs %zu", name, j->dst_bytes,
+                      *size);
     }
     return st;
 }
@@ -547,8 +553,9 @@ extern "C" int kvg_cuda_encode_batch(kvg_cuda_ctx * ctx, const kvg_cuda_encode_j
             // some job's input was bad: find it, one wait each, for kvg_cuda_encode's own message
             for (int64_t i = 0; i < n && st == KVG_OK; i++) {
                 const kvg_cuda_encode_job * j = &jobs[i];
-                st = kvg_cuda_encode(ctx, j->type, j->kind, j->src_dev, j->src_type, j->src_row_stride, j->src_col_stride,
-                                     j->n_tokens, j->n_heads, j->head_dim, &j->params, j->dst_dev, j->dst_bytes, NULL);
+                st = kvg_cuda_encode(ctx, j->type, j->kind, j->src_dev, j->src_type, j->src_row_stride,
+                                     j->src_col_stride, j->n_tokens, j->n_heads, j->head_dim, &j->params, j->dst_dev,
+                                     j->dst_bytes, NULL);
                 if (st != KVG_OK && out_failed != NULL) {
                     *out_failed = i;
                 }
@@ -575,8 +582,8 @@ extern "C" int kvg_cuda_decode(kvg_cuda_ctx * ctx, int type, int kind, const voi
         return st;
     }
     if (src_bytes != size) {
-        return kvg_fail(KVG_ERR_BUFFER_SIZE, "%s decode (cuda): src holds %zu bytes, the shape encodes to exactly %zu", name,
-                        src_bytes, size);
+        return kvg_fail(KVG_ERR_BUFFER_SIZE, "%s decode (cuda): src holds %zu bytes, the shape encodes to exactly %zu",
+                        name, src_bytes, size);
     }
     kc_device_scope scope(ctx);
     if (scope.status != KVG_OK) {

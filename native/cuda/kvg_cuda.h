@@ -60,15 +60,15 @@ KVG_CUDA_API int  kvg_cuda_ctx_init(int device, void * stream, kvg_cuda_ctx ** o
 KVG_CUDA_API void kvg_cuda_ctx_free(kvg_cuda_ctx * ctx);
 // Free and total bytes of `device`'s memory (cudaMemGetInfo): what the process and every other
 // one left; benchmarks/live_cache.py measures a run's VRAM with it.
-KVG_CUDA_API int  kvg_cuda_mem_info(int device, size_t * out_free, size_t * out_total);
+KVG_CUDA_API int kvg_cuda_mem_info(int device, size_t * out_free, size_t * out_total);
 // cffi-cuda-end
 // Queues the context's work on `stream` from now on (a cudaStream_t of the context's device:
 // llama.cpp's, for the calls of one op); returns the stream it used before, to put back.
 KVG_CUDA_API void * kvg_cuda_ctx_set_stream(kvg_cuda_ctx * ctx, void * stream);
 // The context's device (-1 for NULL).
-KVG_CUDA_API int    kvg_cuda_ctx_device(const kvg_cuda_ctx * ctx);
+KVG_CUDA_API int kvg_cuda_ctx_device(const kvg_cuda_ctx * ctx);
 // Waits for the context's stream; reports a CUDA error raised by work queued earlier (attend).
-KVG_CUDA_API int  kvg_cuda_sync(kvg_cuda_ctx * ctx);
+KVG_CUDA_API int kvg_cuda_sync(kvg_cuda_ctx * ctx);
 
 // Device memory on the context's device (bytes > 0); free takes NULL.
 KVG_CUDA_API int kvg_cuda_malloc(kvg_cuda_ctx * ctx, size_t bytes, void ** out_dev);
@@ -158,9 +158,9 @@ typedef struct kvg_cuda_attend_args {
     int32_t        group_size;  // the store's params.codec.group_size (kivi; 0: KVG_DEFAULT_GROUP_SIZE)
     const float *  q_dev;
     int32_t        n_tokens;
-    int32_t        n_head;    // a positive multiple of n_head_kv (GQA)
+    int32_t        n_head;  // a positive multiple of n_head_kv (GQA)
     float          scale;
-    float          softcap;   // 0: none
+    float          softcap;  // 0: none
     float *        m_dev;
     float *        l_dev;
     float *        acc_dev;
@@ -177,12 +177,12 @@ KVG_CUDA_API int kvg_cuda_attend(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args 
 // ggml tensor's f32 elements at any byte strides (element i of head h of token t at src_dev +
 // i * nb[0] + h * nb[1] + t * nb[2]); round_f16: each rounded to f16 (to nearest even) and back,
 // as llama.cpp's attention over an f16 cache takes its queries.
-KVG_CUDA_API int kvg_cuda_gather_q(kvg_cuda_ctx * ctx, const void * src_dev, const size_t * nb, int64_t head_dim, int32_t n_head,
-                                   int32_t n_tokens, int32_t round_f16, float * dst_dev);
+KVG_CUDA_API int kvg_cuda_gather_q(kvg_cuda_ctx * ctx, const void * src_dev, const size_t * nb, int64_t head_dim,
+                                   int32_t n_head, int32_t n_tokens, int32_t round_f16, float * dst_dev);
 
 // m = -inf, l = 0, acc = 0 for n_q queries of head_dim_v values.
-KVG_CUDA_API int kvg_cuda_attend_begin(kvg_cuda_ctx * ctx, int64_t n_q, int64_t head_dim_v, float * m_dev, float * l_dev,
-                                       float * acc_dev);
+KVG_CUDA_API int kvg_cuda_attend_begin(kvg_cuda_ctx * ctx, int64_t n_q, int64_t head_dim_v, float * m_dev,
+                                       float * l_dev, float * acc_dev);
 
 // llama.cpp's cells outside the store under a mask, folded into the state: kvg_attend_f16 (kvgguf.h)
 // on the device, with the same arguments (cells [c0, c1) of ggml type k_type / v_type, f16 at any
@@ -238,9 +238,9 @@ typedef struct kvg_cuda_pass_args {
     // i * q_nb[0] + h * q_nb[1] + t * q_nb[2]). The pass gathers them into q_dst, rounded to f16 as
     // kvg_cuda_gather_q(..., round_f16 = 1) does, in the kernel that scales and rotates them; every
     // part's q_dev must then be q_dst. NULL: the parts' q_dev hold the queries already.
-    const void *          q_src;
-    size_t                q_nb[3];
-    float *               q_dst;
+    const void * q_src;
+    size_t       q_nb[3];
+    float *      q_dst;
 } kvg_cuda_pass_args;
 
 KVG_CUDA_API int kvg_cuda_attend_pass(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p);
@@ -277,11 +277,11 @@ KVG_CUDA_API int  kvg_cuda_store_init(kvg_cuda_ctx * ctx, const kvg_store * host
 KVG_CUDA_API void kvg_cuda_store_free(kvg_cuda_store * d);
 // Whether layer il's attention runs on the GPU (hook_supports); an off layer's blocks are freed at
 // the next sync, and llama.cpp then runs that layer's op on the CPU, through the host store.
-KVG_CUDA_API int  kvg_cuda_store_set_layer(kvg_cuda_store * d, int32_t il, int32_t on);
+KVG_CUDA_API int kvg_cuda_store_set_layer(kvg_cuda_store * d, int32_t il, int32_t on);
 // Makes the copy hold host's blocks as they are now, and waits for the copies. All or nothing: on
 // a failure (out of device memory) the copy keeps what it held, marked stale, and attend leaves
 // the store's rows out (counted as failed reads) until a sync succeeds.
-KVG_CUDA_API int  kvg_cuda_store_sync(kvg_cuda_store * d);
+KVG_CUDA_API int kvg_cuda_store_sync(kvg_cuda_store * d);
 // Encodes n_rows rows on the device (kvg_cuda_encode: the bytes the CPU's encoders write) and appends
 // them to list (il, kind) of the host store, as kvg_store_append_encoded does: the rows never reach
 // the host, only their codes, and the next sync takes the block from the device. Element i of head h
@@ -303,34 +303,34 @@ typedef struct kvg_cuda_store_item {
 KVG_CUDA_API int kvg_cuda_store_encode_many(kvg_cuda_store * d, const kvg_cuda_store_item * items, int64_t n);
 // Device memory held: the segments (the blocks, with room to grow) and the blocks coded since the
 // last sync; the scratch of the queries and of attend's splits.
-KVG_CUDA_API int  kvg_cuda_store_bytes(const kvg_cuda_store * d, uint64_t * out_blocks, uint64_t * out_scratch);
+KVG_CUDA_API int kvg_cuda_store_bytes(const kvg_cuda_store * d, uint64_t * out_blocks, uint64_t * out_scratch);
 // How often llama.cpp called hook_attend and hook_finish: where a layer's ops ran on the GPU.
-KVG_CUDA_API int  kvg_cuda_store_calls(const kvg_cuda_store * d, uint64_t * out_attend, uint64_t * out_finish);
+KVG_CUDA_API int kvg_cuda_store_calls(const kvg_cuda_store * d, uint64_t * out_attend, uint64_t * out_finish);
 
 // One layer's attention on the fused path, as llama.cpp's CUDA op hands it over (the patched
 // llama.cpp's struct llama_kvgguf_cuda_attn, field for field). Everything is on the device.
 typedef struct kvg_cuda_layer_args {
-    int32_t       il;
-    int64_t       n_cold;      // the store's rows [0, n_cold) of layer il
-    const void *  q_dev;       // f32: element i of head h of token t at q_dev + i*q_nb[0] + h*q_nb[1] + t*q_nb[2]
-    size_t        q_nb[3];
-    int32_t       n_tokens, n_head, n_head_kv;
-    int64_t       head_dim_k, head_dim_v;
-    const void *  k_dev;       // llama.cpp's cells [0, n_kv), as kvg_cuda_cells_args takes them
-    int32_t       k_type;
-    size_t        k_nb[3];
-    const void *  v_dev;
-    int32_t       v_type;
-    size_t        v_nb[3];
-    int64_t       n_kv;
-    const void *  mask_dev;    // f32 or f16 [n_kv, >= n_tokens], NULL: none
-    int32_t       mask_f16;
-    size_t        mask_nb1;
-    float         scale;
-    float         softcap;     // 0: none
-    float *       m_dev;       // the state out: [n_tokens * n_head], queries in (token, head) order
-    float *       l_dev;
-    float *       acc_dev;     // [n_tokens * n_head][head_dim_v]
+    int32_t      il;
+    int64_t      n_cold;  // the store's rows [0, n_cold) of layer il
+    const void * q_dev;   // f32: element i of head h of token t at q_dev + i*q_nb[0] + h*q_nb[1] + t*q_nb[2]
+    size_t       q_nb[3];
+    int32_t      n_tokens, n_head, n_head_kv;
+    int64_t      head_dim_k, head_dim_v;
+    const void * k_dev;  // llama.cpp's cells [0, n_kv), as kvg_cuda_cells_args takes them
+    int32_t      k_type;
+    size_t       k_nb[3];
+    const void * v_dev;
+    int32_t      v_type;
+    size_t       v_nb[3];
+    int64_t      n_kv;
+    const void * mask_dev;  // f32 or f16 [n_kv, >= n_tokens], NULL: none
+    int32_t      mask_f16;
+    size_t       mask_nb1;
+    float        scale;
+    float        softcap;  // 0: none
+    float *      m_dev;    // the state out: [n_tokens * n_head], queries in (token, head) order
+    float *      l_dev;
+    float *      acc_dev;  // [n_tokens * n_head][head_dim_v]
 } kvg_cuda_layer_args;
 
 // The state of layer il's queries over [the store's rows | llama.cpp's cells], on `stream` of
@@ -340,9 +340,11 @@ typedef struct kvg_cuda_layer_args {
 // Rows that cannot be read (a stale copy, a codec the GPU does not attend)
 // are left out, as if masked, counted in host's kvg_store_read_failures(KVG_READ_ATTEND), and the
 // status says why; the cells are attended all the same. Queued without waiting.
-KVG_CUDA_API int32_t kvg_cuda_store_hook_attend(void * user, const kvg_cuda_layer_args * a, int32_t device, void * stream);
+KVG_CUDA_API int32_t kvg_cuda_store_hook_attend(void * user, const kvg_cuda_layer_args * a, int32_t device,
+                                                void * stream);
 // The output from that state (kvg_cuda_attend_finish), on `stream`.
-KVG_CUDA_API int32_t kvg_cuda_store_hook_finish(void * user, const kvg_cuda_finish_args * a, int32_t device, void * stream);
+KVG_CUDA_API int32_t kvg_cuda_store_hook_finish(void * user, const kvg_cuda_finish_args * a, int32_t device,
+                                                void * stream);
 // 1 where layer il's attention runs on the GPU of `device` (-1: any of the copy's), else 0.
 KVG_CUDA_API int32_t kvg_cuda_store_hook_supports(void * user, int32_t il, int32_t device);
 // A number that changes whenever what hook_attend queues for the same arguments would change: a

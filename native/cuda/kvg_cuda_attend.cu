@@ -27,7 +27,7 @@
 #include <string.h>
 
 #define KA_MAX_SPLITS 1024
-#define KA_SPLIT_ROWS 256                  // rows per split to aim for
+#define KA_SPLIT_ROWS 256  // rows per split to aim for
 #define KA_MAX_DIM    512
 
 // Shared: sq [QT][dk], accr [KA_WARPS][QT][dv], wm and wl [KA_WARPS][QT]. KS, VS: the K and V
@@ -42,8 +42,8 @@ static __global__ void __launch_bounds__(KA_WARPS * 32) ka_split_kernel(const ka
     float *   wl   = wm + KA_WARPS * QT;
 
     const int split = blockIdx.x, hk = blockIdx.y, p0 = blockIdx.z * QT;
-    const int nq    = a.n_p - p0 < QT ? a.n_p - p0 : QT;
-    const int warp  = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int nq   = a.n_p - p0 < QT ? a.n_p - p0 : QT;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
     for (int x = threadIdx.x; x < QT * dk; x += blockDim.x) {
         const int qq = x / dk;
@@ -61,8 +61,8 @@ static __global__ void __launch_bounds__(KA_WARPS * 32) ka_split_kernel(const ka
     }
     __syncthreads();
 
-    const int64_t   r_begin = (int64_t) split * a.split_rows;
-    const int64_t   r_end   = r_begin + a.split_rows < a.n_rows ? r_begin + a.split_rows : a.n_rows;
+    const int64_t r_begin = (int64_t) split * a.split_rows;
+    const int64_t r_end   = r_begin + a.split_rows < a.n_rows ? r_begin + a.split_rows : a.n_rows;
     for (int64_t base = r_begin + warp * 32; base < r_end; base += KA_WARPS * 32) {
         const int nc = r_end - base < 32 ? (int) (r_end - base) : 32;
         float     s_mine[QT];  // lane r: the scores of row base + r
@@ -97,7 +97,7 @@ static __global__ void __launch_bounds__(KA_WARPS * 32) ka_split_kernel(const ka
 #pragma unroll
         for (int qq = 0; qq < QT; qq++) {
             const float cmax = ka_warp_max(s_mine[qq]);
-            if (cmax > m_run[qq]) {  // warp-uniform
+            if (cmax > m_run[qq]) {                         // warp-uniform
                 const float corr = expf(m_run[qq] - cmax);  // 0 while m is -inf
                 l_run[qq] *= corr;
                 for (int i = lane; i < dv; i += 32) {
@@ -161,8 +161,8 @@ static int ka_source(int codec, int * bits) {
 }
 
 // The block's bytes hold its shape, and the rows asked for lie inside it.
-static int ka_check_block(const kvg_cuda_block * b, int kind, int64_t row0, int64_t n_rows, int64_t n_head_kv, int64_t d,
-                          uint64_t seed, int32_t group) {
+static int ka_check_block(const kvg_cuda_block * b, int kind, int64_t row0, int64_t n_rows, int64_t n_head_kv,
+                          int64_t d, uint64_t seed, int32_t group) {
     const char * side = kind == KVG_KIND_K ? "K" : "V";
     if (b->data_dev == NULL) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend: NULL %s block", side);
@@ -171,17 +171,19 @@ static int ka_check_block(const kvg_cuda_block * b, int kind, int64_t row0, int6
     const int src  = ka_source(b->codec, &bits);
     if (src < 0) {
         const char * n = kvg_codec_name(b->codec);
-        return kvg_fail(KVG_ERR_UNSUPPORTED,
-                        "kvg_cuda_attend: the %s block is %s; the fused GPU attention reads f16, kivi2, kivi3, kivi4, kivi8, "
-                        "rotq1, rotq2, rotq3 and rotq4",
-                        side, n ? n : "an unknown codec");
+        return kvg_fail(
+            KVG_ERR_UNSUPPORTED,
+            "kvg_cuda_attend: the %s block is %s; the fused GPU attention reads f16, kivi2, kivi3, kivi4, kivi8, "
+            "rotq1, rotq2, rotq3 and rotq4",
+            side, n ? n : "an unknown codec");
     }
     if (src == KA_SRC_ROTQ && !(d >= 8 && d <= KA_MAX_DIM && (d & (d - 1)) == 0)) {
-        return kvg_fail(KVG_ERR_SHAPE, "kvg_cuda_attend: %s head_dim %lld is not a power of two in [8, %d] (rotq)", side,
-                        (long long) d, KA_MAX_DIM);
+        return kvg_fail(KVG_ERR_SHAPE, "kvg_cuda_attend: %s head_dim %lld is not a power of two in [8, %d] (rotq)",
+                        side, (long long) d, KA_MAX_DIM);
     }
     if (d < 1 || d > KA_MAX_DIM) {
-        return kvg_fail(KVG_ERR_SHAPE, "kvg_cuda_attend: %s head_dim %lld is not in [1, %d]", side, (long long) d, KA_MAX_DIM);
+        return kvg_fail(KVG_ERR_SHAPE, "kvg_cuda_attend: %s head_dim %lld is not in [1, %d]", side, (long long) d,
+                        KA_MAX_DIM);
     }
     kvg_codec_params p;
     kvg_codec_default_params(&p);
@@ -193,8 +195,8 @@ static int ka_check_block(const kvg_cuda_block * b, int kind, int64_t row0, int6
         return st;
     }
     if (size != b->n_bytes) {
-        return kvg_fail(KVG_ERR_BUFFER_SIZE, "kvg_cuda_attend: the %s block holds %zu bytes, %lld rows encode to %zu", side,
-                        b->n_bytes, (long long) b->n_rows, size);
+        return kvg_fail(KVG_ERR_BUFFER_SIZE, "kvg_cuda_attend: the %s block holds %zu bytes, %lld rows encode to %zu",
+                        side, b->n_bytes, (long long) b->n_rows, size);
     }
     if (row0 < 0 || n_rows < 0 || row0 > b->n_rows - n_rows) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend: %s rows [%lld, %lld) are outside the block's %lld", side,
@@ -208,7 +210,7 @@ static void ka_launch_split_v(const ka_args & a, dim3 grid, size_t smem, cudaStr
     switch (a.v_src) {
         case KA_SRC_ROTQ: KVG_LAUNCH(grid, KA_WARPS * 32, smem, stream, ka_split_kernel<QT, KS, KA_SRC_ROTQ>)(a); break;
         case KA_SRC_KIVI: KVG_LAUNCH(grid, KA_WARPS * 32, smem, stream, ka_split_kernel<QT, KS, KA_SRC_KIVI>)(a); break;
-        default: KVG_LAUNCH(grid, KA_WARPS * 32, smem, stream, ka_split_kernel<QT, KS, KA_SRC_F16>)(a); break;
+        default:          KVG_LAUNCH(grid, KA_WARPS * 32, smem, stream, ka_split_kernel<QT, KS, KA_SRC_F16>)(a); break;
     }
 }
 
@@ -217,7 +219,7 @@ static void ka_launch_split(const ka_args & a, dim3 grid, size_t smem, cudaStrea
     switch (a.k_src) {
         case KA_SRC_ROTQ: ka_launch_split_v<QT, KA_SRC_ROTQ>(a, grid, smem, stream); break;
         case KA_SRC_KIVI: ka_launch_split_v<QT, KA_SRC_KIVI>(a, grid, smem, stream); break;
-        default: ka_launch_split_v<QT, KA_SRC_F16>(a, grid, smem, stream); break;
+        default:          ka_launch_split_v<QT, KA_SRC_F16>(a, grid, smem, stream); break;
     }
 }
 
@@ -231,10 +233,11 @@ static void ka_side_pointers(const kvg_cuda_block * b, int src, int kind, int64_
         *norms = p;
         *codes = p + 2 * b->n_rows * n_head_kv;
     } else if (src == KA_SRC_KIVI) {
-        const int64_t C        = n_head_kv * d;
-        const int64_t n_groups = kind == KVG_KIND_K ? (b->n_rows + group - 1) / group * C : b->n_rows * ((C + group - 1) / group);
-        *groups                = p;
-        *codes                 = p + 4 * n_groups;
+        const int64_t C = n_head_kv * d;
+        const int64_t n_groups =
+            kind == KVG_KIND_K ? (b->n_rows + group - 1) / group * C : b->n_rows * ((C + group - 1) / group);
+        *groups = p;
+        *codes  = p + 4 * n_groups;
     }
 }
 
@@ -244,21 +247,23 @@ int ka_plan_run(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * a, int64_t budg
         return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend: NULL q, m, l or acc");
     }
     if (a->n_head_kv <= 0 || a->n_tokens <= 0 || a->n_head <= 0 || a->n_head % a->n_head_kv != 0) {
-        return kvg_fail(KVG_ERR_INVALID_ARG,
-                        "kvg_cuda_attend: needs n_tokens > 0 and n_head a positive multiple of n_head_kv, got %d, %d, %d",
-                        (int) a->n_tokens, (int) a->n_head, (int) a->n_head_kv);
+        return kvg_fail(
+            KVG_ERR_INVALID_ARG,
+            "kvg_cuda_attend: needs n_tokens > 0 and n_head a positive multiple of n_head_kv, got %d, %d, %d",
+            (int) a->n_tokens, (int) a->n_head, (int) a->n_head_kv);
     }
     if (!isfinite(a->scale)) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend: scale %g is not finite", (double) a->scale);
     }
     if (!isfinite(a->softcap) || a->softcap < 0.0f) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend: softcap %g is not a finite value >= 0", (double) a->softcap);
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend: softcap %g is not a finite value >= 0",
+                        (double) a->softcap);
     }
     if (a->group_size < 0) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend: group_size %d is negative", (int) a->group_size);
     }
     const int32_t group = a->group_size > 0 ? a->group_size : KVG_DEFAULT_GROUP_SIZE;
-    int           st    = ka_check_block(&a->k, KVG_KIND_K, a->k_row0, a->n_rows, a->n_head_kv, a->head_dim_k, a->seed, group);
+    int st = ka_check_block(&a->k, KVG_KIND_K, a->k_row0, a->n_rows, a->n_head_kv, a->head_dim_k, a->seed, group);
     if (st == KVG_OK) {
         st = ka_check_block(&a->v, KVG_KIND_V, a->v_row0, a->n_rows, a->n_head_kv, a->head_dim_v, a->seed, group);
     }
@@ -267,8 +272,8 @@ int ka_plan_run(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * a, int64_t budg
     }
     int       k_bits = 0, v_bits = 0;
     const int k_src = ka_source(a->k.codec, &k_bits), v_src = ka_source(a->v.codec, &v_bits);
-    out->q_rotated  = k_src == KA_SRC_ROTQ;
-    out->v_rotated  = v_src == KA_SRC_ROTQ;
+    out->q_rotated = k_src == KA_SRC_ROTQ;
+    out->v_rotated = v_src == KA_SRC_ROTQ;
     if (a->n_rows == 0) {
         return KVG_OK;  // n_splits 0: nothing to queue
     }
@@ -285,12 +290,14 @@ int ka_plan_run(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * a, int64_t budg
     while (qt < n_p && qt < max_qt) {
         qt *= 2;
     }
-    const int rows_kernel = !tc && !ctx->attend_generic && both_rotq && ka_rows_covers((int) dk, (int) dv, k_bits, v_bits);
+    const int rows_kernel =
+        !tc && !ctx->attend_generic && both_rotq && ka_rows_covers((int) dk, (int) dv, k_bits, v_bits);
     qt                    = rows_kernel && qt == 2 ? 4 : qt;  // its tiles are 1, 4 or 8 queries
     qt                    = tc ? KA_TC_QUERIES : qt;
     const int64_t n_tiles = (n_p + qt - 1) / qt;
     if (n_tiles > 65535 || a->n_head_kv > 65535) {
-        return kvg_fail(KVG_ERR_SHAPE, "kvg_cuda_attend: %lld query tiles of %d exceed the grid", (long long) n_tiles, qt);
+        return kvg_fail(KVG_ERR_SHAPE, "kvg_cuda_attend: %lld query tiles of %d exceed the grid", (long long) n_tiles,
+                        qt);
     }
     // The row-parallel kernel where it covers the shape, with splits enough to fill the device;
     // else the generic one, with about KA_SPLIT_ROWS rows a split. Fewer
@@ -311,10 +318,10 @@ int ka_plan_run(kvg_cuda_ctx * ctx, const kvg_cuda_attend_args * a, int64_t budg
         const int64_t rows   = ka_rows_split_rows(a->n_rows, (blocks + per - 1) / per);
         n_splits             = (a->n_rows + rows - 1) / rows;
     }
-    n_splits          = n_splits < KA_MAX_SPLITS ? n_splits : KA_MAX_SPLITS;
-    const int64_t fit = budget_floats / (n_q * (dv + 2));
-    n_splits          = n_splits < fit ? n_splits : fit;
-    n_splits          = n_splits < 1 ? 1 : n_splits;
+    n_splits           = n_splits < KA_MAX_SPLITS ? n_splits : KA_MAX_SPLITS;
+    const int64_t fit  = budget_floats / (n_q * (dv + 2));
+    n_splits           = n_splits < fit ? n_splits : fit;
+    n_splits           = n_splits < 1 ? 1 : n_splits;
     int64_t split_rows = (a->n_rows + n_splits - 1) / n_splits;
     split_rows         = tc ? ka_tc_split_rows(a->n_rows, n_splits) : split_rows;  // whole chunks of rows
     n_splits           = (a->n_rows + split_rows - 1) / split_rows;
@@ -375,13 +382,13 @@ int ka_queue_run(kvg_cuda_ctx * ctx, ka_plan * p, const float * q, float * pm, f
     const size_t smem = sizeof(float) * (size_t) (qt * dk + KA_WARPS * qt * dv + 2 * KA_WARPS * qt);
     if (p->kernel) {
         KVG_LAUNCH(grid, KA_WARPS * 32, 0, ctx->stream, p->kernel)(args, ((uintptr_t) args.k_codes & 3) == 0,
-                                                           ((uintptr_t) args.v_codes & 3) == 0);
+                                                                   ((uintptr_t) args.v_codes & 3) == 0);
     } else {
         switch (qt) {
-        case 1: ka_launch_split<1>(args, grid, smem, ctx->stream); break;
-        case 2: ka_launch_split<2>(args, grid, smem, ctx->stream); break;
-        case 4: ka_launch_split<4>(args, grid, smem, ctx->stream); break;
-        default: ka_launch_split<8>(args, grid, smem, ctx->stream); break;
+            case 1:  ka_launch_split<1>(args, grid, smem, ctx->stream); break;
+            case 2:  ka_launch_split<2>(args, grid, smem, ctx->stream); break;
+            case 4:  ka_launch_split<4>(args, grid, smem, ctx->stream); break;
+            default: ka_launch_split<8>(args, grid, smem, ctx->stream); break;
         }
     }
     return kc_launch_check("attend split launch");

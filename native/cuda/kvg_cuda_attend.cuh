@@ -20,23 +20,23 @@ struct ka_args {
     const uint8_t * v_norms;
     const uint8_t * v_groups;
     const uint8_t * v_codes;
-    int             k_src, v_src;  // KA_SRC_*
-    kc_rotq_tab     ktab, vtab;  // centroids used
+    int             k_src, v_src;    // KA_SRC_*
+    kc_rotq_tab     ktab, vtab;      // centroids used
     int             k_bits, v_bits;  // rotq 1-4, kivi 2-8, f16 16
     int             group;           // kivi: G, tokens (K) or channels (V) a group
     int64_t         v_ncg;           // kivi V: groups a row, ceil(n_head_kv * dv / G)
     int64_t         k_row0, v_row0, n_rows;
     int             n_head_kv, dk, dv;
     float           inv_dk, inv_dv;
-    const float *   qr;  // [n_q][dk], caller order: scaled, and rotated where K is rotq
+    const float *   qr;                // [n_q][dk], caller order: scaled, and rotated where K is rotq
     int             n_head, gqa, n_p;  // n_p = n_tokens * gqa queries per KV head
     float           softcap;
     int             n_splits;
     int64_t         split_rows;
     int             n_slots, slot0;  // split s of query j writes slot j * n_slots + slot0 + s
-    float *         pm;    // [n_q][n_slots]
-    float *         pl;    // [n_q][n_slots]
-    float *         pacc;  // [n_q][n_slots][dv]
+    float *         pm;              // [n_q][n_slots]
+    float *         pl;              // [n_q][n_slots]
+    float *         pacc;            // [n_q][n_slots][dv]
 };
 
 // The row-parallel kernel's type (kvg_cuda_attend_rows.cuh).
@@ -59,9 +59,9 @@ struct kcl_args {
     int             n_splits;
     int64_t         split_cells;
     int             n_slots, slot0;  // as ka_args'
-    float *         pm;    // [n_q][n_slots]
-    float *         pl;    // [n_q][n_slots]
-    float *         pacc;  // [n_q][n_slots][dv]
+    float *         pm;              // [n_q][n_slots]
+    float *         pl;              // [n_q][n_slots]
+    float *         pacc;            // [n_q][n_slots][dv]
 };
 
 // The pass's fused split kernel (kvg_cuda_attend_fused.cuh): one launch for up to KA_FUSE_PARTS
@@ -126,11 +126,11 @@ struct ka_plan {
     int                         slot0;      // the pass's: its first slot of partial sums
     int                         tc, qt;     // the tensor-core kernel; else query tiles of qt
     int64_t                     n_tiles;
-    ka_rows_kernel_t            kernel;     // a run: the row-parallel kernel; NULL: the generic one
-    int                         fused;      // queued in the pass's fused kernel
-    ka_args                     args;       // a run's
-    kcl_args                    cargs;      // cells' (the scalar kernel)
-    const kvg_cuda_cells_args * cell;       // cells' (the tensor-core kernel)
+    ka_rows_kernel_t            kernel;  // a run: the row-parallel kernel; NULL: the generic one
+    int                         fused;   // queued in the pass's fused kernel
+    ka_args                     args;    // a run's
+    kcl_args                    cargs;   // cells' (the scalar kernel)
+    const kvg_cuda_cells_args * cell;    // cells' (the tensor-core kernel)
 };
 // A pass of one part folded into the state (m, l, acc) of n_q queries of dv values as it is: what
 // kvg_cuda_attend and kvg_cuda_attend_cells are (kvg_cuda_attend_pass.cu).
@@ -182,7 +182,8 @@ static __device__ __forceinline__ float ka_value_at(const ka_args & a, int64_t r
 // The factor a row's coordinates take on a side whose per-row norms (rotq's) and 1 / head_dim are
 // given: rotq's norm / head_dim, 1 for the other sources.
 template <int SRC>
-static __device__ __forceinline__ float ka_row_factor(const uint8_t * norms, float inv_d, int64_t row, int n_head_kv, int hk) {
+static __device__ __forceinline__ float ka_row_factor(const uint8_t * norms, float inv_d, int64_t row, int n_head_kv,
+                                                      int hk) {
     if constexpr (SRC == KA_SRC_ROTQ) {
         return kc_f16_to_f32(kc_get_u16(norms + 2 * (row * n_head_kv + hk))) * inv_d;
     } else {
@@ -209,8 +210,8 @@ static __device__ __forceinline__ float ka_warp_max(float v) {
 
 // llama.cpp's cells as kvg_cuda_attend_cells reads them, in both its split kernels: element i of KV
 // head hk of cell c, f16 at its byte strides or a q8_0 block's scale times code.
-static __device__ __forceinline__ float ka_cell(const uint8_t * base, int q8, size_t nb0, size_t nb1, size_t nb2, int hk,
-                                                int64_t c, int i) {
+static __device__ __forceinline__ float ka_cell(const uint8_t * base, int q8, size_t nb0, size_t nb1, size_t nb2,
+                                                int hk, int64_t c, int i) {
     const uint8_t * row = base + (size_t) hk * nb1 + (size_t) c * nb2;
     if (q8) {
         const uint8_t * blk = row + (size_t) (i / KA_Q8_0_BLOCK) * KA_Q8_0_BYTES;
@@ -220,7 +221,8 @@ static __device__ __forceinline__ float ka_cell(const uint8_t * base, int q8, si
 }
 
 // The mask's value for query token t and cell c (f32 or f16 rows of mask_nb1 bytes); 0 without one.
-static __device__ __forceinline__ float ka_mask(const uint8_t * mask, int mask_f16, size_t mask_nb1, int64_t t, int64_t c) {
+static __device__ __forceinline__ float ka_mask(const uint8_t * mask, int mask_f16, size_t mask_nb1, int64_t t,
+                                                int64_t c) {
     if (mask == NULL) {
         return 0.0f;
     }
@@ -243,12 +245,12 @@ static __device__ __forceinline__ int64_t ka_query(int p, int hk, int gqa, int n
 // coordinate i < dv the same weights over wacc, written at slot `slot` of pm / pl [j][n_slots] and
 // pacc [j][n_slots][dv] (j the caller's index). wm, wl: [KA_WARPS][qt], wacc: [KA_WARPS][qt][dv].
 // Called by every thread of the block after the warps have written theirs (__syncthreads).
-static __device__ __forceinline__ void ka_merge_warps(const float * wm, const float * wl, const float * wacc, int qt, int nq,
-                                                      int dv, int p0, int hk, int gqa, int n_head, int n_slots, int slot,
-                                                      float * pm, float * pl, float * pacc) {
+static __device__ __forceinline__ void ka_merge_warps(const float * wm, const float * wl, const float * wacc, int qt,
+                                                      int nq, int dv, int p0, int hk, int gqa, int n_head, int n_slots,
+                                                      int slot, float * pm, float * pl, float * pacc) {
     for (int x = threadIdx.x; x < nq * dv; x += blockDim.x) {
         const int qq = x / dv, i = x % dv;
-        float     M  = -INFINITY;
+        float     M = -INFINITY;
         for (int w = 0; w < KA_WARPS; w++) {
             M = fmaxf(M, wm[w * qt + qq]);
         }
@@ -272,7 +274,7 @@ static __device__ __forceinline__ void ka_merge_warps(const float * wm, const fl
                 L += expf(mw - M) * wl[w * qt + qq];
             }
         }
-        const int64_t j            = ka_query(p0 + qq, hk, gqa, n_head);
+        const int64_t j        = ka_query(p0 + qq, hk, gqa, n_head);
         pm[j * n_slots + slot] = M;
         pl[j * n_slots + slot] = L;
     }
@@ -293,17 +295,17 @@ ka_rows_kernel_t ka_rows_kernel_d256(int k_bits, int v_bits, int qt);
 // head dims 64, 80, 96, 128 or 256 alike for K and V, rows of any source.
 #define KA_TC_QUERIES     64
 #define KA_TC_MIN_QUERIES 64
-int     ka_tc_covers(const kvg_cuda_ctx * ctx, int dk, int dv, int64_t n_p);
+int ka_tc_covers(const kvg_cuda_ctx * ctx, int dk, int dv, int64_t n_p);
 // Rows a split takes (whole chunks of 64) so that about `splits_wanted` splits cover n_rows.
 int64_t ka_tc_split_rows(int64_t n_rows, int64_t splits_wanted);
 // Queues the kernel over grid (args.n_splits, KV heads, n_tiles query tiles).
-int     ka_tc_launch(kvg_cuda_ctx * ctx, const ka_args & args, int64_t n_tiles);
+int ka_tc_launch(kvg_cuda_ctx * ctx, const ka_args & args, int64_t n_tiles);
 // The same kernel over llama.cpp's cells [c0, c1) of kvg_cuda_attend_cells (the gathered queries,
 // scaled in the kernel; the mask added), n_splits of split_cells cells (whole chunks of 64), the
 // partial sums into slots [slot0, slot0 + n_splits) of pm, pl, pacc as the cells' split kernel
 // writes them.
-int     ka_tc_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_args * c, int64_t n_splits, int64_t split_cells, float * pm,
-                    float * pl, float * pacc, int n_slots, int slot0);
+int ka_tc_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_args * c, int64_t n_splits, int64_t split_cells, float * pm,
+                float * pl, float * pacc, int n_slots, int slot0);
 // Grows the context's attention scratch to at least `bytes` (waiting first for the work that may
 // still read it): a pass's queries and partial sums.
 int ka_scratch(kvg_cuda_ctx * ctx, size_t bytes);

@@ -74,7 +74,7 @@ static __device__ __forceinline__ void kcl_split_body(const kcl_args & a, const 
             for (int qq = 0; qq < QT; qq++) {
                 float sc = ka_warp_sum(part[qq]);
                 if (lane == r) {
-                    sc          = a.softcap > 0.0f ? a.softcap * tanhf(sc) : sc;
+                    sc         = a.softcap > 0.0f ? a.softcap * tanhf(sc) : sc;
                     s_mine[qq] = qq < nq ? sc + ka_mask(a.mask, a.mask_f16, a.mask_nb1, tok[qq], c) : -INFINITY;
                 }
             }
@@ -84,7 +84,7 @@ static __device__ __forceinline__ void kcl_split_body(const kcl_args & a, const 
 #pragma unroll
         for (int qq = 0; qq < QT; qq++) {
             const float cmax = ka_warp_max(s_mine[qq]);
-            if (cmax > m_run[qq]) {  // warp-uniform; never while every score is -inf
+            if (cmax > m_run[qq]) {                         // warp-uniform; never while every score is -inf
                 const float corr = expf(m_run[qq] - cmax);  // 0 while m is -inf
                 l_run[qq] *= corr;
                 for (int i = lane; i < dv; i += 32) {

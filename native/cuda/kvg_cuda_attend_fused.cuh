@@ -19,8 +19,8 @@
 template <int D, int QT, int KB>
 static __device__ __forceinline__ void kf_rows_vb(const ka_fused_part & P, int split, int hk, int tile, float * sh) {
     switch (P.v_bits) {
-        case 2: kr_split_body<D, KB, 2, QT>(P.run, P.k_al4, P.v_al4, split, hk, tile, sh, true); break;
-        case 3: kr_split_body<D, KB, 3, QT>(P.run, P.k_al4, P.v_al4, split, hk, tile, sh, true); break;
+        case 2:  kr_split_body<D, KB, 2, QT>(P.run, P.k_al4, P.v_al4, split, hk, tile, sh, true); break;
+        case 3:  kr_split_body<D, KB, 3, QT>(P.run, P.k_al4, P.v_al4, split, hk, tile, sh, true); break;
         default: kr_split_body<D, KB, 4, QT>(P.run, P.k_al4, P.v_al4, split, hk, tile, sh, true); break;
     }
 }
@@ -29,8 +29,8 @@ template <int D, int QT>
 static __global__ void __launch_bounds__(KA_WARPS * 32) kf_split_kernel(const ka_fused_args f) {
     using L = kr_smem<D, QT>;
     __shared__ __align__(16) float sh[L::FLOATS];
-    int           pi = 0;  // the block's part, then its split, KV head and query tile
-    const int64_t b  = blockIdx.x;
+    int                            pi = 0;  // the block's part, then its split, KV head and query tile
+    const int64_t                  b  = blockIdx.x;
     while (pi + 1 < f.n_parts && b >= f.part[pi + 1].block0) {
         pi++;
     }
@@ -49,7 +49,7 @@ static __global__ void __launch_bounds__(KA_WARPS * 32) kf_split_kernel(const ka
     const bool    write_q = f.q_dst != NULL && pi == 0 && split == 0;
     for (int x = threadIdx.x; x < QT * D; x += blockDim.x) {
         const int qq = x / D, i = x % D;
-        float     v  = 0.0f;
+        float     v = 0.0f;
         if (qq < nq) {
             const int64_t j = ka_query(p0 + qq, hk, f.gqa, f.n_head);
             const int64_t t = j / f.n_head, h = j % f.n_head;
@@ -69,12 +69,12 @@ static __global__ void __launch_bounds__(KA_WARPS * 32) kf_split_kernel(const ka
     float * const sq = sh + L::SQ;  // [coordinate][query], as the body reads it
     for (int x = threadIdx.x; x < QT * D; x += blockDim.x) {
         const int qq = x % QT, i = x / QT;
-        sq[x]        = qq < nq ? y[qq * D + i] : 0.0f;
+        sq[x] = qq < nq ? y[qq * D + i] : 0.0f;
     }
     // (the body's barrier after its tables orders sq, and the reads of y before its wacc writes)
     switch (P.k_bits) {
-        case 2: kf_rows_vb<D, QT, 2>(P, split, hk, tile, sh); break;
-        case 3: kf_rows_vb<D, QT, 3>(P, split, hk, tile, sh); break;
+        case 2:  kf_rows_vb<D, QT, 2>(P, split, hk, tile, sh); break;
+        case 3:  kf_rows_vb<D, QT, 3>(P, split, hk, tile, sh); break;
         default: kf_rows_vb<D, QT, 4>(P, split, hk, tile, sh); break;
     }
 }
@@ -82,8 +82,8 @@ static __global__ void __launch_bounds__(KA_WARPS * 32) kf_split_kernel(const ka
 template <int D>
 static ka_fused_kernel_t kf_pick(int qt) {
     switch (qt) {
-        case 1: return kf_split_kernel<D, 1>;
-        case 8: return kf_split_kernel<D, 8>;
+        case 1:  return kf_split_kernel<D, 1>;
+        case 8:  return kf_split_kernel<D, 8>;
         default: return kf_split_kernel<D, 4>;
     }
 }

@@ -24,7 +24,7 @@
 #include <string.h>
 
 #define KP_STACK_PARTS    8
-#define KP_MAX_SLOTS      4096                  // slots one combine merges (its shared memory)
+#define KP_MAX_SLOTS      4096                 // slots one combine merges (its shared memory)
 #define KP_SCRATCH_FLOATS ((int64_t) 1 << 25)  // 128 MiB of partial sums: fewer splits for very many queries
 #define KP_MAX_DIM        512
 
@@ -92,7 +92,7 @@ static __global__ void kp_combine_kernel(const float * pm, const float * pl, con
         yr[i] = r;
         yp[i] = u;
     }
-    if (n_rot > 0) {  // uniform over the block, so kc_fwht_block's barriers are safe; else each
+    if (n_rot > 0) {            // uniform over the block, so kc_fwht_block's barriers are safe; else each
         kc_fwht_block(yr, dv);  // thread reads back only the yr[i] and yp[i] it wrote
     }
     for (int i = threadIdx.x; i < dv; i += blockDim.x) {
@@ -109,9 +109,9 @@ static __global__ void kp_combine_kernel(const float * pm, const float * pl, con
 // at src + i * nb0 + h * nb1 + t * nb2, rounded to f16 where round_f16 (kvg_cuda_gather_q's job),
 // and written to `gathered`; scale * q to `plain`; the signs of `seed`, then W, of scale * q to
 // `rot` (rotq keys). Each output may be NULL. Shared: y [d].
-static __global__ void kp_queries_kernel(const uint8_t * src, size_t nb0, size_t nb1, size_t nb2, int n_head, int64_t n_q,
-                                         int d, int round_f16, float scale, uint64_t seed, float * gathered, float * plain,
-                                         float * rot) {
+static __global__ void kp_queries_kernel(const uint8_t * src, size_t nb0, size_t nb1, size_t nb2, int n_head,
+                                         int64_t n_q, int d, int round_f16, float scale, uint64_t seed,
+                                         float * gathered, float * plain, float * rot) {
     KVG_DYNAMIC_SMEM(float, kp_sh);
     float * y = kp_sh;
     for (int64_t j = blockIdx.x; j < n_q; j += gridDim.x) {
@@ -146,7 +146,8 @@ int ka_scratch(kvg_cuda_ctx * ctx, size_t bytes) {
     if (cudaStreamIsCapturing(ctx->stream, &capturing) == cudaSuccess && capturing != cudaStreamCaptureStatusNone) {
         // a wait or a free would end llama.cpp's capture (and abort it); the same graph ran
         // uncaptured first, so this should not happen
-        return kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda: the attention scratch would have to grow inside a CUDA graph capture");
+        return kvg_fail(KVG_ERR_NO_MEMORY,
+                        "kvg_cuda: the attention scratch would have to grow inside a CUDA graph capture");
     }
     cudaError_t e = cudaStreamSynchronize(ctx->stream);  // earlier calls may still read the old one
     if (e != cudaSuccess) {
@@ -171,14 +172,14 @@ int ka_scratch(kvg_cuda_ctx * ctx, size_t bytes) {
 // scales and rotates them once for all runs).
 static int kp_agrees(const kvg_cuda_pass_args * p, const kvg_cuda_part * part, const kvg_cuda_attend_args * first,
                      int64_t i) {
-    const kvg_cuda_attend_args * r = part->run;
-    const kvg_cuda_cells_args *  c = part->cells;
-    const int64_t n_q = r ? (int64_t) r->n_tokens * r->n_head : (int64_t) c->n_tokens * c->n_head;
-    const int64_t dv  = r ? r->head_dim_v : c->head_dim_v;
-    const int     same_state = r ? (r->m_dev == p->m_dev && r->l_dev == p->l_dev && r->acc_dev == p->acc_dev)
-                                 : (c->m_dev == p->m_dev && c->l_dev == p->l_dev && c->acc_dev == p->acc_dev);
-    const kvg_cuda_part * p0 = &p->parts[0];  // where the pass gathers, the queries' shape
-    const int32_t n_head = r ? r->n_head : c->n_head, n_head0 = p0->run ? p0->run->n_head : p0->cells->n_head;
+    const kvg_cuda_attend_args * r   = part->run;
+    const kvg_cuda_cells_args *  c   = part->cells;
+    const int64_t                n_q = r ? (int64_t) r->n_tokens * r->n_head : (int64_t) c->n_tokens * c->n_head;
+    const int64_t                dv  = r ? r->head_dim_v : c->head_dim_v;
+    const int             same_state = r ? (r->m_dev == p->m_dev && r->l_dev == p->l_dev && r->acc_dev == p->acc_dev)
+                                         : (c->m_dev == p->m_dev && c->l_dev == p->l_dev && c->acc_dev == p->acc_dev);
+    const kvg_cuda_part * p0         = &p->parts[0];  // where the pass gathers, the queries' shape
+    const int32_t         n_head = r ? r->n_head : c->n_head, n_head0 = p0->run ? p0->run->n_head : p0->cells->n_head;
     const int64_t dk = r ? r->head_dim_k : c->head_dim_k, dk0 = p0->run ? p0->run->head_dim_k : p0->cells->head_dim_k;
     if (p->q_src && ((r ? r->q_dev : c->q_dev) != p->q_dst || n_head != n_head0 || dk != dk0)) {
         return kvg_fail(KVG_ERR_INVALID_ARG,
@@ -187,17 +188,20 @@ static int kp_agrees(const kvg_cuda_pass_args * p, const kvg_cuda_part * part, c
                         (long long) i);
     }
     if (n_q != p->n_q || dv != p->head_dim_v || !same_state) {
-        return kvg_fail(KVG_ERR_INVALID_ARG,
-                        "kvg_cuda_attend_pass: part %lld has %lld queries of %lld values or another state; the pass has "
-                        "%lld of %lld",
-                        (long long) i, (long long) n_q, (long long) dv, (long long) p->n_q, (long long) p->head_dim_v);
+        return kvg_fail(
+            KVG_ERR_INVALID_ARG,
+            "kvg_cuda_attend_pass: part %lld has %lld queries of %lld values or another state; the pass has "
+            "%lld of %lld",
+            (long long) i, (long long) n_q, (long long) dv, (long long) p->n_q, (long long) p->head_dim_v);
     }
-    if (r && first && (r->q_dev != first->q_dev || r->n_head != first->n_head || r->n_head_kv != first->n_head_kv ||
-                       r->head_dim_k != first->head_dim_k || r->scale != first->scale || r->softcap != first->softcap ||
-                       r->seed != first->seed)) {
-        return kvg_fail(KVG_ERR_INVALID_ARG,
-                        "kvg_cuda_attend_pass: run %lld's queries, heads, scale, softcap or seed are not the first run's",
-                        (long long) i);
+    if (r && first &&
+        (r->q_dev != first->q_dev || r->n_head != first->n_head || r->n_head_kv != first->n_head_kv ||
+         r->head_dim_k != first->head_dim_k || r->scale != first->scale || r->softcap != first->softcap ||
+         r->seed != first->seed)) {
+        return kvg_fail(
+            KVG_ERR_INVALID_ARG,
+            "kvg_cuda_attend_pass: run %lld's queries, heads, scale, softcap or seed are not the first run's",
+            (long long) i);
     }
     return KVG_OK;
 }
@@ -216,14 +220,14 @@ static int32_t kp_chunk_end(const ka_plan * plans, int32_t i0, int32_t n_parts, 
 // What the fused kernel needs of a pass: its head dim and query tile, where each kind of part reads
 // its queries, how they are scaled and rotated, and where (once) the gathered queries go.
 struct kp_fusion {
-    int       n;   // parts it takes (plan->fused)
-    int       d, qt, n_head_kv, gqa, n_p, n_head;
-    ka_qsrc   q_runs;  // the runs' queries (the cells' are their own q_dev unless the pass gathers)
-    int       gather;  // the pass gathers: every part reads q_src
-    ka_qsrc   q_src;
-    float     rot_scale;
-    uint64_t  seed;
-    float *   q_dst;  // the gathered queries' home, written by the first fused launch; else NULL
+    int      n;  // parts it takes (plan->fused)
+    int      d, qt, n_head_kv, gqa, n_p, n_head;
+    ka_qsrc  q_runs;  // the runs' queries (the cells' are their own q_dev unless the pass gathers)
+    int      gather;  // the pass gathers: every part reads q_src
+    ka_qsrc  q_src;
+    float    rot_scale;
+    uint64_t seed;
+    float *  q_dst;  // the gathered queries' home, written by the first fused launch; else NULL
 };
 
 // Marks the planned parts the fused kernel takes: runs of the row-parallel kernel and cells of the
@@ -238,10 +242,10 @@ static void kp_plan_fusion(const kvg_cuda_ctx * ctx, ka_plan * plans, int32_t n_
         if (ctx->attend_parts || pl->n_splits == 0 || pl->tc || (!pl->cells && pl->kernel == NULL)) {
             continue;
         }
-        const int     dk  = pl->cells ? pl->cargs.dk : pl->args.dk, dv = pl->cells ? pl->cargs.dv : pl->args.dv;
-        const int     hkv = pl->cells ? (int) pl->cell->n_head_kv : pl->args.n_head_kv;
-        const int     gqa = pl->cells ? pl->cargs.gqa : pl->args.gqa;
-        const int     n_p = pl->cells ? pl->cargs.n_p : pl->args.n_p;
+        const int     dk = pl->cells ? pl->cargs.dk : pl->args.dk, dv = pl->cells ? pl->cargs.dv : pl->args.dv;
+        const int     hkv    = pl->cells ? (int) pl->cell->n_head_kv : pl->args.n_head_kv;
+        const int     gqa    = pl->cells ? pl->cargs.gqa : pl->args.gqa;
+        const int     n_p    = pl->cells ? pl->cargs.n_p : pl->args.n_p;
         const int64_t blocks = pl->n_splits * hkv * pl->n_tiles;
         if (dk != dv || (dk != 64 && dk != 128 && dk != 256) || blocks > ((int64_t) 1 << 28) ||
             (fu->n > 0 && (dk != fu->d || hkv != fu->n_head_kv || gqa != fu->gqa))) {
@@ -266,10 +270,10 @@ static int kp_launch_fused(kvg_cuda_ctx * ctx, kp_fusion * fu, ka_fused_args * f
     }
     KVG_LAUNCH((unsigned) *n_blocks, KA_WARPS * 32, 0, ctx->stream, ka_fused_kernel(fu->d, fu->qt))(*f);
     ctx->fused_launches++;
-    fu->q_dst      = NULL;  // written once
-    f->q_dst       = NULL;
-    f->n_parts     = 0;
-    *n_blocks      = 0;
+    fu->q_dst  = NULL;  // written once
+    f->q_dst   = NULL;
+    f->n_parts = 0;
+    *n_blocks  = 0;
     return kc_launch_check("attend_pass fused split launch");
 }
 
@@ -308,8 +312,8 @@ static int kp_add_fused(kvg_cuda_ctx * ctx, kp_fusion * fu, ka_fused_args * f, i
         fp.cells.slot0   = pl->slot0;
         const size_t f4  = sizeof(float);
         fp.q             = fu->gather ? fu->q_src
-                                      : ka_qsrc { (const uint8_t *) pl->cargs.q, f4, f4 * (size_t) fu->d,
-                                      f4 * (size_t) fu->d * (size_t) fu->n_head, 0 };
+                                      : ka_qsrc{ (const uint8_t *) pl->cargs.q, f4, f4 * (size_t) fu->d,
+                                                 f4 * (size_t) fu->d * (size_t) fu->n_head, 0 };
     } else {
         fp.kind        = KA_FUSED_ROWS;
         fp.run         = pl->args;
@@ -349,9 +353,9 @@ static int kp_queue_chunk(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p, ka_p
     if (n_slots == 0 && !fresh) {
         return KVG_OK;
     }
-    float * pm   = partials;
-    float * pl   = pm + p->n_q * n_slots;
-    float * pacc = pl + p->n_q * n_slots;
+    float *       pm   = partials;
+    float *       pl   = pm + p->n_q * n_slots;
+    float *       pacc = pl + p->n_q * n_slots;
     ka_fused_args fused;
     int64_t       n_blocks = 0;
     fused.n_parts          = 0;
@@ -360,7 +364,7 @@ static int kp_queue_chunk(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p, ka_p
         if (plan->n_splits == 0) {
             continue;
         }
-        const int st = plan->fused ? kp_add_fused(ctx, fu, &fused, &n_blocks, plan, pm, pl, pacc, n_slots)
+        const int st = plan->fused   ? kp_add_fused(ctx, fu, &fused, &n_blocks, plan, pm, pl, pacc, n_slots)
                        : plan->cells ? ka_queue_cells(ctx, plan, pm, pl, pacc, n_slots, plan->slot0)
                                      : ka_queue_run(ctx, plan, plan->q_rotated ? q_rot : q_plain, pm, pl, pacc, n_slots,
                                                     plan->slot0);
@@ -375,13 +379,14 @@ static int kp_queue_chunk(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p, ka_p
     const int    dv      = (int) p->head_dim_v;
     const int    threads = 128;
     const size_t smem    = sizeof(float) * (size_t) (2 * dv + n_slots + threads);
-    KVG_LAUNCH((unsigned) p->n_q, threads, smem, ctx->stream, kp_combine_kernel)(pm, pl, pacc, n_slots, n_rot, dv, seed, fresh,
-                                                                          p->m_dev, p->l_dev, p->acc_dev);
+    KVG_LAUNCH((unsigned) p->n_q, threads, smem, ctx->stream, kp_combine_kernel)(pm, pl, pacc, n_slots, n_rot, dv, seed,
+                                                                                 fresh, p->m_dev, p->l_dev, p->acc_dev);
     return kc_launch_check("attend_pass combine launch");
 }
 
 // The parts planned: queued in chunks of at most KP_MAX_SLOTS slots, each merged by one combine.
-static int kp_queue(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p, ka_plan * plans, const kvg_cuda_attend_args * first) {
+static int kp_queue(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p, ka_plan * plans,
+                    const kvg_cuda_attend_args * first) {
     kp_fusion fu;
     kp_plan_fusion(ctx, plans, p->n_parts, &fu);
     int need_rot = 0, need_plain = 0, need_gathered = 0;  // what the parts outside the fused kernel read
@@ -403,8 +408,8 @@ static int kp_queue(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p, ka_plan * 
     const int64_t         dk      = first ? first->head_dim_k : p0 ? p0->cells->head_dim_k : 0;
     const int32_t         n_head  = first ? first->n_head : p0 ? p0->cells->n_head : 1;
     const int64_t         q_float = p->n_q * dk;
-    const size_t floats = (size_t) ((need_rot + need_plain) * q_float + p->n_q * widest * (p->head_dim_v + 2));
-    kc_device_scope scope(ctx);
+    const size_t          floats = (size_t) ((need_rot + need_plain) * q_float + p->n_q * widest * (p->head_dim_v + 2));
+    kc_device_scope       scope(ctx);
     if (scope.status != KVG_OK) {
         return scope.status;
     }
@@ -412,17 +417,18 @@ static int kp_queue(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p, ka_plan * 
     if (st != KVG_OK) {
         return st;
     }
-    float *      q_rot    = (float *) ctx->scratch;
-    float *      q_plain  = q_rot + (need_rot ? q_float : 0);
-    float *      partials = q_plain + (need_plain ? q_float : 0);
-    const int    gather   = p->q_src != NULL && p0 != NULL;
+    float *   q_rot    = (float *) ctx->scratch;
+    float *   q_plain  = q_rot + (need_rot ? q_float : 0);
+    float *   partials = q_plain + (need_plain ? q_float : 0);
+    const int gather   = p->q_src != NULL && p0 != NULL;
     // soft-capping as attend.c does it: scores taken with scale / softcap, then softcap * tanh
-    const float  scale    = first ? (first->softcap > 0.0f ? first->scale / first->softcap : first->scale) : 1.0f;
+    const float scale = first ? (first->softcap > 0.0f ? first->scale / first->softcap : first->scale) : 1.0f;
     {
         const size_t f = sizeof(float);
         fu.gather      = gather;
-        fu.q_src       = ka_qsrc { (const uint8_t *) p->q_src, p->q_nb[0], p->q_nb[1], p->q_nb[2], 1 };
-        fu.q_runs      = ka_qsrc { (const uint8_t *) (first ? first->q_dev : NULL), f, f * (size_t) dk, f * (size_t) (dk * n_head), 0 };
+        fu.q_src       = ka_qsrc{ (const uint8_t *) p->q_src, p->q_nb[0], p->q_nb[1], p->q_nb[2], 1 };
+        fu.q_runs      = ka_qsrc{ (const uint8_t *) (first ? first->q_dev : NULL), f, f * (size_t) dk,
+                                  f * (size_t) (dk * n_head), 0 };
         fu.rot_scale   = scale;
         fu.seed        = first ? first->seed : 0;
     }
@@ -472,17 +478,20 @@ int ka_pass_of_one(kvg_cuda_ctx * ctx, const kvg_cuda_part * part, int64_t n_q, 
 extern "C" int kvg_cuda_attend_pass(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p) {
     kvg_clear_error();
     if (ctx == NULL || p == NULL || p->n_parts < 0 || (p->n_parts > 0 && p->parts == NULL)) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend_pass: NULL ctx or args, or a negative or NULL list of parts");
+        return kvg_fail(KVG_ERR_INVALID_ARG,
+                        "kvg_cuda_attend_pass: NULL ctx or args, or a negative or NULL list of parts");
     }
-    if (p->q_src && (p->q_dst == NULL || p->q_nb[0] % sizeof(float) || p->q_nb[1] % sizeof(float) ||
-                     p->q_nb[2] % sizeof(float))) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend_pass: q_src without q_dst, or strides that are not whole floats");
+    if (p->q_src &&
+        (p->q_dst == NULL || p->q_nb[0] % sizeof(float) || p->q_nb[1] % sizeof(float) || p->q_nb[2] % sizeof(float))) {
+        return kvg_fail(KVG_ERR_INVALID_ARG,
+                        "kvg_cuda_attend_pass: q_src without q_dst, or strides that are not whole floats");
     }
     const kvg_cuda_attend_args * first = NULL;
     for (int32_t i = 0; i < p->n_parts; i++) {
         const kvg_cuda_part * part = &p->parts[i];
         if ((part->run == NULL) == (part->cells == NULL)) {
-            return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend_pass: part %d is neither a run nor cells, or both", (int) i);
+            return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend_pass: part %d is neither a run nor cells, or both",
+                            (int) i);
         }
         first = first ? first : part->run;
     }
@@ -498,7 +507,8 @@ extern "C" int kvg_cuda_attend_pass(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args
     int st               = KVG_OK;
     for (int32_t i = 0; i < p->n_parts && st == KVG_OK; i++) {
         const kvg_cuda_part * part = &p->parts[i];
-        st = part->run ? ka_plan_run(ctx, part->run, budget, &plans[i]) : ka_plan_cells(ctx, part->cells, budget, &plans[i]);
+        st                         = part->run ? ka_plan_run(ctx, part->run, budget, &plans[i])
+                                               : ka_plan_cells(ctx, part->cells, budget, &plans[i]);
         if (st == KVG_OK) {
             st = kp_agrees(p, part, first, i);
         }
@@ -506,7 +516,8 @@ extern "C" int kvg_cuda_attend_pass(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args
     if (st == KVG_OK && (p->m_dev == NULL || p->l_dev == NULL || p->acc_dev == NULL || p->n_q <= 0 ||
                          p->head_dim_v < 1 || p->head_dim_v > KP_MAX_DIM)) {
         // (after the parts, whose own checks say more about their arguments)
-        st = kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_attend_pass: NULL state, or n_q %lld / head_dim_v %lld out of range",
+        st = kvg_fail(KVG_ERR_INVALID_ARG,
+                      "kvg_cuda_attend_pass: NULL state, or n_q %lld / head_dim_v %lld out of range",
                       (long long) p->n_q, (long long) p->head_dim_v);
     }
     if (st == KVG_OK) {

@@ -16,16 +16,16 @@ int64_t ka_rows_split_rows(int64_t n_rows, int64_t splits_wanted) {
 
 ka_rows_kernel_t ka_rows_kernel(int d, int k_bits, int v_bits, int qt) {
     switch (d) {
-        case 64: return ka_rows_kernel_d64(k_bits, v_bits, qt);
+        case 64:  return ka_rows_kernel_d64(k_bits, v_bits, qt);
         case 128: return ka_rows_kernel_d128(k_bits, v_bits, qt);
-        default: return ka_rows_kernel_d256(k_bits, v_bits, qt);
+        default:  return ka_rows_kernel_d256(k_bits, v_bits, qt);
     }
 }
 
 ka_fused_kernel_t ka_fused_kernel(int d, int qt) {
     switch (d) {
-        case 64: return ka_fused_kernel_d64(qt);
+        case 64:  return ka_fused_kernel_d64(qt);
         case 128: return ka_fused_kernel_d128(qt);
-        default: return ka_fused_kernel_d256(qt);
+        default:  return ka_fused_kernel_d256(qt);
     }
 }

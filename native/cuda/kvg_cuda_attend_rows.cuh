@@ -75,34 +75,35 @@ static __device__ __forceinline__ uint32_t kr_load_8codes(const uint8_t * p, int
 // the cells' body.
 template <int D, int QT>
 struct kr_smem {
-    static constexpr int SQ = 0, WACC = SQ + D * QT, KTAB = WACC + KA_WARPS * QT * D, VTAB = KTAB + 16,
-                         WM = VTAB + 16, WL = WM + KA_WARPS * QT, FLOATS = WL + KA_WARPS * QT;
+    static constexpr int SQ = 0, WACC = SQ + D * QT, KTAB = WACC + KA_WARPS * QT * D, VTAB = KTAB + 16, WM = VTAB + 16,
+                         WL = WM + KA_WARPS * QT, FLOATS = WL + KA_WARPS * QT;
 };
 
 // Split `split` of KV head hk's query tile `tile`, with the block's shared array sh. sq_ready: the
 // caller has written sq (the fused kernel computes the queries itself); else they are read from
 // a.qr.
 template <int D, int KB, int VB, int QT>
-static __device__ __forceinline__ void kr_split_body(const ka_args & a, const int k_al4, const int v_al4, const int split,
-                                                     const int hk, const int tile, float * sh, const bool sq_ready) {
-    constexpr int G  = D / 8;           // lanes per value row
-    constexpr int RPS = 32 / G;         // value rows a warp adds per step
-    constexpr int NK = D * KB / 32;     // 32-bit words of a key row's codes
+static __device__ __forceinline__ void kr_split_body(const ka_args & a, const int k_al4, const int v_al4,
+                                                     const int split, const int hk, const int tile, float * sh,
+                                                     const bool sq_ready) {
+    constexpr int    G     = D / 8;                           // lanes per value row
+    constexpr int    RPS   = 32 / G;                          // value rows a warp adds per step
+    constexpr int    NK    = D * KB / 32;                     // 32-bit words of a key row's codes
     constexpr size_t K_ROW = D * KB / 8, V_ROW = D * VB / 8;  // bytes of one row's codes
-    using L          = kr_smem<D, QT>;
-    float * const sq   = sh + L::SQ;  // [coordinate][query]
-    float * const ktab = sh + L::KTAB;
-    float * const vtab = sh + L::VTAB;
-    float(*const wacc)[QT][D] = reinterpret_cast<float(*)[QT][D]>(sh + L::WACC);
-    float(*const wm)[QT]      = reinterpret_cast<float(*)[QT]>(sh + L::WM);
-    float(*const wl)[QT]      = reinterpret_cast<float(*)[QT]>(sh + L::WL);
+    using L                    = kr_smem<D, QT>;
+    float * const sq           = sh + L::SQ;  // [coordinate][query]
+    float * const ktab         = sh + L::KTAB;
+    float * const vtab         = sh + L::VTAB;
+    float (*const wacc)[QT][D] = reinterpret_cast<float (*)[QT][D]>(sh + L::WACC);
+    float (*const wm)[QT]      = reinterpret_cast<float (*)[QT]>(sh + L::WM);
+    float (*const wl)[QT]      = reinterpret_cast<float (*)[QT]>(sh + L::WL);
 
     const int p0   = tile * QT;
     const int nq   = a.n_p - p0 < QT ? a.n_p - p0 : QT;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (int x = threadIdx.x; x < QT * D && !sq_ready; x += blockDim.x) {
         const int qq = x % QT, i = x / QT;
-        sq[x]        = qq < nq ? a.qr[ka_query(p0 + qq, hk, a.gqa, a.n_head) * D + i] : 0.0f;
+        sq[x] = qq < nq ? a.qr[ka_query(p0 + qq, hk, a.gqa, a.n_head) * D + i] : 0.0f;
     }
     if (threadIdx.x < 16) {
         ktab[threadIdx.x] = a.ktab.centroid[threadIdx.x];
@@ -145,7 +146,8 @@ static __device__ __forceinline__ void kr_split_body(const ka_args & a, const in
 #pragma unroll
         for (int t = 0; t < G; t++) {
             const int r = t * RPS + vr;
-            vw[t]       = r < nc ? kr_load_8codes<VB>(a.v_codes + ((a.v_row0 + base + r) * H + hk) * V_ROW + vl * VB, v_al4) : 0u;
+            vw[t] =
+                r < nc ? kr_load_8codes<VB>(a.v_codes + ((a.v_row0 + base + r) * H + hk) * V_ROW + vl * VB, v_al4) : 0u;
         }
 
         float s[QT];
@@ -183,7 +185,7 @@ static __device__ __forceinline__ void kr_split_body(const ka_args & a, const in
                 sc = a.softcap > 0.0f ? a.softcap * tanhf(sc) : sc;
             }
             const float cmax = ka_warp_max(sc);
-            if (cmax > m_run[qq]) {  // warp-uniform
+            if (cmax > m_run[qq]) {                         // warp-uniform
                 const float corr = expf(m_run[qq] - cmax);  // 0 while m is -inf
                 l_run[qq] *= corr;
 #pragma unroll
@@ -249,13 +251,14 @@ static __device__ __forceinline__ void kr_split_body(const ka_args & a, const in
     __syncthreads();
 
     // The block's warps merged: the split's (m, l, accr) per query, as the generic kernel does.
-    ka_merge_warps(&wm[0][0], &wl[0][0], &wacc[0][0][0], QT, nq, D, p0, hk, a.gqa, a.n_head, a.n_slots, a.slot0 + split, a.pm,
-                   a.pl, a.pacc);
+    ka_merge_warps(&wm[0][0], &wl[0][0], &wacc[0][0][0], QT, nq, D, p0, hk, a.gqa, a.n_head, a.n_slots, a.slot0 + split,
+                   a.pm, a.pl, a.pacc);
 }
 
 // The body alone over grid (splits, KV heads, query tiles).
 template <int D, int KB, int VB, int QT>
-static __global__ void __launch_bounds__(KA_WARPS * 32) kr_split_kernel(const ka_args a, const int k_al4, const int v_al4) {
+static __global__ void __launch_bounds__(KA_WARPS * 32)
+    kr_split_kernel(const ka_args a, const int k_al4, const int v_al4) {
     __shared__ __align__(16) float sh[kr_smem<D, QT>::FLOATS];
     kr_split_body<D, KB, VB, QT>(a, k_al4, v_al4, blockIdx.x, blockIdx.y, blockIdx.z, sh, false);
 }
@@ -263,8 +266,8 @@ static __global__ void __launch_bounds__(KA_WARPS * 32) kr_split_kernel(const ka
 template <int D, int KB, int VB>
 static ka_rows_kernel_t kr_pick_qt(int qt) {
     switch (qt) {
-        case 1: return kr_split_kernel<D, KB, VB, 1>;
-        case 8: return kr_split_kernel<D, KB, VB, 8>;
+        case 1:  return kr_split_kernel<D, KB, VB, 1>;
+        case 8:  return kr_split_kernel<D, KB, VB, 8>;
         default: return kr_split_kernel<D, KB, VB, 4>;  // qt 2 or 4
     }
 }
@@ -272,8 +275,8 @@ static ka_rows_kernel_t kr_pick_qt(int qt) {
 template <int D, int KB>
 static ka_rows_kernel_t kr_pick_vb(int v_bits, int qt) {
     switch (v_bits) {
-        case 2: return kr_pick_qt<D, KB, 2>(qt);
-        case 3: return kr_pick_qt<D, KB, 3>(qt);
+        case 2:  return kr_pick_qt<D, KB, 2>(qt);
+        case 3:  return kr_pick_qt<D, KB, 3>(qt);
         default: return kr_pick_qt<D, KB, 4>(qt);
     }
 }
@@ -281,8 +284,8 @@ static ka_rows_kernel_t kr_pick_vb(int v_bits, int qt) {
 template <int D>
 static ka_rows_kernel_t kr_pick(int k_bits, int v_bits, int qt) {
     switch (k_bits) {
-        case 2: return kr_pick_vb<D, 2>(v_bits, qt);
-        case 3: return kr_pick_vb<D, 3>(v_bits, qt);
+        case 2:  return kr_pick_vb<D, 2>(v_bits, qt);
+        case 3:  return kr_pick_vb<D, 3>(v_bits, qt);
         default: return kr_pick_vb<D, 4>(v_bits, qt);
     }
 }

@@ -55,7 +55,8 @@ struct kt_layout {
     static constexpr size_t FK    = O + 4 * KT_Q * LDO;  // floats [KT_R]: K norm / head_dim
     static constexpr size_t FV    = FK + 4 * KT_R;       // floats [KT_R]: V norm / head_dim
     static constexpr size_t BYTES = FV + 4 * KT_R;
-    static_assert(K % 32 == 0 && V % 32 == 0 && S % 32 == 0 && P % 32 == 0 && O % 32 == 0, "WMMA tiles 32-byte aligned");
+    static_assert(K % 32 == 0 && V % 32 == 0 && S % 32 == 0 && P % 32 == 0 && O % 32 == 0,
+                  "WMMA tiles 32-byte aligned");
 };
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
@@ -68,7 +69,7 @@ static __device__ __forceinline__ uint4 kt_decode8(const uint8_t * p, int bits, 
     const uint32_t mask = (1u << bits) - 1u;
     uint4          out;
     uint32_t *     o = &out.x;
-#pragma unroll
+#    pragma unroll
     for (int j = 0; j < 4; j++) {
         const __half2 h = __floats2half2_rn(tab[(w >> (2 * j * bits)) & mask], tab[(w >> ((2 * j + 1) * bits)) & mask]);
         o[j]            = *reinterpret_cast<const uint32_t *>(&h);
@@ -83,7 +84,7 @@ static __device__ __forceinline__ float kt_key(const ka_args & a, int64_t row, i
     switch (a.k_src) {
         case KA_SRC_ROTQ: return ka_key_at<KA_SRC_ROTQ>(a, row, hk, i);
         case KA_SRC_KIVI: return ka_key_at<KA_SRC_KIVI>(a, row, hk, i);
-        default: return ka_key_at<KA_SRC_F16>(a, row, hk, i);
+        default:          return ka_key_at<KA_SRC_F16>(a, row, hk, i);
     }
 }
 
@@ -91,13 +92,13 @@ static __device__ __forceinline__ float kt_value(const ka_args & a, int64_t row,
     switch (a.v_src) {
         case KA_SRC_ROTQ: return ka_value_at<KA_SRC_ROTQ>(a, row, hk, i);
         case KA_SRC_KIVI: return ka_value_at<KA_SRC_KIVI>(a, row, hk, i);
-        default: return ka_value_at<KA_SRC_F16>(a, row, hk, i);
+        default:          return ka_value_at<KA_SRC_F16>(a, row, hk, i);
     }
 }
 
 // src: the side's source; its norms and 1 / head_dim.
-static __device__ __forceinline__ float kt_row_factor(int src, const uint8_t * norms, float inv_d, int64_t row, int n_head_kv,
-                                                      int hk) {
+static __device__ __forceinline__ float kt_row_factor(int src, const uint8_t * norms, float inv_d, int64_t row,
+                                                      int n_head_kv, int hk) {
     return src == KA_SRC_ROTQ ? ka_row_factor<KA_SRC_ROTQ>(norms, inv_d, row, n_head_kv, hk) : 1.0f;
 }
 
@@ -115,7 +116,6 @@ struct kt_cells {
     float           scale;
 };
 
-
 template <int D, bool CELLS>
 static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_args a, const kt_cells cl) {
 #if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800) || defined(KVG_CUDA_EMULATOR)
@@ -123,19 +123,19 @@ static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_ar
     using L = kt_layout<D>;
     KVG_DYNAMIC_SMEM(unsigned char, kt_sh);
     __shared__ float ktab[16], vtab[16];
-    half *  sQ = reinterpret_cast<half *>(kt_sh + L::Q);
-    half *  sK = reinterpret_cast<half *>(kt_sh + L::K);
-    half *  sV = reinterpret_cast<half *>(kt_sh + L::V);
-    float * sS = reinterpret_cast<float *>(kt_sh + L::S);
-    half *  sP = reinterpret_cast<half *>(kt_sh + L::P);
-    float * sO = reinterpret_cast<float *>(kt_sh + L::O);
-    float * fk = reinterpret_cast<float *>(kt_sh + L::FK);
-    float * fv = reinterpret_cast<float *>(kt_sh + L::FV);
+    half *           sQ = reinterpret_cast<half *>(kt_sh + L::Q);
+    half *           sK = reinterpret_cast<half *>(kt_sh + L::K);
+    half *           sV = reinterpret_cast<half *>(kt_sh + L::V);
+    float *          sS = reinterpret_cast<float *>(kt_sh + L::S);
+    half *           sP = reinterpret_cast<half *>(kt_sh + L::P);
+    float *          sO = reinterpret_cast<float *>(kt_sh + L::O);
+    float *          fk = reinterpret_cast<float *>(kt_sh + L::FK);
+    float *          fv = reinterpret_cast<float *>(kt_sh + L::FV);
 
     const int split = blockIdx.x, hk = blockIdx.y, p0 = blockIdx.z * KT_Q;
-    const int nq    = a.n_p - p0 < KT_Q ? a.n_p - p0 : KT_Q;
-    const int warp  = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int H     = a.n_head_kv;
+    const int nq   = a.n_p - p0 < KT_Q ? a.n_p - p0 : KT_Q;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int H = a.n_head_kv;
     if (threadIdx.x < 16) {
         ktab[threadIdx.x] = a.ktab.centroid[threadIdx.x];
         vtab[threadIdx.x] = a.vtab.centroid[threadIdx.x];
@@ -152,7 +152,7 @@ static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_ar
 
     // the warp's 16 queries, held for the whole split
     wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> qf[D / 16];
-#pragma unroll
+#    pragma unroll
     for (int k = 0; k < D / 16; k++) {
         wmma::load_matrix_sync(qf[k], sQ + warp * 16 * L::LDQ + k * 16, L::LDQ);
     }
@@ -166,11 +166,11 @@ static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_ar
     const int64_t k_row_b = (int64_t) D * a.k_bits / 8, v_row_b = (int64_t) D * a.v_bits / 8;
     for (int64_t base = r_begin; base < r_end; base += KT_R) {
         const int nc = r_end - base < KT_R ? (int) (r_end - base) : KT_R;
-        __syncthreads();  // every warp is done with the last chunk's rows
+        __syncthreads();        // every warp is done with the last chunk's rows
         if constexpr (CELLS) {  // the cells as they lie, rounded to f16 (they are f16, or q8_0)
             for (int x = threadIdx.x; x < KT_R * D; x += KT_THREADS) {
                 const int     r = x / D, i = x % D;
-                const int64_t c = cl.c0 + base + r;
+                const int64_t c  = cl.c0 + base + r;
                 float         kx = 0.0f, vx = 0.0f;
                 if (r < nc) {
                     kx = ka_cell(cl.k, cl.k_q8, cl.k_nb0, cl.k_nb1, cl.k_nb2, hk, c, i);
@@ -189,8 +189,8 @@ static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_ar
                 uint4     kk = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
                 if (r < nc) {
                     const int64_t vk = (a.k_row0 + base + r) * H + hk, vx = (a.v_row0 + base + r) * H + hk;
-                    kk               = kt_decode8(a.k_codes + vk * k_row_b + g * a.k_bits, a.k_bits, ktab);
-                    vv               = kt_decode8(a.v_codes + vx * v_row_b + g * a.v_bits, a.v_bits, vtab);
+                    kk = kt_decode8(a.k_codes + vk * k_row_b + g * a.k_bits, a.k_bits, ktab);
+                    vv = kt_decode8(a.v_codes + vx * v_row_b + g * a.v_bits, a.v_bits, vtab);
                 }
                 *reinterpret_cast<uint4 *>(sK + r * L::LDQ + g * 8) = kk;
                 *reinterpret_cast<uint4 *>(sV + r * L::LDQ + g * 8) = vv;
@@ -199,8 +199,8 @@ static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_ar
                 float a_k = 0.0f, a_v = 0.0f;
                 if (r < nc) {
                     const int64_t vk = (a.k_row0 + base + r) * H + hk, vx = (a.v_row0 + base + r) * H + hk;
-                    a_k              = kc_f16_to_f32(kc_get_u16(a.k_norms + 2 * vk)) * a.inv_dk;
-                    a_v              = kc_f16_to_f32(kc_get_u16(a.v_norms + 2 * vx)) * a.inv_dv;
+                    a_k = kc_f16_to_f32(kc_get_u16(a.k_norms + 2 * vk)) * a.inv_dk;
+                    a_v = kc_f16_to_f32(kc_get_u16(a.v_norms + 2 * vx)) * a.inv_dv;
                 }
                 fk[r] = a_k;
                 fv[r] = a_v;
@@ -217,18 +217,20 @@ static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_ar
                 sV[r * L::LDQ + i] = __float2half_rn(vx);
             }
             for (int r = threadIdx.x; r < KT_R; r += KT_THREADS) {
-                fk[r] = r < nc ? kt_row_factor(a.k_src, a.k_norms, a.inv_dk, a.k_row0 + base + r, a.n_head_kv, hk) : 0.0f;
-                fv[r] = r < nc ? kt_row_factor(a.v_src, a.v_norms, a.inv_dv, a.v_row0 + base + r, a.n_head_kv, hk) : 0.0f;
+                fk[r] =
+                    r < nc ? kt_row_factor(a.k_src, a.k_norms, a.inv_dk, a.k_row0 + base + r, a.n_head_kv, hk) : 0.0f;
+                fv[r] =
+                    r < nc ? kt_row_factor(a.v_src, a.v_norms, a.inv_dv, a.v_row0 + base + r, a.n_head_kv, hk) : 0.0f;
             }
         }
         __syncthreads();
 
         // scores of the warp's 16 queries against the chunk's rows
-#pragma unroll
+#    pragma unroll
         for (int t = 0; t < KT_R / 16; t++) {
             wmma::fragment<wmma::accumulator, 16, 16, 16, float> sf;
             wmma::fill_fragment(sf, 0.0f);
-#pragma unroll
+#    pragma unroll
             for (int k = 0; k < D / 16; k++) {
                 wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::col_major> kf;  // K^T: (coordinate, row)
                 wmma::load_matrix_sync(kf, sK + t * 16 * L::LDQ + k * 16, L::LDQ);
@@ -244,7 +246,7 @@ static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_ar
         float         sc[KT_R / 2];
         float         mx  = -INFINITY;
         const int64_t tok = (p0 + (row < nq ? row : 0)) / a.gqa;  // the query's token: its row of the mask
-#pragma unroll
+#    pragma unroll
         for (int c = 0; c < KT_R / 2; c++) {
             const int r = side * (KT_R / 2) + c;
             float     s = -INFINITY;
@@ -262,7 +264,7 @@ static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_ar
         const float m_new = fmaxf(m_run, mx);  // -inf only while every cell so far was masked
         const float corr  = m_new == -INFINITY ? 1.0f : expf(m_run - m_new);  // 0 while m_run is -inf
         float       sum   = 0.0f;
-#pragma unroll
+#    pragma unroll
         for (int c = 0; c < KT_R / 2; c++) {
             const int   r = side * (KT_R / 2) + c;
             const float p = r < nc && sc[c] != -INFINITY ? expf(sc[c] - m_new) : 0.0f;
@@ -270,8 +272,8 @@ static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_ar
             prow[r] = __float2half_rn(p * fv[r]);
         }
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        l_run = l_run * corr + sum;
-        m_run = m_new;
+        l_run        = l_run * corr + sum;
+        m_run        = m_new;
         float * orow = sO + row * L::LDO;
         for (int i = side * (D / 2); i < (side + 1) * (D / 2); i++) {
             orow[i] *= corr;
@@ -280,15 +282,15 @@ static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_ar
 
         // the warp's output rows += weights x values
         wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> pf[KT_R / 16];
-#pragma unroll
+#    pragma unroll
         for (int kk = 0; kk < KT_R / 16; kk++) {
             wmma::load_matrix_sync(pf[kk], sP + warp * 16 * L::LDP + kk * 16, L::LDP);
         }
-#pragma unroll
+#    pragma unroll
         for (int j = 0; j < D / 16; j++) {
             wmma::fragment<wmma::accumulator, 16, 16, 16, float> of;
             wmma::load_matrix_sync(of, sO + warp * 16 * L::LDO + j * 16, L::LDO, wmma::mem_row_major);
-#pragma unroll
+#    pragma unroll
             for (int kk = 0; kk < KT_R / 16; kk++) {
                 wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::row_major> vf;
                 wmma::load_matrix_sync(vf, sV + kk * 16 * L::LDQ + j * 16, L::LDQ);
@@ -319,12 +321,12 @@ static __global__ void __launch_bounds__(KT_THREADS) kt_split_kernel(const ka_ar
 // Shared memory for head dim d; 0 for a head dim the kernel is not built for.
 static size_t kt_smem(int d) {
     switch (d) {
-        case 64: return kt_layout<64>::BYTES;
-        case 80: return kt_layout<80>::BYTES;
-        case 96: return kt_layout<96>::BYTES;
+        case 64:  return kt_layout<64>::BYTES;
+        case 80:  return kt_layout<80>::BYTES;
+        case 96:  return kt_layout<96>::BYTES;
         case 128: return kt_layout<128>::BYTES;
         case 256: return kt_layout<256>::BYTES;
-        default: return 0;
+        default:  return 0;
     }
 }
 
@@ -334,7 +336,7 @@ int ka_tc_covers(const kvg_cuda_ctx * ctx, int dk, int dv, int64_t n_p) {
 }
 
 int64_t ka_tc_split_rows(int64_t n_rows, int64_t splits_wanted) {
-    splits_wanted = splits_wanted < 1 ? 1 : splits_wanted;
+    splits_wanted      = splits_wanted < 1 ? 1 : splits_wanted;
     const int64_t rows = (n_rows + splits_wanted - 1) / splits_wanted;
     return (rows + KT_R - 1) / KT_R * KT_R;  // whole chunks
 }
@@ -355,11 +357,11 @@ template <bool CELLS>
 static int kt_launch(kvg_cuda_ctx * ctx, const ka_args & a, const kt_cells & cl, int64_t n_tiles) {
     const dim3 grid((unsigned) a.n_splits, (unsigned) a.n_head_kv, (unsigned) n_tiles);
     switch (a.dk) {
-        case 64: return kt_launch_d<64, CELLS>(a, cl, grid, ctx->stream);
-        case 80: return kt_launch_d<80, CELLS>(a, cl, grid, ctx->stream);
-        case 96: return kt_launch_d<96, CELLS>(a, cl, grid, ctx->stream);
+        case 64:  return kt_launch_d<64, CELLS>(a, cl, grid, ctx->stream);
+        case 80:  return kt_launch_d<80, CELLS>(a, cl, grid, ctx->stream);
+        case 96:  return kt_launch_d<96, CELLS>(a, cl, grid, ctx->stream);
         case 128: return kt_launch_d<128, CELLS>(a, cl, grid, ctx->stream);
-        default: return kt_launch_d<256, CELLS>(a, cl, grid, ctx->stream);
+        default:  return kt_launch_d<256, CELLS>(a, cl, grid, ctx->stream);
     }
 }
 
@@ -369,8 +371,8 @@ int ka_tc_launch(kvg_cuda_ctx * ctx, const ka_args & a, int64_t n_tiles) {
     return kt_launch<false>(ctx, a, none, n_tiles);
 }
 
-int ka_tc_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_args * c, int64_t n_splits, int64_t split_cells,
-                float * pm, float * pl, float * pacc, int n_slots, int slot0) {
+int ka_tc_cells(kvg_cuda_ctx * ctx, const kvg_cuda_cells_args * c, int64_t n_splits, int64_t split_cells, float * pm,
+                float * pl, float * pacc, int n_slots, int slot0) {
     const int64_t gqa = c->n_head / c->n_head_kv, n_p = (int64_t) c->n_tokens * gqa;
     ka_args       a;
     memset(&a, 0, sizeof(a));

@@ -21,7 +21,8 @@ static unsigned kc_blocks(int64_t n, int threads) {
 }
 
 #define KC_THREADS 256
-#define KC_FOR(i, n) for (int64_t i = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; i < (n); i += (int64_t) gridDim.x * blockDim.x)
+#define KC_FOR(i, n)                                                                                                   \
+    for (int64_t i = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; i < (n); i += (int64_t) gridDim.x * blockDim.x)
 
 // ---- f16 -----------------------------------------------------------------------------------
 
@@ -70,8 +71,8 @@ static __global__ void kc_kivi_check_kernel(const kc_kivi k, const uint8_t * hea
     }
 }
 
-static __global__ void kc_kivi_decode_kernel(const kc_kivi k, const uint8_t * headers, const uint8_t * codes, void * dst,
-                                             int f16, int64_t rs, int64_t cs, const kc_status * st) {
+static __global__ void kc_kivi_decode_kernel(const kc_kivi k, const uint8_t * headers, const uint8_t * codes,
+                                             void * dst, int f16, int64_t rs, int64_t cs, const kc_status * st) {
     if (st->flags != 0) {
         return;
     }
@@ -168,20 +169,20 @@ int kc_encode_launch(kvg_cuda_ctx * ctx, const kc_shape * s, const void * src, i
                      uint8_t * dst) {
     cudaStream_t stream = ctx->stream;
     if (s->type == KVG_CODEC_F16) {
-        KVG_LAUNCH(kc_blocks(s->n_values, KC_THREADS), KC_THREADS, 0, stream, kc_f16_encode_kernel)(
-            src, src_f16, rs, cs, s->n_channels, s->n_values, dst, ctx->d_status);
+        KVG_LAUNCH(kc_blocks(s->n_values, KC_THREADS), KC_THREADS, 0, stream,
+                   kc_f16_encode_kernel)(src, src_f16, rs, cs, s->n_channels, s->n_values, dst, ctx->d_status);
         return kc_launch_check("f16 encode launch");
     }
     if (s->type >= KVG_CODEC_KIVI2 && s->type <= KVG_CODEC_KIVI8) {
         const kc_kivi k = kc_kivi_of(s);
-        KVG_LAUNCH(kc_blocks(k.n_groups, KC_THREADS), KC_THREADS, 0, stream, kc_kivi_groups_kernel)(k, src, src_f16, rs, cs, dst,
-                                                                                            ctx->d_status);
+        KVG_LAUNCH(kc_blocks(k.n_groups, KC_THREADS), KC_THREADS, 0, stream,
+                   kc_kivi_groups_kernel)(k, src, src_f16, rs, cs, dst, ctx->d_status);
         const int st = kc_launch_check("kivi groups launch");
         if (st != KVG_OK) {
             return st;
         }
-        KVG_LAUNCH(kc_blocks(k.code_bytes, KC_THREADS), KC_THREADS, 0, stream, kc_kivi_codes_kernel)(k, src, src_f16, rs, cs, dst,
-                                                                                             dst + 4 * k.n_groups);
+        KVG_LAUNCH(kc_blocks(k.code_bytes, KC_THREADS), KC_THREADS, 0, stream,
+                   kc_kivi_codes_kernel)(k, src, src_f16, rs, cs, dst, dst + 4 * k.n_groups);
         return kc_launch_check("kivi codes launch");
     }
     kc_rotq   r;
@@ -190,8 +191,8 @@ int kc_encode_launch(kvg_cuda_ctx * ctx, const kc_shape * s, const void * src, i
         return st;
     }
     const size_t smem = (size_t) r.D * (sizeof(float) + 1);
-    KVG_LAUNCH(kc_blocks(r.n_vec, 1), kc_rotq_threads(r.D), smem, stream, kc_rotq_encode_kernel)(r, src, src_f16, rs, cs, dst,
-                                                                                          dst + 2 * r.n_vec, ctx->d_status);
+    KVG_LAUNCH(kc_blocks(r.n_vec, 1), kc_rotq_threads(r.D), smem, stream,
+               kc_rotq_encode_kernel)(r, src, src_f16, rs, cs, dst, dst + 2 * r.n_vec, ctx->d_status);
     return kc_launch_check("rotq encode launch");
 }
 
@@ -199,24 +200,26 @@ int kc_decode_launch(kvg_cuda_ctx * ctx, const kc_shape * s, const uint8_t * src
                      int64_t cs) {
     cudaStream_t stream = ctx->stream;
     if (s->type == KVG_CODEC_F16) {
-        KVG_LAUNCH(kc_blocks(s->n_values, KC_THREADS), KC_THREADS, 0, stream, kc_f16_check_kernel)(src, s->n_values, ctx->d_status);
+        KVG_LAUNCH(kc_blocks(s->n_values, KC_THREADS), KC_THREADS, 0, stream, kc_f16_check_kernel)(src, s->n_values,
+                                                                                                   ctx->d_status);
         const int st = kc_launch_check("f16 check launch");
         if (st != KVG_OK || dst == NULL) {
             return st;  // dst NULL: kvg_cuda_check
         }
-        KVG_LAUNCH(kc_blocks(s->n_values, KC_THREADS), KC_THREADS, 0, stream, kc_f16_decode_kernel)(
-            src, s->n_channels, s->n_values, dst, dst_f16, rs, cs, ctx->d_status);
+        KVG_LAUNCH(kc_blocks(s->n_values, KC_THREADS), KC_THREADS, 0, stream,
+                   kc_f16_decode_kernel)(src, s->n_channels, s->n_values, dst, dst_f16, rs, cs, ctx->d_status);
         return kc_launch_check("f16 decode launch");
     }
     if (s->type >= KVG_CODEC_KIVI2 && s->type <= KVG_CODEC_KIVI8) {
         const kc_kivi k = kc_kivi_of(s);
-        KVG_LAUNCH(kc_blocks(k.n_groups, KC_THREADS), KC_THREADS, 0, stream, kc_kivi_check_kernel)(k, src, ctx->d_status);
+        KVG_LAUNCH(kc_blocks(k.n_groups, KC_THREADS), KC_THREADS, 0, stream, kc_kivi_check_kernel)(k, src,
+                                                                                                   ctx->d_status);
         const int st = kc_launch_check("kivi check launch");
         if (st != KVG_OK || dst == NULL) {
             return st;
         }
-        KVG_LAUNCH(kc_blocks(k.n_values, KC_THREADS), KC_THREADS, 0, stream, kc_kivi_decode_kernel)(
-            k, src, src + 4 * k.n_groups, dst, dst_f16, rs, cs, ctx->d_status);
+        KVG_LAUNCH(kc_blocks(k.n_values, KC_THREADS), KC_THREADS, 0, stream,
+                   kc_kivi_decode_kernel)(k, src, src + 4 * k.n_groups, dst, dst_f16, rs, cs, ctx->d_status);
         return kc_launch_check("kivi decode launch");
     }
     kc_rotq r;
@@ -230,7 +233,7 @@ int kc_decode_launch(kvg_cuda_ctx * ctx, const kc_shape * s, const uint8_t * src
         return st;
     }
     const float inv_d = 1.0f / (float) r.D;  // exact: a power of two, as rotq.c's 1.0f / (float) d
-    KVG_LAUNCH(kc_blocks(r.n_vec, 1), kc_rotq_threads(r.D), (size_t) r.D * sizeof(float), stream, kc_rotq_decode_kernel)(
-        r, src, src + 2 * r.n_vec, inv_d, dst, dst_f16, rs, cs, ctx->d_status);
+    KVG_LAUNCH(kc_blocks(r.n_vec, 1), kc_rotq_threads(r.D), (size_t) r.D * sizeof(float), stream,
+               kc_rotq_decode_kernel)(r, src, src + 2 * r.n_vec, inv_d, dst, dst_f16, rs, cs, ctx->d_status);
     return kc_launch_check("rotq decode launch");
 }

@@ -25,10 +25,10 @@
 // (native/cuda/emulator: no GPU, no nvcc), which cannot take either syntax.
 #ifdef KVG_CUDA_EMULATOR
 #    define KVG_LAUNCH(grid, block, smem, stream, ...) KVG_EMU_LAUNCH(grid, block, smem, stream, __VA_ARGS__)
-#    define KVG_DYNAMIC_SMEM(type, name)              KVG_EMU_DYNAMIC_SMEM(type, name)
+#    define KVG_DYNAMIC_SMEM(type, name)               KVG_EMU_DYNAMIC_SMEM(type, name)
 #else
 #    define KVG_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<grid, block, smem, stream>>>
-#    define KVG_DYNAMIC_SMEM(type, name)              extern __shared__ __align__(128) type name[]
+#    define KVG_DYNAMIC_SMEM(type, name)               extern __shared__ __align__(128) type name[]
 #endif
 
 // ---- the context ---------------------------------------------------------------------------
@@ -56,7 +56,7 @@ struct kvg_cuda_ctx {
     kc_status *  h_status;  // pinned host copy
     void *       scratch;   // attention workspace (device), grown on demand
     size_t       scratch_bytes;
-    uint64_t     scratch_grown;  // times it was reallocated (a CUDA graph's kernels hold its address)
+    uint64_t     scratch_grown;   // times it was reallocated (a CUDA graph's kernels hold its address)
     int          sm_count;        // multiprocessors: how many blocks keep the device busy
     int          attend_generic;  // KVGGUF_CUDA_ATTEND=generic: the generic split kernel only (comparisons)
     int          attend_no_tc;    // KVGGUF_CUDA_ATTEND=rows: no tensor-core kernel for many queries either
@@ -382,8 +382,8 @@ int kc_flags_status(const kc_shape * s, const kc_status * st, int decode);
 int kc_encode_launch(kvg_cuda_ctx * ctx, const kc_shape * s, const void * src, int src_f16, int64_t rs, int64_t cs,
                      uint8_t * dst);
 // dst NULL: the check kernel alone (kvg_cuda_check).
-int kc_decode_launch(kvg_cuda_ctx * ctx, const kc_shape * s, const uint8_t * src, void * dst, int dst_f16,
-                     int64_t rs, int64_t cs);
+int kc_decode_launch(kvg_cuda_ctx * ctx, const kc_shape * s, const uint8_t * src, void * dst, int dst_f16, int64_t rs,
+                     int64_t cs);
 int kc_get_rotq_tab(int bits, int64_t head_dim, kc_rotq_tab * tab);
 
 #endif  // KVG_CUDA_COMMON_CUH

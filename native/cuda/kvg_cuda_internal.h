@@ -19,7 +19,7 @@ extern "C" {
 #endif
 
 // codecs.c: the detail message of kvg_last_error(), and clearing it.
-KVG_CUDA_HIDDEN int  kvg_fail(int status, const char * fmt, ...)
+KVG_CUDA_HIDDEN int kvg_fail(int status, const char * fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
 #endif

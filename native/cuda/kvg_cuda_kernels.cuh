@@ -194,8 +194,8 @@ KC_HD float kc_rotq_lane_at(int k, const kc_rotq & r, const float * y) {
 // Phase 3 (one thread): the lanes reduced as ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)), the f16 norm
 // stored; *skip when the vector stores no codes (norm 0, or out of range: flagged), *inv = 1 / norm.
 KC_HD void kc_rotq_norm(int64_t v, const float * lanes, uint8_t * norms, kc_status * st, int * skip, float * inv) {
-    const float ss = kc_add(kc_add(kc_add(lanes[0], lanes[4]), kc_add(lanes[2], lanes[6])),
-                            kc_add(kc_add(lanes[1], lanes[5]), kc_add(lanes[3], lanes[7])));
+    const float    ss  = kc_add(kc_add(kc_add(lanes[0], lanes[4]), kc_add(lanes[2], lanes[6])),
+                                kc_add(kc_add(lanes[1], lanes[5]), kc_add(lanes[3], lanes[7])));
     const uint16_t n16 = kc_f32_to_f16(kc_sqrt(ss));
     kc_put_u16(norms + 2 * v, n16);
     const int bad = !kc_f16_is_finite(n16);
@@ -238,7 +238,8 @@ KC_HD void kc_rotq_check_at(int64_t v, const uint8_t * norms, kc_status * st) {
 
 // Decode phase 1, coordinate i: the centroid of its code.
 KC_HD void kc_rotq_centroid_at(int i, int64_t v, const kc_rotq & r, const uint8_t * codes, float * y) {
-    y[i] = r.tab.centroid[kc_get_code(codes, ((uint64_t) v * (uint64_t) r.D + (uint64_t) i) * (uint64_t) r.bits, r.bits)];
+    y[i] =
+        r.tab.centroid[kc_get_code(codes, ((uint64_t) v * (uint64_t) r.D + (uint64_t) i) * (uint64_t) r.bits, r.bits)];
 }
 
 // Decode phase 3 (after the butterflies), coordinate i: (y * (n / d)) * s, or 0 for a zero norm.

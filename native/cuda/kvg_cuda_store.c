@@ -42,9 +42,9 @@ typedef struct segment {
     int64_t     n_rows;          // live rows
     seg_block * blocks;          // the live blocks, in order
     int64_t     n_blocks;
-    int         claimed;  // sync: taken over by a run of the new list
-    int         fresh;    // sync: data allocated by this sync (freed if it fails)
-    void *      old_data; // sync: the buffer a grown segment leaves (freed if it succeeds)
+    int         claimed;   // sync: taken over by a run of the new list
+    int         fresh;     // sync: data allocated by this sync (freed if it fails)
+    void *      old_data;  // sync: the buffer a grown segment leaves (freed if it succeeds)
 } segment;
 
 typedef struct dev_list {
@@ -57,7 +57,7 @@ typedef struct dev_list {
 // (device to device) instead of from the host, and frees it.
 typedef struct pending {
     uint64_t id;
-    void *   data;     // inside one of the store's arenas
+    void *   data;  // inside one of the store's arenas
     size_t   n_bytes;
 } pending;
 
@@ -79,20 +79,20 @@ struct kvg_cuda_store {
     uint64_t          calls[2];  // hook_attend's and hook_finish's calls (proof the GPU took the ops)
     pending *         pend;      // blocks coded here since the last sync
     int64_t           n_pend, cap_pend;
-    arena *           arenas;    // the device buffers they lie in (one per kvg_cuda_store_encode_many)
+    arena *           arenas;  // the device buffers they lie in (one per kvg_cuda_store_encode_many)
     int64_t           n_arenas, cap_arenas;
     // An eviction a batch (prefill) would otherwise cudaMalloc an arena and cudaFree it at the
     // next sync, and cudaFree waits on the whole device: the largest arena a sync emptied is kept
     // for the next encode (counted as scratch).
-    arena             spare;
+    arena spare;
     // The codes come out to the host store through page-locked memory (grown, never shrunk;
     // pageable where the driver gives none): a prefill's eviction copies out megabytes each batch.
-    void *            stage;
-    size_t            stage_bytes;
-    int               stage_pinned;
-    int64_t           queued;      // sync: copies queued and not waited for yet
-    uint64_t          generation;  // bumped by every change hook_attend's work depends on (hook_generation)
-    int               graphs_off;  // KVGGUF_CUDA_GRAPHS=0: hook_generation says 0
+    void *   stage;
+    size_t   stage_bytes;
+    int      stage_pinned;
+    int64_t  queued;      // sync: copies queued and not waited for yet
+    uint64_t generation;  // bumped by every change hook_attend's work depends on (hook_generation)
+    int      graphs_off;  // KVGGUF_CUDA_GRAPHS=0: hook_generation says 0
     // hook_attend's pass: its parts, and the runs' and the cells' arguments they point at
     kvg_cuda_part *        parts;
     kvg_cuda_attend_args * runs;
@@ -130,9 +130,10 @@ static int row_layout(const kvg_store * s, int32_t kind, int32_t codec, size_t *
         return 0;
     }
     // the layout this assumes, as the library sizes it (a block of 2 units is 2 units' parts)
-    size_t two = 0;
-    const kvg_codec_params p = kvg_store_list_params(s, 0, codec, NULL);
-    if (kvg_encoded_size(codec, kind, 2 * unit, H, D, &p, &two) != KVG_OK || two != 2 * (*head_b + (size_t) unit * *code_b)) {
+    size_t                 two = 0;
+    const kvg_codec_params p   = kvg_store_list_params(s, 0, codec, NULL);
+    if (kvg_encoded_size(codec, kind, 2 * unit, H, D, &p, &two) != KVG_OK ||
+        two != 2 * (*head_b + (size_t) unit * *code_b)) {
         *head_b = *code_b = 0;
         return 0;
     }
@@ -178,12 +179,12 @@ int kvg_cuda_store_init(kvg_cuda_ctx * ctx, const kvg_store * host, kvg_cuda_sto
     for (int64_t il = 0; il < nl; ++il) {
         d->on[il] = 1;
     }
-    d->ctx  = ctx;
-    d->host = host;
-    d->generation = 1;
+    d->ctx              = ctx;
+    d->host             = host;
+    d->generation       = 1;
     const char * graphs = getenv("KVGGUF_CUDA_GRAPHS");
     d->graphs_off       = graphs != NULL && strcmp(graphs, "0") == 0;
-    *out    = d;
+    *out                = d;
     return KVG_OK;
 }
 
@@ -280,13 +281,13 @@ static segment * find_segment(dev_list * l, uint64_t id, int64_t * at) {
 // device where kvg_cuda_store_encode coded it, else from the host.
 static int put_block(kvg_cuda_store * d, segment * g, const kvg_block * hb, int64_t at) {
     const size_t    head = head_bytes(g, hb->n_rows), codes = (size_t) hb->n_rows * g->code_b;
-    uint8_t * const dst  = (uint8_t *) g->data;
-    uint8_t * const dst_head = dst + head_bytes(g, at), *const dst_codes = dst + codes_at(g) + (size_t) at * g->code_b;
+    uint8_t * const dst     = (uint8_t *) g->data;
+    uint8_t *const dst_head = dst + head_bytes(g, at), *const dst_codes = dst + codes_at(g) + (size_t) at * g->code_b;
     d->queued += 2;
     for (int64_t i = 0; i < d->n_pend; ++i) {
         if (d->pend[i].id == hb->id && d->pend[i].n_bytes == head + codes) {
             const uint8_t * src = (const uint8_t *) d->pend[i].data;
-            int rc = kvg_cuda_copy_queue(d->ctx, dst_head, src, head, 0);
+            int             rc  = kvg_cuda_copy_queue(d->ctx, dst_head, src, head, 0);
             return rc == KVG_OK ? kvg_cuda_copy_queue(d->ctx, dst_codes, src + head, codes, 0) : rc;
         }
     }
@@ -333,7 +334,7 @@ static int stage_run(kvg_cuda_store * d, int32_t kind, const kvg_rows * r, int64
     }
     // an old segment this run continues: its blocks from `at` on are the run's first ones
     int64_t   at = 0, kept = 0, kept_rows = 0, dropped_rows = 0;
-    segment * o  = find_segment(old, hb->id, &at);
+    segment * o = find_segment(old, hb->id, &at);
     if (o && o->codec == g->codec && o->data) {
         kept = o->n_blocks - at;
         for (int64_t b = 0; o && b < o->n_blocks; ++b) {
@@ -362,8 +363,8 @@ static int stage_run(kvg_cuda_store * d, int32_t kind, const kvg_rows * r, int64
         // grown or compacted into a new buffer when the rows do not fit, or when most of it
         // is rows that left the head
         if (g->skip + g->n_rows > g->cap || g->skip > g->n_rows + 256) {
-            segment n = *g;  // the new buffer's layout
-            n.cap     = grown(g->n_rows, g->unit);
+            segment n  = *g;  // the new buffer's layout
+            n.cap      = grown(g->n_rows, g->unit);
             void * buf = NULL;
             rc         = kvg_cuda_malloc(d->ctx, seg_bytes(&n), &buf);
             if (rc == KVG_OK) {
@@ -505,8 +506,8 @@ int kvg_cuda_store_sync(kvg_cuda_store * d) {
 // Room for `more` pending blocks and one more arena.
 static int reserve_pending(kvg_cuda_store * d, int64_t more) {
     if (d->n_pend + more > d->cap_pend) {
-        int64_t cap = d->cap_pend ? 2 * d->cap_pend : 64;
-        cap         = cap < d->n_pend + more ? d->n_pend + more : cap;
+        int64_t cap  = d->cap_pend ? 2 * d->cap_pend : 64;
+        cap          = cap < d->n_pend + more ? d->n_pend + more : cap;
         pending * np = (pending *) realloc(d->pend, (size_t) cap * sizeof(pending));
         if (!np) {
             return kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda_store_encode: the pending list");
@@ -535,7 +536,7 @@ static int take_arena(kvg_cuda_store * d, size_t need, arena * out) {
         return KVG_OK;
     }
     kvg_cuda_free(d->ctx, d->spare.data);
-    d->spare    = (arena) { NULL, 0 };
+    d->spare     = (arena) { NULL, 0 };
     out->n_bytes = need + need / 4;
     const int rc = kvg_cuda_malloc(d->ctx, out->n_bytes, &out->data);
     if (rc != KVG_OK) {
@@ -575,33 +576,35 @@ int kvg_cuda_store_encode_many(kvg_cuda_store * d, const kvg_cuda_store_item * i
     const int64_t         H    = host->p.n_head_kv;
     kvg_cuda_encode_job * jobs = (kvg_cuda_encode_job *) calloc((size_t) n, sizeof(kvg_cuda_encode_job));
     size_t *              off  = (size_t *) malloc((size_t) (n + 1) * sizeof(size_t));
-    int                   rc   = jobs && off ? reserve_pending(d, n)
-                                             : kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda_store_encode_many: %lld jobs", (long long) n);
+    int rc = jobs && off ? reserve_pending(d, n)
+                         : kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda_store_encode_many: %lld jobs", (long long) n);
     if (off) {
         off[0] = 0;
     }
     // each item's block at a 256-byte boundary of one arena
     for (int64_t i = 0; i < n && rc == KVG_OK; ++i) {
         const kvg_cuda_store_item * it = &items[i];
-        if (it->il < 0 || it->il >= host->p.n_layer || (it->kind != KVG_KIND_K && it->kind != KVG_KIND_V) || it->n_rows <= 0) {
-            rc = kvg_fail(KVG_ERR_INVALID_ARG, "kvg_cuda_store_encode: no copy, or layer %d / kind %d / %lld rows out of range",
+        if (it->il < 0 || it->il >= host->p.n_layer || (it->kind != KVG_KIND_K && it->kind != KVG_KIND_V) ||
+            it->n_rows <= 0) {
+            rc = kvg_fail(KVG_ERR_INVALID_ARG,
+                          "kvg_cuda_store_encode: no copy, or layer %d / kind %d / %lld rows out of range",
                           (int) it->il, (int) it->kind, (long long) it->n_rows);
             break;
         }
-        const int64_t D = it->kind == KVG_KIND_K ? host->p.head_dim_k : host->p.head_dim_v;
+        const int64_t         D = it->kind == KVG_KIND_K ? host->p.head_dim_k : host->p.head_dim_v;
         kvg_cuda_encode_job * j = &jobs[i];
-        j->type           = it->codec;
-        j->kind           = it->kind;
-        j->src_dev        = it->src_dev;
-        j->src_type       = it->src_type;
-        j->src_row_stride = it->row_stride;
-        j->src_col_stride = it->col_stride;
-        j->n_tokens       = it->n_rows;
-        j->n_heads        = H;
-        j->head_dim       = D;
-        j->params         = kvg_store_list_params(host, (int64_t) it->il * 2 + it->kind, it->codec, NULL);
-        rc                = kvg_encoded_size(it->codec, it->kind, it->n_rows, H, D, &j->params, &j->dst_bytes);
-        off[i + 1]        = off[i] + ((j->dst_bytes + 255) / 256) * 256;
+        j->type                 = it->codec;
+        j->kind                 = it->kind;
+        j->src_dev              = it->src_dev;
+        j->src_type             = it->src_type;
+        j->src_row_stride       = it->row_stride;
+        j->src_col_stride       = it->col_stride;
+        j->n_tokens             = it->n_rows;
+        j->n_heads              = H;
+        j->head_dim             = D;
+        j->params               = kvg_store_list_params(host, (int64_t) it->il * 2 + it->kind, it->codec, NULL);
+        rc                      = kvg_encoded_size(it->codec, it->kind, it->n_rows, H, D, &j->params, &j->dst_bytes);
+        off[i + 1]              = off[i] + ((j->dst_bytes + 255) / 256) * 256;
     }
     arena     ar    = { NULL, 0 };
     uint8_t * bytes = NULL;
@@ -611,8 +614,8 @@ int kvg_cuda_store_encode_many(kvg_cuda_store * d, const kvg_cuda_store_item * i
         rc                = rc == KVG_OK ? take_arena(d, need, &ar) : rc;
         bytes             = (uint8_t *) d->stage;
     }
-    void * const buf = ar.data;
-    int64_t failed = -1;
+    void * const buf    = ar.data;
+    int64_t      failed = -1;
     if (rc == KVG_OK) {
         for (int64_t i = 0; i < n; ++i) {
             jobs[i].dst_dev = (uint8_t *) buf + off[i];
@@ -628,9 +631,9 @@ int kvg_cuda_store_encode_many(kvg_cuda_store * d, const kvg_cuda_store_item * i
         rc = kvg_store_append_encoded(host, it->il, it->kind, it->tier, it->codec, it->n_rows, bytes + off[appended],
                                       jobs[appended].dst_bytes);
         if (rc == KVG_OK) {
-            const kvg_rows * r   = &host->rows[(int64_t) it->il * 2 + it->kind];
-            d->pend[d->n_pend++] = (pending) { r->blocks[r->n_blocks - 1].id, (uint8_t *) buf + off[appended],
-                                               jobs[appended].dst_bytes };
+            const kvg_rows * r = &host->rows[(int64_t) it->il * 2 + it->kind];
+            d->pend[d->n_pend++] =
+                (pending) { r->blocks[r->n_blocks - 1].id, (uint8_t *) buf + off[appended], jobs[appended].dst_bytes };
             appended++;
         }
     }
@@ -644,8 +647,8 @@ int kvg_cuda_store_encode_many(kvg_cuda_store * d, const kvg_cuda_store_item * i
     return rc;
 }
 
-int kvg_cuda_store_encode(kvg_cuda_store * d, int32_t il, int32_t kind, int32_t tier, int32_t codec, const void * src_dev,
-                          int src_type, int64_t row_stride, int64_t col_stride, int64_t n_rows) {
+int kvg_cuda_store_encode(kvg_cuda_store * d, int32_t il, int32_t kind, int32_t tier, int32_t codec,
+                          const void * src_dev, int src_type, int64_t row_stride, int64_t col_stride, int64_t n_rows) {
     const kvg_cuda_store_item it = { il, kind, tier, codec, src_dev, src_type, row_stride, col_stride, n_rows };
     return kvg_cuda_store_encode_many(d, &it, 1);
 }
@@ -768,12 +771,12 @@ static int reserve_parts(kvg_cuda_store * d, int64_t n) {
     if (n <= d->cap_parts) {
         return KVG_OK;
     }
-    kvg_cuda_part *        parts = (kvg_cuda_part *) realloc(d->parts, sizeof(*parts) * (size_t) n);
-    d->parts                     = parts ? parts : d->parts;
-    kvg_cuda_attend_args * runs  = parts ? (kvg_cuda_attend_args *) realloc(d->runs, sizeof(*runs) * (size_t) n) : NULL;
-    d->runs                      = runs ? runs : d->runs;
-    kvg_cuda_cells_args * cells  = runs ? (kvg_cuda_cells_args *) realloc(d->cells, sizeof(*cells) * (size_t) n) : NULL;
-    d->cells                     = cells ? cells : d->cells;
+    kvg_cuda_part * parts       = (kvg_cuda_part *) realloc(d->parts, sizeof(*parts) * (size_t) n);
+    d->parts                    = parts ? parts : d->parts;
+    kvg_cuda_attend_args * runs = parts ? (kvg_cuda_attend_args *) realloc(d->runs, sizeof(*runs) * (size_t) n) : NULL;
+    d->runs                     = runs ? runs : d->runs;
+    kvg_cuda_cells_args * cells = runs ? (kvg_cuda_cells_args *) realloc(d->cells, sizeof(*cells) * (size_t) n) : NULL;
+    d->cells                    = cells ? cells : d->cells;
     if (!cells) {
         return kvg_fail(KVG_ERR_NO_MEMORY, "kvg_cuda_store_hook_attend: no memory for %lld parts", (long long) n);
     }
@@ -800,8 +803,8 @@ static int store_parts(kvg_cuda_store * d, const kvg_cuda_layer_args * a, int64_
     const int64_t    nk = kl->n ? kl->s[kl->n - 1].row0 + kl->s[kl->n - 1].n_rows : 0;
     const int64_t    nv = vl->n ? vl->s[vl->n - 1].row0 + vl->s[vl->n - 1].n_rows : 0;
     if (a->n_cold > nk || a->n_cold > nv) {
-        *cold = kvg_fail(KVG_ERR_INVALID_ARG, "layer %d: %lld cold rows asked for, the device copy holds %lld", (int) a->il,
-                         (long long) a->n_cold, (long long) (nk < nv ? nk : nv));
+        *cold = kvg_fail(KVG_ERR_INVALID_ARG, "layer %d: %lld cold rows asked for, the device copy holds %lld",
+                         (int) a->il, (long long) a->n_cold, (long long) (nk < nv ? nk : nv));
         return reserve_parts(d, 1);
     }
     const int rc = reserve_parts(d, kl->n + vl->n + 1);  // runs end where either list's segment ends
@@ -813,13 +816,14 @@ static int store_parts(kvg_cuda_store * d, const kvg_cuda_layer_args * a, int64_
         const segment * kg = &kl->s[sk];
         const segment * vg = &vl->s[sv];
         const int64_t   ke = kg->row0 + kg->n_rows, ve = vg->row0 + vg->n_rows;
-        int64_t         e  = ke < ve ? ke : ve;
-        e                  = e < a->n_cold ? e : a->n_cold;
+        int64_t         e = ke < ve ? ke : ve;
+        e                 = e < a->n_cold ? e : a->n_cold;
         if (!kg->data || !vg->data) {
             if (*cold == KVG_OK) {
-                *cold = kvg_fail(KVG_ERR_UNSUPPORTED,
-                                 "layer %d: rows of %s K / %s V, which the GPU does not attend over (f16, kivi2-8, rotq1-4)",
-                                 (int) a->il, kvg_codec_name(kg->codec), kvg_codec_name(vg->codec));
+                *cold = kvg_fail(
+                    KVG_ERR_UNSUPPORTED,
+                    "layer %d: rows of %s K / %s V, which the GPU does not attend over (f16, kivi2-8, rotq1-4)",
+                    (int) a->il, kvg_codec_name(kg->codec), kvg_codec_name(vg->codec));
             }
         } else if (kg->codec == KVG_CODEC_F16 && vg->codec == KVG_CODEC_F16) {
             f16_run_part(d, a, kg, vg, row, e, (*n_parts)++);
@@ -898,11 +902,11 @@ int32_t kvg_cuda_store_hook_attend(void * user, const kvg_cuda_layer_args * a, i
         c->v_dev  = a->v_dev;
         c->v_type = a->v_type;
         memcpy(c->v_nb, a->v_nb, sizeof(c->v_nb));
-        c->c1        = a->n_kv;
-        c->mask_dev  = a->mask_dev;
-        c->mask_f16  = a->mask_f16;
-        c->mask_nb1  = a->mask_nb1;
-        d->parts[n]  = (kvg_cuda_part) { NULL, c };
+        c->c1       = a->n_kv;
+        c->mask_dev = a->mask_dev;
+        c->mask_f16 = a->mask_f16;
+        c->mask_nb1 = a->mask_nb1;
+        d->parts[n] = (kvg_cuda_part) { NULL, c };
     }
     const int64_t n_store = n, n_all = n + (a->n_kv > 0);
     if (rc == KVG_OK) {

@@ -52,8 +52,8 @@ static uint8_t * encode(int type, int kind, int64_t n_tokens, int64_t n_heads, i
     if (!out) {
         abort();
     }
-    const int st = kvg_encode(type, kind, x, (size_t) (n_tokens * n_heads * head_dim), n_tokens, n_heads, head_dim,
-                              p, out, *size, NULL);
+    const int st = kvg_encode(type, kind, x, (size_t) (n_tokens * n_heads * head_dim), n_tokens, n_heads, head_dim, p,
+                              out, *size, NULL);
     free(x);
     if (st != KVG_OK) {
         free(out);
@@ -78,8 +78,9 @@ static void write_file(const char * dir, const char * name, const uint8_t * a, s
 static int decode_corpus(const char * dir) {
     // (n_tokens, n_heads, head_dim, G): a small real shape, one across crotq's 128-token groups
     // and kivi's last short group, and shapes rotq refuses.
-    static const int64_t shapes[][4] = { { 17, 2, 64, 32 }, { 130, 1, 16, 32 }, { 40, 1, 128, 7 },
-                                         { 9, 3, 5, 4 },    { 5, 4, 2, 1 } };
+    static const int64_t shapes[][4] = {
+        { 17, 2, 64, 32 }, { 130, 1, 16, 32 }, { 40, 1, 128, 7 }, { 9, 3, 5, 4 }, { 5, 4, 2, 1 }
+    };
     int n = 0;
     for (int type = 0; type < kvg_codec_count(); type++) {
         for (int kind = 0; kind < 2; kind++) {
@@ -141,8 +142,10 @@ static int append(bytes * b, int il, int kind, int tier, int codec, int64_t rows
         free(enc);
         return 0;
     }
-    const uint8_t op[] = { FZ_OP_APPEND, (uint8_t) (il | kind << 1 | 1 << 2), (uint8_t) tier, (uint8_t) codec,
-                           (uint8_t) rows, (uint8_t) (size & 0xff), (uint8_t) (size >> 8) };
+    const uint8_t op[] = { FZ_OP_APPEND,         (uint8_t) (il | kind << 1 | 1 << 2),
+                           (uint8_t) tier,       (uint8_t) codec,
+                           (uint8_t) rows,       (uint8_t) (size & 0xff),
+                           (uint8_t) (size >> 8) };
     put(b, op, sizeof(op));
     put(b, enc, size);
     free(enc);
@@ -171,7 +174,7 @@ static int store_corpus(const char * dir) {
             put(&b, head, fz_store_header(head, hkv, dk, dv, p.group_size, p.seed));
             // K and V of both layers, cut differently: K in 4 + 20 + 12 rows, V in 4 + 12 + 20.
             static const int64_t cuts[2][3] = { { 4, 20, 12 }, { 4, 12, 20 } };
-            int ok = 1;
+            int                  ok         = 1;
             for (int il = 0; il < FZ_N_LAYER; il++) {
                 for (int kind = 0; kind < 2; kind++) {
                     for (int tier = 0; tier < 3; tier++) {
@@ -188,10 +191,23 @@ static int store_corpus(const char * dir) {
             // Reads across block edges, f32, f16 and the hook; attention over all rows and a
             // slice; then truncate inside a block and retier, and read again.
             const uint8_t reads[] = {
-                FZ_OP_DECODE, 0 | 0 << 1 | 0 << 2, 0, 36,
-                FZ_OP_DECODE, 1 | 1 << 1 | 1 << 2, 2, 30,
-                FZ_OP_DECODE, 0 | 1 << 1 | 2 << 2, 3, 10,
-                FZ_OP_ATTEND, 0 | 1 << 1 | 1 << 2, 0, 36, 8,
+                FZ_OP_DECODE,
+                0 | 0 << 1 | 0 << 2,
+                0,
+                36,
+                FZ_OP_DECODE,
+                1 | 1 << 1 | 1 << 2,
+                2,
+                30,
+                FZ_OP_DECODE,
+                0 | 1 << 1 | 2 << 2,
+                3,
+                10,
+                FZ_OP_ATTEND,
+                0 | 1 << 1 | 1 << 2,
+                0,
+                36,
+                8,
             };
             put(&b, reads, sizeof(reads));
             const size_t n_q = 2 * (size_t) hkv * 2 * (size_t) dk;  // 2 tokens, gqa 2
@@ -206,11 +222,25 @@ static int store_corpus(const char * dir) {
                 put_u8(&b, (int) (gaussian() * 16.0f));
             }
             const uint8_t tail[] = {
-                FZ_OP_TRUNCATE, 30,
-                FZ_OP_RETIER, 1, 2, 4, 12, 2, 6,  // layer 0 V, rows [4, 16): one block, to rotq2
-                FZ_OP_SIMD, 0,
-                FZ_OP_DECODE, 0 | 0 << 1 | 0 << 2, 0, 30,
-                FZ_OP_DECODE, 1 | 1 << 1 | 1 << 2, 0, 30,
+                FZ_OP_TRUNCATE,
+                30,
+                FZ_OP_RETIER,
+                1,
+                2,
+                4,
+                12,
+                2,
+                6,  // layer 0 V, rows [4, 16): one block, to rotq2
+                FZ_OP_SIMD,
+                0,
+                FZ_OP_DECODE,
+                0 | 0 << 1 | 0 << 2,
+                0,
+                30,
+                FZ_OP_DECODE,
+                1 | 1 << 1 | 1 << 2,
+                0,
+                30,
             };
             put(&b, tail, sizeof(tail));
             char name[96];

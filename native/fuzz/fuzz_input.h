@@ -176,4 +176,4 @@ static inline size_t fz_store_header(uint8_t * out, int64_t n_head_kv, int64_t h
     return FZ_STORE_HEADER;
 }
 
-#endif // KVG_FUZZ_INPUT_H
+#endif  // KVG_FUZZ_INPUT_H

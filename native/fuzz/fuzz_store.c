@@ -23,10 +23,10 @@
 #define FZ_MAX_ROWS         2048
 
 typedef struct fz_store {
-    kvg_store * s;
-    int64_t     hkv;
-    int64_t     dk;
-    int64_t     dv;
+    kvg_store *      s;
+    int64_t          hkv;
+    int64_t          dk;
+    int64_t          dv;
     kvg_codec_params p;  // the store's: they decide a kivi block's size
 } fz_store;
 
@@ -82,7 +82,7 @@ static uint64_t snapshot(const fz_store * f) {
                     broken("kvg_store_block did not copy a block out", -1, -1);
                 }
                 const int64_t fields[] = { info.row0, info.n_rows, info.codec, info.tier };
-                h = fnv(fnv(h, fields, sizeof(fields)), data, info.n_bytes);
+                h                      = fnv(fnv(h, fields, sizeof(fields)), data, info.n_bytes);
                 free(data);
             }
         }
@@ -97,8 +97,8 @@ static void check_unchanged(const fz_store * f, uint64_t before, int st, int op)
 }
 
 static void op_append(fz_store * f, fz_reader * r) {
-    const uint8_t a     = fz_u8(r);
-    const int     il    = a & 1, kind = (a >> 1) & 1, exact = (a >> 2) & 1;
+    const uint8_t a  = fz_u8(r);
+    const int     il = a & 1, kind = (a >> 1) & 1, exact = (a >> 2) & 1;
     const int     tier  = fz_u8(r) % 4;
     const int     codec = fz_u8(r) % (kvg_codec_count() + 1);
     int64_t       rows  = fz_u8(r);
@@ -115,7 +115,8 @@ static void op_append(fz_store * f, fz_reader * r) {
     // exact: the size the store will ask for (a shape it refuses keeps the bytes as given).
     size_t want = 0;
     size_t len  = take;
-    if (exact && kvg_encoded_size(codec, kind, rows > 0 ? rows : 1, f->hkv, kind ? f->dv : f->dk, &f->p, &want) == KVG_OK) {
+    if (exact &&
+        kvg_encoded_size(codec, kind, rows > 0 ? rows : 1, f->hkv, kind ? f->dv : f->dk, &f->p, &want) == KVG_OK) {
         len = want;
     }
     uint8_t * buf = (uint8_t *) malloc(len ? len : 1);
@@ -136,8 +137,8 @@ static void op_append(fz_store * f, fz_reader * r) {
 }
 
 static void op_decode(fz_store * f, fz_reader * r) {
-    const uint8_t a   = fz_u8(r);
-    const int     il  = a & 1, kind = (a >> 1) & 1, how = ((a >> 2) & 3) % 3;
+    const uint8_t a  = fz_u8(r);
+    const int     il = a & 1, kind = (a >> 1) & 1, how = ((a >> 2) & 3) % 3;
     const int64_t n   = n_rows(f, il, kind);
     const int64_t r0  = fz_u8(r) % (n + 2);
     const int64_t r1  = r0 + fz_u8(r) % (n + 3 - (r0 < n + 1 ? r0 : n + 1));
@@ -175,17 +176,17 @@ static void op_attend(fz_store * f, fz_reader * r) {
     const int     gqa      = 1 + ((a >> 1) & 1);
     const int     n_tokens = 1 + ((a >> 2) & 3);
     const int     n_head   = (int) f->hkv * gqa;
-    const int64_t n        = n_rows(f, il, KVG_KIND_K) < n_rows(f, il, KVG_KIND_V) ? n_rows(f, il, KVG_KIND_K)
-                                                                                     : n_rows(f, il, KVG_KIND_V);
-    const int64_t r0       = fz_u8(r) % (n + 2);
-    const int64_t r1       = r0 + fz_u8(r) % (n + 3 - (r0 < n + 1 ? r0 : n + 1));
-    const uint8_t sb       = fz_u8(r);
-    const float   scale    = sb == 255 ? INFINITY : (float) (sb + 1) / 64.0f;  // 255: must be refused
-    const size_t  n_q      = (size_t) n_tokens * (size_t) n_head;
-    float *       q        = (float *) malloc(n_q * (size_t) f->dk * sizeof(float));
-    float *       m        = (float *) malloc(n_q * sizeof(float));
-    float *       l        = (float *) malloc(n_q * sizeof(float));
-    float *       acc      = (float *) malloc(n_q * (size_t) f->dv * sizeof(float));
+    const int64_t n =
+        n_rows(f, il, KVG_KIND_K) < n_rows(f, il, KVG_KIND_V) ? n_rows(f, il, KVG_KIND_K) : n_rows(f, il, KVG_KIND_V);
+    const int64_t r0    = fz_u8(r) % (n + 2);
+    const int64_t r1    = r0 + fz_u8(r) % (n + 3 - (r0 < n + 1 ? r0 : n + 1));
+    const uint8_t sb    = fz_u8(r);
+    const float   scale = sb == 255 ? INFINITY : (float) (sb + 1) / 64.0f;  // 255: must be refused
+    const size_t  n_q   = (size_t) n_tokens * (size_t) n_head;
+    float *       q     = (float *) malloc(n_q * (size_t) f->dk * sizeof(float));
+    float *       m     = (float *) malloc(n_q * sizeof(float));
+    float *       l     = (float *) malloc(n_q * sizeof(float));
+    float *       acc   = (float *) malloc(n_q * (size_t) f->dv * sizeof(float));
     if (!q || !m || !l || !acc) {
         abort();
     }
@@ -255,15 +256,15 @@ static void op_truncate(fz_store * f, fz_reader * r) {
 }
 
 static void op_retier(fz_store * f, fz_reader * r) {
-    const int     il    = fz_u8(r) % 3 - 1;
-    const int     kind  = fz_u8(r) % 3 - 1;
-    const int64_t n     = max_rows(f);
-    const int64_t r0    = fz_u8(r) % (n + 2);
-    const int64_t r1    = r0 + fz_u8(r) % (n + 2);
-    const int     tier  = fz_u8(r) % 4;
-    const int     codec = fz_u8(r) % (kvg_codec_count() + 1);
-    const uint64_t snap = snapshot(f);
-    const int      st   = kvg_store_retier_list(f->s, il, kind, r0, r1, tier, codec);
+    const int      il    = fz_u8(r) % 3 - 1;
+    const int      kind  = fz_u8(r) % 3 - 1;
+    const int64_t  n     = max_rows(f);
+    const int64_t  r0    = fz_u8(r) % (n + 2);
+    const int64_t  r1    = r0 + fz_u8(r) % (n + 2);
+    const int      tier  = fz_u8(r) % 4;
+    const int      codec = fz_u8(r) % (kvg_codec_count() + 1);
+    const uint64_t snap  = snapshot(f);
+    const int      st    = kvg_store_retier_list(f->s, il, kind, r0, r1, tier, codec);
     check_status(st, FZ_OP_RETIER);
     check_unchanged(f, snap, st, FZ_OP_RETIER);
 }
@@ -284,7 +285,7 @@ int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     p.head_dim_v       = (int32_t) f.dv;
     p.codec.group_size = (int8_t) fz_u8(&r);
     p.codec.seed       = fz_u64(&r);
-    f.p = p.codec;
+    f.p                = p.codec;
     if (kvg_store_init(&p, &f.s) != KVG_OK) {
         abort();  // every shape above is a valid store
     }

@@ -154,16 +154,11 @@ enum kvg_codec_type {
 };
 
 // Which rows a block holds; the store, the codecs and llama.cpp's hooks use the same numbers.
-enum kvg_kind {
-    KVG_KIND_K = 0,
-    KVG_KIND_V = 1
-};
+enum kvg_kind { KVG_KIND_K = 0, KVG_KIND_V = 1 };
 
 // Bumped whenever a declaration in this region changes; kvg_abi_version() returns the value the
 // library was built with, and the Python binding refuses a library and header that disagree.
-enum kvg_abi {
-    KVG_ABI_VERSION = 16
-};
+enum kvg_abi { KVG_ABI_VERSION = 16 };
 
 enum kvg_simd {
     KVG_SIMD_SCALAR = 0,
@@ -172,11 +167,11 @@ enum kvg_simd {
 };
 
 typedef struct kvg_codec_params {
-    int32_t  group_size;  // kivi: G, tokens (K) or channels (V) per group; default 32
-    uint64_t seed;        // rotq: seed of the random signs; default KVG_DEFAULT_SEED
-    const float * book;   // pq2, vq8, vq8f: the codebook, [256][S] floats (S = 4, or head_dim for vq8/vq8f);
-                          // wfqB: the plan, n_heads x 3 x head_dim floats (kvg_wfq_train); default NULL
-    size_t   book_count;  // floats at book
+    int32_t       group_size;  // kivi: G, tokens (K) or channels (V) per group; default 32
+    uint64_t      seed;        // rotq: seed of the random signs; default KVG_DEFAULT_SEED
+    const float * book;        // pq2, vq8, vq8f: the codebook, [256][S] floats (S = 4, or head_dim for vq8/vq8f);
+                               // wfqB: the plan, n_heads x 3 x head_dim floats (kvg_wfq_train); default NULL
+    size_t book_count;         // floats at book
 } kvg_codec_params;
 
 int32_t kvg_abi_version(void);  // KVG_ABI_VERSION as compiled into the library
@@ -211,12 +206,12 @@ enum kvg_codec_op {
 
 typedef struct kvg_codec_info {
     const char * name;
-    const char * family;     // the name without its bit width ("rotq3": "rotq"; "vq8f" is its own)
-    int32_t bits;            // the B of the name: bits per code (f16: 16; vq8 and vq8f: 8 per head vector)
-    int32_t rotated;         // 1: coded as rotq's rotated head vectors, which the fused attention scores
-                             // against rotated queries (rotq, crotq, pq/vq, tcq); outl, lowrank and qjl
-                             // rotate inside their blocks but are read decoded (0)
-    int32_t book;            // enum kvg_book
+    const char * family;   // the name without its bit width ("rotq3": "rotq"; "vq8f" is its own)
+    int32_t      bits;     // the B of the name: bits per code (f16: 16; vq8 and vq8f: 8 per head vector)
+    int32_t      rotated;  // 1: coded as rotq's rotated head vectors, which the fused attention scores
+                           // against rotated queries (rotq, crotq, pq/vq, tcq); outl, lowrank and qjl
+                           // rotate inside their blocks but are read decoded (0)
+    int32_t book;          // enum kvg_book
     // head_dim must be at least head_dim_min, at most head_dim_max (0: no bound of its own) and a
     // power of two if head_dim_pow2; kvg_encoded_size says KVG_ERR_SHAPE otherwise.
     int32_t head_dim_pow2;
@@ -228,16 +223,16 @@ typedef struct kvg_codec_info {
     // block_side_data keeps data per block whose share depends on the block's shape (keyframes,
     // channel lists, factors, fallback vectors): its figure is a block's, measured, and the
     // terms above count its codes alone.
-    int32_t value_bits;      // per value: its code (0 where a code stands for a whole head vector)
-    int32_t vector_bits;     // per head vector: its f16 norm (rotq), vq8's code
-    int32_t group_bits;      // per group: kivi's f16 min and scale, crotq's f16 channel mean
+    int32_t value_bits;   // per value: its code (0 where a code stands for a whole head vector)
+    int32_t vector_bits;  // per head vector: its f16 norm (rotq), vq8's code
+    int32_t group_bits;   // per group: kivi's f16 min and scale, crotq's f16 channel mean
     int32_t group_values;
     int32_t block_side_data;
-    int32_t fused_codes;     // 1: the fused attention scores and sums the codes themselves; 0: it
-                             // decodes each block and takes exact dots of the rows
-    int32_t simd_levels;     // bit (1 << level) per enum kvg_simd level with kernels for the codec:
-                             // scalar always; AVX2 and NEON together (every SIMD kernel has both)
-    int32_t simd_ops;        // enum kvg_codec_op bits: the operations that have SIMD kernels
+    int32_t fused_codes;  // 1: the fused attention scores and sums the codes themselves; 0: it
+                          // decodes each block and takes exact dots of the rows
+    int32_t simd_levels;  // bit (1 << level) per enum kvg_simd level with kernels for the codec:
+                          // scalar always; AVX2 and NEON together (every SIMD kernel has both)
+    int32_t simd_ops;     // enum kvg_codec_op bits: the operations that have SIMD kernels
 } kvg_codec_info;
 
 // KVG_ERR_UNKNOWN_CODEC for a type out of range. The strings are the library's, never freed.
@@ -249,15 +244,13 @@ int kvg_encoded_size(int type, int kind, int64_t n_tokens, int64_t n_heads, int6
 // src_count must be n_tokens*n_heads*head_dim; dst_bytes >= kvg_encoded_size. On success
 // exactly kvg_encoded_size bytes are written and *out_written (may be NULL) is set to that.
 // On failure the contents of dst are unspecified. p may be NULL for the defaults.
-int kvg_encode(int type, int kind, const float * src, size_t src_count,
-               int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-               const kvg_codec_params * p, void * dst, size_t dst_bytes, size_t * out_written);
+int kvg_encode(int type, int kind, const float * src, size_t src_count, int64_t n_tokens, int64_t n_heads,
+               int64_t head_dim, const kvg_codec_params * p, void * dst, size_t dst_bytes, size_t * out_written);
 
 // src_bytes must equal kvg_encoded_size; dst_count must be n_tokens*n_heads*head_dim.
 // Corrupt input is detected before anything is written, so dst is unchanged on failure.
-int kvg_decode(int type, int kind, const void * src, size_t src_bytes,
-               int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-               const kvg_codec_params * p, float * dst, size_t dst_count);
+int kvg_decode(int type, int kind, const void * src, size_t src_bytes, int64_t n_tokens, int64_t n_heads,
+               int64_t head_dim, const kvg_codec_params * p, float * dst, size_t dst_count);
 
 // Trains a pq2, vq8 or vq8f codebook (book_count = 256 * S floats) on a block of rows: k-means on the
 // rotated, normalized sub-vectors (at most 65536 of them, evenly strided), 10 iterations from
@@ -277,9 +270,9 @@ int kvg_rotq_codebook(int bits, int64_t head_dim, float * out, size_t out_count)
 // The 256 levels (by window) that tcqB uses, in units of y above; out_count must be 256.
 int kvg_tcq_table(int bits, float * out, size_t out_count);
 
-int kvg_simd_level(void);            // the level in use: KVG_SIMD_SCALAR, _AVX2 or _NEON
-int kvg_simd_max_level(void);        // the best level this CPU and build support
-int kvg_set_simd_level(int level);   // process-wide; for tests and benchmarks
+int kvg_simd_level(void);           // the level in use: KVG_SIMD_SCALAR, _AVX2 or _NEON
+int kvg_simd_max_level(void);       // the best level this CPU and build support
+int kvg_set_simd_level(int level);  // process-wide; for tests and benchmarks
 
 // ---- store: compressed K/V rows of one sequence, per layer, in tiers -------------------------
 //
@@ -301,7 +294,7 @@ enum kvg_tier {
 };
 
 typedef struct kvg_store_params {
-    int32_t          n_layer;     // layers addressed by llama.cpp's il in [0, n_layer)
+    int32_t          n_layer;  // layers addressed by llama.cpp's il in [0, n_layer)
     int32_t          n_head_kv;
     int32_t          head_dim_k;
     int32_t          head_dim_v;
@@ -316,16 +309,15 @@ void kvg_store_free(kvg_store * s);
 int kvg_store_set_layer_enabled(kvg_store * s, int32_t il, int32_t enabled);
 
 // Encodes n_rows rows (count = n_rows * n_head_kv * head_dim floats) at the end of (il, kind).
-int kvg_store_append(kvg_store * s, int32_t il, int32_t kind, int32_t tier, int32_t codec,
-                     const float * rows, size_t count, int64_t n_rows);
+int kvg_store_append(kvg_store * s, int32_t il, int32_t kind, int32_t tier, int32_t codec, const float * rows,
+                     size_t count, int64_t n_rows);
 
 int kvg_store_n_rows(const kvg_store * s, int32_t il, int32_t kind, int64_t * out_rows);
 
 // Decodes rows [r0, r1) of (il, kind) into dst (count = (r1 - r0) * row width).
-int kvg_store_decode(const kvg_store * s, int32_t il, int32_t kind, int64_t r0, int64_t r1,
-                     float * dst, size_t count);
-int kvg_store_decode_f16(const kvg_store * s, int32_t il, int32_t kind, int64_t r0, int64_t r1,
-                         uint16_t * dst, size_t count);
+int kvg_store_decode(const kvg_store * s, int32_t il, int32_t kind, int64_t r0, int64_t r1, float * dst, size_t count);
+int kvg_store_decode_f16(const kvg_store * s, int32_t il, int32_t kind, int64_t r0, int64_t r1, uint16_t * dst,
+                         size_t count);
 
 // Every layer and kind: re-encodes each block that lies wholly inside [r0, r1) and is not
 // already in `tier` with `codec`; a block already in `codec` is only retagged (its bytes stay:
@@ -334,8 +326,7 @@ int kvg_store_decode_f16(const kvg_store * s, int32_t il, int32_t kind, int64_t 
 int kvg_store_retier(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, int32_t codec);
 // The same for one layer (il = -1: every layer) and one kind (kind = -1: K and V): per-layer,
 // per-kind plans age each list into its own codec.
-int kvg_store_retier_list(kvg_store * s, int32_t il, int32_t kind, int64_t r0, int64_t r1, int32_t tier,
-                          int32_t codec);
+int kvg_store_retier_list(kvg_store * s, int32_t il, int32_t kind, int64_t r0, int64_t r1, int32_t tier, int32_t codec);
 
 // Each list into its own codec: list il * 2 + kind gets codecs[il * 2 + kind] (-1: left as it
 // is); n_codecs must be 2 * n_layer. What one eviction's aging needs in one call.
@@ -348,7 +339,7 @@ int kvg_store_set_threads(kvg_store * s, int32_t n_threads);
 
 // Every layer and kind: keeps rows [0, n_rows). A block cut in two is re-encoded (a rotq block's
 // codes are copied); a cut on a block boundary (undoing appends) allocates nothing and cannot fail.
-int kvg_store_truncate(kvg_store * s, int64_t n_rows);
+int  kvg_store_truncate(kvg_store * s, int64_t n_rows);
 void kvg_store_clear(kvg_store * s);
 
 // Bytes held in `tier` (KVG_TIER_COUNT: all tiers) by the encoded rows, and the K/V values
@@ -380,19 +371,19 @@ int kvg_store_n_blocks(const kvg_store * s, int32_t il, int32_t kind, int64_t * 
 
 // Block `bi` of (il, kind): its info, and (dst != NULL) its encoded bytes; dst_bytes must be
 // exactly info.n_bytes then.
-int kvg_store_block(const kvg_store * s, int32_t il, int32_t kind, int64_t bi, kvg_block_info * out,
-                    void * dst, size_t dst_bytes);
+int kvg_store_block(const kvg_store * s, int32_t il, int32_t kind, int64_t bi, kvg_block_info * out, void * dst,
+                    size_t dst_bytes);
 
 // Appends an already encoded block at the end of (il, kind). The bytes must be exactly
 // kvg_encoded_size long and decode without error (checked before anything changes).
-int kvg_store_append_encoded(kvg_store * s, int32_t il, int32_t kind, int32_t tier, int32_t codec,
-                             int64_t n_rows, const void * data, size_t n_bytes);
+int kvg_store_append_encoded(kvg_store * s, int32_t il, int32_t kind, int32_t tier, int32_t codec, int64_t n_rows,
+                             const void * data, size_t n_bytes);
 
 // Entry points with the signatures of llama_kvgguf_hooks (native/llama/include/llama-kvgguf.h),
 // user = the store.
 int32_t kvg_store_hook_n_cold(void * user, int32_t il);
-int32_t kvg_store_hook_decode(void * user, int32_t il, int32_t kind, int64_t r0, int64_t r1,
-                              uint16_t * dst, int64_t n_embd);
+int32_t kvg_store_hook_decode(void * user, int32_t il, int32_t kind, int64_t r0, int64_t r1, uint16_t * dst,
+                              int64_t n_embd);
 
 // Fused attention over the stored rows, scored and summed from their codes without expanding
 // them (llama_kvgguf_attend_fn of native/llama/include/llama-kvgguf.h; user = the store).
@@ -411,17 +402,15 @@ int32_t kvg_store_hook_decode(void * user, int32_t il, int32_t kind, int64_t r0,
 // -inf), the other rows are folded in, and kvg_last_error() says why.
 // Takes no locks and allocates nothing once a thread's scratch has grown to the shape; may run on
 // many threads at once on disjoint or overlapping row ranges (like decode, not with mutations).
-int32_t kvg_store_hook_attend(void * user, int32_t il, int64_t r0, int64_t r1,
-                              const float * q, int32_t n_tokens, int32_t n_head, float scale,
-                              float * m, float * l, float * acc);
+int32_t kvg_store_hook_attend(void * user, int32_t il, int64_t r0, int64_t r1, const float * q, int32_t n_tokens,
+                              int32_t n_head, float scale, float * m, float * l, float * acc);
 
 // The same with logit soft-capping (Gemma 2): every score s = scale * q.k becomes
 // softcap * tanh(s / softcap) before the softmax, as llama.cpp's flash attention caps them.
 // softcap == 0: none (hook_attend); negative or not finite: bad argument. llama.cpp's fused path
 // calls this one (llama_kvgguf_attend_fn).
-int32_t kvg_store_hook_attend_capped(void * user, int32_t il, int64_t r0, int64_t r1,
-                                     const float * q, int32_t n_tokens, int32_t n_head, float scale,
-                                     float softcap, float * m, float * l, float * acc);
+int32_t kvg_store_hook_attend_capped(void * user, int32_t il, int64_t r0, int64_t r1, const float * q, int32_t n_tokens,
+                                     int32_t n_head, float scale, float softcap, float * m, float * l, float * acc);
 
 // Attention over llama.cpp's cells outside the store, under a mask, into the same state (q, m, l, acc,
 // scale, softcap as kvg_store_hook_attend_capped): llama.cpp's hot cells on the fused path
@@ -436,12 +425,10 @@ int32_t kvg_store_hook_attend_capped(void * user, int32_t il, int64_t r0, int64_
 // KVG_OK, or KVG_ERR_INVALID_ARG / KVG_ERR_NO_MEMORY with the state unchanged. Takes no locks;
 // allocates nothing once a thread's scratch has grown to the shape.
 enum kvg_cell_type { KVG_CELLS_F16 = 1, KVG_CELLS_Q8_0 = 8 };  // ggml's type numbers (ggml.h)
-int32_t kvg_attend_f16(const float * q, int32_t n_tokens, int32_t n_head, int32_t n_head_kv,
-                       int64_t head_dim_k, int64_t head_dim_v, const void * k, int32_t k_type,
-                       const size_t * k_nb, const void * v, int32_t v_type, const size_t * v_nb,
-                       int64_t c0, int64_t c1, const void * mask,
-                       int32_t mask_f16, size_t mask_nb1, float scale, float softcap, float * m, float * l,
-                       float * acc);
+int32_t kvg_attend_f16(const float * q, int32_t n_tokens, int32_t n_head, int32_t n_head_kv, int64_t head_dim_k,
+                       int64_t head_dim_v, const void * k, int32_t k_type, const size_t * k_nb, const void * v,
+                       int32_t v_type, const size_t * v_nb, int64_t c0, int64_t c1, const void * mask, int32_t mask_f16,
+                       size_t mask_nb1, float scale, float softcap, float * m, float * l, float * acc);
 
 // Failed reads on llama.cpp's paths since the store was made: KVG_READ_DECODE counts hook_decode
 // calls that failed (rows llama.cpp expanded are then zeros: kvgguf drops that ubatch), and
@@ -471,8 +458,8 @@ void kvg_store_mass_clear(kvg_store * s);
 // normalizers of the n_tokens * n_head queries (order of attend's q) of layer il whose attend
 // calls since the previous kvg_store_hook_mass are brought in. Notes of another layer or shape
 // are dropped (counted in kvg_store_mass_dropped). Runs on one thread, with no attend call in flight.
-int32_t kvg_store_hook_mass(void * user, int32_t il, int32_t n_tokens, int32_t n_head,
-                            const float * max, const float * sum);
+int32_t kvg_store_hook_mass(void * user, int32_t il, int32_t n_tokens, int32_t n_head, const float * max,
+                            const float * sum);
 // Notes dropped since the store was made: attend calls beyond KVG_MASS_SLOTS between two
 // kvg_store_hook_mass calls, out of memory, or never brought in.
 int64_t kvg_store_mass_dropped(const kvg_store * s);
@@ -490,11 +477,11 @@ int kvg_store_debug_fail_reads(kvg_store * s, int32_t il, int32_t kind, int64_t 
 // cffi-end
 
 #define KVG_DEFAULT_GROUP_SIZE 32
-#define KVG_DEFAULT_SEED 0x6b766767756630ULL  // "kvgguf0"
-#define KVG_ROTQ_MAX_HEAD_DIM 4096
+#define KVG_DEFAULT_SEED       0x6b766767756630ULL  // "kvgguf0"
+#define KVG_ROTQ_MAX_HEAD_DIM  4096
 
 #ifdef __cplusplus
 }
 #endif
 
-#endif // KVGGUF_H
+#endif  // KVGGUF_H

@@ -29,18 +29,18 @@
 // One encode/decode/size request, validated by codecs.c before any kernel sees it:
 // dims are positive and their product is at most KVG_MAX_VALUES.
 typedef struct kvg_job {
-    int      type;
-    int      kind;
-    int      bits;        // bits per code
-    int64_t  n_tokens;
-    int64_t  n_heads;
-    int64_t  head_dim;
-    int64_t  n_channels;  // C = n_heads * head_dim: one K/V row
-    int64_t  n_values;    // N = n_tokens * C
-    int32_t  group_size;
-    uint64_t seed;
-    const float * book;   // pq2, vq8: params.book (checked by the codec, not here)
-    size_t   book_count;
+    int           type;
+    int           kind;
+    int           bits;  // bits per code
+    int64_t       n_tokens;
+    int64_t       n_heads;
+    int64_t       head_dim;
+    int64_t       n_channels;  // C = n_heads * head_dim: one K/V row
+    int64_t       n_values;    // N = n_tokens * C
+    int32_t       group_size;
+    uint64_t      seed;
+    const float * book;  // pq2, vq8: params.book (checked by the codec, not here)
+    size_t        book_count;
 } kvg_job;
 
 // ---- attention over encoded rows (attend.c drives; each codec scores and accumulates) -------
@@ -67,11 +67,11 @@ typedef struct kvg_attn {
 // codec's check when they were appended, so they cannot fail; a SIMD kernel may return
 // KVG_NOT_HANDLED (before touching anything) for a shape outside its fast path.
 // score: out[j * n + t] = dot(q_j, key row t0 + t, KV head j / per_head); rotated codecs use qr.
-typedef int (*kvg_score_fn)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n,
-                            const kvg_attn * a, float * out);
+typedef int (*kvg_score_fn)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                            float * out);
 // accumulate: acc_j += p[j * n + t] * value row t0 + t (rotated codecs: their rotated part into accr).
-typedef int (*kvg_accumulate_fn)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n,
-                                 const float * p, const kvg_attn * a);
+typedef int (*kvg_accumulate_fn)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                                 const kvg_attn * a);
 // Codecs with a domain of their own per (layer, kind) (wfq: the plan's sets): prepare writes
 // qr[j] for every query (what the codec's score reads), finish adds the codec's accr back into
 // acc. attend.c calls them when a block's domain is not the one qr or accr holds.
@@ -86,8 +86,8 @@ void kvg_attn_softmax_ref(const kvg_attn * a, float * m, float * l, float * s, i
 // attend.c: the caller's queries (times scale) and state into the internal order, by KV head
 // (kvg_attn), and the state back; shared by the store's attend and kvg_attend_f16.
 void kvg_attn_gather(const float * q, const float * m, const float * l, const float * acc, int64_t n_tokens,
-                     int64_t n_head, int64_t gqa, int64_t dk, int64_t dv, float scale, float * wq, float * wm, float * wl,
-                     float * wacc);
+                     int64_t n_head, int64_t gqa, int64_t dk, int64_t dv, float scale, float * wq, float * wm,
+                     float * wl, float * wacc);
 // attend.c: soft-capping as llama.cpp's flash attention does it, on scores already taken with
 // scale / softcap: each becomes softcap * tanh(score).
 void kvg_attn_cap_scores(float * sc, int64_t n, float softcap);
@@ -111,10 +111,10 @@ void kvg_attn_softmax_neon(const kvg_attn * a, float * m, float * l, float * s, 
 // sums values as another (acc[g * D + i] += sum_t w[g * ldw + t] * row t). SIMD builds only.
 int  kvg_dense_rows_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, int64_t hk, float * out);
 int  kvg_dense_rows_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, int64_t hk, float * out);
-void kvg_dense_score_avx2(const float * q, int64_t P, const float * keys, int64_t n, int64_t D, float * kt,
-                          float * out, int64_t ldo);
-void kvg_dense_score_neon(const float * q, int64_t P, const float * keys, int64_t n, int64_t D, float * kt,
-                          float * out, int64_t ldo);
+void kvg_dense_score_avx2(const float * q, int64_t P, const float * keys, int64_t n, int64_t D, float * kt, float * out,
+                          int64_t ldo);
+void kvg_dense_score_neon(const float * q, int64_t P, const float * keys, int64_t n, int64_t D, float * kt, float * out,
+                          int64_t ldo);
 void kvg_dense_accumulate_avx2(const float * w, int64_t ldw, int64_t P, const float * rows, int64_t n, int64_t D,
                                float * acc);
 void kvg_dense_accumulate_neon(const float * w, int64_t ldw, int64_t P, const float * rows, int64_t n, int64_t D,
@@ -129,11 +129,11 @@ enum {
     KVG_LANES_F32 = 3,  // floats a scalar step has decoded (wfq's levels)
 };
 
-typedef int (*kvg_size_fn)  (const kvg_job * job, size_t * out_bytes);
+typedef int (*kvg_size_fn)(const kvg_job * job, size_t * out_bytes);
 typedef int (*kvg_encode_fn)(const kvg_job * job, const float * src, uint8_t * dst);
 typedef int (*kvg_decode_fn)(const kvg_job * job, const uint8_t * src, float * dst);
 // KVG_ERR_CORRUPT for bytes no encoder writes (what decode would refuse), without decoding.
-typedef int (*kvg_check_fn) (const kvg_job * job, const uint8_t * src);
+typedef int (*kvg_check_fn)(const kvg_job * job, const uint8_t * src);
 
 // One row per codec type, in the manner of ggml's type_traits: what the codec is (reported by
 // kvg_codec_describe; kvgguf.h's kvg_codec_info says what each fact means), then its kernels.
@@ -142,8 +142,8 @@ typedef struct kvg_codec_traits {
     const char *      name;
     const char *      family;
     int               bits;
-    int               rotated;       // attention: keys scored against qr, values (partly) into accr
-    int               book;          // enum kvg_book
+    int               rotated;  // attention: keys scored against qr, values (partly) into accr
+    int               book;     // enum kvg_book
     int               head_dim_pow2;
     int64_t           head_dim_min;  // 0: 1
     int64_t           head_dim_max;  // 0: no bound of its own
@@ -155,25 +155,25 @@ typedef struct kvg_codec_traits {
     kvg_size_fn       encoded_size;  // may reject a shape (rotq: head_dim)
     kvg_encode_fn     encode_ref;    // scalar oracle
     kvg_decode_fn     decode_ref;
-    kvg_encode_fn     encode_simd;   // KVG_SIMD(...): NULL where none exists; may return KVG_NOT_HANDLED
+    kvg_encode_fn     encode_simd;  // KVG_SIMD(...): NULL where none exists; may return KVG_NOT_HANDLED
     kvg_decode_fn     decode_simd;
     kvg_check_fn      check;
-    kvg_score_fn      score_ref;     // scalar oracle of the attention kernels (kvg_rows_*: decode and dot)
+    kvg_score_fn      score_ref;  // scalar oracle of the attention kernels (kvg_rows_*: decode and dot)
     kvg_accumulate_fn accumulate_ref;
-    kvg_score_fn      score_simd;    // KVG_SIMD(...): may return KVG_NOT_HANDLED
+    kvg_score_fn      score_simd;  // KVG_SIMD(...): may return KVG_NOT_HANDLED
     kvg_accumulate_fn accumulate_simd;
-    kvg_prepare_fn    prepare_q;     // a domain of its own (NULL: none, or rotq's when `rotated`)
+    kvg_prepare_fn    prepare_q;  // a domain of its own (NULL: none, or rotq's when `rotated`)
     kvg_finish_fn     finish_acc;
 } kvg_codec_traits;
 
 // codecs.c: the row of a codec type (NULL if out of range), and a job for an already valid
 // shape (the store's blocks); fails as kvg_encoded_size does.
 const kvg_codec_traits * kvg_codec_traits_of(int type);
-int kvg_make_job(int type, int kind, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-                 const kvg_codec_params * p, kvg_job * job, size_t * size);
+int kvg_make_job(int type, int kind, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const kvg_codec_params * p,
+                 kvg_job * job, size_t * size);
 // make_job, exact size, then the codec's check: what the store runs once on every block it links.
-int kvg_check_encoded(int type, int kind, const void * src, size_t src_bytes, int64_t n_tokens,
-                      int64_t n_heads, int64_t head_dim, const kvg_codec_params * p);
+int kvg_check_encoded(int type, int kind, const void * src, size_t src_bytes, int64_t n_tokens, int64_t n_heads,
+                      int64_t head_dim, const kvg_codec_params * p);
 
 // splitmix64 (Steele, Lea & Flood 2014): the finalizer, and the generator that steps its state by
 // the golden-ratio increment first. Every random stream of the library (rotq's signs, QJL's and
@@ -198,10 +198,12 @@ float    kvg_f16_to_f32(uint16_t h);
 void     kvg_f32_to_f16_row(const float * x, uint16_t * y, int64_t n);       // dispatches to F16C / NEON
 void     kvg_f32_to_f16_row_avx2(const float * x, uint16_t * y, int64_t n);  // simd_avx2.c
 void     kvg_f32_to_f16_row_neon(const float * x, uint16_t * y, int64_t n);  // simd_neon.c
-uint16_t kvg_f16_next_up(uint16_t h);    // next f16 towards +Inf (finite input)
-uint16_t kvg_f16_next_down(uint16_t h);  // next f16 towards -Inf (finite input)
+uint16_t kvg_f16_next_up(uint16_t h);                                        // next f16 towards +Inf (finite input)
+uint16_t kvg_f16_next_down(uint16_t h);                                      // next f16 towards -Inf (finite input)
 
-static inline int kvg_f16_is_finite(uint16_t h) { return (h & 0x7c00) != 0x7c00; }
+static inline int kvg_f16_is_finite(uint16_t h) {
+    return (h & 0x7c00) != 0x7c00;
+}
 
 static inline void kvg_put_u16(uint8_t * p, uint16_t v) {
     p[0] = (uint8_t) (v & 0xff);
@@ -216,11 +218,16 @@ int kvg_f16_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_f16_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
 int kvg_f16_check(const kvg_job * job, const uint8_t * src);
 int kvg_f16_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
-int kvg_f16_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
-int kvg_f16_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
-int kvg_f16_accumulate_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
-int kvg_f16_score_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
-int kvg_f16_accumulate_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
+int kvg_f16_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                           const kvg_attn * a);
+int kvg_f16_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                       float * out);
+int kvg_f16_accumulate_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                            const kvg_attn * a);
+int kvg_f16_score_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                       float * out);
+int kvg_f16_accumulate_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                            const kvg_attn * a);
 
 // ---- bit packing (pack.c) ------------------------------------------------------------------
 
@@ -253,18 +260,18 @@ typedef struct kvg_kivi_ops {
     // min and max of x[0..n), n >= 1
     void (*minmax_span)(const float * x, int64_t n, float * mn, float * mx);
     // codes of x[0..n) against per-channel min/1-over-scale, packed at bit_off of `codes`
-    void (*quant_row)(const float * x, const float * mf, const float * inv, int64_t n, int bits,
-                      uint8_t * codes, uint64_t bit_off, uint8_t * scratch);
+    void (*quant_row)(const float * x, const float * mf, const float * inv, int64_t n, int bits, uint8_t * codes,
+                      uint64_t bit_off, uint8_t * scratch);
     // out[c] = mf[c] + code * sf[c] for the n codes at bit_off
-    void (*dequant_row)(const uint8_t * codes, uint64_t bit_off, const float * mf, const float * sf,
-                        int64_t n, int bits, float * out, uint8_t * scratch);
+    void (*dequant_row)(const uint8_t * codes, uint64_t bit_off, const float * mf, const float * sf, int64_t n,
+                        int bits, float * out, uint8_t * scratch);
 } kvg_kivi_ops;
 
 // Quantizes one element; the SIMD kernels do the same float operations in the same order.
 static inline uint8_t kvg_kivi_code(float x, float mf, float inv, float top) {
     float v = (x - mf) * inv;
-    v = v > 0.0f ? v : 0.0f;
-    v = v < top ? v : top;
+    v       = v > 0.0f ? v : 0.0f;
+    v       = v < top ? v : top;
     return (uint8_t) (int) (v + 0.5f);
 }
 
@@ -278,12 +285,18 @@ int kvg_kivi_decode_avx2(const kvg_job * job, const uint8_t * src, float * dst);
 int kvg_kivi_encode_neon(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_kivi_decode_neon(const kvg_job * job, const uint8_t * src, float * dst);
 int kvg_kivi_check(const kvg_job * job, const uint8_t * src);
-int kvg_kivi_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
-int kvg_kivi_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
-int kvg_kivi_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
-int kvg_kivi_accumulate_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
-int kvg_kivi_score_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
-int kvg_kivi_accumulate_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
+int kvg_kivi_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                       float * out);
+int kvg_kivi_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                            const kvg_attn * a);
+int kvg_kivi_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                        float * out);
+int kvg_kivi_accumulate_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                             const kvg_attn * a);
+int kvg_kivi_score_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                        float * out);
+int kvg_kivi_accumulate_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                             const kvg_attn * a);
 
 static inline int64_t kvg_kivi_n_groups(const kvg_job * job) {
     const int64_t G = job->group_size;
@@ -304,8 +317,8 @@ typedef struct kvg_rotq_book {
 typedef struct kvg_rotq_ops {
     // Encodes one vector: returns its f16 norm in *norm16 and packs its codes at bit_off
     // (when the norm rounds to zero it writes no codes). tmp holds d floats, q d bytes.
-    int (*encode_vec)(const float * x, int64_t d, const float * sgn, const kvg_rotq_book * book, int bits,
-                      float * tmp, uint8_t * q, uint8_t * codes, uint64_t bit_off, uint16_t * norm16);
+    int (*encode_vec)(const float * x, int64_t d, const float * sgn, const kvg_rotq_book * book, int bits, float * tmp,
+                      uint8_t * q, uint8_t * codes, uint64_t bit_off, uint16_t * norm16);
     // Decodes one vector whose f16 norm is the finite, positive nf.
     void (*decode_vec)(const uint8_t * codes, uint64_t bit_off, int64_t d, int bits, const kvg_rotq_book * book,
                        const float * sgn, float nf, float * out, uint8_t * q);
@@ -314,20 +327,20 @@ typedef struct kvg_rotq_ops {
 const kvg_rotq_book * kvg_rotq_get_book(int64_t head_dim);  // NULL if out of memory
 // The first nv of the nv_src vectors of a rotq block (src) coded again with bits_out bits into a
 // block of nv vectors (dst): what decoding and encoding them gives, from the codes (rotq.c).
-int kvg_rotq_transcode(int64_t nv_src, int64_t nv, int64_t d, int bits_in, const uint8_t * src, int bits_out,
-                       uint8_t * dst);
-void  kvg_rotq_signs(uint64_t seed, int64_t d, float * sgn);  // +-1.0f per coordinate
+int  kvg_rotq_transcode(int64_t nv_src, int64_t nv, int64_t d, int bits_in, const uint8_t * src, int bits_out,
+                        uint8_t * dst);
+void kvg_rotq_signs(uint64_t seed, int64_t d, float * sgn);  // +-1.0f per coordinate
 // Sum of squares in 8 interleaved float lanes (lane i % 8) reduced as
 // ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)), the order an AVX2 register reduction takes (and the
 // NEON kernel copies), so every path computes the same norm.
 float kvg_rotq_sumsq_ref(const float * x, int64_t d);
 // y = W(s * x) / n, n the f16 norm of x into *n16 (y untouched when it is 0); KVG_ERR_RANGE
 // "<name>: vector norm ..." when n does not fit in f16.
-int   kvg_rotq_rotate(const char * name, const float * x, int64_t d, const float * sgn, float * y, uint16_t * n16);
-void  kvg_fwht_ref(float * x, int64_t d);  // unnormalized, in place, d a power of two
-void  kvg_fwht_avx2(float * x, int64_t d);  // simd_avx2.c; the same butterflies, d >= 8
-void  kvg_fwht_neon(float * x, int64_t d);  // simd_neon.c; likewise
-void  kvg_fwht(float * x, int64_t d);       // dispatches on the SIMD level
+int  kvg_rotq_rotate(const char * name, const float * x, int64_t d, const float * sgn, float * y, uint16_t * n16);
+void kvg_fwht_ref(float * x, int64_t d);   // unnormalized, in place, d a power of two
+void kvg_fwht_avx2(float * x, int64_t d);  // simd_avx2.c; the same butterflies, d >= 8
+void kvg_fwht_neon(float * x, int64_t d);  // simd_neon.c; likewise
+void kvg_fwht(float * x, int64_t d);       // dispatches on the SIMD level
 
 int kvg_rotq_size(const kvg_job * job, size_t * out_bytes);
 int kvg_rotq_encode_with(const kvg_job * job, const float * src, uint8_t * dst, const kvg_rotq_ops * ops);
@@ -341,12 +354,18 @@ int kvg_rotq_decode_neon(const kvg_job * job, const uint8_t * src, float * dst);
 int kvg_rotq_check(const kvg_job * job, const uint8_t * src);
 // Keys: q . x' = (n / d) * sum_i qr_i * cb[code_i] with qr = W(s * q), since W is symmetric.
 // Values: accr_j += p * (n / d) * cb[codes]; s * W(accr) is the sum of p * x'.
-int kvg_rotq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
-int kvg_rotq_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
-int kvg_rotq_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
-int kvg_rotq_accumulate_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
-int kvg_rotq_score_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
-int kvg_rotq_accumulate_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
+int kvg_rotq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                       float * out);
+int kvg_rotq_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                            const kvg_attn * a);
+int kvg_rotq_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                        float * out);
+int kvg_rotq_accumulate_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                             const kvg_attn * a);
+int kvg_rotq_score_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                        float * out);
+int kvg_rotq_accumulate_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                             const kvg_attn * a);
 
 // ---- crotq: rotq of the residual after per-channel group means (crotq.c) ----------------
 
@@ -359,12 +378,18 @@ static inline size_t kvg_crotq_means_bytes(const kvg_job * job) {
 
 int kvg_crotq_size(const kvg_job * job, size_t * out_bytes);
 int kvg_crotq_check(const kvg_job * job, const uint8_t * src);
-int kvg_crotq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
-int kvg_crotq_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
-int kvg_crotq_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
-int kvg_crotq_accumulate_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
-int kvg_crotq_score_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
-int kvg_crotq_accumulate_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
+int kvg_crotq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                        float * out);
+int kvg_crotq_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                             const kvg_attn * a);
+int kvg_crotq_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                         float * out);
+int kvg_crotq_accumulate_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                              const kvg_attn * a);
+int kvg_crotq_score_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                         float * out);
+int kvg_crotq_accumulate_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                              const kvg_attn * a);
 int kvg_crotq_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
 int kvg_crotq_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
 int kvg_crotq_encode_avx2(const kvg_job * job, const float * src, uint8_t * dst);
@@ -405,20 +430,20 @@ int kvg_qjl_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
 int kvg_qjl_check(const kvg_job * job, const uint8_t * src);
 // pq.c: pq2, vq8 and vq8f, whose codebook comes with the job (the store's, per layer and kind).
 #define KVG_PQ_CENTROIDS 256
-#define KVG_BOOK_SLOTS   6   // codecs with a codebook or plan: KVG_CODEC_PQ2 .. KVG_CODEC_WFQ4
-#define KVG_VQ8F_SHARE   32  // vq8f keeps 1 head vector in this many in f16
+#define KVG_BOOK_SLOTS   6                           // codecs with a codebook or plan: KVG_CODEC_PQ2 .. KVG_CODEC_WFQ4
+#define KVG_VQ8F_SHARE   32                          // vq8f keeps 1 head vector in this many in f16
 int64_t kvg_pq_sub_len(int type, int64_t head_dim);  // S: coordinates per code
-int kvg_pq_size(const kvg_job * job, size_t * out_bytes);
-int kvg_pq_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
-int kvg_pq_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
-int kvg_pq_check(const kvg_job * job, const uint8_t * src);
+int     kvg_pq_size(const kvg_job * job, size_t * out_bytes);
+int     kvg_pq_encode_ref(const kvg_job * job, const float * src, uint8_t * dst);
+int     kvg_pq_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
+int     kvg_pq_check(const kvg_job * job, const uint8_t * src);
 int kvg_pq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
 int kvg_pq_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
                           const kvg_attn * a);
 
 // tcq.c: tcq2, tcq3 and tcq4 (rotq's rotation and norms, checked by kvg_rotq_check).
-#define KVG_TCQ_WINDOW 8  // bits a value's level is read from: 256 levels per B (tcq_tables.h)
-#define KVG_TCQ_LANES  8  // head vectors one Viterbi search codes at once
+#define KVG_TCQ_WINDOW 8                 // bits a value's level is read from: 256 levels per B (tcq_tables.h)
+#define KVG_TCQ_LANES  8                 // head vectors one Viterbi search codes at once
 const float * kvg_tcq_levels(int bits);  // the 256 levels of a B-bit code, by window
 // The search (tcq_viterbi.h): codes q[i * LANES + l] for the rotated, normalized values
 // y[i * LANES + l] of LANES head vectors of d values; back: d * 2^(8 - B) * LANES scratch.
@@ -431,16 +456,20 @@ int kvg_tcq_decode_ref(const kvg_job * job, const uint8_t * src, float * dst);
 int kvg_tcq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
 int kvg_tcq_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
                            const kvg_attn * a);
-int kvg_tcq_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
-int kvg_tcq_accumulate_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
-int kvg_tcq_score_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
-int kvg_tcq_accumulate_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
+int kvg_tcq_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                       float * out);
+int kvg_tcq_accumulate_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                            const kvg_attn * a);
+int kvg_tcq_score_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                       float * out);
+int kvg_tcq_accumulate_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                            const kvg_attn * a);
 
 // wfq.c: wfq2, wfq3 and wfq4, whose plan comes with the job (the store's, per layer and kind).
 #define KVG_WFQ_MAX_BITS     8
 #define KVG_WFQ_MAX_HEAD_DIM 512
 size_t kvg_wfq_book_floats(int64_t n_heads, int64_t head_dim);
-int kvg_wfq_code_bits(const kvg_job * job);
+int    kvg_wfq_code_bits(const kvg_job * job);
 // The job's plan: present, the right size and valid for every head (a permutation, scales > 0,
 // whole bit widths summing right); builds the mixes it needs.
 int kvg_wfq_check_book(const kvg_job * job);
@@ -456,20 +485,26 @@ typedef struct kvg_wfq_set {
     int32_t  a, n, bits;
     uint32_t bit;
 } kvg_wfq_set;
-int kvg_wfq_sets(const kvg_job * job, int64_t hk, kvg_wfq_set * sets);  // head hk's, in order; their count
-size_t kvg_wfq_vec_bytes(const kvg_job * job);
+int           kvg_wfq_sets(const kvg_job * job, int64_t hk, kvg_wfq_set * sets);  // head hk's, in order; their count
+size_t        kvg_wfq_vec_bytes(const kvg_job * job);
 const float * kvg_wfq_level_table(int bits);  // 2^bits levels, 256 floats readable
-int kvg_wfq_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
-int kvg_wfq_accumulate_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
-int kvg_wfq_score_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
-int kvg_wfq_accumulate_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
+int           kvg_wfq_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                                 float * out);
+int           kvg_wfq_accumulate_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                                      const kvg_attn * a);
+int           kvg_wfq_score_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                                 float * out);
+int           kvg_wfq_accumulate_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                                      const kvg_attn * a);
 int kvg_wfq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
-int kvg_wfq_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a);
+int kvg_wfq_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                           const kvg_attn * a);
 
 // attend_rows.c: score/accumulate for codecs without their own kernels: decodes the block
 // (the job's whole shape) into per-thread scratch, then dots rows [t0, t0 + n) exactly as f16's
 // kernels do. KVG_ERR_NO_MEMORY if the scratch cannot grow.
-int kvg_rows_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out);
+int kvg_rows_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                       float * out);
 int kvg_rows_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
                             const kvg_attn * a);
 
@@ -527,10 +562,10 @@ struct kvg_store {
     float *          sgn;      // rotq's signs for params.codec.seed, max(head_dim_k, head_dim_v) of them
     // attention mass (mass.c)
     int32_t          mass_on;
-    double **        mass;       // [n_layer][mass_cap[il]] counters per KVG_MASS_ROWS rows
-    int64_t *        mass_cap;   // [n_layer]
-    kvg_mass_notes * notes;      // [KVG_MASS_SLOTS], allocated with the store
-    _Atomic int32_t  n_notes;    // slots taken by attend calls since the last hook_mass
+    double **        mass;      // [n_layer][mass_cap[il]] counters per KVG_MASS_ROWS rows
+    int64_t *        mass_cap;  // [n_layer]
+    kvg_mass_notes * notes;     // [KVG_MASS_SLOTS], allocated with the store
+    _Atomic int32_t  n_notes;   // slots taken by attend calls since the last hook_mass
     _Atomic int64_t  mass_dropped;
     _Atomic int64_t  read_failures[2];  // kvg_store_read_failures, by enum kvg_read_path
     int32_t          n_threads;         // kvg_store_set_threads: threads of a retier's re-encodes
@@ -538,7 +573,7 @@ struct kvg_store {
     // not see the type), held for reading by the hooks that read blocks while llama.cpp computes
     // (attend, decode), for writing by a retier's commit: aging may run on another thread beside
     // a GPU's batch, and a layer that falls back to the CPU path would read the blocks it swaps.
-    void *           swap_lock;
+    void * swap_lock;
 };
 
 // The hooks' side of swap_lock: KVG_OK once held for reading (else a status to return).
@@ -549,7 +584,7 @@ void kvg_store_read_end(const kvg_store * s);
 // room for the granules of rows [r0, r1); kvg_mass_note folds one chunk's weights in.
 kvg_mass_notes * kvg_mass_begin(kvg_store * s, int32_t il, int32_t n_tokens, int32_t n_head, int64_t n_q, int64_t r0,
                                 int64_t r1);
-void kvg_mass_note(kvg_mass_notes * nt, int64_t granule, const float * m, const float * w, int64_t n);
+void             kvg_mass_note(kvg_mass_notes * nt, int64_t granule, const float * m, const float * w, int64_t n);
 // After a successful truncate to n_rows: counters of rows >= n_rows go (a cut granule keeps its count).
 void kvg_mass_forget_from(kvg_store * s, int64_t n_rows);
 void kvg_mass_free(kvg_store * s);
@@ -563,7 +598,13 @@ int64_t kvg_rows_find_block(const kvg_rows * r, int64_t row);
 
 // ---- scratch.c: per-thread scratch, grown and never shrunk, freed when the thread ends --------
 
-enum { KVG_SCRATCH_STORE = 0, KVG_SCRATCH_ATTEND = 1, KVG_SCRATCH_ROWS = 2, KVG_SCRATCH_DENSE = 3, KVG_SCRATCH_SLOTS = 4 };
+enum {
+    KVG_SCRATCH_STORE  = 0,
+    KVG_SCRATCH_ATTEND = 1,
+    KVG_SCRATCH_ROWS   = 2,
+    KVG_SCRATCH_DENSE  = 3,
+    KVG_SCRATCH_SLOTS  = 4
+};
 float * kvg_thread_scratch(int slot, size_t n_floats);  // NULL when out of memory
 
 // ---- store.c: failure injection (kvg_debug_fail_after) -------------------------------------
@@ -595,4 +636,4 @@ static inline int kvg_simd_on(void) {
 #    pragma GCC visibility pop
 #endif
 
-#endif // KVG_INTERNAL_H
+#endif  // KVG_INTERNAL_H

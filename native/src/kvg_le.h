@@ -10,17 +10,10 @@ static inline uint32_t load_le(const uint8_t * p, int n) {  // n = 1..4 bytes
     uint16_t h;
     uint32_t w;
     switch (n) {  // one load each once n is a constant (the attention kernels specialize on it)
-        case 1:
-            return p[0];
-        case 2:
-            memcpy(&h, p, 2);
-            return h;
-        case 3:
-            memcpy(&h, p, 2);
-            return (uint32_t) h | ((uint32_t) p[2] << 16);
-        default:
-            memcpy(&w, p, 4);
-            return w;
+        case 1:  return p[0];
+        case 2:  memcpy(&h, p, 2); return h;
+        case 3:  memcpy(&h, p, 2); return (uint32_t) h | ((uint32_t) p[2] << 16);
+        default: memcpy(&w, p, 4); return w;
     }
 }
 

@@ -120,7 +120,7 @@ static void fill(float * x, int64_t T, int64_t C, int pattern) {
             }
             if (T > 3) {
                 for (int64_t c = 0; c < C; c++) {
-                    x[2 * C + c] = 0.0f;   // zero rows / vectors
+                    x[2 * C + c] = 0.0f;  // zero rows / vectors
                     x[1 * C + c] = -0.0f;
                     x[3 * C + c] = c % 3 == 0 ? -0.0f : c % 3 == 1 ? 0.0f : fabsf(x[3 * C + c]);  // min of both zeros
                 }
@@ -142,8 +142,7 @@ static void fill(float * x, int64_t T, int64_t C, int pattern) {
                 x[i] = x[i] > 65504.0f ? 65504.0f : x[i] < -65504.0f ? -65504.0f : x[i];
             }
             break;
-        default:
-            break;
+        default: break;
     }
 }
 
@@ -201,7 +200,8 @@ static void check_codec(int simd, int type, int kind, int64_t T, int64_t H, int6
             while (memcmp(y0 + i, y1 + i, sizeof(float)) == 0) {
                 i++;
             }
-            mismatch("%s: decoded value %lld: %.9g (scalar) vs %.9g", where, (long long) i, (double) y0[i], (double) y1[i]);
+            mismatch("%s: decoded value %lld: %.9g (scalar) vs %.9g", where, (long long) i, (double) y0[i],
+                     (double) y1[i]);
         }
     }
     free(x);
@@ -223,15 +223,14 @@ static void check_f16_row(int simd) {
     // Every rounding region of kvg_f32_to_f16: ties either way, subnormal results, the overflow
     // threshold 65520, Inf, and NaNs with payloads (the oracle writes one quiet NaN per sign).
     const uint32_t edge[] = {
-        0x00000000u, 0x80000000u, 0x00000001u, 0x33000000u, 0x33000001u, 0x32ffffffu, 0x337fffffu,
-        0x38800000u, 0x387fffffu, 0x387fe000u, 0x387ff000u, 0x38801000u, 0x38803000u, 0x3f801000u,
-        0x3f803000u, 0x3f800fffu, 0x477fe000u, 0x477fefffu, 0x477ff000u, 0x477fffffu, 0x47800000u,
-        0x7f7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00000u, 0x7fc12345u, 0xffd00001u,
-        0x7f800001u, 0xff812345u, 0x35555555u,
+        0x00000000u, 0x80000000u, 0x00000001u, 0x33000000u, 0x33000001u, 0x32ffffffu, 0x337fffffu, 0x38800000u,
+        0x387fffffu, 0x387fe000u, 0x387ff000u, 0x38801000u, 0x38803000u, 0x3f801000u, 0x3f803000u, 0x3f800fffu,
+        0x477fe000u, 0x477fefffu, 0x477ff000u, 0x477fffffu, 0x47800000u, 0x7f7fffffu, 0x7f800000u, 0xff800000u,
+        0x7fc00000u, 0xffc00000u, 0x7fc12345u, 0xffd00001u, 0x7f800001u, 0xff812345u, 0x35555555u,
     };
     enum { N = 1000 };
-    float    x[N];
-    uint16_t y0[N], y1[N];
+    float     x[N];
+    uint16_t  y0[N], y1[N];
     const int n_edge = (int) (sizeof(edge) / sizeof(edge[0]));
     for (int i = 0; i < N; i++) {
         // edge cases at every offset mod 4 and 8 (vector lanes and the scalar tail), then noise
@@ -280,8 +279,8 @@ enum { N_ROWS = 263 };
 // Blocks cut differently for K and V, never at multiples of 8 (tests/test_attend.py): an f16
 // sink, two blocks of the codec under test (the second spans crotq's group boundary at 128),
 // a last block of the other side's codec.
-static const int64_t k_cuts[] = { 0, 4, 77, 205, N_ROWS };
-static const int64_t v_cuts[] = { 0, 4, 40, 170, N_ROWS };
+static const int64_t k_cuts[]      = { 0, 4, 77, 205, N_ROWS };
+static const int64_t v_cuts[]      = { 0, 4, 40, 170, N_ROWS };
 static const int64_t k_ranges[][2] = { { 0, N_ROWS }, { 3, 197 }, { 100, 101 }, { 61, 250 }, { 130, 139 } };
 
 // tests/test_attend.py: l to rtol 1e-4, the output to TOL_SIMD of the largest |v| between the
@@ -289,8 +288,8 @@ static const int64_t k_ranges[][2] = { { 0, N_ROWS }, { 3, 197 }, { 100, 101 }, 
 // this program's random data, and with it came a case at 1.15e-5 (kivi8 keys, D = 256, the
 // folded scale and min rounding apart from the scalar dot of decoded rows); a wrong row or
 // head moves m by orders of magnitude more.
-#define ATTN_M_TOL 2e-5
-#define ATTN_L_RTOL 1e-4
+#define ATTN_M_TOL    2e-5
+#define ATTN_L_RTOL   1e-4
 #define ATTN_TOL_SIMD 3e-5
 
 static kvg_store * build_store(int kc, int vc, int64_t D, int32_t hkv, int32_t G) {
@@ -314,8 +313,8 @@ static kvg_store * build_store(int kc, int vc, int64_t D, int32_t hkv, int32_t G
         fill(x, N_ROWS, W, VALS_KV);
         memset(x + 10 * W, 0, (size_t) W * sizeof(float));  // a zero row: rotq stores norm 0 and no codes
         for (int b = 0; b < 4; b++) {
-            const int codec = b == 0 ? KVG_CODEC_F16 : b == 3 ? last : main;
-            const int tier  = b == 0 ? KVG_TIER_SINK : b == 3 ? KVG_TIER_ARCHIVE : KVG_TIER_WARM;
+            const int     codec = b == 0 ? KVG_CODEC_F16 : b == 3 ? last : main;
+            const int     tier  = b == 0 ? KVG_TIER_SINK : b == 3 ? KVG_TIER_ARCHIVE : KVG_TIER_WARM;
             const int64_t r0 = cuts[b], r1 = cuts[b + 1];
             if (kvg_store_append(s, 1, kind, tier, codec, x + r0 * W, (size_t) ((r1 - r0) * W), r1 - r0) != KVG_OK) {
                 fprintf(stderr, "simd_check: append %s: %s\n", kvg_codec_name(codec), kvg_last_error());
@@ -379,7 +378,7 @@ static void check_attend_tokens(int simd, int kc, int vc, int64_t D, int32_t hkv
         free(h1);
     }
 
-    const float scale = (float) (1.0 / sqrt((double) D));
+    const float   scale     = (float) (1.0 / sqrt((double) D));
     const int32_t tokens[3] = { 1, 3, many };
     for (int ti = 0; ti < 3 && tokens[ti] > 0; ti++) {
         const int32_t nt = tokens[ti];
@@ -468,8 +467,8 @@ int main(int argc, char ** argv) {
     // (T, H, D): decode-step sizes, odd token counts, crotq's 128-token group edge, heads that
     // are off the fast paths (D = 24, 4: not a multiple of 8; D = 8: rotq's smallest vector path)
     static const int64_t shapes[][3] = {
-        { 1, 1, 64 }, { 7, 3, 64 }, { 33, 2, 128 }, { 129, 1, 128 }, { 5, 2, 256 }, { 131, 3, 256 },
-        { 9, 3, 8 }, { 17, 2, 24 }, { 6, 5, 4 }, { 40, 1, 512 },
+        { 1, 1, 64 },    { 7, 3, 64 }, { 33, 2, 128 }, { 129, 1, 128 }, { 5, 2, 256 },
+        { 131, 3, 256 }, { 9, 3, 8 },  { 17, 2, 24 },  { 6, 5, 4 },     { 40, 1, 512 },
     };
     static const int32_t groups[] = { 32, 7, 128 };
     for (int type = 0; type < KVG_CODEC_PQ2; type++) {  // pq2, vq8: no SIMD kernels (and a codebook to train)
@@ -505,7 +504,7 @@ int main(int argc, char ** argv) {
     // every codec with itself and with one of another family (tests/test_attend.py's PAIRS), but
     // pq2 and vq8 (the last types): their decode-and-dot path has no SIMD kernel of its own, and
     // training their codebooks under qemu costs minutes (tests/test_attend.py runs them)
-    const int n_codecs = KVG_CODEC_PQ2;
+    const int            n_codecs   = KVG_CODEC_PQ2;
     static const int32_t heads[][2] = { { 1, 1 }, { 1, 3 }, { 3, 3 }, { 3, 9 } };
     static const int64_t dims[]     = { 64, 128, 256 };
     for (int i = 0; i < 2 * n_codecs; i++) {
@@ -542,9 +541,9 @@ int main(int argc, char ** argv) {
 
     // many queries per KV head: f16, rotq and tcq rows as dense tiles, beside kernels (7 tokens
     // of groups of 3: 21 queries, a tail after the tiles of 8; 16 without GQA: two whole tiles)
-    static const int32_t dense_pairs[][2] = { { KVG_CODEC_F16, KVG_CODEC_F16 },     { KVG_CODEC_ROTQ3, KVG_CODEC_ROTQ2 },
-                                              { KVG_CODEC_TCQ3, KVG_CODEC_TCQ4 },   { KVG_CODEC_ROTQ4, KVG_CODEC_KIVI2 },
-                                              { KVG_CODEC_KIVI4, KVG_CODEC_TCQ2 },  { KVG_CODEC_ROTQ1, KVG_CODEC_F16 } };
+    static const int32_t dense_pairs[][2] = { { KVG_CODEC_F16, KVG_CODEC_F16 },    { KVG_CODEC_ROTQ3, KVG_CODEC_ROTQ2 },
+                                              { KVG_CODEC_TCQ3, KVG_CODEC_TCQ4 },  { KVG_CODEC_ROTQ4, KVG_CODEC_KIVI2 },
+                                              { KVG_CODEC_KIVI4, KVG_CODEC_TCQ2 }, { KVG_CODEC_ROTQ1, KVG_CODEC_F16 } };
     for (size_t i = 0; i < sizeof(dense_pairs) / sizeof(dense_pairs[0]); i++) {
         check_attend_tokens(simd, dense_pairs[i][0], dense_pairs[i][1], 64, 3, 9, 32, 7);
         check_attend_tokens(simd, dense_pairs[i][0], dense_pairs[i][1], 128, 1, 1, 32, 16);
@@ -554,7 +553,8 @@ int main(int argc, char ** argv) {
     printf("simd_check: row kernels %ld checks, %ld mismatches; codecs %ld, %ld; store and attention %ld, %ld\n",
            rows_checks, rows_bad, codec_checks, codec_bad, g_checks - rows_checks - codec_checks,
            g_bad - rows_bad - codec_bad);
-    printf("simd_check: %s vs scalar: %ld checks, %ld mismatches, %.1f s CPU\n", level_name(simd), g_checks, g_bad, secs);
+    printf("simd_check: %s vs scalar: %ld checks, %ld mismatches, %.1f s CPU\n", level_name(simd), g_checks, g_bad,
+           secs);
     if (g_bad > MAX_REPORTS) {
         printf("simd_check: (only the first %d mismatches are shown)\n", MAX_REPORTS);
     }

@@ -72,8 +72,8 @@ static void fiber_switch(fiber_ctx * from, fiber_ctx * to) {
 static void fiber_make(fiber_ctx * c, void * stack, size_t bytes, void (*entry)()) {
     uintptr_t  top = ((uintptr_t) stack + bytes) & ~(uintptr_t) 15;
     uint64_t * sp  = (uint64_t *) top;
-    *--sp          = 0;                    // padding: entry sees rsp = 8 (mod 16)
-    *--sp          = (uint64_t) entry;     // where ret goes
+    *--sp          = 0;                 // padding: entry sees rsp = 8 (mod 16)
+    *--sp          = (uint64_t) entry;  // where ret goes
     for (int i = 0; i < 6; i++) {
         *--sp = 0;  // rbp, rbx, r12-r15
     }
@@ -134,24 +134,24 @@ struct emulator {
     const void *              sched_stack_bottom = nullptr;
     size_t                    sched_stack_size   = 0;
     pthread_t                 sched_thread{};  // whose stack that is: the thread launching
-    block_body                body               = nullptr;
-    void *                    closure            = nullptr;
-    unsigned char *           smem               = nullptr;
-    const char *              failure            = nullptr;  // set by a thread: the block is abandoned
-    std::vector<void *>       stacks;                        // reused across blocks
+    block_body                body    = nullptr;
+    void *                    closure = nullptr;
+    unsigned char *           smem    = nullptr;
+    const char *              failure = nullptr;  // set by a thread: the block is abandoned
+    std::vector<void *>       stacks;             // reused across blocks
     bool                      reverse = false;
 
     // the device
-    std::mutex                              mu;
-    std::map<uintptr_t, size_t>             allocations;  // device memory: base -> bytes
-    std::set<uintptr_t>                     pinned;
-    std::set<const void *>                  streams;
-    std::map<const void *, int>             smem_optin;  // kernel -> cudaFuncAttributeMaxDynamicSharedMemorySize
-    size_t                                  used     = 0;
-    cudaError_t                             sticky   = cudaSuccess;
-    int                                     device   = 0;
-    int                                     sms      = 4;
-    int                                     cc_major = 9;
+    std::mutex                  mu;
+    std::map<uintptr_t, size_t> allocations;  // device memory: base -> bytes
+    std::set<uintptr_t>         pinned;
+    std::set<const void *>      streams;
+    std::map<const void *, int> smem_optin;  // kernel -> cudaFuncAttributeMaxDynamicSharedMemorySize
+    size_t                      used     = 0;
+    cudaError_t                 sticky   = cudaSuccess;
+    int                         device   = 0;
+    int                         sms      = 4;
+    int                         cc_major = 9;
 };
 
 // KVG_EMU_ORDER=reverse, KVG_EMU_SMS (multiprocessors), KVG_EMU_CC (compute capability, e.g. 75).
@@ -169,7 +169,7 @@ emulator * make_emulator() {
     }
     return x;
 }
-emulator * const g_emu = make_emulator();
+emulator * const  g_emu = make_emulator();
 inline emulator & emu() {
     return *g_emu;
 }
@@ -279,11 +279,11 @@ const char * run_block(size_t smem) {
     memset(e.smem, 0xff, smem ? smem : 1);
     for (unsigned i = 0; i < n; i++) {
         thread_state & t = e.threads[i];
-        t.tid            = uint3{ i % g_block_dim.x, (i / g_block_dim.x) % g_block_dim.y, i / (g_block_dim.x * g_block_dim.y) };
-        t.lane           = (int) (i % 32);
-        t.warp           = (int) (i / 32);
-        t.state          = RUNNABLE;
-        t.stack          = stack_at(i);
+        t.tid   = uint3{ i % g_block_dim.x, (i / g_block_dim.x) % g_block_dim.y, i / (g_block_dim.x * g_block_dim.y) };
+        t.lane  = (int) (i % 32);
+        t.warp  = (int) (i / 32);
+        t.state = RUNNABLE;
+        t.stack = stack_at(i);
         if (!t.stack) {
             free(e.smem);
             return "out of host memory for the threads' stacks";
@@ -293,7 +293,7 @@ const char * run_block(size_t smem) {
     e.order.resize(n);  // reverse: the lanes of each warp last to first, the warps in order
     for (unsigned i = 0; i < n; i++) {
         const unsigned w0 = i / 32 * 32, w1 = w0 + 32 < n ? w0 + 32 : n;
-        e.order[i]        = e.reverse ? w0 + (w1 - 1 - i) : i;
+        e.order[i] = e.reverse ? w0 + (w1 - 1 - i) : i;
     }
     const char * why = nullptr;
     for (;;) {
@@ -361,8 +361,8 @@ const char * run_block(size_t smem) {
 }
 
 bool is_device(const void * p, size_t n, bool * inside) {
-    emulator &      e = emu();
-    const uintptr_t a = (uintptr_t) p;
+    emulator &      e  = emu();
+    const uintptr_t a  = (uintptr_t) p;
     auto            it = e.allocations.upper_bound(a);
     if (it == e.allocations.begin()) {
         *inside = false;
@@ -443,7 +443,7 @@ void wmma_load(float * dst, const void * p, unsigned ldm, bool is_half, bool col
     if (wmma_first(&tile)) {
         for (int r = 0; r < 16; r++) {
             for (int c = 0; c < 16; c++) {
-                const size_t i = col ? (size_t) c * ldm + r : (size_t) r * ldm + c;
+                const size_t i   = col ? (size_t) c * ldm + r : (size_t) r * ldm + c;
                 tile[r * 16 + c] = is_half ? f16_to_f32(((const uint16_t *) p)[i]) : ((const float *) p)[i];
             }
         }
@@ -531,8 +531,9 @@ void launch(const launch_config & c, const void * fn, block_body body, void * cl
     } else if (c.stream && !e.streams.count(c.stream)) {
         err = cudaErrorInvalidResourceHandle;
     } else {
-        auto         it    = e.smem_optin.find(fn);
-        const size_t limit = it != e.smem_optin.end() && (size_t) it->second > k_smem_default ? (size_t) it->second : k_smem_default;
+        auto         it = e.smem_optin.find(fn);
+        const size_t limit =
+            it != e.smem_optin.end() && (size_t) it->second > k_smem_default ? (size_t) it->second : k_smem_default;
         if (c.smem > limit) {
             err = cudaErrorInvalidValue;
         }
@@ -617,9 +618,9 @@ cudaError_t cudaDeviceGetAttribute(int * v, cudaDeviceAttr a, int d) {
         return cudaErrorInvalidDevice;
     }
     switch (a) {
-        case cudaDevAttrMultiProcessorCount: *v = emu().sms; return cudaSuccess;
-        case cudaDevAttrComputeCapabilityMajor: *v = emu().cc_major; return cudaSuccess;
-        case cudaDevAttrComputeCapabilityMinor: *v = 0; return cudaSuccess;
+        case cudaDevAttrMultiProcessorCount:          *v = emu().sms; return cudaSuccess;
+        case cudaDevAttrComputeCapabilityMajor:       *v = emu().cc_major; return cudaSuccess;
+        case cudaDevAttrComputeCapabilityMinor:       *v = 0; return cudaSuccess;
         case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = (int) kvg_emu::k_smem_optin; return cudaSuccess;
     }
     return cudaErrorInvalidValue;
@@ -646,27 +647,27 @@ cudaError_t cudaPeekAtLastError(void) {
 }
 const char * cudaGetErrorName(cudaError_t e) {
     switch (e) {
-        case cudaSuccess: return "cudaSuccess";
-        case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-        case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-        case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
-        case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
+        case cudaSuccess:                     return "cudaSuccess";
+        case cudaErrorInvalidValue:           return "cudaErrorInvalidValue";
+        case cudaErrorMemoryAllocation:       return "cudaErrorMemoryAllocation";
+        case cudaErrorInvalidConfiguration:   return "cudaErrorInvalidConfiguration";
+        case cudaErrorInvalidDevicePointer:   return "cudaErrorInvalidDevicePointer";
         case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
-        case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
-        case cudaErrorNoDevice: return "cudaErrorNoDevice";
-        case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-        case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
-        case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
-        case cudaErrorNotSupported: return "cudaErrorNotSupported";
+        case cudaErrorInsufficientDriver:     return "cudaErrorInsufficientDriver";
+        case cudaErrorNoDevice:               return "cudaErrorNoDevice";
+        case cudaErrorInvalidDevice:          return "cudaErrorInvalidDevice";
+        case cudaErrorInvalidResourceHandle:  return "cudaErrorInvalidResourceHandle";
+        case cudaErrorLaunchFailure:          return "cudaErrorLaunchFailure";
+        case cudaErrorNotSupported:           return "cudaErrorNotSupported";
     }
     return "cudaErrorUnknown";
 }
 const char * cudaGetErrorString(cudaError_t e) {
     switch (e) {
-        case cudaSuccess: return "no error";
+        case cudaSuccess:               return "no error";
         case cudaErrorMemoryAllocation: return "out of memory";
-        case cudaErrorLaunchFailure: return "unspecified launch failure (the emulator printed why)";
-        default: return cudaGetErrorName(e);
+        case cudaErrorLaunchFailure:    return "unspecified launch failure (the emulator printed why)";
+        default:                        return cudaGetErrorName(e);
     }
 }
 

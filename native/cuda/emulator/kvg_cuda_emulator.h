@@ -25,7 +25,7 @@
 #define KVG_CUDA_EMULATOR_H
 
 #ifndef __cplusplus
-#error "kvg_cuda_emulator.h is C++: compile the .cu sources with -x c++"
+#    error "kvg_cuda_emulator.h is C++: compile the .cu sources with -x c++"
 #endif
 
 #include <math.h>
@@ -44,14 +44,14 @@
 #define __global__
 #define __device__
 #define __host__
-#define __shared__              static
-#define __constant__            static
-#define __forceinline__         __attribute__((unused))
-#define __noinline__            __attribute__((noinline))
+#define __shared__      static
+#define __constant__    static
+#define __forceinline__ __attribute__((unused))
+#define __noinline__    __attribute__((noinline))
 #define __launch_bounds__(...)
-#define __align__(n)            __attribute__((aligned(n)))
-#define __restrict__            __restrict
-#define CUDART_VERSION          13000
+#define __align__(n)   __attribute__((aligned(n)))
+#define __restrict__   __restrict
+#define CUDART_VERSION 13000
 
 // ---- vector types and the built-in variables ------------------------------------------------
 
@@ -246,7 +246,7 @@ void wmma_enter();  // a WMMA call is warp-synchronous: every lane of the warp a
 // at p (f16 or f32, rows or columns ldm apart) as floats.
 void wmma_mma(float * d, const float * a, const float * b, const float * c);
 void wmma_load(float * dst, const void * p, unsigned ldm, bool is_half, bool col);
-}
+}  // namespace kvg_emu
 
 namespace nvcuda {
 namespace wmma {
@@ -270,7 +270,8 @@ static inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout> & f, co
     static_assert(std::is_same<P, __half>::value || std::is_same<P, float>::value, "f16 or f32 tiles");
     ::kvg_emu::wmma_load(&f.v[0][0], p, ldm, std::is_same<P, __half>::value, std::is_same<Layout, col_major>::value);
 }
-static inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float> & f, const float * p, unsigned ldm, layout_t l) {
+static inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float> & f, const float * p, unsigned ldm,
+                                    layout_t l) {
     ::kvg_emu::wmma_load(&f.v[0][0], p, ldm, false, l == mem_col_major);
 }
 template <class T>
@@ -292,7 +293,8 @@ static inline void fill_fragment(fragment<Use, 16, 16, 16, T, Layout> & f, T x) 
 }
 template <class TA, class LA, class TB, class LB, class TC>
 static inline void mma_sync(fragment<accumulator, 16, 16, 16, TC> & d, const fragment<matrix_a, 16, 16, 16, TA, LA> & a,
-                            const fragment<matrix_b, 16, 16, 16, TB, LB> & b, const fragment<accumulator, 16, 16, 16, TC> & c) {
+                            const fragment<matrix_b, 16, 16, 16, TB, LB> & b,
+                            const fragment<accumulator, 16, 16, 16, TC> &  c) {
     ::kvg_emu::wmma_mma(&d.v[0][0], &a.v[0][0], &b.v[0][0], &c.v[0][0]);
 }
 }  // namespace wmma
@@ -301,18 +303,18 @@ static inline void mma_sync(fragment<accumulator, 16, 16, 16, TC> & d, const fra
 // ---- the runtime API -------------------------------------------------------------------------
 
 enum cudaError_t {
-    cudaSuccess                      = 0,
-    cudaErrorInvalidValue            = 1,
-    cudaErrorMemoryAllocation        = 2,
-    cudaErrorInvalidConfiguration    = 9,
-    cudaErrorInvalidDevicePointer    = 17,
-    cudaErrorInvalidMemcpyDirection  = 21,
-    cudaErrorInsufficientDriver      = 35,
-    cudaErrorNoDevice                = 100,
-    cudaErrorInvalidDevice           = 101,
-    cudaErrorInvalidResourceHandle   = 400,
-    cudaErrorLaunchFailure           = 719,
-    cudaErrorNotSupported            = 801,
+    cudaSuccess                     = 0,
+    cudaErrorInvalidValue           = 1,
+    cudaErrorMemoryAllocation       = 2,
+    cudaErrorInvalidConfiguration   = 9,
+    cudaErrorInvalidDevicePointer   = 17,
+    cudaErrorInvalidMemcpyDirection = 21,
+    cudaErrorInsufficientDriver     = 35,
+    cudaErrorNoDevice               = 100,
+    cudaErrorInvalidDevice          = 101,
+    cudaErrorInvalidResourceHandle  = 400,
+    cudaErrorLaunchFailure          = 719,
+    cudaErrorNotSupported           = 801,
 };
 typedef cudaError_t cudaError;
 
@@ -449,7 +451,7 @@ struct launcher {
 };
 }  // namespace kvg_emu
 
-#define KVG_EMU_LAUNCH(grid, block, smem, stream, ...) \
+#define KVG_EMU_LAUNCH(grid, block, smem, stream, ...)                                                                 \
     (::kvg_emu::launcher{ { dim3(grid), dim3(block), (size_t) (smem), (stream), #__VA_ARGS__ } }.bind(__VA_ARGS__))
 
 #endif  // KVG_CUDA_EMULATOR_H

@@ -148,7 +148,7 @@ static uint32_t fbits(float f) {
 
 static kvg_cuda_ctx * g_ctx;
 static kvg_cuda_ctx * g_attend_ctx;  // g_ctx, or a context held to the generic attention kernel
-static cudaStream_t   g_stream;  // the context's stream, for the timings' events
+static cudaStream_t   g_stream;      // the context's stream, for the timings' events
 
 struct DevBuf {
     void * p = nullptr;
@@ -362,17 +362,17 @@ static int be_decode(int type, int kind, const DevBuf & src, size_t src_bytes, i
 
 static const char * st_name(int st) {
     switch (st) {
-        case KVG_OK: return "KVG_OK";
-        case KVG_ERR_INVALID_ARG: return "INVALID_ARG";
+        case KVG_OK:                return "KVG_OK";
+        case KVG_ERR_INVALID_ARG:   return "INVALID_ARG";
         case KVG_ERR_UNKNOWN_CODEC: return "UNKNOWN_CODEC";
-        case KVG_ERR_SHAPE: return "SHAPE";
-        case KVG_ERR_BUFFER_SIZE: return "BUFFER_SIZE";
-        case KVG_ERR_NONFINITE: return "NONFINITE";
-        case KVG_ERR_CORRUPT: return "CORRUPT";
-        case KVG_ERR_NO_MEMORY: return "NO_MEMORY";
-        case KVG_ERR_RANGE: return "RANGE";
-        case KVG_ERR_UNSUPPORTED: return "UNSUPPORTED";
-        default: return "?";
+        case KVG_ERR_SHAPE:         return "SHAPE";
+        case KVG_ERR_BUFFER_SIZE:   return "BUFFER_SIZE";
+        case KVG_ERR_NONFINITE:     return "NONFINITE";
+        case KVG_ERR_CORRUPT:       return "CORRUPT";
+        case KVG_ERR_NO_MEMORY:     return "NO_MEMORY";
+        case KVG_ERR_RANGE:         return "RANGE";
+        case KVG_ERR_UNSUPPORTED:   return "UNSUPPORTED";
+        default:                    return "?";
     }
 }
 
@@ -398,7 +398,7 @@ static std::string byte_place(const Case & c, size_t off) {
     if (c.type == KVG_CODEC_F16) {
         snprintf(buf, sizeof(buf), "value %zu (token %lld)", off / 2, (long long) (off / 2 / c.C()));
     } else if (c.type <= KVG_CODEC_KIVI8) {
-        const int64_t G = c.p.group_size;
+        const int64_t G        = c.p.group_size;
         const int64_t n_groups = c.kind == KVG_KIND_K ? ((c.T + G - 1) / G) * c.C() : c.T * ((c.C() + G - 1) / G);
         if ((int64_t) off < 4 * n_groups) {
             snprintf(buf, sizeof(buf), "group %lld's %s", (long long) (off / 4), (off % 4) < 2 ? "min" : "scale");
@@ -414,8 +414,8 @@ static std::string byte_place(const Case & c, size_t off) {
                      (long long) (off / 2 / c.H), (long long) (off / 2 % c.H));
         } else {
             const int64_t v = (int64_t) (off - 2 * nv) / (c.D * bits / 8);
-            snprintf(buf, sizeof(buf), "codes of vector %lld (token %lld, head %lld)", (long long) v, (long long) (v / c.H),
-                     (long long) (v % c.H));
+            snprintf(buf, sizeof(buf), "codes of vector %lld (token %lld, head %lld)", (long long) v,
+                     (long long) (v / c.H), (long long) (v % c.H));
         }
     }
     return buf;
@@ -432,8 +432,9 @@ static void compare_bytes(const Case & c, const char * what, const std::vector<u
         }
     }
     if (n_diff) {
-        mismatch("%s %s: %zu of %zu bytes differ, first at byte %zu (%s): reference 0x%02x, cuda 0x%02x", c.where().c_str(),
-                 what, n_diff, want.size(), first, byte_place(c, first).c_str(), want[first], got[first]);
+        mismatch("%s %s: %zu of %zu bytes differ, first at byte %zu (%s): reference 0x%02x, cuda 0x%02x",
+                 c.where().c_str(), what, n_diff, want.size(), first, byte_place(c, first).c_str(), want[first],
+                 got[first]);
     }
 }
 
@@ -459,10 +460,11 @@ static int ref_encode(const Case & c, const float * x, std::vector<uint8_t> & ou
     kvg_set_simd_level(kvg_simd_max_level());
     if (kvg_simd_level() != KVG_SIMD_SCALAR) {
         std::vector<uint8_t> simd(size, 0);
-        const int            st2 = kvg_encode(c.type, c.kind, x, (size_t) c.N(), c.T, c.H, c.D, &c.p, simd.data(), size, NULL);
+        const int st2 = kvg_encode(c.type, c.kind, x, (size_t) c.N(), c.T, c.H, c.D, &c.p, simd.data(), size, NULL);
         g_checks++;
         if (st2 != st || (st == KVG_OK && simd != out)) {
-            mismatch("%s: the C library's SIMD encode differs from its scalar reference (not a CUDA fault)", c.where().c_str());
+            mismatch("%s: the C library's SIMD encode differs from its scalar reference (not a CUDA fault)",
+                     c.where().c_str());
         }
     }
     return st;
@@ -473,7 +475,7 @@ static void check_encode_layout(const Case & c, const char * layout, const std::
                                 int64_t rs, int64_t cs, int ref_st, const std::vector<uint8_t> & ref) {
     const int64_t T = c.T, C = c.C();
     // the source in that layout
-    const int64_t n_src = (T - 1) * rs + (C - 1) * cs + 1;
+    const int64_t         n_src = (T - 1) * rs + (C - 1) * cs + 1;
     std::vector<float>    xs((size_t) n_src, 12345.0f);
     std::vector<uint16_t> xh((size_t) n_src, host_f16(12345.0f));
     for (int64_t t = 0; t < T; t++) {
@@ -492,8 +494,8 @@ static void check_encode_layout(const Case & c, const char * layout, const std::
     const size_t size = ref.size();
     DevBuf       dst(size + 64);
     dst.fill(0xCD);
-    const int st = be_encode(c.type, c.kind, src, use_f16 ? KVG_CUDA_F16 : KVG_CUDA_F32, rs, cs, c.T, c.H, c.D, &c.p, dst,
-                             size + 64);
+    const int st = be_encode(c.type, c.kind, src, use_f16 ? KVG_CUDA_F16 : KVG_CUDA_F32, rs, cs, c.T, c.H, c.D, &c.p,
+                             dst, size + 64);
     const std::string where = c.where() + " " + layout;
     expect_status(where, "encode", ref_st, st);
     if (st != KVG_OK || ref_st != KVG_OK) {
@@ -538,13 +540,14 @@ static void check_decode_layout(const Case & c, const char * layout, const std::
         for (int64_t ch = 0; ch < C; ch++) {
             const int64_t idx = t * rs + ch * cs;
             hit[(size_t) idx] = 1;
-            const float   w   = want[(size_t) (t * C + ch)];
+            const float w     = want[(size_t) (t * C + ch)];
             if (to_f16) {
                 uint16_t g;
                 memcpy(&g, &raw[(size_t) idx * 2], 2);
                 if (g != host_f16(w) && n_bad++ == 0) {
-                    mismatch("%s: token %lld channel %lld: f16 0x%04x (%g), the reference's float %.9g rounds to 0x%04x",
-                             where.c_str(), (long long) t, (long long) ch, g, (double) host_f32(g), (double) w, host_f16(w));
+                    mismatch(
+                        "%s: token %lld channel %lld: f16 0x%04x (%g), the reference's float %.9g rounds to 0x%04x",
+                        where.c_str(), (long long) t, (long long) ch, g, (double) host_f32(g), (double) w, host_f16(w));
                 }
             } else {
                 float g;
@@ -582,8 +585,8 @@ static void check_corrupt(const Case & c, std::vector<uint8_t> bytes) {
         kc_put_u16(bytes.data() + 2 * (c.T * c.H - 1), 0xFC00);  // -Inf norm, last vector
     }
     std::vector<float> cpu((size_t) c.N());
-    const int          cst = kvg_decode(c.type, c.kind, bytes.data(), bytes.size(), c.T, c.H, c.D, &c.p, cpu.data(), cpu.size());
-    DevBuf             src(bytes.size());
+    const int cst = kvg_decode(c.type, c.kind, bytes.data(), bytes.size(), c.T, c.H, c.D, &c.p, cpu.data(), cpu.size());
+    DevBuf    src(bytes.size());
     src.put(bytes.data(), bytes.size());
     DevBuf dst((size_t) c.N() * 4);
     dst.fill(0x7F);
@@ -648,16 +651,16 @@ static void run_case(const Case & c, Rng & rng) {
 // Input the reference refuses, refused the same way.
 static void run_refusals(Rng & rng) {
     struct R {
-        int         type;
-        int         kind;
-        int64_t     D;
-        const char *what;
+        int          type;
+        int          kind;
+        int64_t      D;
+        const char * what;
     };
     const R rs[] = {
-        { KVG_CODEC_ROTQ3, KVG_KIND_K, 64, "nan" },      { KVG_CODEC_KIVI2, KVG_KIND_V, 64, "nan" },
-        { KVG_CODEC_KIVI4, KVG_KIND_K, 64, "inf" },      { KVG_CODEC_F16, KVG_KIND_K, 64, "nan" },
-        { KVG_CODEC_ROTQ2, KVG_KIND_V, 128, "big norm" }, { KVG_CODEC_KIVI2, KVG_KIND_K, 64, "big value" },
-        { KVG_CODEC_KIVI4, KVG_KIND_V, 64, "big value" }, { KVG_CODEC_F16, KVG_KIND_V, 64, "big value" },
+        { KVG_CODEC_ROTQ3, KVG_KIND_K, 64, "nan" },        { KVG_CODEC_KIVI2, KVG_KIND_V, 64, "nan" },
+        { KVG_CODEC_KIVI4, KVG_KIND_K, 64, "inf" },        { KVG_CODEC_F16, KVG_KIND_K, 64, "nan" },
+        { KVG_CODEC_ROTQ2, KVG_KIND_V, 128, "big norm" },  { KVG_CODEC_KIVI2, KVG_KIND_K, 64, "big value" },
+        { KVG_CODEC_KIVI4, KVG_KIND_V, 64, "big value" },  { KVG_CODEC_F16, KVG_KIND_V, 64, "big value" },
         { KVG_CODEC_KIVI8, KVG_KIND_V, 64, "edge 65504" }, { KVG_CODEC_ROTQ4, KVG_KIND_K, 64, "edge 65504" },
     };
     for (const R & r : rs) {
@@ -668,7 +671,7 @@ static void run_refusals(Rng & rng) {
         c.H    = 2;
         c.D    = r.D;
         kvg_codec_default_params(&c.p);
-        std::vector<float> x = kv_rows(rng, c.T, c.C(), c.D);
+        std::vector<float> x  = kv_rows(rng, c.T, c.C(), c.D);
         const int64_t      at = 5 * c.C() + 7;
         if (!strcmp(r.what, "nan")) {
             x[(size_t) at] = NAN;
@@ -698,14 +701,19 @@ static void run_refusals(Rng & rng) {
 static void run_api() {
     char msg[300];
     g_checks++;
-    if (kvg_cuda_codec_supported(KVG_CODEC_TCQ3, 128) != KVG_ERR_UNSUPPORTED ||
-        !strstr(kvg_last_error(), "rotq2") || !strstr(kvg_last_error(), "kivi4")) {
-        mismatch("kvg_cuda_codec_supported(tcq3): want UNSUPPORTED naming the GPU's codecs, got '%s'", kvg_last_error());
+    if (kvg_cuda_codec_supported(KVG_CODEC_TCQ3, 128) != KVG_ERR_UNSUPPORTED || !strstr(kvg_last_error(), "rotq2") ||
+        !strstr(kvg_last_error(), "kivi4")) {
+        mismatch("kvg_cuda_codec_supported(tcq3): want UNSUPPORTED naming the GPU's codecs, got '%s'",
+                 kvg_last_error());
     }
     const int cases[][3] = {
-        { KVG_CODEC_ROTQ3, 4, KVG_ERR_SHAPE },   { KVG_CODEC_ROTQ3, 96, KVG_ERR_SHAPE }, { KVG_CODEC_ROTQ3, 8, KVG_OK },
-        { KVG_CODEC_KIVI2, 7, KVG_OK },          { KVG_CODEC_PQ2, 64, KVG_ERR_UNSUPPORTED },
-        { KVG_CODEC_WFQ3, 64, KVG_ERR_UNSUPPORTED }, { 999, 64, KVG_ERR_UNKNOWN_CODEC },
+        { KVG_CODEC_ROTQ3, 4, KVG_ERR_SHAPE },
+        { KVG_CODEC_ROTQ3, 96, KVG_ERR_SHAPE },
+        { KVG_CODEC_ROTQ3, 8, KVG_OK },
+        { KVG_CODEC_KIVI2, 7, KVG_OK },
+        { KVG_CODEC_PQ2, 64, KVG_ERR_UNSUPPORTED },
+        { KVG_CODEC_WFQ3, 64, KVG_ERR_UNSUPPORTED },
+        { 999, 64, KVG_ERR_UNKNOWN_CODEC },
     };
     for (const auto & cs : cases) {
         const int st = kvg_cuda_codec_supported(cs[0], cs[1]);
@@ -727,25 +735,31 @@ static void run_api() {
         kvg_cuda_ctx_free(ctx);
         void * p = NULL;
         expect_status("kvg_cuda_malloc(NULL ctx)", "", KVG_ERR_INVALID_ARG, kvg_cuda_malloc(NULL, 16, &p));
-        expect_status("kvg_cuda_encode(NULL ctx)", "", KVG_ERR_INVALID_ARG,
-                      kvg_cuda_encode(NULL, KVG_CODEC_ROTQ2, 0, &n, KVG_CUDA_F32, 64, 1, 1, 1, 64, NULL, &n, 100, NULL));
+        expect_status(
+            "kvg_cuda_encode(NULL ctx)", "", KVG_ERR_INVALID_ARG,
+            kvg_cuda_encode(NULL, KVG_CODEC_ROTQ2, 0, &n, KVG_CUDA_F32, 64, 1, 1, 1, 64, NULL, &n, 100, NULL));
         return;
     }
     // with a device: refusals of kvg_cuda_encode / decode / attend
     DevBuf src(64 * 4 * 4), dst(4096);
     size_t w = 0;
-    expect_status("encode pq2", "", KVG_ERR_UNSUPPORTED,
-                  kvg_cuda_encode(g_ctx, KVG_CODEC_PQ2, 0, src.p, KVG_CUDA_F32, 64, 1, 4, 1, 64, NULL, dst.p, 4096, &w));
-    expect_status("encode rotq3 d=4", "", KVG_ERR_SHAPE,
-                  kvg_cuda_encode(g_ctx, KVG_CODEC_ROTQ3, 0, src.p, KVG_CUDA_F32, 4, 1, 4, 1, 4, NULL, dst.p, 4096, &w));
-    expect_status("encode rotq3 small dst", "", KVG_ERR_BUFFER_SIZE,
-                  kvg_cuda_encode(g_ctx, KVG_CODEC_ROTQ3, 0, src.p, KVG_CUDA_F32, 64, 1, 4, 1, 64, NULL, dst.p, 10, &w));
-    expect_status("encode NULL src", "", KVG_ERR_INVALID_ARG,
-                  kvg_cuda_encode(g_ctx, KVG_CODEC_ROTQ3, 0, NULL, KVG_CUDA_F32, 64, 1, 4, 1, 64, NULL, dst.p, 4096, &w));
+    expect_status(
+        "encode pq2", "", KVG_ERR_UNSUPPORTED,
+        kvg_cuda_encode(g_ctx, KVG_CODEC_PQ2, 0, src.p, KVG_CUDA_F32, 64, 1, 4, 1, 64, NULL, dst.p, 4096, &w));
+    expect_status(
+        "encode rotq3 d=4", "", KVG_ERR_SHAPE,
+        kvg_cuda_encode(g_ctx, KVG_CODEC_ROTQ3, 0, src.p, KVG_CUDA_F32, 4, 1, 4, 1, 4, NULL, dst.p, 4096, &w));
+    expect_status(
+        "encode rotq3 small dst", "", KVG_ERR_BUFFER_SIZE,
+        kvg_cuda_encode(g_ctx, KVG_CODEC_ROTQ3, 0, src.p, KVG_CUDA_F32, 64, 1, 4, 1, 64, NULL, dst.p, 10, &w));
+    expect_status(
+        "encode NULL src", "", KVG_ERR_INVALID_ARG,
+        kvg_cuda_encode(g_ctx, KVG_CODEC_ROTQ3, 0, NULL, KVG_CUDA_F32, 64, 1, 4, 1, 64, NULL, dst.p, 4096, &w));
     expect_status("encode src_type 7", "", KVG_ERR_INVALID_ARG,
                   kvg_cuda_encode(g_ctx, KVG_CODEC_ROTQ3, 0, src.p, 7, 64, 1, 4, 1, 64, NULL, dst.p, 4096, &w));
-    expect_status("encode stride 0", "", KVG_ERR_INVALID_ARG,
-                  kvg_cuda_encode(g_ctx, KVG_CODEC_ROTQ3, 0, src.p, KVG_CUDA_F32, 0, 1, 4, 1, 64, NULL, dst.p, 4096, &w));
+    expect_status(
+        "encode stride 0", "", KVG_ERR_INVALID_ARG,
+        kvg_cuda_encode(g_ctx, KVG_CODEC_ROTQ3, 0, src.p, KVG_CUDA_F32, 0, 1, 4, 1, 64, NULL, dst.p, 4096, &w));
     expect_status("decode wrong size", "", KVG_ERR_BUFFER_SIZE,
                   kvg_cuda_decode(g_ctx, KVG_CODEC_KIVI2, 0, dst.p, 100, 4, 1, 64, NULL, src.p, KVG_CUDA_F32, 64, 1));
     void * big = NULL;
@@ -811,9 +825,9 @@ static const AttnTol k_tol_f16   = { 5e-3, 5e-3, 2e-2, 4e-3 };
 static AttnTol       g_tol       = k_tol_exact;
 
 static void attn_compare(const char * who, const std::string & where, const std::vector<float> & m,
-                         const std::vector<float> & l, const std::vector<float> & acc, const std::vector<double> & m_ref,
-                         const std::vector<double> & l_ref, const std::vector<double> & out_ref, int64_t dv, double vmax,
-                         double * worst) {
+                         const std::vector<float> & l, const std::vector<float> & acc,
+                         const std::vector<double> & m_ref, const std::vector<double> & l_ref,
+                         const std::vector<double> & out_ref, int64_t dv, double vmax, double * worst) {
     g_checks++;
     double err = 0.0;
     for (size_t j = 0; j < m.size(); j++) {
@@ -886,8 +900,8 @@ static kvg_store * coded_store(const AttnCase & a, Rng & rng, std::vector<float>
 static void run_attend_case(const AttnCase & a, Rng & rng, double * worst_gpu, double * worst_cpu_gpu) {
     char buf[256];
     snprintf(buf, sizeof(buf), "attend K %s / V %s dk=%lld dv=%lld heads=%d/%d T=%d rows=%lld softcap=%g group=%d",
-             kvg_codec_name(a.k_codec), kvg_codec_name(a.v_codec), (long long) a.dk, (long long) a.dv, a.n_head_kv, a.n_head,
-             a.n_tokens, (long long) a.n_rows, (double) a.softcap, a.group);
+             kvg_codec_name(a.k_codec), kvg_codec_name(a.v_codec), (long long) a.dk, (long long) a.dv, a.n_head_kv,
+             a.n_head, a.n_tokens, (long long) a.n_rows, (double) a.softcap, a.group);
     const std::string where = buf;
     const int64_t     R = a.n_rows, Hk = a.n_head_kv;
     // a store holding the rows, as the CPU path sees them
@@ -915,8 +929,8 @@ static void run_attend_case(const AttnCase & a, Rng & rng, double * worst_gpu, d
 
     // the CPU's fused path
     std::vector<float> m((size_t) n_q, -INFINITY), l((size_t) n_q, 0.0f), acc((size_t) (n_q * a.dv), 0.0f);
-    if (kvg_store_hook_attend_capped(store, 0, r0, r1, q.data(), a.n_tokens, a.n_head, scale, a.softcap, m.data(), l.data(),
-                                     acc.data()) != KVG_OK) {
+    if (kvg_store_hook_attend_capped(store, 0, r0, r1, q.data(), a.n_tokens, a.n_head, scale, a.softcap, m.data(),
+                                     l.data(), acc.data()) != KVG_OK) {
         die("kvg_store_hook_attend_capped: %s", kvg_last_error());
     }
     double cpu_err = 0.0;
@@ -936,23 +950,23 @@ static void run_attend_case(const AttnCase & a, Rng & rng, double * worst_gpu, d
         dacc.put(z.data(), z.size() * 4);
         kvg_cuda_attend_args args;
         memset(&args, 0, sizeof(args));
-        args.k         = { a.k_codec, dk_.p, kb.size(), R };
-        args.v         = { a.v_codec, dv_.p, vb.size(), R };
-        args.n_head_kv = a.n_head_kv;
+        args.k          = { a.k_codec, dk_.p, kb.size(), R };
+        args.v          = { a.v_codec, dv_.p, vb.size(), R };
+        args.n_head_kv  = a.n_head_kv;
         args.head_dim_k = a.dk;
         args.head_dim_v = a.dv;
-        args.seed      = KVG_DEFAULT_SEED;
+        args.seed       = KVG_DEFAULT_SEED;
         args.group_size = a.group;
-        args.q_dev     = (const float *) dq.p;
-        args.n_tokens  = a.n_tokens;
-        args.n_head    = a.n_head;
-        args.scale     = scale;
-        args.softcap   = a.softcap;
-        args.m_dev     = (float *) dm.p;
-        args.l_dev     = (float *) dl.p;
-        args.acc_dev   = (float *) dacc.p;
-        std::string w  = where;
-        int         st = KVG_OK;
+        args.q_dev      = (const float *) dq.p;
+        args.n_tokens   = a.n_tokens;
+        args.n_head     = a.n_head;
+        args.scale      = scale;
+        args.softcap    = a.softcap;
+        args.m_dev      = (float *) dm.p;
+        args.l_dev      = (float *) dl.p;
+        args.acc_dev    = (float *) dacc.p;
+        std::string w   = where;
+        int         st  = KVG_OK;
         if (variant == 0) {
             args.k_row0 = r0;
             args.v_row0 = r0;
@@ -967,9 +981,9 @@ static void run_attend_case(const AttnCase & a, Rng & rng, double * worst_gpu, d
             kvg_encoded_size(a.v_codec, KVG_KIND_V, r1 - r0, Hk, a.dv, &vp, &vsz);
             DevBuf vsrc(vpart.size() * 4), vblk(vsz);
             vsrc.put(vpart.data(), vpart.size() * 4);
-            st = kvg_cuda_encode(g_ctx, a.v_codec, KVG_KIND_V, vsrc.p, KVG_CUDA_F32, Hk * a.dv, 1, r1 - r0, Hk, a.dv, &vp,
-                                 vblk.p, vsz, NULL);
-            args.v           = { a.v_codec, vblk.p, vsz, r1 - r0 };
+            st = kvg_cuda_encode(g_ctx, a.v_codec, KVG_KIND_V, vsrc.p, KVG_CUDA_F32, Hk * a.dv, 1, r1 - r0, Hk, a.dv,
+                                 &vp, vblk.p, vsz, NULL);
+            args.v            = { a.v_codec, vblk.p, vsz, r1 - r0 };
             const int64_t mid = r0 + (r1 - r0) / 3;
             if (st == KVG_OK) {
                 args.k_row0 = r0;
@@ -1024,12 +1038,12 @@ static void run_attend_case(const AttnCase & a, Rng & rng, double * worst_gpu, d
 static void run_attend_prefill(const char * which, const AttnTol & tol) {
     Rng            rng(0x9ef111);
     const AttnCase cases[] = {
-        { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2, 8, 24, 32, 128, 128, 700, 0.0f },    // 96 queries a KV head
-        { KVG_CODEC_ROTQ3, KVG_CODEC_ROTQ3, 2, 8, 40, 64, 64, 2000, 30.0f },     // 160: a last tile of 32
-        { KVG_CODEC_ROTQ2, KVG_CODEC_ROTQ4, 1, 4, 16, 256, 256, 300, 0.0f },     // 64: one tile
-        { KVG_CODEC_ROTQ1, KVG_CODEC_ROTQ4, 4, 16, 20, 128, 128, 1500, 0.0f },   // rotq1 keys
-        { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ4, 8, 32, 24, 64, 64, 4100, 50.0f },    // 96, many rows, capped
-        { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2, 2, 6, 30, 128, 128, 37, 0.0f },      // 90, fewer rows than a chunk
+        { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2, 8, 24, 32, 128, 128, 700, 0.0f },   // 96 queries a KV head
+        { KVG_CODEC_ROTQ3, KVG_CODEC_ROTQ3, 2, 8, 40, 64, 64, 2000, 30.0f },    // 160: a last tile of 32
+        { KVG_CODEC_ROTQ2, KVG_CODEC_ROTQ4, 1, 4, 16, 256, 256, 300, 0.0f },    // 64: one tile
+        { KVG_CODEC_ROTQ1, KVG_CODEC_ROTQ4, 4, 16, 20, 128, 128, 1500, 0.0f },  // rotq1 keys
+        { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ4, 8, 32, 24, 64, 64, 4100, 50.0f },   // 96, many rows, capped
+        { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2, 2, 6, 30, 128, 128, 37, 0.0f },     // 90, fewer rows than a chunk
         // kivi and mixed sources, a coordinate a thread: head dims 80 and 96 (kivi's), group 64,
         // rotq on one side only (rotated queries with plain values, and the reverse), f16 keys,
         // and head dim 112, which the tensor cores are not built for (the generic kernel)
@@ -1044,7 +1058,7 @@ static void run_attend_prefill(const char * which, const AttnTol & tol) {
     const AttnTol saved = g_tol;
     g_tol               = tol;
     double worst = 0.0, worst_cc = 0.0;
-    int    n     = 0;
+    int    n = 0;
     for (const AttnCase & a : cases) {
         if (g_quick && a.n_rows > 2000) {
             continue;
@@ -1059,14 +1073,16 @@ static void run_attend_prefill(const char * which, const AttnTol & tol) {
 }
 
 static void run_attend(const char * which) {
-    Rng              rng(0xa77e4d);
-    const int        pairs[][2] = { { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2 }, { KVG_CODEC_ROTQ3, KVG_CODEC_ROTQ3 },
-                                    { KVG_CODEC_ROTQ2, KVG_CODEC_ROTQ4 }, { KVG_CODEC_ROTQ1, KVG_CODEC_ROTQ4 } };
-    const int64_t    dims[][2]  = { { 64, 64 }, { 128, 128 }, { 256, 256 }, { 128, 64 } };
-    const int        heads[][2] = { { 1, 1 }, { 2, 6 }, { 8, 24 }, { 4, 4 } };
-    const int64_t    rows[]     = { 1, 37, 263, 700, 4100 };
-    double           worst = 0.0, worst_cc = 0.0;
-    int              n     = 0;
+    Rng           rng(0xa77e4d);
+    const int     pairs[][2] = { { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2 },
+                                 { KVG_CODEC_ROTQ3, KVG_CODEC_ROTQ3 },
+                                 { KVG_CODEC_ROTQ2, KVG_CODEC_ROTQ4 },
+                                 { KVG_CODEC_ROTQ1, KVG_CODEC_ROTQ4 } };
+    const int64_t dims[][2]  = { { 64, 64 }, { 128, 128 }, { 256, 256 }, { 128, 64 } };
+    const int     heads[][2] = { { 1, 1 }, { 2, 6 }, { 8, 24 }, { 4, 4 } };
+    const int64_t rows[]     = { 1, 37, 263, 700, 4100 };
+    double        worst = 0.0, worst_cc = 0.0;
+    int           n = 0;
     for (int pi = 0; pi < 4; pi++) {
         for (int di = 0; di < 4; di++) {
             for (int hi = 0; hi < 4; hi++) {
@@ -1119,9 +1135,10 @@ static void run_attend(const char * which) {
         run_attend_case(a, rng, &worst, &worst_cc);
         n++;
     }
-    printf("attend (%s): %d cases; worst output error %.3g of max|v| against float64 (bound 5e-5), %.3g against the CPU's "
-           "fused path\n",
-           which, n, worst, worst_cc);
+    printf(
+        "attend (%s): %d cases; worst output error %.3g of max|v| against float64 (bound 5e-5), %.3g against the CPU's "
+        "fused path\n",
+        which, n, worst, worst_cc);
 }
 
 // kvg_cuda_attend_pass where one call a part would not show it: a fresh state that starts as NaN
@@ -1137,9 +1154,9 @@ static void run_pass() {
     a.n_head_kv = 2;
     a.n_head    = 4;
     a.n_tokens  = 2;
-    a.dk = a.dv = 64;
-    a.n_rows    = 4500;
-    a.softcap   = 0.0f;
+    a.dk = a.dv            = 64;
+    a.n_rows               = 4500;
+    a.softcap              = 0.0f;
     const int64_t        R = a.n_rows, n_q = (int64_t) a.n_tokens * a.n_head;
     std::vector<float>   kx, vx, kd, vd;
     std::vector<uint8_t> kb, vb;
@@ -1164,23 +1181,25 @@ static void run_pass() {
     for (int64_t i = 0; i <= R; i++) {
         kvg_cuda_attend_args & x = runs[(size_t) i];
         memset(&x, 0, sizeof(x));
-        x.k          = { a.k_codec, dk_.p, kb.size(), R };
-        x.v          = { a.v_codec, dv_.p, vb.size(), R };
-        x.k_row0     = i < R ? i : 0;
-        x.v_row0     = x.k_row0;
-        x.n_rows     = i < R ? 1 : 0;
-        x.n_head_kv  = a.n_head_kv;
-        x.head_dim_k = a.dk;
-        x.head_dim_v = a.dv;
-        x.seed       = KVG_DEFAULT_SEED;
-        x.q_dev      = (const float *) dq.p;
-        x.n_tokens   = a.n_tokens;
-        x.n_head     = a.n_head;
-        x.scale      = scale;
-        x.m_dev      = (float *) dm.p;
-        x.l_dev      = (float *) dl.p;
-        x.acc_dev    = (float *) dacc.p;
-        parts[(size_t) (i == R ? R / 2 : i < R / 2 ? i : i + 1)] = { &runs[(size_t) i], NULL };  // the empty run mid-way
+        x.k                                   = { a.k_codec, dk_.p, kb.size(), R };
+        x.v                                   = { a.v_codec, dv_.p, vb.size(), R };
+        x.k_row0                              = i < R ? i : 0;
+        x.v_row0                              = x.k_row0;
+        x.n_rows                              = i < R ? 1 : 0;
+        x.n_head_kv                           = a.n_head_kv;
+        x.head_dim_k                          = a.dk;
+        x.head_dim_v                          = a.dv;
+        x.seed                                = KVG_DEFAULT_SEED;
+        x.q_dev                               = (const float *) dq.p;
+        x.n_tokens                            = a.n_tokens;
+        x.n_head                              = a.n_head;
+        x.scale                               = scale;
+        x.m_dev                               = (float *) dm.p;
+        x.l_dev                               = (float *) dl.p;
+        x.acc_dev                             = (float *) dacc.p;
+        parts[(size_t) (i == R      ? R / 2
+                        : i < R / 2 ? i
+                                    : i + 1)] = { &runs[(size_t) i], NULL };  // the empty run mid-way
     }
     kvg_cuda_pass_args p;
     memset(&p, 0, sizeof(p));
@@ -1206,8 +1225,8 @@ static void run_pass() {
         dm.get(gm.data(), gm.size() * 4);
         dl.get(gl.data(), gl.size() * 4);
         dacc.get(gacc.data(), gacc.size() * 4);
-        attn_compare("cuda", "pass of 4,501 runs (chunks), fresh over NaN", gm, gl, gacc, m_ref, l_ref, out_ref, a.dv, vmax,
-                     &worst);
+        attn_compare("cuda", "pass of 4,501 runs (chunks), fresh over NaN", gm, gl, gacc, m_ref, l_ref, out_ref, a.dv,
+                     vmax, &worst);
     }
 
     // no part: the state emptied
@@ -1240,7 +1259,7 @@ static void run_pass() {
     // a part whose state is not the pass's: refused, the state as it was
     p.n_parts = 3;
     dacc.fill(0x5a);
-    float * other = (float *) dacc.p + 1;
+    float * other   = (float *) dacc.p + 1;
     runs[2].acc_dev = other;
     st              = kvg_cuda_attend_pass(g_attend_ctx, &p);
     runs[2].acc_dev = (float *) dacc.p;
@@ -1267,7 +1286,7 @@ static void run_pass() {
     }
     DevBuf src(src_h.size() * 4), qa(q.size() * 4), qb(q.size() * 4);
     src.put(src_h.data(), src_h.size() * 4);
-    const int64_t cuts[] = { 0, 1000, 2500, R };
+    const int64_t      cuts[] = { 0, 1000, 2500, R };
     std::vector<float> state[2];
     std::vector<float> gathered[2];
     for (int way = 0; way < 2; way++) {
@@ -1275,9 +1294,9 @@ static void run_pass() {
         for (int i = 0; i < 3; i++) {
             runs[(size_t) i]        = runs[(size_t) R];  // the empty run's fields, then its rows
             runs[(size_t) i].k_row0 = runs[(size_t) i].v_row0 = cuts[i];
-            runs[(size_t) i].n_rows = cuts[i + 1] - cuts[i];
-            runs[(size_t) i].q_dev  = (const float *) qd.p;
-            parts[(size_t) i]       = { &runs[(size_t) i], NULL };
+            runs[(size_t) i].n_rows                           = cuts[i + 1] - cuts[i];
+            runs[(size_t) i].q_dev                            = (const float *) qd.p;
+            parts[(size_t) i]                                 = { &runs[(size_t) i], NULL };
         }
         p.n_parts = 3;
         p.q_src   = way ? src.p : NULL;
@@ -1319,7 +1338,7 @@ static void q8_0_row(const float * x, int64_t d, uint8_t * out) {
         for (int i = 0; i < 32; i++) {
             amax = fabsf(x[b * 32 + i]) > amax ? fabsf(x[b * 32 + i]) : amax;
         }
-        const float dd = amax / 127.0f, id = dd ? 1.0f / dd : 0.0f;
+        const float    dd = amax / 127.0f, id = dd ? 1.0f / dd : 0.0f;
         const uint16_t h = host_f16(dd);
         memcpy(out + b * 34, &h, 2);
         for (int i = 0; i < 32; i++) {
@@ -1334,7 +1353,7 @@ static void q8_0_row(const float * x, int64_t d, uint8_t * out) {
 static std::vector<uint8_t> make_cells(Rng & rng, int q8, int trans, int64_t n, int64_t Hk, int64_t D, size_t nb[3]) {
     std::vector<float> x = kv_rows(rng, n, Hk * D, D);
     if (q8) {
-        const size_t row = (size_t) (D / 32 * 34);
+        const size_t         row = (size_t) (D / 32 * 34);
         std::vector<uint8_t> out((size_t) (n * Hk) * row);
         for (int64_t c = 0; c < n; c++) {
             for (int64_t h = 0; h < Hk; h++) {
@@ -1372,13 +1391,15 @@ static std::vector<uint8_t> make_cells(Rng & rng, int q8, int trans, int64_t n, 
 static void run_cells_case(const CellsCase & a, Rng & rng, double * worst, double * worst_finish) {
     char buf[320];
     snprintf(buf, sizeof(buf),
-             "attend_cells K %s / V %s%s dk=%lld dv=%lld heads=%d/%d T=%d cells [%lld, %lld) of %lld mask %s softcap=%g sinks %d",
+             "attend_cells K %s / V %s%s dk=%lld dv=%lld heads=%d/%d T=%d cells [%lld, %lld) of %lld mask %s "
+             "softcap=%g sinks %d",
              a.k_q8 ? "q8_0" : "f16", a.v_q8 ? "q8_0" : "f16", a.v_trans ? " (transposed)" : "", (long long) a.dk,
-             (long long) a.dv, a.n_head_kv, a.n_head, a.n_tokens, (long long) a.c0, (long long) a.c1, (long long) a.n_cells,
-             a.use_mask ? (a.mask_f16 ? "f16" : "f32") : "none", (double) a.softcap, a.use_sinks);
-    const std::string where = buf;
-    const int64_t     Hk = a.n_head_kv, n_q = (int64_t) a.n_tokens * a.n_head;
-    size_t            k_nb[3], v_nb[3];
+             (long long) a.dv, a.n_head_kv, a.n_head, a.n_tokens, (long long) a.c0, (long long) a.c1,
+             (long long) a.n_cells, a.use_mask ? (a.mask_f16 ? "f16" : "f32") : "none", (double) a.softcap,
+             a.use_sinks);
+    const std::string    where = buf;
+    const int64_t        Hk = a.n_head_kv, n_q = (int64_t) a.n_tokens * a.n_head;
+    size_t               k_nb[3], v_nb[3];
     std::vector<uint8_t> kc = make_cells(rng, a.k_q8, 0, a.n_cells, Hk, a.dk, k_nb);
     std::vector<uint8_t> vc = make_cells(rng, a.v_q8, a.v_trans, a.n_cells, Hk, a.dv, v_nb);
     // The mask: token t sees cells up to a causal limit, a few others hidden, small finite biases
@@ -1431,9 +1452,9 @@ static void run_cells_case(const CellsCase & a, Rng & rng, double * worst, doubl
     const int   kt = a.k_q8 ? KVG_CELLS_Q8_0 : KVG_CELLS_F16, vt = a.v_q8 ? KVG_CELLS_Q8_0 : KVG_CELLS_F16;
 
     std::vector<float> cm = m, cl = l, cacc = acc;
-    if (kvg_attend_f16(q.data(), a.n_tokens, a.n_head, a.n_head_kv, a.dk, a.dv, kc.data(), kt, k_nb, vc.data(), vt, v_nb, a.c0,
-                       a.c1, a.use_mask ? mbytes.data() : NULL, a.mask_f16, mask_nb1, scale, a.softcap, cm.data(), cl.data(),
-                       cacc.data()) != KVG_OK) {
+    if (kvg_attend_f16(q.data(), a.n_tokens, a.n_head, a.n_head_kv, a.dk, a.dv, kc.data(), kt, k_nb, vc.data(), vt,
+                       v_nb, a.c0, a.c1, a.use_mask ? mbytes.data() : NULL, a.mask_f16, mask_nb1, scale, a.softcap,
+                       cm.data(), cl.data(), cacc.data()) != KVG_OK) {
         die("kvg_attend_f16: %s", kvg_last_error());
     }
 
@@ -1543,8 +1564,8 @@ static void run_cells_case(const CellsCase & a, Rng & rng, double * worst, doubl
     g_checks++;
     double err = 0.0;
     for (int64_t j = 0; j < n_q; j++) {
-        const double M = fm[(size_t) j];
-        const double S = a.use_sinks ? sinks[(size_t) (j % a.n_head)] : -INFINITY;
+        const double M  = fm[(size_t) j];
+        const double S  = a.use_sinks ? sinks[(size_t) (j % a.n_head)] : -INFINITY;
         const double Mx = M > S ? M : S, c = exp(M - Mx), L = gl[(size_t) j] * c + (a.use_sinks ? exp(S - Mx) : 0.0);
         for (int64_t i = 0; i < a.dv; i++) {
             const double want = M == -INFINITY ? 0.0 : gacc[(size_t) (j * a.dv + i)] * c / L;
@@ -1569,7 +1590,7 @@ static void run_encode_batch() {
     const int     types[] = { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2, KVG_CODEC_KIVI2, KVG_CODEC_F16, KVG_CODEC_KIVI4 };
     const int64_t rows[]  = { 64, 33, 128, 7, 96 };
     const int     n       = 5;
-    std::vector<DevBuf *> src, dst, one;
+    std::vector<DevBuf *>            src, dst, one;
     std::vector<kvg_cuda_encode_job> jobs((size_t) n);
     std::vector<std::vector<float>>  x((size_t) n);
     for (int i = 0; i < n; i++) {
@@ -1610,8 +1631,9 @@ static void run_encode_batch() {
     x[3][5] = NAN;
     src[3]->put(x[3].data(), x[3].size() * 4);
     const kvg_cuda_encode_job & j3 = jobs[3];
-    const int want = kvg_cuda_encode(g_ctx, j3.type, j3.kind, j3.src_dev, j3.src_type, j3.src_row_stride, j3.src_col_stride,
-                                     j3.n_tokens, j3.n_heads, j3.head_dim, &j3.params, one[3]->p, j3.dst_bytes, NULL);
+    const int                   want =
+        kvg_cuda_encode(g_ctx, j3.type, j3.kind, j3.src_dev, j3.src_type, j3.src_row_stride, j3.src_col_stride,
+                        j3.n_tokens, j3.n_heads, j3.head_dim, &j3.params, one[3]->p, j3.dst_bytes, NULL);
     const std::string want_msg = kvg_last_error();
     st                         = kvg_cuda_encode_batch(g_ctx, jobs.data(), n, &failed);
     expect_status("encode_batch with a NaN in job 3", "kvg_cuda_encode_batch", want, st);
@@ -1632,7 +1654,7 @@ static void run_gather_q() {
     Rng           rng(0x9a7e);
     const int64_t D = 64, H = 6, T = 5;
     // the source laid out [h][t][i] with a gap after each head
-    const size_t  nb[3] = { 4, (size_t) (T * D + 3) * 4, (size_t) D * 4 };
+    const size_t       nb[3] = { 4, (size_t) (T * D + 3) * 4, (size_t) D * 4 };
     std::vector<float> src((size_t) (H * (T * D + 3)));
     for (auto & x : src) {
         x = 3.0f * rng.gauss();
@@ -1659,8 +1681,9 @@ static void run_gather_q() {
                     const float x    = src[(i * nb[0] + h * nb[1] + t * nb[2]) / 4];
                     const float want = round ? host_f32(host_f16(x)) : x;
                     if (fbits(got[(size_t) ((t * H + h) * D + i)]) != fbits(want)) {
-                        mismatch("kvg_cuda_gather_q (round %d): t %lld h %lld i %lld is %.9g, want %.9g", round, (long long) t,
-                                 (long long) h, (long long) i, (double) got[(size_t) ((t * H + h) * D + i)], (double) want);
+                        mismatch("kvg_cuda_gather_q (round %d): t %lld h %lld i %lld is %.9g, want %.9g", round,
+                                 (long long) t, (long long) h, (long long) i,
+                                 (double) got[(size_t) ((t * H + h) * D + i)], (double) want);
                         return;
                     }
                 }
@@ -1671,13 +1694,13 @@ static void run_gather_q() {
 }
 
 static void run_cells(const char * which) {
-    Rng          rng(0xce115);
+    Rng rng(0xce115);
     // 96: a head dim the tensor cores take that is not a power of two (kivi's models)
     const int64_t dims[][2]  = { { 64, 64 }, { 128, 128 }, { 256, 256 }, { 96, 64 }, { 512, 512 }, { 96, 96 } };
     const int     heads[][2] = { { 1, 1 }, { 3, 9 }, { 8, 32 }, { 4, 4 } };
     const int64_t cells[]    = { 1, 33, 256, 608, 2300 };
     double        worst = 0.0, worst_finish = 0.0;
-    int           n     = 0;
+    int           n = 0;
     for (int di = 0; di < 6; di++) {
         for (int hi = 0; hi < 4; hi++) {
             for (int layout = 0; layout < 4; layout++) {  // f16, f16 with V transposed, q8_0 K, q8_0 both
@@ -1716,8 +1739,8 @@ static void run_cells(const char * which) {
 // The CPU's fused path for one layer, as the patched llama.cpp computes it with the host store:
 // q rounded to f16, the store's rows (kvg_store_hook_attend_capped), then the cells
 // (kvg_attend_f16), from an empty state.
-static void store_cpu_state(kvg_store * s, int32_t il, int64_t n_cold, const std::vector<float> & q, int T, int H, int Hk,
-                            int64_t dk, int64_t dv, const std::vector<uint8_t> & kc, const size_t * k_nb,
+static void store_cpu_state(kvg_store * s, int32_t il, int64_t n_cold, const std::vector<float> & q, int T, int H,
+                            int Hk, int64_t dk, int64_t dv, const std::vector<uint8_t> & kc, const size_t * k_nb,
                             const std::vector<uint8_t> & vc, const size_t * v_nb, int64_t n_kv,
                             const std::vector<float> & mask, float scale, float softcap, std::vector<float> & m,
                             std::vector<float> & l, std::vector<float> & acc) {
@@ -1729,12 +1752,13 @@ static void store_cpu_state(kvg_store * s, int32_t il, int64_t n_cold, const std
     m.assign((size_t) n_q, -INFINITY);
     l.assign((size_t) n_q, 0.0f);
     acc.assign((size_t) (n_q * dv), 0.0f);
-    if (n_cold > 0 && kvg_store_hook_attend_capped(s, il, 0, n_cold, qr.data(), T, H, scale, softcap, m.data(), l.data(),
-                                                   acc.data()) != KVG_OK) {
+    if (n_cold > 0 && kvg_store_hook_attend_capped(s, il, 0, n_cold, qr.data(), T, H, scale, softcap, m.data(),
+                                                   l.data(), acc.data()) != KVG_OK) {
         die("kvg_store_hook_attend_capped: %s", kvg_last_error());
     }
-    if (kvg_attend_f16(qr.data(), T, H, Hk, dk, dv, kc.data(), KVG_CELLS_F16, k_nb, vc.data(), KVG_CELLS_F16, v_nb, 0, n_kv,
-                       mask.data(), 0, (size_t) n_kv * 4, scale, softcap, m.data(), l.data(), acc.data()) != KVG_OK) {
+    if (kvg_attend_f16(qr.data(), T, H, Hk, dk, dv, kc.data(), KVG_CELLS_F16, k_nb, vc.data(), KVG_CELLS_F16, v_nb, 0,
+                       n_kv, mask.data(), 0, (size_t) n_kv * 4, scale, softcap, m.data(), l.data(),
+                       acc.data()) != KVG_OK) {
         die("kvg_attend_f16: %s", kvg_last_error());
     }
 }
@@ -1754,25 +1778,25 @@ static int gpu_attends(int codec) {
 }
 
 static void run_store_hooks(const HookFlavor & fl) {
-    Rng           rng(0x570e);
-    const int     L = 3, Hk = 2, H = 6, T = 5, il = 1;
-    const int64_t dk = fl.dk, dv = fl.dv, n_kv = 70;
-    const float   scale = 1.0f / sqrtf((float) dk), softcap = 20.0f;
+    Rng              rng(0x570e);
+    const int        L = 3, Hk = 2, H = 6, T = 5, il = 1;
+    const int64_t    dk = fl.dk, dv = fl.dv, n_kv = 70;
+    const float      scale = 1.0f / sqrtf((float) dk), softcap = 20.0f;
     kvg_store_params p;
     kvg_store_default_params(&p);
-    p.n_layer    = L;
-    p.n_head_kv  = Hk;
-    p.head_dim_k = (int32_t) dk;
-    p.head_dim_v = (int32_t) dv;
+    p.n_layer          = L;
+    p.n_head_kv        = Hk;
+    p.head_dim_k       = (int32_t) dk;
+    p.head_dim_v       = (int32_t) dv;
     p.codec.group_size = fl.group;
-    kvg_store * s = NULL;
+    kvg_store * s      = NULL;
     if (kvg_store_init(&p, &s) != KVG_OK) {
         die("kvg_store_init: %s", kvg_last_error());
     }
     // f16 sinks, then K and V in blocks that do not line up (nor with kivi's groups), codecs mixed:
     // runs of every overlap
-    const int64_t kb[] = { 4, 100, 37, 200 }, vb[] = { 4, 50, 150, 137 };
-    const int * const kc_ = fl.kc, * const vc_ = fl.vc;
+    const int64_t    kb[] = { 4, 100, 37, 200 }, vb[] = { 4, 50, 150, 137 };
+    const int *const kc_ = fl.kc, *const vc_ = fl.vc;
     for (int layer = 0; layer < L; layer++) {
         for (int i = 0; i < 4; i++) {
             std::vector<float> xk = kv_rows(rng, kb[i], Hk * dk, dk), xv = kv_rows(rng, vb[i], Hk * dv, dv);
@@ -1784,8 +1808,9 @@ static void run_store_hooks(const HookFlavor & fl) {
     }
     size_t               k_nb[3], v_nb[3];
     std::vector<uint8_t> kc = make_cells(rng, 0, 0, n_kv, Hk, dk, k_nb);
-    std::vector<uint8_t> vc = make_cells(rng, 0, 1, n_kv, Hk, dv, v_nb);  // V transposed, as llama.cpp keeps it without flash attention
-    std::vector<float>   mask((size_t) (T * n_kv));
+    std::vector<uint8_t> vc =
+        make_cells(rng, 0, 1, n_kv, Hk, dv, v_nb);  // V transposed, as llama.cpp keeps it without flash attention
+    std::vector<float> mask((size_t) (T * n_kv));
     for (int t = 0; t < T; t++) {
         for (int64_t c = 0; c < n_kv; c++) {
             mask[(size_t) (t * n_kv + c)] = c < n_kv - (T - 1 - t) ? 0.0f : -INFINITY;
@@ -1797,7 +1822,7 @@ static void run_store_hooks(const HookFlavor & fl) {
     for (int t = 0; t < T; t++) {
         for (int h = 0; h < H; h++) {
             for (int64_t i = 0; i < dk; i++) {
-                const float x                             = 2.0f * rng.gauss();
+                const float x                                  = 2.0f * rng.gauss();
                 qsrc[(size_t) (t * (H * dk + 5) + h * dk + i)] = x;
                 q[(size_t) ((t * H + h) * dk + i)]             = x;
             }
@@ -1818,7 +1843,7 @@ static void run_store_hooks(const HookFlavor & fl) {
     dvc.put(vc.data(), vc.size());
     dmask.put(mask.data(), mask.size() * 4);
     const int64_t n_q = (int64_t) T * H;
-    DevBuf        dm((size_t) n_q * 4), dl((size_t) n_q * 4), dacc((size_t) (n_q * dv) * 4), dout((size_t) (n_q * dv) * 4);
+    DevBuf dm((size_t) n_q * 4), dl((size_t) n_q * 4), dacc((size_t) (n_q * dv) * 4), dout((size_t) (n_q * dv) * 4);
 
     // the bytes of the host's blocks that the device copy holds (those the GPU attends over) on the
     // layers it takes
@@ -1847,9 +1872,9 @@ static void run_store_hooks(const HookFlavor & fl) {
                  (long long) n_cold, (long long) n_kv);
         kvg_cuda_layer_args a;
         memset(&a, 0, sizeof(a));
-        a.il       = il;
-        a.n_cold   = n_cold;
-        a.q_dev    = dq.p;
+        a.il     = il;
+        a.n_cold = n_cold;
+        a.q_dev  = dq.p;
         memcpy(a.q_nb, q_nb, sizeof(q_nb));
         a.n_tokens   = T;
         a.n_head     = H;
@@ -1862,21 +1887,21 @@ static void run_store_hooks(const HookFlavor & fl) {
         a.v_dev  = dvc.p;
         a.v_type = KVG_CELLS_F16;
         memcpy(a.v_nb, v_nb, sizeof(v_nb));
-        a.n_kv     = n_kv;
-        a.mask_dev = dmask.p;
-        a.mask_nb1 = (size_t) n_kv * 4;
-        a.scale    = scale;
-        a.softcap  = softcap;
-        a.m_dev    = (float *) dm.p;
-        a.l_dev    = (float *) dl.p;
-        a.acc_dev  = (float *) dacc.p;
+        a.n_kv              = n_kv;
+        a.mask_dev          = dmask.p;
+        a.mask_nb1          = (size_t) n_kv * 4;
+        a.scale             = scale;
+        a.softcap           = softcap;
+        a.m_dev             = (float *) dm.p;
+        a.l_dev             = (float *) dl.p;
+        a.acc_dev           = (float *) dacc.p;
         const int64_t fails = kvg_store_read_failures(s, KVG_READ_ATTEND);
-        int st = kvg_cuda_store_hook_attend(d, &a, 0, g_stream);
+        int           st    = kvg_cuda_store_hook_attend(d, &a, 0, g_stream);
         expect_status(where, "kvg_cuda_store_hook_attend", want_status, st);
         g_checks++;
         if (kvg_store_read_failures(s, KVG_READ_ATTEND) != fails + (want_status != KVG_OK)) {
-            mismatch("%s: read failures %lld, %lld before", where, (long long) kvg_store_read_failures(s, KVG_READ_ATTEND),
-                     (long long) fails);
+            mismatch("%s: read failures %lld, %lld before", where,
+                     (long long) kvg_store_read_failures(s, KVG_READ_ATTEND), (long long) fails);
         }
         kvg_cuda_finish_args f;
         memset(&f, 0, sizeof(f));
@@ -1893,8 +1918,8 @@ static void run_store_hooks(const HookFlavor & fl) {
         }
         expect_status(where, "kvg_cuda_store_hook_finish", KVG_OK, st);
         std::vector<float> cm, cl, cacc;
-        store_cpu_state(s, il, ref_cold, q, T, H, Hk, dk, dv, kc, k_nb, vc, v_nb, n_kv, mask, scale, softcap,
-                        cm, cl, cacc);
+        store_cpu_state(s, il, ref_cold, q, T, H, Hk, dk, dv, kc, k_nb, vc, v_nb, n_kv, mask, scale, softcap, cm, cl,
+                        cacc);
         std::vector<float> gm((size_t) n_q), gl((size_t) n_q), gacc((size_t) (n_q * dv)), out((size_t) (n_q * dv));
         dm.get(gm.data(), gm.size() * 4);
         dl.get(gl.data(), gl.size() * 4);
@@ -1909,7 +1934,8 @@ static void run_store_hooks(const HookFlavor & fl) {
             }
         }
         double worst = 0.0;
-        attn_compare("cuda store vs cpu store", where, gm, gl, gacc, m_ref, l_ref, out_ref, dv, vmax > 0 ? vmax : 1.0, &worst);
+        attn_compare("cuda store vs cpu store", where, gm, gl, gacc, m_ref, l_ref, out_ref, dv, vmax > 0 ? vmax : 1.0,
+                     &worst);
         g_checks++;
         double err = 0.0;
         for (size_t i = 0; i < out.size(); i++) {
@@ -1947,7 +1973,8 @@ static void run_store_hooks(const HookFlavor & fl) {
     // a codec the GPU does not attend: its rows left out and counted, the cells attended
     std::vector<float> xk = kv_rows(rng, 20, Hk * dk, dk), xv = kv_rows(rng, 20, Hk * dv, dv);
     for (int layer = 0; layer < L; layer++) {
-        if (kvg_store_append(s, layer, KVG_KIND_K, KVG_TIER_WARM, KVG_CODEC_DELTA4, xk.data(), xk.size(), 20) != KVG_OK ||
+        if (kvg_store_append(s, layer, KVG_KIND_K, KVG_TIER_WARM, KVG_CODEC_DELTA4, xk.data(), xk.size(), 20) !=
+                KVG_OK ||
             kvg_store_append(s, layer, KVG_KIND_V, KVG_TIER_WARM, fl.v_evict, xv.data(), xv.size(), 20) != KVG_OK) {
             die("kvg_store_append: %s", kvg_last_error());
         }
@@ -1977,8 +2004,10 @@ static void run_store_hooks(const HookFlavor & fl) {
     for (int step = 0; step < 24; step++) {
         std::vector<float> k64 = kv_rows(rng, 64, Hk * dk, dk), v64 = kv_rows(rng, 64, Hk * dv, dv);
         for (int layer = 0; layer < L; layer++) {
-            if (kvg_store_append(s, layer, KVG_KIND_K, KVG_TIER_WARM, fl.k_evict, k64.data(), k64.size(), 64) != KVG_OK ||
-                kvg_store_append(s, layer, KVG_KIND_V, KVG_TIER_WARM, fl.v_evict, v64.data(), v64.size(), 64) != KVG_OK) {
+            if (kvg_store_append(s, layer, KVG_KIND_K, KVG_TIER_WARM, fl.k_evict, k64.data(), k64.size(), 64) !=
+                    KVG_OK ||
+                kvg_store_append(s, layer, KVG_KIND_V, KVG_TIER_WARM, fl.v_evict, v64.data(), v64.size(), 64) !=
+                    KVG_OK) {
                 die("kvg_store_append: %s", kvg_last_error());
             }
         }
@@ -2002,12 +2031,12 @@ static void run_store_hooks(const HookFlavor & fl) {
     // an eviction coded on the GPU from f16 cells (K as rows, V transposed): the host store gets
     // the C encoder's bytes, and the next sync takes the block from the device
     {
-        const int64_t         nr = 64;
+        const int64_t         nr  = 64;
         std::vector<float>    k64 = kv_rows(rng, nr, Hk * dk, dk), v64 = kv_rows(rng, nr, Hk * dv, dv);
         std::vector<uint16_t> ck((size_t) (nr * Hk * dk)), cv((size_t) (nr * Hk * dv));
         for (int64_t t = 0; t < nr; t++) {
             for (int64_t e = 0; e < Hk * dk; e++) {
-                ck[(size_t) (t * Hk * dk + e)] = host_f16(k64[(size_t) (t * Hk * dk + e)]);
+                ck[(size_t) (t * Hk * dk + e)]  = host_f16(k64[(size_t) (t * Hk * dk + e)]);
                 k64[(size_t) (t * Hk * dk + e)] = host_f32(ck[(size_t) (t * Hk * dk + e)]);
             }
             for (int64_t e = 0; e < Hk * dv; e++) {
@@ -2019,14 +2048,14 @@ static void run_store_hooks(const HookFlavor & fl) {
         dck.put(ck.data(), ck.size() * 2);
         dcv.put(cv.data(), cv.size() * 2);
         for (int layer = 0; layer < L; layer++) {
-            if (kvg_cuda_store_encode(d, layer, KVG_KIND_K, KVG_TIER_WARM, fl.k_evict, dck.p, KVG_CUDA_F16, Hk * dk, 1, nr) !=
-                    KVG_OK ||
-                kvg_cuda_store_encode(d, layer, KVG_KIND_V, KVG_TIER_WARM, fl.v_evict, dcv.p, KVG_CUDA_F16, 1, nr, nr) !=
-                    KVG_OK) {
+            if (kvg_cuda_store_encode(d, layer, KVG_KIND_K, KVG_TIER_WARM, fl.k_evict, dck.p, KVG_CUDA_F16, Hk * dk, 1,
+                                      nr) != KVG_OK ||
+                kvg_cuda_store_encode(d, layer, KVG_KIND_V, KVG_TIER_WARM, fl.v_evict, dcv.p, KVG_CUDA_F16, 1, nr,
+                                      nr) != KVG_OK) {
                 die("kvg_cuda_store_encode: %s", kvg_last_error());
             }
         }
-        const int            kinds[2] = { KVG_KIND_K, KVG_KIND_V }, cods[2] = { fl.k_evict, fl.v_evict };
+        const int                  kinds[2] = { KVG_KIND_K, KVG_KIND_V }, cods[2] = { fl.k_evict, fl.v_evict };
         const std::vector<float> * src[2] = { &k64, &v64 };
         for (int j = 0; j < 2; j++) {
             int64_t nb = 0;
@@ -2038,8 +2067,8 @@ static void run_store_hooks(const HookFlavor & fl) {
             kvg_codec_params cp = p.codec;
             size_t           w  = 0;
             g_checks++;
-            if (kvg_encode(cods[j], kinds[j], src[j]->data(), src[j]->size(), nr, Hk, j ? dv : dk, &cp, want.data(), want.size(),
-                           &w) != KVG_OK ||
+            if (kvg_encode(cods[j], kinds[j], src[j]->data(), src[j]->size(), nr, Hk, j ? dv : dk, &cp, want.data(),
+                           want.size(), &w) != KVG_OK ||
                 w != got.size() || memcmp(got.data(), want.data(), w) != 0) {
                 mismatch("store hooks: the %s block coded on the GPU is not the C encoder's", j ? "V" : "K");
             }
@@ -2054,7 +2083,8 @@ static void run_store_hooks(const HookFlavor & fl) {
     kvg_cuda_store_free(d);
     kvg_store_free(s);
     printf("store hooks (%s): %d cases through kvg_cuda_store_hook_attend / _finish against the CPU store's fused path "
-           "(bound 5e-5 of max|out|); syncs after append, retier, truncate, a layer off, 24 evictions and agings, an eviction coded on the GPU\n",
+           "(bound 5e-5 of max|out|); syncs after append, retier, truncate, a layer off, 24 evictions and agings, an "
+           "eviction coded on the GPU\n",
            fl.name, n_cases);
 }
 
@@ -2063,7 +2093,8 @@ static void run_store_hooks(const HookFlavor & fl) {
 // The median of `reps` calls' times (CUDA events around each on g_stream), after `warm` untimed
 // ones, in ms; reset() before each puts the state back. -1 where a call failed (reported as `what`).
 template <class Reset, class Call>
-static double median_call_ms(cudaEvent_t e0, cudaEvent_t e1, int warm, int reps, Reset reset, Call call, const char * what) {
+static double median_call_ms(cudaEvent_t e0, cudaEvent_t e1, int warm, int reps, Reset reset, Call call,
+                             const char * what) {
     std::vector<float> ms;
     for (int it = 0; it < warm + reps; it++) {
         reset();
@@ -2140,7 +2171,8 @@ struct TimedPair {
         }
         return true;
     }
-    kvg_cuda_attend_args args(int Hk, int64_t D, int T, int Hq, DevBuf & q, DevBuf & m, DevBuf & l, DevBuf & acc) const {
+    kvg_cuda_attend_args args(int Hk, int64_t D, int T, int Hq, DevBuf & q, DevBuf & m, DevBuf & l,
+                              DevBuf & acc) const {
         kvg_cuda_attend_args a;
         memset(&a, 0, sizeof(a));
         a.k          = { kc, kb.p, ks, R };
@@ -2209,15 +2241,17 @@ static void run_pass_fused(kvg_cuda_ctx * parts_ctx) {
         int     gather, n_runs;
     };
     const Shape shapes[] = { { 2, 6, 1, 128, 0.0f, 1, 2 }, { 2, 4, 1, 64, 30.0f, 0, 2 }, { 1, 8, 1, 256, 0.0f, 1, 2 },
-                             { 2, 2, 1, 128, 0.0f, 1, 9 }, { 2, 4, 3, 64, 0.0f, 1, 3 },    { 4, 4, 1, 128, 0.0f, 0, 1 } };
-    const int   pairs[][2] = { { KVG_CODEC_ROTQ2, KVG_CODEC_ROTQ3 }, { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ4 },
-                               { KVG_CODEC_ROTQ3, KVG_CODEC_ROTQ2 }, { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2 } };
+                             { 2, 2, 1, 128, 0.0f, 1, 9 }, { 2, 4, 3, 64, 0.0f, 1, 3 },  { 4, 4, 1, 128, 0.0f, 0, 1 } };
+    const int   pairs[][2] = { { KVG_CODEC_ROTQ2, KVG_CODEC_ROTQ3 },
+                               { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ4 },
+                               { KVG_CODEC_ROTQ3, KVG_CODEC_ROTQ2 },
+                               { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2 } };
     Rng         rng(0xf05e);
     int         n_cases = 0;
     for (const Shape & sh : shapes) {
-        const int     Hk = sh.hk, Hq = sh.h, T = sh.t;
-        const int64_t D = sh.d, n_q = (int64_t) T * Hq, n_sinks = 4, n_cells = 200;
-        const int64_t R_max = 300 + 97 * sh.n_runs;
+        const int          Hk = sh.hk, Hq = sh.h, T = sh.t;
+        const int64_t      D = sh.d, n_q = (int64_t) T * Hq, n_sinks = 4, n_cells = 200;
+        const int64_t      R_max = 300 + 97 * sh.n_runs;
         std::vector<float> x((size_t) (R_max * Hk * D));
         for (auto & v : x) {
             v = rng.gauss();
@@ -2241,7 +2275,7 @@ static void run_pass_fused(kvg_cuda_ctx * parts_ctx) {
         };
         const std::vector<uint16_t> sk = f16_rows(n_sinks), sv = f16_rows(n_sinks), ck = f16_rows(n_cells),
                                     cv = f16_rows(n_cells);
-        DevBuf dsk(sk.size() * 2), dsv(sv.size() * 2), dck(ck.size() * 2), dcv(cv.size() * 2);
+        DevBuf                      dsk(sk.size() * 2), dsv(sv.size() * 2), dck(ck.size() * 2), dcv(cv.size() * 2);
         dsk.put(sk.data(), sk.size() * 2);
         dsv.put(sv.data(), sv.size() * 2);
         dck.put(ck.data(), ck.size() * 2);
@@ -2266,16 +2300,18 @@ static void run_pass_fused(kvg_cuda_ctx * parts_ctx) {
         for (int way = 0; way < 2; way++) {  // 0: the default context (fused), 1: one launch a part
             DevBuf m((size_t) n_q * 4), l((size_t) n_q * 4), acc((size_t) (n_q * D) * 4), qd((size_t) (n_q * D) * 4);
             qd.fill(0);
-            const float * q_dev = (const float *) (sh.gather ? qd.p : qsrc.p);
+            const float *                     q_dev = (const float *) (sh.gather ? qd.p : qsrc.p);
             std::vector<kvg_cuda_attend_args> ra;
             for (TimedPair * tp : runs) {
                 ra.push_back(tp->args(Hk, D, T, Hq, sh.gather ? qd : qsrc, m, l, acc));
                 ra.back().softcap = sh.softcap;
             }
-            kvg_cuda_cells_args cs = f16_rows_as_cells(q_dev, T, Hq, Hk, D, dsk.p, dsv.p, n_sinks, sh.softcap, m, l, acc);
-            kvg_cuda_cells_args ch = f16_rows_as_cells(q_dev, T, Hq, Hk, D, dck.p, dcv.p, n_cells, sh.softcap, m, l, acc);
-            ch.mask_dev            = dmask.p;
-            ch.mask_nb1            = (size_t) n_cells * 4;
+            kvg_cuda_cells_args cs =
+                f16_rows_as_cells(q_dev, T, Hq, Hk, D, dsk.p, dsv.p, n_sinks, sh.softcap, m, l, acc);
+            kvg_cuda_cells_args ch =
+                f16_rows_as_cells(q_dev, T, Hq, Hk, D, dck.p, dcv.p, n_cells, sh.softcap, m, l, acc);
+            ch.mask_dev = dmask.p;
+            ch.mask_nb1 = (size_t) n_cells * 4;
             std::vector<kvg_cuda_part> parts;
             parts.push_back({ NULL, &cs });
             for (const auto & r : ra) {
@@ -2302,8 +2338,8 @@ static void run_pass_fused(kvg_cuda_ctx * parts_ctx) {
             int            st       = kvg_cuda_attend_pass(ctx, &p);
             st                      = st ? st : kvg_cuda_sync(ctx);
             char where[160];
-            snprintf(where, sizeof(where), "fused pass, %d KV heads, %d heads, %d tokens, head dim %lld, %d runs (%s)", Hk, Hq, T,
-                     (long long) D, sh.n_runs, way ? "a launch a part" : "fused");
+            snprintf(where, sizeof(where), "fused pass, %d KV heads, %d heads, %d tokens, head dim %lld, %d runs (%s)",
+                     Hk, Hq, T, (long long) D, sh.n_runs, way ? "a launch a part" : "fused");
             expect_status(where, "kvg_cuda_attend_pass", KVG_OK, st);
             if (st != KVG_OK) {
                 return;
@@ -2311,8 +2347,8 @@ static void run_pass_fused(kvg_cuda_ctx * parts_ctx) {
             const uint64_t want = way ? 0 : (uint64_t) (parts.size() + KA_FUSE_PARTS - 1) / KA_FUSE_PARTS;
             g_checks++;
             if (ctx->fused_launches - launches != want) {
-                mismatch("%s: %llu fused launches, expected %llu", where, (unsigned long long) (ctx->fused_launches - launches),
-                         (unsigned long long) want);
+                mismatch("%s: %llu fused launches, expected %llu", where,
+                         (unsigned long long) (ctx->fused_launches - launches), (unsigned long long) want);
             }
             state[way].resize((size_t) (n_q * (D + 2)));
             m.get(state[way].data(), (size_t) n_q * 4);
@@ -2325,21 +2361,24 @@ static void run_pass_fused(kvg_cuda_ctx * parts_ctx) {
         n_cases++;
         for (size_t i = 0; i < state[0].size(); i++) {
             if (!(state[0][i] == state[1][i])) {  // -0 and 0 alike: a tile's unused queries may add either
-                mismatch("fused pass (%d KV heads, %d heads, head dim %lld, %d runs): state float %zu is %.9g fused, %.9g a "
-                         "launch a part",
-                         Hk, Hq, (long long) D, sh.n_runs, i, (double) state[0][i], (double) state[1][i]);
+                mismatch(
+                    "fused pass (%d KV heads, %d heads, head dim %lld, %d runs): state float %zu is %.9g fused, %.9g a "
+                    "launch a part",
+                    Hk, Hq, (long long) D, sh.n_runs, i, (double) state[0][i], (double) state[1][i]);
                 break;
             }
         }
         g_checks++;
         if (memcmp(gathered[0].data(), gathered[1].data(), gathered[0].size() * 4) != 0) {
-            mismatch("fused pass (%d KV heads, %d heads, head dim %lld): the gathered queries differ", Hk, Hq, (long long) D);
+            mismatch("fused pass (%d KV heads, %d heads, head dim %lld): the gathered queries differ", Hk, Hq,
+                     (long long) D);
         }
         for (TimedPair * tp : runs) {
             delete tp;
         }
     }
-    printf("attend_pass fused: %d cases (sinks, 1-9 rotq runs, masked cells; 1-8 queries a KV head; head dims 64-256) equal "
+    printf("attend_pass fused: %d cases (sinks, 1-9 rotq runs, masked cells; 1-8 queries a KV head; head dims 64-256) "
+           "equal "
            "to a launch a part, float for float\n",
            n_cases);
 }
@@ -2348,9 +2387,9 @@ static void run_timing_layer(kvg_cuda_ctx * parts_ctx) {
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
-    Rng           rng(0x1a7e);
-    const int     Hk = 8, Hq = 24;
-    const int64_t D = 128, R_max = 5888;
+    Rng                rng(0x1a7e);
+    const int          Hk = 8, Hq = 24;
+    const int64_t      D = 128, R_max = 5888;
     std::vector<float> x((size_t) (R_max * Hk * D));
     for (auto & v : x) {
         v = rng.gauss();
@@ -2371,12 +2410,14 @@ static void run_timing_layer(kvg_cuda_ctx * parts_ctx) {
     DevBuf qsrc(qh.size() * 4);  // as llama.cpp holds them; both ways gather them into q
     qsrc.put(qh.data(), qh.size() * 4);
     const size_t               q_nb[3] = { 4, (size_t) D * 4, (size_t) (Hq * D) * 4 };
-    const kvg_cuda_attend_args ra = archive.args(Hk, D, 1, Hq, q, m, l, acc), rw = warm.args(Hk, D, 1, Hq, q, m, l, acc);
-    const float * const       qd = (const float *) q.p;
-    const kvg_cuda_cells_args cs = f16_rows_as_cells(qd, 1, Hq, Hk, D, sinks.kb.p, sinks.vb.p, sinks.R, 0.0f, m, l, acc),
-                              ch = f16_rows_as_cells(qd, 1, Hq, Hk, D, hot.kb.p, hot.vb.p, hot.R, 0.0f, m, l, acc);
-    const kvg_cuda_part parts[] = { { NULL, &cs }, { &ra, NULL }, { &rw, NULL }, { NULL, &ch } };
-    kvg_cuda_pass_args  p;
+    const kvg_cuda_attend_args ra      = archive.args(Hk, D, 1, Hq, q, m, l, acc),
+                               rw      = warm.args(Hk, D, 1, Hq, q, m, l, acc);
+    const float * const        qd      = (const float *) q.p;
+    const kvg_cuda_cells_args  cs =
+                                   f16_rows_as_cells(qd, 1, Hq, Hk, D, sinks.kb.p, sinks.vb.p, sinks.R, 0.0f, m, l, acc),
+                               ch = f16_rows_as_cells(qd, 1, Hq, Hk, D, hot.kb.p, hot.vb.p, hot.R, 0.0f, m, l, acc);
+    const kvg_cuda_part        parts[] = { { NULL, &cs }, { &ra, NULL }, { &rw, NULL }, { NULL, &ch } };
+    kvg_cuda_pass_args         p;
     memset(&p, 0, sizeof(p));
     p.parts      = parts;
     p.n_parts    = 4;
@@ -2421,7 +2462,8 @@ static void run_timing_layer(kvg_cuda_ctx * parts_ctx) {
         cudaEventRecord(e1, g_stream);
         cudaEventSynchronize(e1);
         cudaEventElapsedTime(&b2b, e0, e1);
-        printf("  one decoded layer, 3B shape, 4 sinks + 5888 rotq2 + 2048 rotq4 rows + 256 f16 cells, %s: %8.1f us a lone "
+        printf("  one decoded layer, 3B shape, 4 sinks + 5888 rotq2 + 2048 rotq4 rows + 256 f16 cells, %s: %8.1f us a "
+               "lone "
                "layer, %6.1f us a layer back to back\n",
                names[way], med * 1e3, b2b / 20 * 1e3);
     }
@@ -2435,7 +2477,7 @@ static void run_timing_prefill(kvg_cuda_ctx * rows_ctx) {
     cudaEventCreate(&e1);
     Rng           rng(0x7172);
     const int     Hk = 8, Hq = 24, T = 256;
-    const int64_t D  = 128;
+    const int64_t D = 128;
     // rotq (the preset's codecs on this shape), and kivi (its codecs where rotations cannot go)
     const int pairs[][2] = { { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2 }, { KVG_CODEC_KIVI4, KVG_CODEC_KIVI2 } };
     for (int64_t R : { (int64_t) 8192, (int64_t) 32768 }) {
@@ -2466,7 +2508,8 @@ static void run_timing_prefill(kvg_cuda_ctx * rows_ctx) {
             }
             for (int which = 0; which < 2; which++) {
                 if (ms[which] >= 0) {
-                    printf("  attend %d tokens, 3B shape (%d/%d heads, d=%lld), %6lld rows, K %s / V %s, %-13s: %9.1f us\n",
+                    printf("  attend %d tokens, 3B shape (%d/%d heads, d=%lld), %6lld rows, K %s / V %s, %-13s: %9.1f "
+                           "us\n",
                            T, Hq, Hk, (long long) D, (long long) R, kvg_codec_name(pr[0]), kvg_codec_name(pr[1]),
                            which ? "scalar kernel" : "default", ms[which] * 1e3);
                 }
@@ -2485,8 +2528,7 @@ static void run_timing_prefill(kvg_cuda_ctx * rows_ctx) {
         }
     }
     const size_t nq = (size_t) T * Hq;
-    DevBuf       dkc(kc.size()), dvc(vc.size()), dmask(mask.size() * 4), q(nq * D * 4), m(nq * 4), l(nq * 4),
-        acc(nq * D * 4);
+    DevBuf dkc(kc.size()), dvc(vc.size()), dmask(mask.size() * 4), q(nq * D * 4), m(nq * 4), l(nq * 4), acc(nq * D * 4);
     dkc.put(kc.data(), kc.size());
     dvc.put(vc.data(), vc.size());
     dmask.put(mask.data(), mask.size() * 4);
@@ -2524,8 +2566,8 @@ static void run_timing_prefill(kvg_cuda_ctx * rows_ctx) {
     }
     for (int which = 0; which < 2; which++) {
         if (ms[which] >= 0) {
-            printf("  attend_cells %d tokens, 3B shape, %lld f16 cells, causal mask, %-13s: %9.1f us\n", T, (long long) NC,
-                   which ? "scalar kernel" : "default", ms[which] * 1e3);
+            printf("  attend_cells %d tokens, 3B shape, %lld f16 cells, causal mask, %-13s: %9.1f us\n", T,
+                   (long long) NC, which ? "scalar kernel" : "default", ms[which] * 1e3);
         }
     }
     cudaEventDestroy(e0);
@@ -2546,12 +2588,13 @@ static void run_timing(kvg_cuda_ctx * generic) {
         int          Hk, Hq;
         int64_t      D;
     };
-    const Shape shapes[] = { { "3B", 8, 24, 128 }, { "1B", 8, 32, 64 }, { "Phi-3", 32, 32, 96 } };
-    const int   pairs[][2] = { { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2 }, { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ4 },
+    const Shape shapes[]   = { { "3B", 8, 24, 128 }, { "1B", 8, 32, 64 }, { "Phi-3", 32, 32, 96 } };
+    const int   pairs[][2] = { { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ2 },
+                               { KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ4 },
                                { KVG_CODEC_KIVI4, KVG_CODEC_KIVI2 } };
     for (const Shape & sh : shapes) {
         const int     Hk = sh.Hk, Hq = sh.Hq;
-        const int64_t D  = sh.D;
+        const int64_t D = sh.D;
         for (int64_t R : { (int64_t) 8192, (int64_t) 32768 }) {
             std::vector<float> x((size_t) (R * Hk * D));
             for (auto & v : x) {
@@ -2592,7 +2635,7 @@ static void run_timing(kvg_cuda_ctx * generic) {
                     }
                     // 20 calls queued back to back (each folds into the same state): the device's time
                     // a call, without the host's launch time that a lone call waits for
-                    float        b2b = 0.0f;
+                    float b2b = 0.0f;
                     cudaEventRecord(e0, g_stream);
                     for (int it = 0; it < 20; it++) {
                         kvg_cuda_attend(ctx, &a);
@@ -2601,19 +2644,21 @@ static void run_timing(kvg_cuda_ctx * generic) {
                     cudaEventSynchronize(e1);
                     cudaEventElapsedTime(&b2b, e0, e1);
                     const double f16b = (double) R * Hk * D * 2 * 2;
-                    printf("  attend 1 token, %s shape (%d/%d heads, d=%lld), %6lld rows, K %s / V %s, %-7s kernel: %8.1f us "
-                           "a lone call, %6.1f us a call back to back (codes %.1f MiB: %.0f GB/s; an f16 cache's %.0f MiB "
-                           "would need %.0f GB/s to match)\n",
-                           sh.name, Hq, Hk, (long long) D, (long long) R, kvg_codec_name(pr[0]), kvg_codec_name(pr[1]),
-                           which ? "generic" : "default", med * 1e3, b2b / 20 * 1e3, (tp.ks + tp.vs) / 1048576.0,
-                           (tp.ks + tp.vs) / (b2b / 20 * 1e-3) / 1e9, f16b / 1048576.0, f16b / (b2b / 20 * 1e-3) / 1e9);
+                    printf(
+                        "  attend 1 token, %s shape (%d/%d heads, d=%lld), %6lld rows, K %s / V %s, %-7s kernel: %8.1f "
+                        "us "
+                        "a lone call, %6.1f us a call back to back (codes %.1f MiB: %.0f GB/s; an f16 cache's %.0f MiB "
+                        "would need %.0f GB/s to match)\n",
+                        sh.name, Hq, Hk, (long long) D, (long long) R, kvg_codec_name(pr[0]), kvg_codec_name(pr[1]),
+                        which ? "generic" : "default", med * 1e3, b2b / 20 * 1e3, (tp.ks + tp.vs) / 1048576.0,
+                        (tp.ks + tp.vs) / (b2b / 20 * 1e-3) / 1e9, f16b / 1048576.0, f16b / (b2b / 20 * 1e-3) / 1e9);
                 }
             }
         }
     }
     // an eviction batch: 256 rows of 8 x 128, encoded and decoded (each call waits for its status)
-    const int     Hk = 8;
-    const int64_t D = 128, R = 256;
+    const int          Hk = 8;
+    const int64_t      D = 128, R = 256;
     std::vector<float> x((size_t) (R * Hk * D));
     for (auto & v : x) {
         v = rng.gauss();
@@ -2681,9 +2726,9 @@ int main(int argc, char ** argv) {
         cudaGetDeviceProperties(&prop, 0);
         cudaDriverGetVersion(&drv);
         cudaRuntimeGetVersion(&rt);
-        printf("cuda_check: device 0: %s, compute capability %d.%d, %d SMs, %.1f GiB; driver %d.%d, runtime %d.%d\n", prop.name,
-               prop.major, prop.minor, prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0, drv / 1000,
-               (drv % 1000) / 10, rt / 1000, (rt % 1000) / 10);
+        printf("cuda_check: device 0: %s, compute capability %d.%d, %d SMs, %.1f GiB; driver %d.%d, runtime %d.%d\n",
+               prop.name, prop.major, prop.minor, prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0,
+               drv / 1000, (drv % 1000) / 10, rt / 1000, (rt % 1000) / 10);
         if (cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking) != cudaSuccess) {
             printf("cuda_check: cannot create a stream\n");
             return 2;
@@ -2706,17 +2751,18 @@ int main(int argc, char ** argv) {
     struct Shape {
         int64_t T, H, D;
     };
-    const Shape rotq_shapes[] = { { 1, 1, 64 },  { 5, 3, 128 }, { 33, 8, 128 }, { 100, 2, 256 }, { 257, 1, 64 },
-                                  { 7, 4, 8 },   { 3, 2, 16 },  { 31, 1, 512 }, { 2, 1, 4096 } };
-    const Shape other_shapes[] = { { 1, 1, 64 },  { 5, 3, 128 }, { 33, 8, 128 }, { 100, 2, 256 }, { 257, 1, 64 },
-                                   { 7, 3, 7 },   { 40, 5, 80 }, { 65, 1, 33 } };
+    const Shape rotq_shapes[]  = { { 1, 1, 64 }, { 5, 3, 128 }, { 33, 8, 128 }, { 100, 2, 256 }, { 257, 1, 64 },
+                                   { 7, 4, 8 },  { 3, 2, 16 },  { 31, 1, 512 }, { 2, 1, 4096 } };
+    const Shape other_shapes[] = { { 1, 1, 64 },   { 5, 3, 128 }, { 33, 8, 128 }, { 100, 2, 256 },
+                                   { 257, 1, 64 }, { 7, 3, 7 },   { 40, 5, 80 },  { 65, 1, 33 } };
     const int   groups[]       = { 32, 17, 64 };
     Rng         rng(0xc0dec);
     long        n_cases = 0;
     for (int type : types) {
-        const int   rotq   = type >= KVG_CODEC_ROTQ1;
-        const Shape *shapes = rotq ? rotq_shapes : other_shapes;
-        const int   n_sh   = rotq ? (int) (sizeof(rotq_shapes) / sizeof(Shape)) : (int) (sizeof(other_shapes) / sizeof(Shape));
+        const int     rotq   = type >= KVG_CODEC_ROTQ1;
+        const Shape * shapes = rotq ? rotq_shapes : other_shapes;
+        const int     n_sh =
+            rotq ? (int) (sizeof(rotq_shapes) / sizeof(Shape)) : (int) (sizeof(other_shapes) / sizeof(Shape));
         for (int si = 0; si < n_sh; si++) {
             if (g_quick && si % 2) {
                 continue;
@@ -2738,14 +2784,15 @@ int main(int argc, char ** argv) {
             }
         }
     }
-    printf("codecs: %ld cases (9 codecs x shapes x K/V; 4 input layouts, 4 output layouts, a corrupt block each)\n", n_cases);
+    printf("codecs: %ld cases (9 codecs x shapes x K/V; 4 input layouts, 4 output layouts, a corrupt block each)\n",
+           n_cases);
     const long codec_bad = g_bad - api_bad;
     run_refusals(rng);
     const long refusal_bad = g_bad - api_bad - codec_bad;
     long       attend_bad  = 0;
     if (!g_emulate) {
         const long before = g_bad;
-        g_attend_ctx = g_ctx;
+        g_attend_ctx      = g_ctx;
         run_attend("the row-parallel kernel where it covers the shape");
         // the same cases through the generic kernel alone
         kvg_cuda_ctx * generic = NULL;
@@ -2790,12 +2837,24 @@ int main(int argc, char ** argv) {
         run_cells("the default kernels: tensor cores for many queries");
         g_tol = k_tol_exact;
         // rotq; then kivi keys in groups of 64 tokens (head dim 96: kivi's) beside rotq and kivi values
-        run_store_hooks({ "rotq", 128, 64, { KVG_CODEC_F16, KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ3, KVG_CODEC_ROTQ4 },
-                          { KVG_CODEC_F16, KVG_CODEC_ROTQ2, KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ3 }, KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ3,
-                          KVG_CODEC_ROTQ2, KVG_DEFAULT_GROUP_SIZE });
-        run_store_hooks({ "kivi", 96, 64, { KVG_CODEC_F16, KVG_CODEC_KIVI4, KVG_CODEC_KIVI4, KVG_CODEC_KIVI2 },
-                          { KVG_CODEC_F16, KVG_CODEC_ROTQ2, KVG_CODEC_KIVI4, KVG_CODEC_KIVI2 }, KVG_CODEC_KIVI4, KVG_CODEC_KIVI2,
-                          KVG_CODEC_KIVI2, 64 });
+        run_store_hooks({ "rotq",
+                          128,
+                          64,
+                          { KVG_CODEC_F16, KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ3, KVG_CODEC_ROTQ4 },
+                          { KVG_CODEC_F16, KVG_CODEC_ROTQ2, KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ3 },
+                          KVG_CODEC_ROTQ4,
+                          KVG_CODEC_ROTQ3,
+                          KVG_CODEC_ROTQ2,
+                          KVG_DEFAULT_GROUP_SIZE });
+        run_store_hooks({ "kivi",
+                          96,
+                          64,
+                          { KVG_CODEC_F16, KVG_CODEC_KIVI4, KVG_CODEC_KIVI4, KVG_CODEC_KIVI2 },
+                          { KVG_CODEC_F16, KVG_CODEC_ROTQ2, KVG_CODEC_KIVI4, KVG_CODEC_KIVI2 },
+                          KVG_CODEC_KIVI4,
+                          KVG_CODEC_KIVI2,
+                          KVG_CODEC_KIVI2,
+                          64 });
         attend_bad = g_bad - before;
         if (timing) {
             run_timing(generic);

@@ -55,8 +55,8 @@ static int twice_gpu(ggml_tensor * dst, int device, void * stream, void * userda
     (void) userdata;
     ++gpu_calls;
     const int64_t n = ggml_nelements(dst);
-    twice_kernel<<<(unsigned) ((n + 255) / 256), 256, 0, (cudaStream_t) stream>>>(
-        (const float *) dst->src[0]->data, (float *) dst->data, n);
+    twice_kernel<<<(unsigned) ((n + 255) / 256), 256, 0, (cudaStream_t) stream>>>((const float *) dst->src[0]->data,
+                                                                                  (float *) dst->data, n);
     return cudaPeekAtLastError() == cudaSuccess ? 0 : 1;
 }
 
@@ -70,9 +70,9 @@ static int failing_gpu(ggml_tensor * dst, int device, void * stream, void * user
 }
 
 struct run_result {
-    bool          computed   = false;
-    int           n_splits   = -1;
-    bool          custom_gpu = false;
+    bool               computed   = false;
+    int                n_splits   = -1;
+    bool               custom_gpu = false;
     std::vector<float> z;
 };
 
@@ -87,18 +87,18 @@ struct test_graph {
     ggml_backend_sched_t sched = nullptr;
 
     test_graph(ggml_backend_t gpu, ggml_backend_t cpu, ggml_custom_op_t fun, int64_t n) {
-        ggml_init_params params = {64 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true};
+        ggml_init_params params = { 64 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
         ctx                     = ggml_init(params);
         x                       = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n);
         ggml_set_input(x);
         ggml_tensor * a       = ggml_scale(ctx, x, 2.0f);
-        ggml_tensor * args[1] = {a};
+        ggml_tensor * args[1] = { a };
         y                     = ggml_custom_4d(ctx, GGML_TYPE_F32, n, 1, 1, 1, args, 1, fun, GGML_N_TASKS_MAX, nullptr);
         z                     = ggml_scale(ctx, y, 0.5f);
         ggml_set_output(z);
         graph = ggml_new_graph(ctx);
         ggml_build_forward_expand(graph, z);
-        ggml_backend_t backends[2] = {gpu, cpu};
+        ggml_backend_t backends[2] = { gpu, cpu };
         sched                      = ggml_backend_sched_new(backends, nullptr, 2, GGML_DEFAULT_GRAPH_SIZE, false, true);
         ggml_backend_sched_set_tensor_backend(sched, a, gpu);
         ggml_backend_sched_set_tensor_backend(sched, z, gpu);
@@ -184,8 +184,10 @@ int main() {
     if (!reg || !gpu || !cpu) {
         return 1;
     }
-    auto set_op = (ggml_backend_set_custom_op_gpu_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_cuda_set_custom_op");
-    auto errors = (ggml_backend_custom_op_errors_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_cuda_custom_op_errors");
+    auto set_op =
+        (ggml_backend_set_custom_op_gpu_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_cuda_set_custom_op");
+    auto errors =
+        (ggml_backend_custom_op_errors_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_cuda_custom_op_errors");
     check(set_op && errors, "ggml-cuda exports ggml_backend_cuda_set_custom_op and _custom_op_errors");
     if (!set_op || !errors) {
         return 1;
@@ -206,10 +208,11 @@ int main() {
     check(errors() == before + 1, "a failing implementation: one failure counted");
 
     check(set_op(twice_cpu, nullptr, nullptr, 0), "the registration is removed");
-    const int calls = gpu_calls;
+    const int  calls  = gpu_calls;
     run_result on_cpu = run(gpu, cpu, twice_cpu, n);
     check(on_cpu.computed && !on_cpu.z.empty(), "unregistered: the graph computes z = x exactly on the CPU's node");
-    check(!on_cpu.custom_gpu && on_cpu.n_splits > 1, "unregistered: the custom node runs on the CPU (the graph splits)");
+    check(!on_cpu.custom_gpu && on_cpu.n_splits > 1,
+          "unregistered: the custom node runs on the CPU (the graph splits)");
     check(gpu_calls == calls, "unregistered: the GPU implementation is not called");
     std::printf("      splits %d\n", on_cpu.n_splits);
 
@@ -225,13 +228,15 @@ int main() {
                   set_gen(twice_cpu, twice_generation),
               "a capturable op with a generation registers");
         const int steady = run_repeated(gpu, cpu, twice_cpu, n, 8, 1000);
-        check(steady >= 1 && steady < 8, "capturable, generation steady: right results, fewer calls than computes (replays)");
+        check(steady >= 1 && steady < 8,
+              "capturable, generation steady: right results, fewer calls than computes (replays)");
         const int changed = run_repeated(gpu, cpu, twice_cpu, n, 8, 6);
         check(changed > steady, "the generation changed at the 7th compute: the op is called again");
         check(set_gen(twice_cpu, [](const ggml_tensor *, void *) -> uint64_t { return 0; }), "generation 0 registers");
         const int never = run_repeated(gpu, cpu, twice_cpu, n, 8, 1000);
         check(never == 8, "generation 0: the op is called at every compute (never captured)");
-        std::printf("      calls in 8 computes: steady %d, changed at the 7th %d, generation 0 %d\n", steady, changed, never);
+        std::printf("      calls in 8 computes: steady %d, changed at the 7th %d, generation 0 %d\n", steady, changed,
+                    never);
         set_op(twice_cpu, nullptr, nullptr, 0);
     }
 

@@ -43,9 +43,9 @@ int kvg_cuda_malloc(kvg_cuda_ctx * ctx, size_t bytes, void ** out) {
     return KVG_OK;
 }
 
-static long         g_batches;           // kvg_cuda_encode_batch calls
-static const void * g_coded[4096];       // the blocks the device's encoder wrote, until freed
-static const void * g_coded_arena[4096]; // the arena each lies in (a batch's first block starts it)
+static long         g_batches;            // kvg_cuda_encode_batch calls
+static const void * g_coded[4096];        // the blocks the device's encoder wrote, until freed
+static const void * g_coded_arena[4096];  // the arena each lies in (a batch's first block starts it)
 static const void * g_batch_arena;
 static int          g_n_coded;
 static long         g_from_device;  // the copies a sync took from them
@@ -54,7 +54,7 @@ int kvg_cuda_free(kvg_cuda_ctx * ctx, void * p) {
     (void) ctx;
     for (int i = 0; i < g_n_coded && p; i++) {  // every block coded inside the buffer goes with it
         const uint8_t * c = (const uint8_t *) g_coded[i];
-        g_coded[i]        = c >= (const uint8_t *) p && c < (const uint8_t *) p + ((hdr *) p - 1)->n ? NULL : g_coded[i];
+        g_coded[i] = c >= (const uint8_t *) p && c < (const uint8_t *) p + ((hdr *) p - 1)->n ? NULL : g_coded[i];
     }
     if (p) {
         hdr * h = (hdr *) p - 1;
@@ -149,10 +149,10 @@ int kvg_cuda_encode_batch(kvg_cuda_ctx * ctx, const kvg_cuda_encode_job * jobs, 
     g_batches++;
     g_batch_arena = n > 0 ? jobs[0].dst_dev : NULL;
     for (int64_t i = 0; i < n; i++) {
-        const kvg_cuda_encode_job * j  = &jobs[i];
-        const int                   rc = kvg_cuda_encode(ctx, j->type, j->kind, j->src_dev, j->src_type, j->src_row_stride,
-                                                         j->src_col_stride, j->n_tokens, j->n_heads, j->head_dim, &j->params,
-                                                         j->dst_dev, j->dst_bytes, NULL);
+        const kvg_cuda_encode_job * j = &jobs[i];
+        const int                   rc =
+            kvg_cuda_encode(ctx, j->type, j->kind, j->src_dev, j->src_type, j->src_row_stride, j->src_col_stride,
+                            j->n_tokens, j->n_heads, j->head_dim, &j->params, j->dst_dev, j->dst_bytes, NULL);
         if (rc != KVG_OK) {
             if (out_failed) {
                 *out_failed = i;
@@ -163,12 +163,30 @@ int kvg_cuda_encode_batch(kvg_cuda_ctx * ctx, const kvg_cuda_encode_job * jobs, 
     return KVG_OK;
 }
 
-void   kvg_cuda_ctx_free(kvg_cuda_ctx * ctx) { (void) ctx; }
-int    kvg_cuda_ctx_device(const kvg_cuda_ctx * ctx) { (void) ctx; return 0; }
-void * kvg_cuda_ctx_set_stream(kvg_cuda_ctx * ctx, void * s) { (void) ctx; (void) s; return NULL; }
-size_t kvg_cuda_ctx_scratch_bytes(const struct kvg_cuda_ctx * ctx) { (void) ctx; return 0; }
-uint64_t kvg_cuda_ctx_scratch_grown(const struct kvg_cuda_ctx * ctx) { (void) ctx; return 0; }
-int    kvg_cuda_ctx_capturing(const struct kvg_cuda_ctx * ctx) { (void) ctx; return 0; }
+void kvg_cuda_ctx_free(kvg_cuda_ctx * ctx) {
+    (void) ctx;
+}
+int kvg_cuda_ctx_device(const kvg_cuda_ctx * ctx) {
+    (void) ctx;
+    return 0;
+}
+void * kvg_cuda_ctx_set_stream(kvg_cuda_ctx * ctx, void * s) {
+    (void) ctx;
+    (void) s;
+    return NULL;
+}
+size_t kvg_cuda_ctx_scratch_bytes(const struct kvg_cuda_ctx * ctx) {
+    (void) ctx;
+    return 0;
+}
+uint64_t kvg_cuda_ctx_scratch_grown(const struct kvg_cuda_ctx * ctx) {
+    (void) ctx;
+    return 0;
+}
+int kvg_cuda_ctx_capturing(const struct kvg_cuda_ctx * ctx) {
+    (void) ctx;
+    return 0;
+}
 
 int kvg_cuda_attend_finish(kvg_cuda_ctx * ctx, const kvg_cuda_finish_args * a) {
     (void) ctx, (void) a;
@@ -211,9 +229,9 @@ static int code_bits(int codec) {
 // Rows [row0, row0 + n) of a block of b->n_rows rows laid out [per-row part][codes] (the part per
 // unit of rows: a kivi K group's G, else 1), cut out as one block of whole units and decoded.
 static void check_coded(int kind, const kvg_cuda_block * b, int64_t row0, int64_t n) {
-    const int64_t    d    = kind == KVG_KIND_K ? DK : DV;
-    const int        kivi = b->codec >= KVG_CODEC_KIVI2 && b->codec <= KVG_CODEC_KIVI8;
-    const int64_t    unit = kivi && kind == KVG_KIND_K ? g_params.group_size : 1;
+    const int64_t    d      = kind == KVG_KIND_K ? DK : DV;
+    const int        kivi   = b->codec >= KVG_CODEC_KIVI2 && b->codec <= KVG_CODEC_KIVI8;
+    const int64_t    unit   = kivi && kind == KVG_KIND_K ? g_params.group_size : 1;
     const size_t     code_b = (size_t) (H * d * code_bits(b->codec) / 8);
     size_t           full = 0, one = 0, two = 0;
     kvg_codec_params p = g_params;
@@ -226,9 +244,10 @@ static void check_coded(int kind, const kvg_cuda_block * b, int64_t row0, int64_
     const size_t  head_b = two - one - (size_t) unit * code_b;  // the per-row part of a unit
     const int64_t u0 = row0 / unit * unit, u1 = (row0 + n + unit - 1) / unit * unit, nu = u1 - u0;
     const size_t  head = (size_t) (nu / unit) * head_b, codes = (size_t) nu * code_b;
-    uint8_t *     blk  = (uint8_t *) malloc(head + codes);
+    uint8_t *     blk = (uint8_t *) malloc(head + codes);
     memcpy(blk, (const uint8_t *) b->data_dev + (size_t) (u0 / unit) * head_b, head);
-    memcpy(blk + head, (const uint8_t *) b->data_dev + (size_t) (b->n_rows / unit) * head_b + (size_t) u0 * code_b, codes);
+    memcpy(blk + head, (const uint8_t *) b->data_dev + (size_t) (b->n_rows / unit) * head_b + (size_t) u0 * code_b,
+           codes);
     float * got  = (float *) malloc((size_t) (nu * H * d) * sizeof(float));
     float * want = store_rows(kind, n);
     g_checks++;
@@ -316,7 +335,8 @@ int kvg_cuda_attend_pass(kvg_cuda_ctx * ctx, const kvg_cuda_pass_args * p) {
         bad("the hook's pass does not start its state fresh");
     }
     for (int32_t i = 0; i < p->n_parts; i++) {
-        const int st = p->parts[i].run ? kvg_cuda_attend(ctx, p->parts[i].run) : kvg_cuda_attend_cells(ctx, p->parts[i].cells);
+        const int st =
+            p->parts[i].run ? kvg_cuda_attend(ctx, p->parts[i].run) : kvg_cuda_attend_cells(ctx, p->parts[i].cells);
         if (st != KVG_OK) {
             return st;
         }
@@ -333,24 +353,24 @@ static void check_all(kvg_cuda_store * d, int n_layer, const char * when) {
         kvg_store_n_rows(g_store, il, KVG_KIND_K, &nk);
         kvg_cuda_layer_args a;
         memset(&a, 0, sizeof(a));
-        a.il         = il;
-        a.n_cold     = nk;
-        a.n_tokens   = 1;
-        a.n_head     = H;
-        a.n_head_kv  = H;
-        a.head_dim_k = DK;
-        a.head_dim_v = DV;
-        a.n_kv       = 1;
-        a.mask_dev   = &a;  // marks llama.cpp's cells
-        a.q_dev      = &a;  // never read here: the pass gathers it on the device
-        g_il         = il;
-        g_row        = 0;
+        a.il              = il;
+        a.n_cold          = nk;
+        a.n_tokens        = 1;
+        a.n_head          = H;
+        a.n_head_kv       = H;
+        a.head_dim_k      = DK;
+        a.head_dim_v      = DV;
+        a.n_kv            = 1;
+        a.mask_dev        = &a;  // marks llama.cpp's cells
+        a.q_dev           = &a;  // never read here: the pass gathers it on the device
+        g_il              = il;
+        g_row             = 0;
         const long before = g_bad;
         const int  st     = kvg_cuda_store_hook_attend(d, &a, 0, NULL);
         g_checks++;
         if (st != KVG_OK || g_row != nk) {
-            printf("MISMATCH: %s: layer %d, status %d, %lld of %lld rows attended (%s)\n", when, il, st, (long long) g_row,
-                   (long long) nk, kvg_last_error());
+            printf("MISMATCH: %s: layer %d, status %d, %lld of %lld rows attended (%s)\n", when, il, st,
+                   (long long) g_row, (long long) nk, kvg_last_error());
             g_bad++;
         } else if (g_bad != before) {
             printf("  (%s)\n", when);
@@ -377,28 +397,28 @@ static int run(const flavor * fl) {
     const int        L = 2;
     kvg_store_params p;
     kvg_store_default_params(&p);
-    p.n_layer          = L;
-    p.n_head_kv        = H;
-    p.head_dim_k       = DK;
-    p.head_dim_v       = DV;
-    p.codec.group_size = fl->group;
-    g_params           = p.codec;
-    g_from_device      = 0;
-    const long host_allocs = g_host_allocs;
-    kvg_store * s = NULL;
+    p.n_layer               = L;
+    p.n_head_kv             = H;
+    p.head_dim_k            = DK;
+    p.head_dim_v            = DV;
+    p.codec.group_size      = fl->group;
+    g_params                = p.codec;
+    g_from_device           = 0;
+    const long  host_allocs = g_host_allocs;
+    kvg_store * s           = NULL;
     if (kvg_store_init(&p, &s) != KVG_OK) {
         printf("kvg_store_init: %s\n", kvg_last_error());
         return 1;
     }
-    g_store              = s;
-    kvg_cuda_store * d   = NULL;
+    g_store            = s;
+    kvg_cuda_store * d = NULL;
     if (kvg_cuda_store_init((kvg_cuda_ctx *) &p, s, &d) != KVG_OK) {  // the context is never read here
         printf("kvg_cuda_store_init: %s\n", kvg_last_error());
         return 1;
     }
-    uint64_t seed = 1;
-    float *  xk   = (float *) malloc(sizeof(float) * 64 * H * DK);
-    float *  xv   = (float *) malloc(sizeof(float) * 64 * H * DV);
+    uint64_t seed  = 1;
+    float *  xk    = (float *) malloc(sizeof(float) * 64 * H * DK);
+    float *  xv    = (float *) malloc(sizeof(float) * 64 * H * DV);
     int      syncs = 0, fails = 0, aged = 0;
     long     from_device = 0;  // device-coded blocks a sync must take from the device
     // sinks (f16), then 60 evictions of 64 rows (K fl->k, V fl->v); from the 5th on, the oldest
@@ -407,8 +427,8 @@ static int run(const flavor * fl) {
     // twice the store is cleared
     for (int step = 0; step < 61; step++) {
         const uint64_t gen_before = kvg_cuda_store_hook_generation(d);
-        const int     sinks = step == 0 || step == 31 || step == 51;
-        const int64_t nr    = sinks ? 4 : 64;
+        const int      sinks      = step == 0 || step == 31 || step == 51;
+        const int64_t  nr         = sinks ? 4 : 64;
         if (step == 31 || step == 51) {
             kvg_store_clear(s);
         }
@@ -433,8 +453,8 @@ static int run(const flavor * fl) {
                 }
             }
             // every other time all lists in one call, as an eviction codes them (one wait, one arena)
-            const int      many = step % 4 == 1;
-            const long     b0   = g_batches, a0 = g_allocs;
+            const int           many = step % 4 == 1;
+            const long          b0 = g_batches, a0 = g_allocs;
             kvg_cuda_store_item items[2 * 16];
             for (int il = 0; many && il < L; il++) {
                 items[2 * il]     = (kvg_cuda_store_item) { il, KVG_KIND_K, tier, kc, ck, KVG_CUDA_F16, H * DK, 1, nr };
@@ -448,12 +468,14 @@ static int run(const flavor * fl) {
             // left: no cudaMalloc, and no cudaFree at the next sync, each of which waits on the device
             g_checks += many && step > 1;
             if (many && step > 1 && g_allocs != a0) {
-                printf("MISMATCH: step %d: an eviction the size of the last allocated %ld arenas\n", step, g_allocs - a0);
+                printf("MISMATCH: step %d: an eviction the size of the last allocated %ld arenas\n", step,
+                       g_allocs - a0);
                 g_bad++;
             }
             for (int il = 0; il < L; il++) {
-                if (!many && (kvg_cuda_store_encode(d, il, KVG_KIND_K, tier, kc, ck, KVG_CUDA_F16, H * DK, 1, nr) != KVG_OK ||
-                              kvg_cuda_store_encode(d, il, KVG_KIND_V, tier, vc, cv, KVG_CUDA_F16, 1, nr, nr) != KVG_OK)) {
+                if (!many &&
+                    (kvg_cuda_store_encode(d, il, KVG_KIND_K, tier, kc, ck, KVG_CUDA_F16, H * DK, 1, nr) != KVG_OK ||
+                     kvg_cuda_store_encode(d, il, KVG_KIND_V, tier, vc, cv, KVG_CUDA_F16, 1, nr, nr) != KVG_OK)) {
                     printf("kvg_cuda_store_encode: %s\n", kvg_last_error());
                     return 1;
                 }
@@ -461,13 +483,14 @@ static int run(const flavor * fl) {
                 kvg_store_n_blocks(s, il, KVG_KIND_V, &nb);
                 kvg_block_info info;
                 kvg_store_block(s, il, KVG_KIND_V, nb - 1, &info, NULL, 0);
-                uint8_t * got  = (uint8_t *) malloc(info.n_bytes);
-                uint8_t * want = (uint8_t *) malloc(info.n_bytes);
-                size_t    w    = 0;
-                kvg_codec_params cp = p.codec;
+                uint8_t *        got  = (uint8_t *) malloc(info.n_bytes);
+                uint8_t *        want = (uint8_t *) malloc(info.n_bytes);
+                size_t           w    = 0;
+                kvg_codec_params cp   = p.codec;
                 kvg_store_block(s, il, KVG_KIND_V, nb - 1, &info, got, info.n_bytes);
                 g_checks++;
-                if (kvg_encode(vc, KVG_KIND_V, xv, (size_t) (nr * H * DV), nr, H, DV, &cp, want, info.n_bytes, &w) != KVG_OK ||
+                if (kvg_encode(vc, KVG_KIND_V, xv, (size_t) (nr * H * DV), nr, H, DV, &cp, want, info.n_bytes, &w) !=
+                        KVG_OK ||
                     w != info.n_bytes || memcmp(got, want, w) != 0) {
                     printf("MISMATCH: step %d: the block coded on the device is not the C encoder's\n", step);
                     g_bad++;
@@ -513,8 +536,8 @@ static int run(const flavor * fl) {
         // a failed allocation in every fifth sync: the copy must stay as it was, stale, and leak nothing
         int current = 0;  // that sync needed no second allocation and brought the copy up to date
         if (step % 5 == 3) {
-            const long   live = g_live_allocs;
-            const size_t held = g_live_bytes;
+            const long   live  = g_live_allocs;
+            const size_t held  = g_live_bytes;
             const long   taken = g_from_device;
             g_fail_at          = g_allocs + 1;
             const int st       = kvg_cuda_store_sync(d);
@@ -530,13 +553,14 @@ static int run(const flavor * fl) {
             } else {
                 fails++;
                 if (g_live_allocs != live || g_live_bytes != held) {
-                    printf("MISMATCH: a failed sync leaked (%ld allocations, %zu bytes; before %ld, %zu)\n", g_live_allocs,
-                           g_live_bytes, live, held);
+                    printf("MISMATCH: a failed sync leaked (%ld allocations, %zu bytes; before %ld, %zu)\n",
+                           g_live_allocs, g_live_bytes, live, held);
                     g_bad++;
                 }
                 kvg_cuda_layer_args a;
                 memset(&a, 0, sizeof(a));
-                a.il = 0, a.n_cold = 1, a.n_tokens = 1, a.n_head = H, a.n_head_kv = H, a.head_dim_k = DK, a.head_dim_v = DV;
+                a.il = 0, a.n_cold = 1, a.n_tokens = 1, a.n_head = H, a.n_head_kv = H, a.head_dim_k = DK,
+                a.head_dim_v = DV;
                 g_checks++;
                 if (kvg_cuda_store_hook_attend(d, &a, 0, NULL) == KVG_OK) {
                     printf("MISMATCH: a stale copy attended\n");
@@ -567,13 +591,14 @@ static int run(const flavor * fl) {
         const void * kept = NULL;
         for (int i = 0; i < g_n_coded; i++) {
             if (g_coded[i] && kept && g_coded_arena[i] != kept) {
-                printf("MISMATCH: step %d: two arenas of blocks coded on the device outlived the sync that took them\n", step);
+                printf("MISMATCH: step %d: two arenas of blocks coded on the device outlived the sync that took them\n",
+                       step);
                 g_bad++;
                 break;
             }
             kept = g_coded[i] ? g_coded_arena[i] : kept;
         }
-        g_n_coded = 0;
+        g_n_coded    = 0;
         uint64_t dev = 0, scratch = 0;
         kvg_cuda_store_bytes(d, &dev, &scratch);
         g_checks++;
@@ -588,7 +613,7 @@ static int run(const flavor * fl) {
         // decode syncs before every token, mostly with nothing changed: such a sync must copy and
         // allocate nothing, and leave the copy as current as it was
         const long     allocs = g_allocs, copies = g_copies, waits = g_waits;
-        const uint64_t gen    = kvg_cuda_store_hook_generation(d);
+        const uint64_t gen = kvg_cuda_store_hook_generation(d);
         g_checks++;
         if (kvg_cuda_store_hook_generation(d) == 0 || kvg_cuda_store_sync(d) != KVG_OK ||
             kvg_cuda_store_hook_generation(d) != gen) {
@@ -638,7 +663,8 @@ static int run(const flavor * fl) {
     }
     g_checks++;
     if (g_live_allocs != 0 || g_host_live != 0) {
-        printf("MISMATCH: %ld device and %ld host allocations left after kvg_cuda_store_free\n", g_live_allocs, g_host_live);
+        printf("MISMATCH: %ld device and %ld host allocations left after kvg_cuda_store_free\n", g_live_allocs,
+               g_host_live);
         g_bad++;
     }
     // the codes come out through one page-locked stage, sized by the first (and largest) eviction
@@ -647,8 +673,9 @@ static int run(const flavor * fl) {
         printf("MISMATCH: %ld page-locked stages allocated, expected 1\n", g_host_allocs - host_allocs);
         g_bad++;
     }
-    printf("store_sync_check (%s): %d syncs (%d failed on purpose), %ld blocks coded on the device and taken from there\n",
-           fl->name, syncs, fails, g_from_device);
+    printf(
+        "store_sync_check (%s): %d syncs (%d failed on purpose), %ld blocks coded on the device and taken from there\n",
+        fl->name, syncs, fails, g_from_device);
     return 0;
 }
 
@@ -656,8 +683,10 @@ int main(void) {
     // rotq; kivi (K's groups of 32 tokens: the copy's runs break after a block that is not whole
     // groups); kivi8 in groups of 64 (the near-exact preset's) with rotq values
     const flavor flavors[] = {
-        { "K rotq4, V rotq3, archive rotq2", KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ3, KVG_CODEC_ROTQ2, KVG_DEFAULT_GROUP_SIZE },
-        { "K kivi4, V kivi2, archive kivi2", KVG_CODEC_KIVI4, KVG_CODEC_KIVI2, KVG_CODEC_KIVI2, KVG_DEFAULT_GROUP_SIZE },
+        { "K rotq4, V rotq3, archive rotq2", KVG_CODEC_ROTQ4, KVG_CODEC_ROTQ3, KVG_CODEC_ROTQ2,
+          KVG_DEFAULT_GROUP_SIZE },
+        { "K kivi4, V kivi2, archive kivi2", KVG_CODEC_KIVI4, KVG_CODEC_KIVI2, KVG_CODEC_KIVI2,
+          KVG_DEFAULT_GROUP_SIZE },
         { "K kivi8, V rotq3, archive kivi4, groups of 64", KVG_CODEC_KIVI8, KVG_CODEC_ROTQ3, KVG_CODEC_KIVI4, 64 },
     };
     for (size_t i = 0; i < sizeof(flavors) / sizeof(flavors[0]); i++) {

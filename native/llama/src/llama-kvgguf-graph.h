@@ -18,18 +18,18 @@
 // the number of cold rows of any layer changes
 struct llm_kv_cold_op {
     const llama_kvgguf_hooks * hooks;
-    int32_t il;
-    int32_t kind;   // LLAMA_KVGGUF_K, LLAMA_KVGGUF_V, or 2 = mask
-    int64_t n_cold;
-    bool    v_trans; // output is the transposed V layout [n_cold + n_kv, head_dim, n_head_kv]
-    std::atomic<int64_t> * n_errors;
+    int32_t                    il;
+    int32_t                    kind;  // LLAMA_KVGGUF_K, LLAMA_KVGGUF_V, or 2 = mask
+    int64_t                    n_cold;
+    bool                       v_trans;  // output is the transposed V layout [n_cold + n_kv, head_dim, n_head_kv]
+    std::atomic<int64_t> *     n_errors;
     // fused attention (kind LLM_KV_COLD_ATTN)
     llama_kvgguf_attend_fn attend = nullptr;
-    float   scale = 1.0f;
-    float   softcap = 0.0f; // logit soft-capping (patch 0008), as llama.cpp's flash attention applies it
-    llama_kvgguf_mass_fn mass = nullptr; // called by the merge op with the final normalizers
-    llama_kvgguf_attend_f16_fn attend_f16 = nullptr; // hot cells through kvgguf's kernels (patch 0010)
-    const llama_kvgguf_cuda * cuda = nullptr; // the context's GPU hooks (patch 0015), or none
+    float                  scale  = 1.0f;
+    float                softcap  = 0.0f;  // logit soft-capping (patch 0008), as llama.cpp's flash attention applies it
+    llama_kvgguf_mass_fn mass     = nullptr;          // called by the merge op with the final normalizers
+    llama_kvgguf_attend_f16_fn attend_f16 = nullptr;  // hot cells through kvgguf's kernels (patch 0010)
+    const llama_kvgguf_cuda *  cuda       = nullptr;  // the context's GPU hooks (patch 0015), or none
 };
 
 // [kvgguf 0015] registers the fused path's GPU implementations with ggml-cuda's custom-op dispatch
@@ -37,8 +37,9 @@ struct llm_kv_cold_op {
 bool llm_kv_cold_register_cuda();
 
 class llm_graph_input_kv_cold : public llm_graph_input_i {
-public:
-    llm_graph_input_kv_cold(const llama_kvgguf_hooks * hooks, std::atomic<int64_t> * n_errors) : hooks(hooks), n_errors(n_errors) {}
+  public:
+    llm_graph_input_kv_cold(const llama_kvgguf_hooks * hooks, std::atomic<int64_t> * n_errors)
+        : hooks(hooks), n_errors(n_errors) {}
     ~llm_graph_input_kv_cold() = default;
 
     void set_input(const llama_ubatch * ubatch) override { GGML_UNUSED(ubatch); }
@@ -48,7 +49,7 @@ public:
     llm_kv_cold_op * add_op(int32_t il, int32_t kind, int64_t n_cold, bool v_trans);
 
     const llama_kvgguf_hooks * hooks;
-    std::atomic<int64_t> * n_errors;
+    std::atomic<int64_t> *     n_errors;
 
     // (il, n_cold) for every layer that queried the hooks while building the graph
     std::vector<std::pair<int32_t, int64_t>> layers;

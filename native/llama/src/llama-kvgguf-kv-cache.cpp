@@ -34,15 +34,15 @@ static void kvgguf_gather_cells(ggml_tensor * t, const std::vector<uint32_t> & i
     if (!trans) {
         const size_t row = t->nb[1];
         for (size_t j = 0; j < idxs.size(); ++j) {
-            memcpy(dst.data() + j*row, src.data() + (size_t) idxs[j]*row, row);
+            memcpy(dst.data() + j * row, src.data() + (size_t) idxs[j] * row, row);
         }
     } else {
         const size_t  es     = ggml_type_size(t->type);
         const int64_t n_embd = (int64_t) (ggml_nbytes(t) / es / kv_size);
         for (int64_t e = 0; e < n_embd; ++e) {
-            const size_t base = (size_t) e*kv_size*es;
+            const size_t base = (size_t) e * kv_size * es;
             for (size_t j = 0; j < idxs.size(); ++j) {
-                memcpy(dst.data() + base + j*es, src.data() + base + (size_t) idxs[j]*es, es);
+                memcpy(dst.data() + base + j * es, src.data() + base + (size_t) idxs[j] * es, es);
             }
         }
     }
@@ -57,9 +57,9 @@ static void kvgguf_shift_cells(ggml_tensor * t, uint32_t k, uint32_t n) {
     for (uint32_t j0 = 0; j0 < n; j0 += k) {
         const uint32_t len = std::min(k, n - j0);
         ggml_context * ctx = ggml_init(params);
-        ggml_tensor *  src = ggml_view_2d(ctx, t, t->ne[0], len, t->nb[1], (size_t) (k + j0)*t->nb[1]);
-        ggml_tensor *  dst = ggml_view_2d(ctx, t, t->ne[0], len, t->nb[1], (size_t) j0*t->nb[1]);
-        src->data = dst->data = nullptr; // view_init sets them, with the buffer
+        ggml_tensor *  src = ggml_view_2d(ctx, t, t->ne[0], len, t->nb[1], (size_t) (k + j0) * t->nb[1]);
+        ggml_tensor *  dst = ggml_view_2d(ctx, t, t->ne[0], len, t->nb[1], (size_t) j0 * t->nb[1]);
+        src->data = dst->data = nullptr;  // view_init sets them, with the buffer
         ggml_backend_view_init(src);
         ggml_backend_view_init(dst);
         ggml_backend_tensor_copy(src, dst);
@@ -82,9 +82,9 @@ bool llama_kv_cache::kvgguf_compact() {
     std::sort(order.begin(), order.end());
 
     std::vector<uint32_t> idxs(order.size());
-    bool in_place = true;
+    bool                  in_place = true;
     for (size_t j = 0; j < order.size(); ++j) {
-        idxs[j] = order[j].second;
+        idxs[j]  = order[j].second;
         in_place = in_place && idxs[j] == j;
     }
 
@@ -104,7 +104,7 @@ bool llama_kv_cache::kvgguf_compact() {
             if (layer.v && shift && !v_trans) {
                 kvgguf_shift_cells(layer.v, k, (uint32_t) idxs.size());
             } else if (layer.v) {
-                kvgguf_gather_cells(layer.v, idxs, cells.size(), v_trans); // a transposed V: on the host
+                kvgguf_gather_cells(layer.v, idxs, cells.size(), v_trans);  // a transposed V: on the host
             }
         }
         const llama_kv_cells moved = cells.cp(idxs);
@@ -158,8 +158,9 @@ uint32_t llama_kv_cache_iswa::kvgguf_window_cells(uint32_t size_swa, uint32_t ne
     return std::min(size_base, std::max(need, kvgguf_next_window_cells));
 }
 
-std::pair<ggml_type, ggml_type> llama_kv_cache_iswa::kvgguf_window_types(
-        const llama_hparams & hparams, ggml_type type_k, ggml_type type_v, bool v_trans) {
+std::pair<ggml_type, ggml_type> llama_kv_cache_iswa::kvgguf_window_types(const llama_hparams & hparams,
+                                                                         ggml_type type_k, ggml_type type_v,
+                                                                         bool v_trans) {
     ggml_type k = kvgguf_next_window_type_k == GGML_TYPE_COUNT ? type_k : kvgguf_next_window_type_k;
     ggml_type v = kvgguf_next_window_type_v == GGML_TYPE_COUNT ? type_v : kvgguf_next_window_type_v;
 
@@ -173,8 +174,8 @@ std::pair<ggml_type, ggml_type> llama_kv_cache_iswa::kvgguf_window_types(
     }
     if (!fits) {
         LLAMA_LOG_WARN("%s: the window cells cannot hold %s / %s here; they keep %s / %s\n", __func__,
-                ggml_type_name(k), ggml_type_name(v), ggml_type_name(type_k), ggml_type_name(type_v));
-        return {type_k, type_v};
+                       ggml_type_name(k), ggml_type_name(v), ggml_type_name(type_k), ggml_type_name(type_v));
+        return { type_k, type_v };
     }
-    return {k, v};
+    return { k, v };
 }

@@ -44,8 +44,8 @@ static const llama_kv_cache * kvgguf_cache_of(const llama_context * ctx, int32_t
     if (il < 0 || (uint32_t) il >= hparams.n_layer() || !hparams.has_kv(il)) {
         return nullptr;
     }
-    llama_memory_t mem = ctx->get_memory();
-    const llama_kv_cache * kv = nullptr;
+    llama_memory_t         mem = ctx->get_memory();
+    const llama_kv_cache * kv  = nullptr;
     if (auto * iswa = dynamic_cast<llama_kv_cache_iswa *>(mem)) {
         kv = hparams.is_swa(il) ? iswa->get_swa() : iswa->get_base();
     } else {
@@ -145,8 +145,8 @@ void llama_kvgguf_set_full_rotation(bool rotate) {
     llama_kv_cache::kvgguf_set_next_full_rotation(rotate);
 }
 
-int32_t llama_kvgguf_layer_cells(
-        const llama_context * ctx, int32_t il, int32_t * type_k, int32_t * type_v, int64_t * n_bytes) {
+int32_t llama_kvgguf_layer_cells(const llama_context * ctx, int32_t il, int32_t * type_k, int32_t * type_v,
+                                 int64_t * n_bytes) {
     const llama_kv_cache * kv = kvgguf_cache_of(ctx, il);
     if (!kv) {
         return -1;
@@ -167,7 +167,7 @@ int32_t llama_kvgguf_layer_cells(
 
 int32_t llama_kvgguf_layer_buffer(const llama_context * ctx, int32_t il, char * name, size_t size) {
     const llama_kv_cache * kv = kvgguf_cache_of(ctx, il);
-    const ggml_tensor * k = kv ? kv->get_k_storage(il) : nullptr;
+    const ggml_tensor *    k  = kv ? kv->get_k_storage(il) : nullptr;
     if (!k || !k->buffer) {
         return -1;
     }
@@ -182,16 +182,8 @@ int64_t llama_kvgguf_n_errors(const llama_context * ctx) {
     return ctx ? ctx->get_kv_cold_n_errors() : 0;
 }
 
-int64_t llama_kvgguf_read_rows(
-        llama_context * ctx,
-         llama_seq_id   seq_id,
-              int32_t   il,
-              int32_t   kind,
-            llama_pos   p0,
-            llama_pos   p1,
-                 void * dst,
-               size_t   dst_size,
-            llama_pos * pos_out) {
+int64_t llama_kvgguf_read_rows(llama_context * ctx, llama_seq_id seq_id, int32_t il, int32_t kind, llama_pos p0,
+                               llama_pos p1, void * dst, size_t dst_size, llama_pos * pos_out) {
     if (!ctx || seq_id < 0 || (kind != LLAMA_KVGGUF_K && kind != LLAMA_KVGGUF_V)) {
         return -1;
     }
@@ -208,7 +200,7 @@ int64_t llama_kvgguf_read_rows(
 
     ctx->synchronize();
 
-    const auto & cells = kv->get_cells(seq_id);
+    const auto &   cells   = kv->get_cells(seq_id);
     const uint32_t strm    = kv->get_stream(seq_id);
     const uint64_t kv_size = kv->get_size();
 
@@ -226,7 +218,7 @@ int64_t llama_kvgguf_read_rows(
 
     const size_t row_size = ggml_row_size(t->type, n_embd);
     const size_t el_size  = ggml_type_size(t->type);
-    const size_t strm_off = (size_t) strm*t->nb[2];
+    const size_t strm_off = (size_t) strm * t->nb[2];
 
     const bool host = t->buffer && ggml_backend_buffer_is_host(t->buffer);
 
@@ -240,36 +232,36 @@ int64_t llama_kvgguf_read_rows(
         }
     }
     const int64_t n = (int64_t) sel.size();
-    if (dst && (size_t) n*row_size > dst_size) {
+    if (dst && (size_t) n * row_size > dst_size) {
         return -2;
     }
-    std::vector<uint8_t> col; // a transposed V run: element e of its cells, contiguous in the tensor
+    std::vector<uint8_t> col;  // a transposed V run: element e of its cells, contiguous in the tensor
     for (int64_t i0 = 0, i1; dst && i0 < n; i0 = i1) {
         for (i1 = i0 + 1; i1 < n && sel[i1].second == sel[i1 - 1].second + 1; ++i1) {
         }
-        const uint32_t c0 = sel[i0].second;
-        const int64_t  nr = i1 - i0;
-        uint8_t * out = (uint8_t *) dst + (size_t) i0*row_size;
+        const uint32_t c0  = sel[i0].second;
+        const int64_t  nr  = i1 - i0;
+        uint8_t *      out = (uint8_t *) dst + (size_t) i0 * row_size;
         if (!trans) {
-            const size_t off = strm_off + (size_t) c0*t->nb[1];
+            const size_t off = strm_off + (size_t) c0 * t->nb[1];
             if (host) {
-                memcpy(out, (const uint8_t *) t->data + off, (size_t) nr*row_size);
+                memcpy(out, (const uint8_t *) t->data + off, (size_t) nr * row_size);
             } else {
-                ggml_backend_tensor_get(t, out, off, (size_t) nr*row_size);
+                ggml_backend_tensor_get(t, out, off, (size_t) nr * row_size);
             }
             continue;
         }
         // element e of cell c lives at (e*kv_size + c)*el_size
-        col.resize((size_t) nr*el_size);
+        col.resize((size_t) nr * el_size);
         for (int64_t e = 0; e < n_embd; ++e) {
-            const size_t off = strm_off + ((size_t) e*kv_size + c0)*el_size;
+            const size_t    off = strm_off + ((size_t) e * kv_size + c0) * el_size;
             const uint8_t * src = (const uint8_t *) t->data + off;
             if (!host) {
-                ggml_backend_tensor_get(t, col.data(), off, (size_t) nr*el_size);
+                ggml_backend_tensor_get(t, col.data(), off, (size_t) nr * el_size);
                 src = col.data();
             }
             for (int64_t r = 0; r < nr; ++r) {
-                memcpy(out + (size_t) r*row_size + e*el_size, src + (size_t) r*el_size, el_size);
+                memcpy(out + (size_t) r * row_size + e * el_size, src + (size_t) r * el_size, el_size);
             }
         }
     }
@@ -282,19 +274,13 @@ int64_t llama_kvgguf_read_rows(
     return n;
 }
 
-int64_t llama_kvgguf_view_cells(
-        llama_context                  * ctx,
-        llama_seq_id                     seq_id,
-        int32_t                          il,
-        int32_t                          kind,
-        llama_pos                        p0,
-        llama_pos                        p1,
-        struct llama_kvgguf_cells_view * view) {
+int64_t llama_kvgguf_view_cells(llama_context * ctx, llama_seq_id seq_id, int32_t il, int32_t kind, llama_pos p0,
+                                llama_pos p1, struct llama_kvgguf_cells_view * view) {
     if (!ctx || !view || seq_id < 0 || (kind != LLAMA_KVGGUF_K && kind != LLAMA_KVGGUF_V)) {
         return -1;
     }
     const llama_kv_cache * kv = kvgguf_cache_of(ctx, il);
-    ggml_tensor * t = !kv ? nullptr : kind == LLAMA_KVGGUF_K ? kv->get_k_storage(il) : kv->get_v_storage(il);
+    ggml_tensor *          t  = !kv ? nullptr : kind == LLAMA_KVGGUF_K ? kv->get_k_storage(il) : kv->get_v_storage(il);
     if (!t || !t->buffer || !t->data) {
         return -1;
     }
@@ -323,7 +309,7 @@ int64_t llama_kvgguf_view_cells(
     const bool    trans   = kind == LLAMA_KVGGUF_V && kv->get_v_trans();
     const size_t  el      = ggml_type_size(t->type);
     const int64_t kv_size = (int64_t) kv->get_size();
-    const size_t  off     = (size_t) kv->get_stream(seq_id)*t->nb[2] + (trans ? (size_t) c0*el : (size_t) c0*t->nb[1]);
+    const size_t off = (size_t) kv->get_stream(seq_id) * t->nb[2] + (trans ? (size_t) c0 * el : (size_t) c0 * t->nb[1]);
     ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(t->buffer);
 
     view->data       = (const char *) t->data + off;

@@ -12,7 +12,7 @@ int kvg_cpu_has_avx2_fma(void) {
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
     // F16C from CPUID itself: older clang (14) does not know __builtin_cpu_supports("f16c").
-    unsigned a, b, c, d;
+    unsigned  a, b, c, d;
     const int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
     // libgcc/compiler-rt also check (via XGETBV) that the OS saves the YMM registers
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
@@ -53,8 +53,8 @@ int kvg_set_simd_level(int level) {
     if (level != KVG_SIMD_SCALAR && level != best) {
         const char * name = level == KVG_SIMD_AVX2 ? "avx2" : "neon";
         const char * why  = level == KVG_SIMD_AVX2 && kvg_avx2_built() ? "this CPU lacks AVX2, FMA or F16C"
-                          : level == KVG_SIMD_AVX2                     ? "this build has no AVX2 kernels (x86-64 only)"
-                                                                       : "this build has no NEON kernels (AArch64 only)";
+                            : level == KVG_SIMD_AVX2 ? "this build has no AVX2 kernels (x86-64 only)"
+                                                     : "this build has no NEON kernels (AArch64 only)";
         return kvg_fail(KVG_ERR_UNSUPPORTED, "SIMD level %d (%s) is not supported: %s; this machine's best is %d",
                         level, name, why, best);
     }

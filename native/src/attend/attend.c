@@ -60,7 +60,8 @@ static int dense_chunk(int kind, const kvg_codec_traits * tr, const kvg_job * jo
             KVG_SIMD(kvg_dense_score)((tr->rotated ? a->qr : a->q) + hk * P * D, P, rows, n, D,
                                       rows + KVG_ATTN_CHUNK * D, s + hk * P * n, n);
         } else {
-            KVG_SIMD(kvg_dense_accumulate)(s + hk * P * n, n, P, rows, n, D, (tr->rotated ? a->accr : a->acc) + hk * P * D);
+            KVG_SIMD(kvg_dense_accumulate)(s + hk * P * n, n, P, rows, n, D,
+                                           (tr->rotated ? a->accr : a->acc) + hk * P * D);
         }
     }
     return KVG_OK;
@@ -119,8 +120,8 @@ static int32_t attend(kvg_store * s, int32_t il, int64_t r0, int64_t r1, const f
 // Internal query jj = (hk * n_tokens + t) * gqa + g is the caller's j = t * n_head + hk * gqa + g:
 // the queries of one KV head lie together, each kernel sees them as one run.
 void kvg_attn_gather(const float * q, const float * m, const float * l, const float * acc, int64_t n_tokens,
-                     int64_t n_head, int64_t gqa, int64_t dk, int64_t dv, float scale, float * wq, float * wm, float * wl,
-                     float * wacc) {
+                     int64_t n_head, int64_t gqa, int64_t dk, int64_t dv, float scale, float * wq, float * wm,
+                     float * wl, float * wacc) {
     const int64_t P = n_tokens * gqa;
     for (int64_t jj = 0; jj < n_tokens * n_head; jj++) {
         const int64_t j = ((jj % P) / gqa) * n_head + (jj / P) * gqa + jj % gqa;
@@ -144,9 +145,8 @@ void kvg_attn_scatter(const float * wm, const float * wl, const float * wacc, in
     }
 }
 
-int32_t kvg_store_hook_attend_capped(void * user, int32_t il, int64_t r0, int64_t r1, const float * q,
-                                     int32_t n_tokens, int32_t n_head, float scale, float softcap, float * m,
-                                     float * l, float * acc) {
+int32_t kvg_store_hook_attend_capped(void * user, int32_t il, int64_t r0, int64_t r1, const float * q, int32_t n_tokens,
+                                     int32_t n_head, float scale, float softcap, float * m, float * l, float * acc) {
     kvg_clear_error();
     kvg_store * s  = (kvg_store *) user;  // read only, but for the mass notes of this call's own slot
     int32_t     rc = s ? kvg_store_read_begin(s) : KVG_OK;
@@ -186,7 +186,7 @@ static int domain_of(const kvg_codec_traits * tr, int codec) {
 
 typedef struct acc_domain {
     int                      dom;
-    const kvg_codec_traits * tr;   // the codec of an own domain, and a job of its plan
+    const kvg_codec_traits * tr;  // the codec of an own domain, and a job of its plan
     kvg_job                  job;
 } acc_domain;
 
@@ -217,7 +217,8 @@ static int32_t attend(kvg_store * s, int32_t il, int64_t r0, int64_t r1, const f
     }
     const int64_t Hkv = s->p.n_head_kv;
     if (n_tokens <= 0 || n_head <= 0 || n_head % Hkv != 0) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "attend: needs n_tokens > 0 and n_head a positive multiple of n_head_kv = %lld, got %d, %d",
+        return kvg_fail(KVG_ERR_INVALID_ARG,
+                        "attend: needs n_tokens > 0 and n_head a positive multiple of n_head_kv = %lld, got %d, %d",
                         (long long) Hkv, (int) n_tokens, (int) n_head);
     }
     if (!isfinite(scale)) {
@@ -253,24 +254,24 @@ static int32_t attend(kvg_store * s, int32_t il, int64_t r0, int64_t r1, const f
     if (!ws) {
         return kvg_fail(KVG_ERR_NO_MEMORY, "attend: workspace of %zu floats", n_ws);
     }
-    float * wq    = ws;                     // [n_q][dk]   scaled queries, by KV head
-    float * wqr   = wq + n_q * dk;          // [n_q][dk]   rotated
-    float * wacc  = wqr + n_q * dk;         // [n_q][dv]
-    float * waccr = wacc + n_q * dv;        // [n_q][dv]
-    float * wm    = waccr + n_q * dv;       // [n_q]
-    float * wl    = wm + n_q;               // [n_q]
-    float * sc    = wl + n_q;               // [n_q][CHUNK] scores, then weights
+    float * wq    = ws;                // [n_q][dk]   scaled queries, by KV head
+    float * wqr   = wq + n_q * dk;     // [n_q][dk]   rotated
+    float * wacc  = wqr + n_q * dk;    // [n_q][dv]
+    float * waccr = wacc + n_q * dv;   // [n_q][dv]
+    float * wm    = waccr + n_q * dv;  // [n_q]
+    float * wl    = wm + n_q;          // [n_q]
+    float * sc    = wl + n_q;          // [n_q][CHUNK] scores, then weights
     float * tmp   = sc + n_q * KVG_ATTN_CHUNK;
 
     kvg_attn_gather(q, m, l, acc, n_tokens, n_head, gqa, dk, dv, scale, wq, wm, wl, wacc);
 
-    kvg_attn         a     = { n_q, P, wq, wqr, wacc, waccr, tmp };
-    kvg_mass_notes * notes = kvg_mass_begin(s, il, n_tokens, n_head, n_q, r0, r1);
-    const int simd   = kvg_simd_on();  // once per call: the level cannot change under a chunk
-    const int dense  = simd && P >= KVG_DENSE_MIN_QUERIES;
-    int       q_dom  = DOM_NONE;       // the domain wqr holds the queries in
-    acc_domain vdom  = { DOM_NONE, NULL, { 0 } };  // the domain waccr sums values in (zeroed at its start)
-    int       status = KVG_OK;
+    kvg_attn         a      = { n_q, P, wq, wqr, wacc, waccr, tmp };
+    kvg_mass_notes * notes  = kvg_mass_begin(s, il, n_tokens, n_head, n_q, r0, r1);
+    const int        simd   = kvg_simd_on();  // once per call: the level cannot change under a chunk
+    const int        dense  = simd && P >= KVG_DENSE_MIN_QUERIES;
+    int              q_dom  = DOM_NONE;                   // the domain wqr holds the queries in
+    acc_domain       vdom   = { DOM_NONE, NULL, { 0 } };  // the domain waccr sums values in (zeroed at its start)
+    int              status = KVG_OK;
 
     int64_t bk = kvg_rows_find_block(kr, r0);
     int64_t bv = kvg_rows_find_block(vr, r0);
@@ -278,21 +279,22 @@ static int32_t attend(kvg_store * s, int32_t il, int64_t r0, int64_t r1, const f
         const kvg_block * kb = &kr->blocks[bk];
         const kvg_block * vb = &vr->blocks[bv];
         const int64_t     ke = kb->row0 + kb->n_rows, ve = vb->row0 + vb->n_rows;
-        const int64_t     e  = ke < ve ? (ke < r1 ? ke : r1) : (ve < r1 ? ve : r1);
+        const int64_t     e = ke < ve ? (ke < r1 ? ke : r1) : (ve < r1 ? ve : r1);
 
         // Everything that can fail is settled before the run touches the state.
         const kvg_codec_traits * tk = kvg_codec_traits_of(kb->codec);
         const kvg_codec_traits * tv = kvg_codec_traits_of(vb->codec);
-        kvg_job jk, jv;
-        size_t  unused;
-        int     st = tk && tv ? KVG_OK : kvg_fail(KVG_ERR_UNKNOWN_CODEC, "attend: block of codec %d or %d", kb->codec, vb->codec);
+        kvg_job                  jk, jv;
+        size_t                   unused;
+        int st = tk && tv ? KVG_OK
+                          : kvg_fail(KVG_ERR_UNKNOWN_CODEC, "attend: block of codec %d or %d", kb->codec, vb->codec);
         if (st == KVG_OK) {
             const kvg_codec_params pk = kvg_store_list_params(s, (int64_t) il * 2, kb->codec, NULL);
-            st = kvg_make_job(kb->codec, KVG_KIND_K, kb->n_rows, Hkv, dk, &pk, &jk, &unused);
+            st                        = kvg_make_job(kb->codec, KVG_KIND_K, kb->n_rows, Hkv, dk, &pk, &jk, &unused);
         }
         if (st == KVG_OK) {
             const kvg_codec_params pv = kvg_store_list_params(s, (int64_t) il * 2 + 1, vb->codec, NULL);
-            st = kvg_make_job(vb->codec, KVG_KIND_V, vb->n_rows, Hkv, dv, &pv, &jv, &unused);
+            st                        = kvg_make_job(vb->codec, KVG_KIND_V, vb->n_rows, Hkv, dv, &pv, &jv, &unused);
         }
         if (st == KVG_OK && (kb->fail_reads || vb->fail_reads)) {
             st = kvg_fail(KVG_ERR_NO_MEMORY, "attend: injected read failure (kvg_store_debug_fail_reads)");

@@ -43,8 +43,12 @@ static void cells_f32(int simd, int32_t type, const uint8_t * base, const size_t
         return;
     }
     if (simd && f16_rows(nb, n_heads, D)) {
-        const kvg_job job = { .type = KVG_CODEC_F16, .bits = 16, .n_tokens = c + n, .n_heads = n_heads,
-                              .head_dim = D, .n_channels = n_heads * D };
+        const kvg_job job = { .type       = KVG_CODEC_F16,
+                              .bits       = 16,
+                              .n_tokens   = c + n,
+                              .n_heads    = n_heads,
+                              .head_dim   = D,
+                              .n_channels = n_heads * D };
         if (KVG_SIMD(kvg_dense_rows)(&job, base, c, n, hk, out) == KVG_OK) {
             return;
         }
@@ -79,15 +83,15 @@ static int cells_readable(int32_t type, const size_t * nb, int64_t D) {
 
 int32_t kvg_attend_f16(const float * q, int32_t n_tokens, int32_t n_head, int32_t n_head_kv, int64_t head_dim_k,
                        int64_t head_dim_v, const void * k, int32_t k_type, const size_t * k_nb, const void * v,
-                       int32_t v_type, const size_t * v_nb, int64_t c0, int64_t c1, const void * mask,
-                       int32_t mask_f16, size_t mask_nb1, float scale, float softcap, float * m, float * l,
-                       float * acc) {
+                       int32_t v_type, const size_t * v_nb, int64_t c0, int64_t c1, const void * mask, int32_t mask_f16,
+                       size_t mask_nb1, float scale, float softcap, float * m, float * l, float * acc) {
     kvg_clear_error();
     if (!q || !k || !k_nb || !v || !v_nb || !m || !l || !acc) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "attend_f16: q, k, k_nb, v, v_nb, m, l and acc must not be NULL");
     }
     if (n_tokens <= 0 || n_head_kv <= 0 || n_head <= 0 || n_head % n_head_kv != 0) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "attend_f16: needs n_tokens > 0 and n_head a positive multiple of n_head_kv, got %d, %d, %d",
+        return kvg_fail(KVG_ERR_INVALID_ARG,
+                        "attend_f16: needs n_tokens > 0 and n_head a positive multiple of n_head_kv, got %d, %d, %d",
                         (int) n_tokens, (int) n_head, (int) n_head_kv);
     }
     if (head_dim_k <= 0 || head_dim_v <= 0 || head_dim_k > 4096 || head_dim_v > 4096 || c0 < 0 || c1 < c0) {
@@ -99,10 +103,11 @@ int32_t kvg_attend_f16(const float * q, int32_t n_tokens, int32_t n_head, int32_
                         (double) scale, (double) softcap);
     }
     if (!cells_readable(k_type, k_nb, head_dim_k) || !cells_readable(v_type, v_nb, head_dim_v)) {
-        return kvg_fail(KVG_ERR_INVALID_ARG,
-                        "attend_f16: cells of ggml types %d (K) and %d (V) with these strides cannot be read: f16 (1) "
-                        "takes any strides, q8_0 (8) whole blocks of 34 bytes per head and head dims of multiples of 32",
-                        (int) k_type, (int) v_type);
+        return kvg_fail(
+            KVG_ERR_INVALID_ARG,
+            "attend_f16: cells of ggml types %d (K) and %d (V) with these strides cannot be read: f16 (1) "
+            "takes any strides, q8_0 (8) whole blocks of 34 bytes per head and head dims of multiples of 32",
+            (int) k_type, (int) v_type);
     }
     if (c0 == c1) {
         return KVG_OK;
@@ -115,36 +120,39 @@ int32_t kvg_attend_f16(const float * q, int32_t n_tokens, int32_t n_head, int32_
     if ((uint64_t) n_q * (uint64_t) (dm + 4 * KVG_ATTN_CHUNK) > ((uint64_t) 1 << 36)) {
         return kvg_fail(KVG_ERR_NO_MEMORY, "attend_f16: %lld queries need too large a workspace", (long long) n_q);
     }
-    const size_t n_ws  = (size_t) (n_q * (dk + dv + 2 + KVG_ATTN_CHUNK) + n_tokens * KVG_ATTN_CHUNK + KVG_ATTN_TMP(n_q, dm));
-    float *      ws    = kvg_thread_scratch(KVG_SCRATCH_ATTEND, n_ws);
-    float *      cells = kvg_thread_scratch(KVG_SCRATCH_DENSE, (size_t) (2 * KVG_ATTN_CHUNK * dm));
+    const size_t n_ws =
+        (size_t) (n_q * (dk + dv + 2 + KVG_ATTN_CHUNK) + n_tokens * KVG_ATTN_CHUNK + KVG_ATTN_TMP(n_q, dm));
+    float * ws    = kvg_thread_scratch(KVG_SCRATCH_ATTEND, n_ws);
+    float * cells = kvg_thread_scratch(KVG_SCRATCH_DENSE, (size_t) (2 * KVG_ATTN_CHUNK * dm));
     if (!ws || !cells) {
         return kvg_fail(KVG_ERR_NO_MEMORY, "attend_f16: workspace of %zu floats", n_ws);
     }
-    float * wq   = ws;               // [n_q][dk]   scaled queries, by KV head
-    float * wacc = wq + n_q * dk;    // [n_q][dv]
-    float * wm   = wacc + n_q * dv;  // [n_q]
-    float * wl   = wm + n_q;         // [n_q]
-    float * sc   = wl + n_q;         // [n_q][CHUNK] scores, then weights
+    float * wq   = ws;                         // [n_q][dk]   scaled queries, by KV head
+    float * wacc = wq + n_q * dk;              // [n_q][dv]
+    float * wm   = wacc + n_q * dv;            // [n_q]
+    float * wl   = wm + n_q;                   // [n_q]
+    float * sc   = wl + n_q;                   // [n_q][CHUNK] scores, then weights
     float * mk   = sc + n_q * KVG_ATTN_CHUNK;  // [n_tokens][CHUNK] the chunk's mask, f32
     float * tmp  = mk + n_tokens * KVG_ATTN_CHUNK;
 
     kvg_attn_gather(q, m, l, acc, n_tokens, n_head, gqa, dk, dv, scale, wq, wm, wl, wacc);
 
-    const int       simd = kvg_simd_on();
-    const kvg_attn  a    = { n_q, P, wq, wq, wacc, wacc, tmp };
-    const uint8_t * kb = (const uint8_t *) k, *vb = (const uint8_t *) v, *mb = (const uint8_t *) mask;
+    const int      simd = kvg_simd_on();
+    const kvg_attn a    = { n_q, P, wq, wq, wacc, wacc, tmp };
+    const uint8_t *kb = (const uint8_t *) k, *vb = (const uint8_t *) v, *mb = (const uint8_t *) mask;
     // A decode step's few queries per KV head: the f16 codec's per-row kernels, where the cells
     // are laid out as its rows are (llama.cpp's K, and V with flash attention on).
-    const kvg_job jk = { .type = KVG_CODEC_F16, .bits = 16, .n_tokens = c1, .n_heads = Hkv, .head_dim = dk,
-                         .n_channels = Hkv * dk };
-    const kvg_job jv = { .type = KVG_CODEC_F16, .bits = 16, .n_tokens = c1, .n_heads = Hkv, .head_dim = dv,
-                         .n_channels = Hkv * dv };
+    const kvg_job jk = {
+        .type = KVG_CODEC_F16, .bits = 16, .n_tokens = c1, .n_heads = Hkv, .head_dim = dk, .n_channels = Hkv * dk
+    };
+    const kvg_job jv = {
+        .type = KVG_CODEC_F16, .bits = 16, .n_tokens = c1, .n_heads = Hkv, .head_dim = dv, .n_channels = Hkv * dv
+    };
     const int rows_k = simd && P < KVG_DENSE_MIN_QUERIES && k_type == KVG_CELLS_F16 && f16_rows(k_nb, Hkv, dk);
     const int rows_v = simd && P < KVG_DENSE_MIN_QUERIES && v_type == KVG_CELLS_F16 && f16_rows(v_nb, Hkv, dv);
     for (int64_t c = c0; c < c1; c += KVG_ATTN_CHUNK) {
-        const int64_t n = c1 - c < KVG_ATTN_CHUNK ? c1 - c : KVG_ATTN_CHUNK;
-        int st = rows_k ? KVG_SIMD(kvg_f16_score)(&jk, kb, c, n, &a, sc) : KVG_NOT_HANDLED;
+        const int64_t n  = c1 - c < KVG_ATTN_CHUNK ? c1 - c : KVG_ATTN_CHUNK;
+        int           st = rows_k ? KVG_SIMD(kvg_f16_score)(&jk, kb, c, n, &a, sc) : KVG_NOT_HANDLED;
         for (int64_t hk = 0; hk < Hkv && st != KVG_OK; hk++) {
             cells_f32(simd, k_type, kb, k_nb, Hkv, dk, hk, c, n, cells);
             const float * qh = wq + hk * P * dk;

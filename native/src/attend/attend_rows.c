@@ -20,7 +20,8 @@ static const float * decoded(const kvg_job * job, const uint8_t * src, int * st)
     return *st == KVG_OK ? rows : NULL;
 }
 
-int kvg_rows_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out) {
+int kvg_rows_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                       float * out) {
     int           st;
     const float * rows = decoded(job, src, &st);
     if (rows == NULL) {

@@ -36,8 +36,8 @@
 #    include <math.h>
 
 // res[g] = dot(q + g * D, the head at row) for g < nq; nq is a constant once inlined.
-KVG_INLINE void dot_block(int fam, int bits, int nq, const lanes * L, const uint8_t * row, int64_t D,
-                          const float * q, float * res) {
+KVG_INLINE void dot_block(int fam, int bits, int nq, const lanes * L, const uint8_t * row, int64_t D, const float * q,
+                          float * res) {
     vf8 acc[KVG_QB];
     for (int g = 0; g < nq; g++) {
         acc[g] = vf8_zero();
@@ -72,8 +72,8 @@ KVG_INLINE void dot_queries(int fam, int bits, const lanes * L, const uint8_t * 
 // acc[g * D + i] += sum over t < n of w[g * n + t] * lanes(row t, i), for g < nq, every i.
 // Row t's head starts at row0 + t * stride. Two accumulators per query (even and odd rows)
 // halve the dependency chain of the sum.
-KVG_INLINE void axpy_block(int fam, int bits, int nq, const lanes * L, const uint8_t * row0, int64_t stride,
-                           int64_t n, const float * w, float * acc, int64_t D) {
+KVG_INLINE void axpy_block(int fam, int bits, int nq, const lanes * L, const uint8_t * row0, int64_t stride, int64_t n,
+                           const float * w, float * acc, int64_t D) {
     for (int64_t i = 0; i < D; i += 8) {
         vf8 a0[KVG_QB], a1[KVG_QB];
         for (int g = 0; g < nq; g++) {
@@ -119,7 +119,7 @@ KVG_INLINE void axpy_queries(int fam, int bits, const lanes * L, const uint8_t *
 // ---- f16 -----------------------------------------------------------------------------------
 
 int KVG_SIMD_NAME(kvg_f16_score)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
-                            float * out) {
+                                 float * out) {
     const int64_t D = job->head_dim, C = job->n_channels, P = a->per_head;
     if (D % 8 != 0) {
         return KVG_NOT_HANDLED;
@@ -138,14 +138,15 @@ int KVG_SIMD_NAME(kvg_f16_score)(const kvg_job * job, const uint8_t * src, int64
 }
 
 int KVG_SIMD_NAME(kvg_f16_accumulate)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
-                                 const kvg_attn * a) {
+                                      const kvg_attn * a) {
     const int64_t D = job->head_dim, C = job->n_channels, P = a->per_head;
     if (D % 8 != 0) {
         return KVG_NOT_HANDLED;
     }
     const lanes L = make_lanes(1, NULL);
     for (int64_t hk = 0; hk < job->n_heads; hk++) {
-        axpy_queries(KVG_LANES_F16, 16, &L, src + 2 * (t0 * C + hk * D), 2 * C, n, p + hk * P * n, a->acc + hk * P * D, D, P);
+        axpy_queries(KVG_LANES_F16, 16, &L, src + 2 * (t0 * C + hk * D), 2 * C, n, p + hk * P * n, a->acc + hk * P * D,
+                     D, P);
     }
     return KVG_OK;
 }
@@ -163,7 +164,8 @@ KVG_INLINE void rotq_score_bits(int bits, const kvg_job * job, const uint8_t * s
         for (int64_t hk = 0; hk < H; hk++) {
             const int64_t v = (t0 + t) * H + hk;
             const float   f = half_to_float(kvg_get_u16(src + 2 * v)) * inv_d;
-            dot_queries(KVG_LANES_CB, bits, &L, codes + (size_t) (v * D / 8) * (size_t) bits, D, a->qr + hk * P * D, P, res);
+            dot_queries(KVG_LANES_CB, bits, &L, codes + (size_t) (v * D / 8) * (size_t) bits, D, a->qr + hk * P * D, P,
+                        res);
             for (int64_t g = 0; g < P; g++) {
                 out[(hk * P + g) * n + t] = f * res[g];
             }
@@ -172,7 +174,7 @@ KVG_INLINE void rotq_score_bits(int bits, const kvg_job * job, const uint8_t * s
 }
 
 int KVG_SIMD_NAME(kvg_rotq_score)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
-                             float * out) {
+                                  float * out) {
     if (job->head_dim < 8) {
         return KVG_NOT_HANDLED;
     }
@@ -206,7 +208,7 @@ KVG_INLINE void rotq_accumulate_bits(int bits, const kvg_job * job, const uint8_
 }
 
 int KVG_SIMD_NAME(kvg_rotq_accumulate)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
-                                  const kvg_attn * a) {
+                                       const kvg_attn * a) {
     if (job->head_dim < 8) {
         return KVG_NOT_HANDLED;
     }
@@ -268,7 +270,7 @@ KVG_INLINE void kivi_score_bits(int bits, const kvg_job * job, const uint8_t * s
 }
 
 int KVG_SIMD_NAME(kvg_kivi_score)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
-                             float * out) {
+                                  float * out) {
     if (job->head_dim % 8 != 0) {
         return KVG_NOT_HANDLED;  // heads would not start on byte boundaries
     }
@@ -285,8 +287,8 @@ int KVG_SIMD_NAME(kvg_kivi_score)(const kvg_job * job, const uint8_t * src, int6
 // Values: with G a multiple of 8, each 8 lanes of a row share one group, whose (min, scale) of
 // row t are mn[t * ng + k], sc[t * ng + k] with k the group's index among the head's groups.
 KVG_INLINE void kivi_axpy_block(int bits, int nq, const lanes * L, const uint8_t * row0, int64_t stride, int64_t n,
-                                const float * w, float * acc, int64_t D, const float * mn, const float * sc,
-                                int64_t ng, int64_t c0, int64_t G) {
+                                const float * w, float * acc, int64_t D, const float * mn, const float * sc, int64_t ng,
+                                int64_t c0, int64_t G) {
     for (int64_t i = 0; i < D; i += 8) {
         const int64_t k = (c0 + i) / G - c0 / G;
         vf8           s[KVG_QB];
@@ -318,8 +320,8 @@ KVG_INLINE void kivi_accumulate_bits(int bits, const kvg_job * job, const uint8_
     for (int64_t hk = 0; hk < job->n_heads; hk++) {
         const int64_t c0 = hk * D;
         const int64_t ng = (c0 + D - 1) / G - c0 / G + 1;  // groups the head touches
-        float *       mn = a->tmp;                          // [n][ng]
-        float *       sc = mn + n * ng;                     // [n][ng]
+        float *       mn = a->tmp;                         // [n][ng]
+        float *       sc = mn + n * ng;                    // [n][ng]
         for (int64_t t = 0; t < n; t++) {
             for (int64_t k = 0; k < ng; k++) {
                 const kvg_kivi_group * g = groups + (t0 + t) * n_cg + c0 / G + k;
@@ -342,7 +344,7 @@ KVG_INLINE void kivi_accumulate_bits(int bits, const kvg_job * job, const uint8_
 }
 
 int KVG_SIMD_NAME(kvg_kivi_accumulate)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
-                                  const kvg_attn * a) {
+                                       const kvg_attn * a) {
     if (job->head_dim % 8 != 0 || job->group_size % 8 != 0) {
         return KVG_NOT_HANDLED;  // heads off byte boundaries, or 8 lanes spanning two groups
     }
@@ -370,7 +372,7 @@ static void scale_row(float * x, int64_t n, float f) {
 }
 
 void KVG_SIMD_NAME(kvg_attn_softmax)(const kvg_attn * a, float * m, float * l, float * s, int64_t n, int64_t dv,
-                                int rotated) {
+                                     int rotated) {
     for (int64_t j = 0; j < a->n_q; j++) {
         float * sj = s + j * n;
         int64_t t  = 0;
@@ -462,14 +464,14 @@ static void wfq_plan_of(const kvg_job * job, int64_t hk, wfq_plan * p) {
             continue;
         }
         for (int32_t i = 0; i < st.n; i += 8) {
-            const uint32_t bit = st.bit + (uint32_t) (i * st.bits);
+            const uint32_t bit       = st.bit + (uint32_t) (i * st.bits);
             p->groups[p->n_groups++] = (wfq_group) { st.a + i, (int32_t) (bit >> 3), (int32_t) (bit & 7),
                                                      st.bits <= 4 ? st.bits : 0, st.n - i < 8 ? st.n - i : 8 };
         }
         for (int32_t i = 0; st.bits > 4 && i < st.n; i++) {
-            const uint32_t bit = st.bit + (uint32_t) (i * st.bits);
-            p->wide[p->n_wide++] = (wfq_code) { st.a + i, (int32_t) (bit >> 3), (int32_t) (bit & 7),
-                                                (1 << st.bits) - 1, kvg_wfq_level_table(st.bits) };
+            const uint32_t bit   = st.bit + (uint32_t) (i * st.bits);
+            p->wide[p->n_wide++] = (wfq_code) { st.a + i, (int32_t) (bit >> 3), (int32_t) (bit & 7), (1 << st.bits) - 1,
+                                                kvg_wfq_level_table(st.bits) };
         }
     }
     for (int b = 1; b <= 4; b++) {
@@ -534,7 +536,7 @@ KVG_INLINE void wfq_dot_block(int nq, const wfq_plan * p, const uint8_t * codes,
 }
 
 int KVG_SIMD_NAME(kvg_wfq_score)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
-                            float * out) {
+                                 float * out) {
     const int64_t D = job->head_dim, P = a->per_head, QS = D + 8;
     float *       qpad = a->tmp;                                      // [P][QS]: a KV head's queries, 0 past D
     float *       res  = qpad + P * QS;                               // [P]
@@ -572,7 +574,7 @@ int KVG_SIMD_NAME(kvg_wfq_score)(const kvg_job * job, const uint8_t * src, int64
 }
 
 int KVG_SIMD_NAME(kvg_wfq_accumulate)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
-                                 const kvg_attn * a) {
+                                      const kvg_attn * a) {
     const int64_t D = job->head_dim, P = a->per_head;
     if (D % 8 != 0) {
         return KVG_NOT_HANDLED;  // axpy_queries takes 8 lanes at a time
@@ -608,7 +610,8 @@ int KVG_SIMD_NAME(kvg_wfq_accumulate)(const kvg_job * job, const uint8_t * src, 
                 w[g * n + t] = p[(hk * P + g) * n + t] * gain[t];
             }
         }
-        axpy_queries(KVG_LANES_F32, 0, &F, (const uint8_t *) z, D * (int64_t) sizeof(float), n, w, a->accr + hk * P * D, D, P);
+        axpy_queries(KVG_LANES_F32, 0, &F, (const uint8_t *) z, D * (int64_t) sizeof(float), n, w, a->accr + hk * P * D,
+                     D, P);
     }
     return KVG_OK;
 }
@@ -679,7 +682,7 @@ KVG_INLINE void tcq_score_bits(int bits, const kvg_job * job, const uint8_t * sr
 }
 
 int KVG_SIMD_NAME(kvg_tcq_score)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
-                            float * out) {
+                                 float * out) {
     if (job->head_dim % 8 != 0) {
         return KVG_NOT_HANDLED;
     }
@@ -694,7 +697,7 @@ int KVG_SIMD_NAME(kvg_tcq_score)(const kvg_job * job, const uint8_t * src, int64
 
 // Values: each row's levels once (rows of z), then summed for every query as f32 lanes.
 int KVG_SIMD_NAME(kvg_tcq_accumulate)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
-                                 const kvg_attn * a) {
+                                      const kvg_attn * a) {
     const int64_t D = job->head_dim, H = job->n_heads, P = a->per_head;
     const int     bits = job->bits;
     if (D % 8 != 0 || bits < 2 || bits > 4) {
@@ -719,7 +722,8 @@ int KVG_SIMD_NAME(kvg_tcq_accumulate)(const kvg_job * job, const uint8_t * src, 
                 w[g * n + t] = p[(hk * P + g) * n + t] * f;
             }
         }
-        axpy_queries(KVG_LANES_F32, 0, &F, (const uint8_t *) z, D * (int64_t) sizeof(float), n, w, a->accr + hk * P * D, D, P);
+        axpy_queries(KVG_LANES_F32, 0, &F, (const uint8_t *) z, D * (int64_t) sizeof(float), n, w, a->accr + hk * P * D,
+                     D, P);
     }
     return KVG_OK;
 }
@@ -762,7 +766,7 @@ int KVG_SIMD_NAME(kvg_dense_rows)(const kvg_job * job, const uint8_t * src, int6
     const float     inv_d = 1.0f / (float) D;
     const size_t    vb    = (size_t) (D / 8) * (size_t) bits;  // code bytes per head vector
     uint8_t         pad[KVG_ROTQ_MAX_HEAD_DIM / 2 + 8];
-    const lanes     L     = make_lanes(rotq ? bits : 1, rotq ? kvg_rotq_get_book(D)->centroid[bits] : NULL);
+    const lanes     L = make_lanes(rotq ? bits : 1, rotq ? kvg_rotq_get_book(D)->centroid[bits] : NULL);
     for (int64_t t = 0; t < n; t++) {
         const int64_t v = (t0 + t) * H + hk;
         const vf8     f = vf8_set1(half_to_float(kvg_get_u16(src + 2 * v)) * inv_d);
@@ -869,84 +873,152 @@ void KVG_SIMD_NAME(kvg_dense_accumulate)(const float * w, int64_t ldw, int64_t P
 #else  // KVG_SIMD_STUBS: a build without this instruction set
 
 void KVG_SIMD_NAME(kvg_attn_softmax)(const kvg_attn * a, float * m, float * l, float * s, int64_t n, int64_t dv,
-                                int rotated) {
+                                     int rotated) {
     kvg_attn_softmax_ref(a, m, l, s, n, dv, rotated);
 }
 
 int KVG_SIMD_NAME(kvg_f16_score)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
-                            float * out) {
-    (void) job; (void) src; (void) t0; (void) n; (void) a; (void) out;
+                                 float * out) {
+    (void) job;
+    (void) src;
+    (void) t0;
+    (void) n;
+    (void) a;
+    (void) out;
     return KVG_NOT_HANDLED;
 }
 
 int KVG_SIMD_NAME(kvg_f16_accumulate)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
-                                 const kvg_attn * a) {
-    (void) job; (void) src; (void) t0; (void) n; (void) p; (void) a;
+                                      const kvg_attn * a) {
+    (void) job;
+    (void) src;
+    (void) t0;
+    (void) n;
+    (void) p;
+    (void) a;
     return KVG_NOT_HANDLED;
 }
 
 int KVG_SIMD_NAME(kvg_rotq_score)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
-                             float * out) {
-    (void) job; (void) src; (void) t0; (void) n; (void) a; (void) out;
+                                  float * out) {
+    (void) job;
+    (void) src;
+    (void) t0;
+    (void) n;
+    (void) a;
+    (void) out;
     return KVG_NOT_HANDLED;
 }
 
 int KVG_SIMD_NAME(kvg_rotq_accumulate)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
-                                  const kvg_attn * a) {
-    (void) job; (void) src; (void) t0; (void) n; (void) p; (void) a;
+                                       const kvg_attn * a) {
+    (void) job;
+    (void) src;
+    (void) t0;
+    (void) n;
+    (void) p;
+    (void) a;
     return KVG_NOT_HANDLED;
 }
 
 int KVG_SIMD_NAME(kvg_kivi_score)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
-                             float * out) {
-    (void) job; (void) src; (void) t0; (void) n; (void) a; (void) out;
+                                  float * out) {
+    (void) job;
+    (void) src;
+    (void) t0;
+    (void) n;
+    (void) a;
+    (void) out;
     return KVG_NOT_HANDLED;
 }
 
 int KVG_SIMD_NAME(kvg_kivi_accumulate)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
-                                  const kvg_attn * a) {
-    (void) job; (void) src; (void) t0; (void) n; (void) p; (void) a;
+                                       const kvg_attn * a) {
+    (void) job;
+    (void) src;
+    (void) t0;
+    (void) n;
+    (void) p;
+    (void) a;
     return KVG_NOT_HANDLED;
 }
 
 int KVG_SIMD_NAME(kvg_wfq_score)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
-                            float * out) {
-    (void) job; (void) src; (void) t0; (void) n; (void) a; (void) out;
+                                 float * out) {
+    (void) job;
+    (void) src;
+    (void) t0;
+    (void) n;
+    (void) a;
+    (void) out;
     return KVG_NOT_HANDLED;
 }
 
 int KVG_SIMD_NAME(kvg_wfq_accumulate)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
-                                 const kvg_attn * a) {
-    (void) job; (void) src; (void) t0; (void) n; (void) p; (void) a;
+                                      const kvg_attn * a) {
+    (void) job;
+    (void) src;
+    (void) t0;
+    (void) n;
+    (void) p;
+    (void) a;
     return KVG_NOT_HANDLED;
 }
 
 int KVG_SIMD_NAME(kvg_tcq_score)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
-                            float * out) {
-    (void) job; (void) src; (void) t0; (void) n; (void) a; (void) out;
+                                 float * out) {
+    (void) job;
+    (void) src;
+    (void) t0;
+    (void) n;
+    (void) a;
+    (void) out;
     return KVG_NOT_HANDLED;
 }
 
 int KVG_SIMD_NAME(kvg_tcq_accumulate)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
-                                 const kvg_attn * a) {
-    (void) job; (void) src; (void) t0; (void) n; (void) p; (void) a;
+                                      const kvg_attn * a) {
+    (void) job;
+    (void) src;
+    (void) t0;
+    (void) n;
+    (void) p;
+    (void) a;
     return KVG_NOT_HANDLED;
 }
 
 int KVG_SIMD_NAME(kvg_dense_rows)(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, int64_t hk,
                                   float * out) {
-    (void) job; (void) src; (void) t0; (void) n; (void) hk; (void) out;
+    (void) job;
+    (void) src;
+    (void) t0;
+    (void) n;
+    (void) hk;
+    (void) out;
     return KVG_NOT_HANDLED;
 }
 
 void KVG_SIMD_NAME(kvg_dense_score)(const float * q, int64_t P, const float * keys, int64_t n, int64_t D, float * kt,
                                     float * out, int64_t ldo) {
-    (void) q; (void) P; (void) keys; (void) n; (void) D; (void) kt; (void) out; (void) ldo;
+    (void) q;
+    (void) P;
+    (void) keys;
+    (void) n;
+    (void) D;
+    (void) kt;
+    (void) out;
+    (void) ldo;
 }
 
 void KVG_SIMD_NAME(kvg_dense_accumulate)(const float * w, int64_t ldw, int64_t P, const float * rows, int64_t n,
                                          int64_t D, float * acc) {
-    (void) w; (void) ldw; (void) P; (void) rows; (void) n; (void) D; (void) acc;
+    (void) w;
+    (void) ldw;
+    (void) P;
+    (void) rows;
+    (void) n;
+    (void) D;
+    (void) acc;
 }
 
 #endif  // KVG_SIMD_STUBS

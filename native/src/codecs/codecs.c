@@ -12,104 +12,105 @@
 // The head dims of rotq's rotation (a Walsh-Hadamard transform).
 #define KVG_ROTQ_HEAD_DIM .head_dim_pow2 = 1, .head_dim_min = 2, .head_dim_max = KVG_ROTQ_MAX_HEAD_DIM
 
-#define KVG_F16_ROW .family = "f16", \
-                    .encoded_size = kvg_f16_size, .encode_ref = kvg_f16_encode_ref, \
-                    .decode_ref = kvg_f16_decode_ref, .check = kvg_f16_check, .score_ref = kvg_f16_score_ref, \
-                    .accumulate_ref = kvg_f16_accumulate_ref, .score_simd = KVG_SIMD(kvg_f16_score), \
-                    .accumulate_simd = KVG_SIMD(kvg_f16_accumulate)
+#define KVG_F16_ROW                                                                                                    \
+    .family = "f16", .encoded_size = kvg_f16_size, .encode_ref = kvg_f16_encode_ref, .decode_ref = kvg_f16_decode_ref, \
+    .check = kvg_f16_check, .score_ref = kvg_f16_score_ref, .accumulate_ref = kvg_f16_accumulate_ref,                  \
+    .score_simd = KVG_SIMD(kvg_f16_score), .accumulate_simd = KVG_SIMD(kvg_f16_accumulate)
 
 // an f16 min and scale per group of params.group_size values
-#define KVG_KIVI_ROW .family = "kivi", .group_bits = 32, .group_values = 0, \
-                     .encoded_size = kvg_kivi_size, .encode_ref = kvg_kivi_encode_ref, \
-                     .decode_ref = kvg_kivi_decode_ref, .encode_simd = KVG_SIMD(kvg_kivi_encode), \
-                     .decode_simd = KVG_SIMD(kvg_kivi_decode), .check = kvg_kivi_check, \
-                     .score_ref = kvg_kivi_score_ref, .accumulate_ref = kvg_kivi_accumulate_ref, \
-                     .score_simd = KVG_SIMD(kvg_kivi_score), .accumulate_simd = KVG_SIMD(kvg_kivi_accumulate)
+#define KVG_KIVI_ROW                                                                                                   \
+    .family = "kivi", .group_bits = 32, .group_values = 0, .encoded_size = kvg_kivi_size,                              \
+    .encode_ref = kvg_kivi_encode_ref, .decode_ref = kvg_kivi_decode_ref, .encode_simd = KVG_SIMD(kvg_kivi_encode),    \
+    .decode_simd = KVG_SIMD(kvg_kivi_decode), .check = kvg_kivi_check, .score_ref = kvg_kivi_score_ref,                \
+    .accumulate_ref = kvg_kivi_accumulate_ref, .score_simd = KVG_SIMD(kvg_kivi_score),                                 \
+    .accumulate_simd = KVG_SIMD(kvg_kivi_accumulate)
 
 // an f16 norm per head vector
-#define KVG_ROTQ_ROW .family = "rotq", KVG_ROTQ_HEAD_DIM, .vector_bits = 16, \
-                     .rotated = 1, .encoded_size = kvg_rotq_size, .encode_ref = kvg_rotq_encode_ref, \
-                     .decode_ref = kvg_rotq_decode_ref, .encode_simd = KVG_SIMD(kvg_rotq_encode), \
-                     .decode_simd = KVG_SIMD(kvg_rotq_decode), .check = kvg_rotq_check, \
-                     .score_ref = kvg_rotq_score_ref, .accumulate_ref = kvg_rotq_accumulate_ref, \
-                     .score_simd = KVG_SIMD(kvg_rotq_score), .accumulate_simd = KVG_SIMD(kvg_rotq_accumulate)
+#define KVG_ROTQ_ROW                                                                                                   \
+    .family = "rotq", KVG_ROTQ_HEAD_DIM, .vector_bits = 16, .rotated = 1, .encoded_size = kvg_rotq_size,               \
+    .encode_ref = kvg_rotq_encode_ref, .decode_ref = kvg_rotq_decode_ref, .encode_simd = KVG_SIMD(kvg_rotq_encode),    \
+    .decode_simd = KVG_SIMD(kvg_rotq_decode), .check = kvg_rotq_check, .score_ref = kvg_rotq_score_ref,                \
+    .accumulate_ref = kvg_rotq_accumulate_ref, .score_simd = KVG_SIMD(kvg_rotq_score),                                 \
+    .accumulate_simd = KVG_SIMD(kvg_rotq_accumulate)
 
 // rotq's f16 norm per head vector, and an f16 mean per channel per KVG_CROTQ_TOKENS tokens
-#define KVG_CROTQ_ROW .family = "crotq", KVG_ROTQ_HEAD_DIM, .vector_bits = 16, .group_bits = 16, \
-                      .group_values = KVG_CROTQ_TOKENS, \
-                      .rotated = 1, .encoded_size = kvg_crotq_size, .encode_ref = kvg_crotq_encode_ref, \
-                      .decode_ref = kvg_crotq_decode_ref, .encode_simd = KVG_SIMD(kvg_crotq_encode), \
-                      .decode_simd = KVG_SIMD(kvg_crotq_decode), .check = kvg_crotq_check, \
-                      .score_ref = kvg_crotq_score_ref, .accumulate_ref = kvg_crotq_accumulate_ref, \
-                      .score_simd = KVG_SIMD(kvg_crotq_score), .accumulate_simd = KVG_SIMD(kvg_crotq_accumulate)
+#define KVG_CROTQ_ROW                                                                                                  \
+    .family = "crotq", KVG_ROTQ_HEAD_DIM, .vector_bits = 16, .group_bits = 16, .group_values = KVG_CROTQ_TOKENS,       \
+    .rotated = 1, .encoded_size = kvg_crotq_size, .encode_ref = kvg_crotq_encode_ref,                                  \
+    .decode_ref = kvg_crotq_decode_ref, .encode_simd = KVG_SIMD(kvg_crotq_encode),                                     \
+    .decode_simd = KVG_SIMD(kvg_crotq_decode), .check = kvg_crotq_check, .score_ref = kvg_crotq_score_ref,             \
+    .accumulate_ref = kvg_crotq_accumulate_ref, .score_simd = KVG_SIMD(kvg_crotq_score),                               \
+    .accumulate_simd = KVG_SIMD(kvg_crotq_accumulate)
 
 // Codecs with side data per block (delta, outliers, low-rank, QJL): scalar encode/decode,
 // attention through attend_rows.c's decode-and-dot.
-#define KVG_ROWS_ROW(fam) .family = #fam, .block_side_data = 1, \
-                          .encoded_size = kvg_##fam##_size, .encode_ref = kvg_##fam##_encode_ref, \
-                          .decode_ref = kvg_##fam##_decode_ref, .check = kvg_##fam##_check, \
-                          .score_ref = kvg_rows_score_ref, .accumulate_ref = kvg_rows_accumulate_ref
+#define KVG_ROWS_ROW(fam)                                                                                              \
+    .family = #fam, .block_side_data = 1, .encoded_size = kvg_##fam##_size, .encode_ref = kvg_##fam##_encode_ref,      \
+    .decode_ref = kvg_##fam##_decode_ref, .check = kvg_##fam##_check, .score_ref = kvg_rows_score_ref,                 \
+    .accumulate_ref = kvg_rows_accumulate_ref
 
 // pq2, vq8, vq8f: a codebook per (layer, kind), rotq's f16 norm per head vector; scalar, scored
 // and summed from their codes in the rotated domain (as rotq is).
-#define KVG_PQ_ROW .book = KVG_BOOK_CODEBOOK, .head_dim_pow2 = 1, .head_dim_min = 4, \
-                   .head_dim_max = KVG_ROTQ_MAX_HEAD_DIM, .vector_bits = 16, \
-                   .rotated = 1, .encoded_size = kvg_pq_size, .encode_ref = kvg_pq_encode_ref, \
-                   .decode_ref = kvg_pq_decode_ref, .check = kvg_pq_check, .score_ref = kvg_pq_score_ref, \
-                   .accumulate_ref = kvg_pq_accumulate_ref
+#define KVG_PQ_ROW                                                                                                     \
+    .book = KVG_BOOK_CODEBOOK, .head_dim_pow2 = 1, .head_dim_min = 4, .head_dim_max = KVG_ROTQ_MAX_HEAD_DIM,           \
+    .vector_bits = 16, .rotated = 1, .encoded_size = kvg_pq_size, .encode_ref = kvg_pq_encode_ref,                     \
+    .decode_ref = kvg_pq_decode_ref, .check = kvg_pq_check, .score_ref = kvg_pq_score_ref,                             \
+    .accumulate_ref = kvg_pq_accumulate_ref
 
 // wfq2/3/4: a plan per (layer, kind), the gain inside the B bits; scored and summed from their
 // codes in the domain of their plan (kvg_prepare_fn).
-#define KVG_WFQ_ROW .family = "wfq", .book = KVG_BOOK_PLAN, .head_dim_min = 16, \
-                    .head_dim_max = KVG_WFQ_MAX_HEAD_DIM, \
-                    .encoded_size = kvg_wfq_size, .encode_ref = kvg_wfq_encode_ref, \
-                    .decode_ref = kvg_wfq_decode_ref, .check = kvg_wfq_check, .score_ref = kvg_wfq_score_ref, \
-                    .accumulate_ref = kvg_wfq_accumulate_ref, .score_simd = KVG_SIMD(kvg_wfq_score), \
-                    .accumulate_simd = KVG_SIMD(kvg_wfq_accumulate), .prepare_q = kvg_wfq_prepare_q, \
-                    .finish_acc = kvg_wfq_finish_acc
+#define KVG_WFQ_ROW                                                                                                    \
+    .family = "wfq", .book = KVG_BOOK_PLAN, .head_dim_min = 16, .head_dim_max = KVG_WFQ_MAX_HEAD_DIM,                  \
+    .encoded_size = kvg_wfq_size, .encode_ref = kvg_wfq_encode_ref, .decode_ref = kvg_wfq_decode_ref,                  \
+    .check = kvg_wfq_check, .score_ref = kvg_wfq_score_ref, .accumulate_ref = kvg_wfq_accumulate_ref,                  \
+    .score_simd = KVG_SIMD(kvg_wfq_score), .accumulate_simd = KVG_SIMD(kvg_wfq_accumulate),                            \
+    .prepare_q = kvg_wfq_prepare_q, .finish_acc = kvg_wfq_finish_acc
 
 // tcq2/3/4: rotq's bytes, encoded by a Viterbi search per head vector (in vectors of 8 lanes
 // under AVX2 and NEON); scored and summed from their codes in rotq's rotated domain.
-#define KVG_TCQ_ROW .family = "tcq", KVG_ROTQ_HEAD_DIM, .vector_bits = 16, \
-                    .rotated = 1, .encoded_size = kvg_rotq_size, .encode_ref = kvg_tcq_encode_ref, \
-                    .decode_ref = kvg_tcq_decode_ref, .encode_simd = KVG_SIMD(kvg_tcq_encode), \
-                    .check = kvg_rotq_check, .score_ref = kvg_tcq_score_ref, \
-                    .accumulate_ref = kvg_tcq_accumulate_ref, .score_simd = KVG_SIMD(kvg_tcq_score), \
-                    .accumulate_simd = KVG_SIMD(kvg_tcq_accumulate)
+#define KVG_TCQ_ROW                                                                                                    \
+    .family = "tcq", KVG_ROTQ_HEAD_DIM, .vector_bits = 16, .rotated = 1, .encoded_size = kvg_rotq_size,                \
+    .encode_ref = kvg_tcq_encode_ref, .decode_ref = kvg_tcq_decode_ref, .encode_simd = KVG_SIMD(kvg_tcq_encode),       \
+    .check = kvg_rotq_check, .score_ref = kvg_tcq_score_ref, .accumulate_ref = kvg_tcq_accumulate_ref,                 \
+    .score_simd = KVG_SIMD(kvg_tcq_score), .accumulate_simd = KVG_SIMD(kvg_tcq_accumulate)
 
 static const kvg_codec_traits k_traits[] = {
-    [KVG_CODEC_F16]      = { .name = "f16",      .bits = 16, KVG_F16_ROW },
-    [KVG_CODEC_KIVI2]    = { .name = "kivi2",    .bits = 2,  KVG_KIVI_ROW },
-    [KVG_CODEC_KIVI3]    = { .name = "kivi3",    .bits = 3,  KVG_KIVI_ROW },
-    [KVG_CODEC_KIVI4]    = { .name = "kivi4",    .bits = 4,  KVG_KIVI_ROW },
-    [KVG_CODEC_KIVI8]    = { .name = "kivi8",    .bits = 8,  KVG_KIVI_ROW },
-    [KVG_CODEC_ROTQ1]    = { .name = "rotq1",    .bits = 1,  KVG_ROTQ_ROW },
-    [KVG_CODEC_ROTQ2]    = { .name = "rotq2",    .bits = 2,  KVG_ROTQ_ROW },
-    [KVG_CODEC_ROTQ3]    = { .name = "rotq3",    .bits = 3,  KVG_ROTQ_ROW },
-    [KVG_CODEC_ROTQ4]    = { .name = "rotq4",    .bits = 4,  KVG_ROTQ_ROW },
-    [KVG_CODEC_CROTQ2]   = { .name = "crotq2",   .bits = 2,  KVG_CROTQ_ROW },
-    [KVG_CODEC_CROTQ3]   = { .name = "crotq3",   .bits = 3,  KVG_CROTQ_ROW },
-    [KVG_CODEC_CROTQ4]   = { .name = "crotq4",   .bits = 4,  KVG_CROTQ_ROW },
-    [KVG_CODEC_DELTA4]   = { .name = "delta4",   .bits = 4,  KVG_ROWS_ROW(delta) },
-    [KVG_CODEC_PDELTA4]  = { .name = "pdelta4",  .bits = 4,  KVG_ROWS_ROW(pdelta) },
-    [KVG_CODEC_OUTL2]    = { .name = "outl2",    .bits = 2,  KVG_ROWS_ROW(outl), KVG_ROTQ_HEAD_DIM },
-    [KVG_CODEC_OUTL3]    = { .name = "outl3",    .bits = 3,  KVG_ROWS_ROW(outl), KVG_ROTQ_HEAD_DIM },
-    [KVG_CODEC_LOWRANK2] = { .name = "lowrank2", .bits = 2,  KVG_ROWS_ROW(lowrank), KVG_ROTQ_HEAD_DIM },
-    [KVG_CODEC_LOWRANK3] = { .name = "lowrank3", .bits = 3,  KVG_ROWS_ROW(lowrank), KVG_ROTQ_HEAD_DIM },
-    [KVG_CODEC_QJL3]     = { .name = "qjl3",     .bits = 3,  KVG_ROWS_ROW(qjl), KVG_ROTQ_HEAD_DIM },
-    [KVG_CODEC_QJL4]     = { .name = "qjl4",     .bits = 4,  KVG_ROWS_ROW(qjl), KVG_ROTQ_HEAD_DIM },
+    [KVG_CODEC_F16]      = { .name = "f16", .bits = 16, KVG_F16_ROW },
+    [KVG_CODEC_KIVI2]    = { .name = "kivi2", .bits = 2, KVG_KIVI_ROW },
+    [KVG_CODEC_KIVI3]    = { .name = "kivi3", .bits = 3, KVG_KIVI_ROW },
+    [KVG_CODEC_KIVI4]    = { .name = "kivi4", .bits = 4, KVG_KIVI_ROW },
+    [KVG_CODEC_KIVI8]    = { .name = "kivi8", .bits = 8, KVG_KIVI_ROW },
+    [KVG_CODEC_ROTQ1]    = { .name = "rotq1", .bits = 1, KVG_ROTQ_ROW },
+    [KVG_CODEC_ROTQ2]    = { .name = "rotq2", .bits = 2, KVG_ROTQ_ROW },
+    [KVG_CODEC_ROTQ3]    = { .name = "rotq3", .bits = 3, KVG_ROTQ_ROW },
+    [KVG_CODEC_ROTQ4]    = { .name = "rotq4", .bits = 4, KVG_ROTQ_ROW },
+    [KVG_CODEC_CROTQ2]   = { .name = "crotq2", .bits = 2, KVG_CROTQ_ROW },
+    [KVG_CODEC_CROTQ3]   = { .name = "crotq3", .bits = 3, KVG_CROTQ_ROW },
+    [KVG_CODEC_CROTQ4]   = { .name = "crotq4", .bits = 4, KVG_CROTQ_ROW },
+    [KVG_CODEC_DELTA4]   = { .name = "delta4", .bits = 4, KVG_ROWS_ROW(delta) },
+    [KVG_CODEC_PDELTA4]  = { .name = "pdelta4", .bits = 4, KVG_ROWS_ROW(pdelta) },
+    [KVG_CODEC_OUTL2]    = { .name = "outl2", .bits = 2, KVG_ROWS_ROW(outl), KVG_ROTQ_HEAD_DIM },
+    [KVG_CODEC_OUTL3]    = { .name = "outl3", .bits = 3, KVG_ROWS_ROW(outl), KVG_ROTQ_HEAD_DIM },
+    [KVG_CODEC_LOWRANK2] = { .name = "lowrank2", .bits = 2, KVG_ROWS_ROW(lowrank), KVG_ROTQ_HEAD_DIM },
+    [KVG_CODEC_LOWRANK3] = { .name = "lowrank3", .bits = 3, KVG_ROWS_ROW(lowrank), KVG_ROTQ_HEAD_DIM },
+    [KVG_CODEC_QJL3]     = { .name = "qjl3", .bits = 3, KVG_ROWS_ROW(qjl), KVG_ROTQ_HEAD_DIM },
+    [KVG_CODEC_QJL4]     = { .name = "qjl4", .bits = 4, KVG_ROWS_ROW(qjl), KVG_ROTQ_HEAD_DIM },
     // pq2 codes sub-vectors of 4 coordinates, a byte each: 2 bits per value
-    [KVG_CODEC_PQ2]      = { .name = "pq2",      .bits = 2,  .family = "pq", KVG_PQ_ROW },
-    [KVG_CODEC_VQ8]      = { .name = "vq8",      .bits = 8,  .family = "vq", .vector_code = 1, KVG_PQ_ROW },
+    [KVG_CODEC_PQ2] = { .name = "pq2", .bits = 2, .family = "pq", KVG_PQ_ROW },
+    [KVG_CODEC_VQ8] = { .name = "vq8", .bits = 8, .family = "vq", .vector_code = 1, KVG_PQ_ROW },
     // plus its f16 fallback vectors and their bitmask, per block
-    [KVG_CODEC_VQ8F]     = { .name = "vq8f",     .bits = 8,  .family = "vq8f", .vector_code = 1, .block_side_data = 1,
-                             KVG_PQ_ROW },
-    [KVG_CODEC_WFQ2]     = { .name = "wfq2",     .bits = 2,  KVG_WFQ_ROW },
-    [KVG_CODEC_WFQ3]     = { .name = "wfq3",     .bits = 3,  KVG_WFQ_ROW },
-    [KVG_CODEC_WFQ4]     = { .name = "wfq4",     .bits = 4,  KVG_WFQ_ROW },
-    [KVG_CODEC_TCQ2]     = { .name = "tcq2",     .bits = 2,  KVG_TCQ_ROW },
-    [KVG_CODEC_TCQ3]     = { .name = "tcq3",     .bits = 3,  KVG_TCQ_ROW },
-    [KVG_CODEC_TCQ4]     = { .name = "tcq4",     .bits = 4,  KVG_TCQ_ROW },
+    [KVG_CODEC_VQ8F] = { .name            = "vq8f",
+                         .bits            = 8,
+                         .family          = "vq8f",
+                         .vector_code     = 1,
+                         .block_side_data = 1,
+                         KVG_PQ_ROW },
+    [KVG_CODEC_WFQ2] = { .name = "wfq2", .bits = 2, KVG_WFQ_ROW },
+    [KVG_CODEC_WFQ3] = { .name = "wfq3", .bits = 3, KVG_WFQ_ROW },
+    [KVG_CODEC_WFQ4] = { .name = "wfq4", .bits = 4, KVG_WFQ_ROW },
+    [KVG_CODEC_TCQ2] = { .name = "tcq2", .bits = 2, KVG_TCQ_ROW },
+    [KVG_CODEC_TCQ3] = { .name = "tcq3", .bits = 3, KVG_TCQ_ROW },
+    [KVG_CODEC_TCQ4] = { .name = "tcq4", .bits = 4, KVG_TCQ_ROW },
 };
 _Static_assert(sizeof(k_traits) / sizeof(k_traits[0]) == KVG_CODEC_COUNT_, "one traits row per codec type");
 
@@ -204,8 +205,8 @@ int kvg_codec_describe(int type, kvg_codec_info * out) {
 // ---- argument checking ---------------------------------------------------------------------
 
 // Validates everything but the buffers and fills job and the exact encoded size.
-int kvg_make_job(int type, int kind, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-                 const kvg_codec_params * p, kvg_job * job, size_t * size) {
+int kvg_make_job(int type, int kind, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const kvg_codec_params * p,
+                 kvg_job * job, size_t * size) {
     if (type < 0 || type >= KVG_CODEC_COUNT_) {
         return kvg_fail(KVG_ERR_UNKNOWN_CODEC, "codec type %d is unknown", type);
     }
@@ -214,18 +215,18 @@ int kvg_make_job(int type, int kind, int64_t n_tokens, int64_t n_heads, int64_t 
         return kvg_fail(KVG_ERR_INVALID_ARG, "%s: kind must be KVG_KIND_K (0) or KVG_KIND_V (1), got %d", name, kind);
     }
     if (n_tokens <= 0 || n_heads <= 0 || head_dim <= 0) {
-        return kvg_fail(KVG_ERR_SHAPE, "%s: n_tokens, n_heads and head_dim must be > 0, got (%lld, %lld, %lld)",
-                        name, (long long) n_tokens, (long long) n_heads, (long long) head_dim);
+        return kvg_fail(KVG_ERR_SHAPE, "%s: n_tokens, n_heads and head_dim must be > 0, got (%lld, %lld, %lld)", name,
+                        (long long) n_tokens, (long long) n_heads, (long long) head_dim);
     }
     if (n_heads > KVG_MAX_VALUES / head_dim || n_tokens > KVG_MAX_VALUES / (n_heads * head_dim)) {
-        return kvg_fail(KVG_ERR_SHAPE, "%s: shape (%lld, %lld, %lld) has more than 2^56 values",
-                        name, (long long) n_tokens, (long long) n_heads, (long long) head_dim);
+        return kvg_fail(KVG_ERR_SHAPE, "%s: shape (%lld, %lld, %lld) has more than 2^56 values", name,
+                        (long long) n_tokens, (long long) n_heads, (long long) head_dim);
     }
     // Every size below (bytes of f32 values, of f16 values, of codes) is at most 4 bytes a value:
     // with a 32-bit size_t that bound is what keeps kvg_f16_size, crotq's residual and the rest exact.
     if ((uint64_t) (n_tokens * n_heads * head_dim) > (uint64_t) (SIZE_MAX / 8)) {
-        return kvg_fail(KVG_ERR_SHAPE, "%s: shape (%lld, %lld, %lld) is too large for this platform's size_t",
-                        name, (long long) n_tokens, (long long) n_heads, (long long) head_dim);
+        return kvg_fail(KVG_ERR_SHAPE, "%s: shape (%lld, %lld, %lld) is too large for this platform's size_t", name,
+                        (long long) n_tokens, (long long) n_heads, (long long) head_dim);
     }
     kvg_codec_params defaults;
     if (p == NULL) {
@@ -286,9 +287,8 @@ int kvg_encoded_size(int type, int kind, int64_t n_tokens, int64_t n_heads, int6
     return kvg_make_job(type, kind, n_tokens, n_heads, head_dim, p, &job, out_bytes);
 }
 
-int kvg_encode(int type, int kind, const float * src, size_t src_count,
-               int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-               const kvg_codec_params * p, void * dst, size_t dst_bytes, size_t * out_written) {
+int kvg_encode(int type, int kind, const float * src, size_t src_count, int64_t n_tokens, int64_t n_heads,
+               int64_t head_dim, const kvg_codec_params * p, void * dst, size_t dst_bytes, size_t * out_written) {
     kvg_clear_error();
     if (out_written != NULL) {
         *out_written = 0;
@@ -313,11 +313,11 @@ int kvg_encode(int type, int kind, const float * src, size_t src_count,
     }
     const int64_t bad = first_nonfinite(src, job.n_values);
     if (bad >= 0) {
-        return kvg_fail(KVG_ERR_NONFINITE, "%s encode: NaN or Inf at token %lld, channel %lld",
-                        name, (long long) (bad / job.n_channels), (long long) (bad % job.n_channels));
+        return kvg_fail(KVG_ERR_NONFINITE, "%s encode: NaN or Inf at token %lld, channel %lld", name,
+                        (long long) (bad / job.n_channels), (long long) (bad % job.n_channels));
     }
     const kvg_codec_traits * tr = &k_traits[type];
-    st = KVG_NOT_HANDLED;
+    st                          = KVG_NOT_HANDLED;
     if (tr->encode_simd != NULL && kvg_simd_on()) {
         st = tr->encode_simd(&job, src, (uint8_t *) dst);
     }
@@ -330,9 +330,8 @@ int kvg_encode(int type, int kind, const float * src, size_t src_count,
     return st;
 }
 
-int kvg_decode(int type, int kind, const void * src, size_t src_bytes,
-               int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-               const kvg_codec_params * p, float * dst, size_t dst_count) {
+int kvg_decode(int type, int kind, const void * src, size_t src_bytes, int64_t n_tokens, int64_t n_heads,
+               int64_t head_dim, const kvg_codec_params * p, float * dst, size_t dst_count) {
     kvg_clear_error();
     kvg_job job;
     size_t  size = 0;
@@ -345,15 +344,16 @@ int kvg_decode(int type, int kind, const void * src, size_t src_bytes,
         return kvg_fail(KVG_ERR_INVALID_ARG, "%s decode: NULL src or dst", name);
     }
     if (src_bytes != size) {
-        return kvg_fail(KVG_ERR_BUFFER_SIZE, "%s decode: src holds %zu bytes, shape (%lld, %lld, %lld) encodes to exactly %zu",
-                        name, src_bytes, (long long) n_tokens, (long long) n_heads, (long long) head_dim, size);
+        return kvg_fail(KVG_ERR_BUFFER_SIZE,
+                        "%s decode: src holds %zu bytes, shape (%lld, %lld, %lld) encodes to exactly %zu", name,
+                        src_bytes, (long long) n_tokens, (long long) n_heads, (long long) head_dim, size);
     }
     if (dst_count != (size_t) job.n_values) {
-        return kvg_fail(KVG_ERR_BUFFER_SIZE, "%s decode: dst holds %zu floats, shape needs %lld",
-                        name, dst_count, (long long) job.n_values);
+        return kvg_fail(KVG_ERR_BUFFER_SIZE, "%s decode: dst holds %zu floats, shape needs %lld", name, dst_count,
+                        (long long) job.n_values);
     }
     const kvg_codec_traits * tr = &k_traits[type];
-    st = KVG_NOT_HANDLED;
+    st                          = KVG_NOT_HANDLED;
     if (tr->decode_simd != NULL && kvg_simd_on()) {
         st = tr->decode_simd(&job, (const uint8_t *) src, dst);
     }
@@ -363,8 +363,8 @@ int kvg_decode(int type, int kind, const void * src, size_t src_bytes,
     return st;
 }
 
-int kvg_check_encoded(int type, int kind, const void * src, size_t src_bytes, int64_t n_tokens,
-                      int64_t n_heads, int64_t head_dim, const kvg_codec_params * p) {
+int kvg_check_encoded(int type, int kind, const void * src, size_t src_bytes, int64_t n_tokens, int64_t n_heads,
+                      int64_t head_dim, const kvg_codec_params * p) {
     kvg_job job;
     size_t  size = 0;
     int     st   = kvg_make_job(type, kind, n_tokens, n_heads, head_dim, p, &job, &size);
@@ -376,8 +376,8 @@ int kvg_check_encoded(int type, int kind, const void * src, size_t src_bytes, in
     }
     if (src_bytes != size) {
         return kvg_fail(KVG_ERR_BUFFER_SIZE, "%s check: %zu bytes, shape (%lld, %lld, %lld) encodes to exactly %zu",
-                        k_traits[type].name, src_bytes, (long long) n_tokens, (long long) n_heads,
-                        (long long) head_dim, size);
+                        k_traits[type].name, src_bytes, (long long) n_tokens, (long long) n_heads, (long long) head_dim,
+                        size);
     }
     return k_traits[type].check(&job, (const uint8_t *) src);
 }

@@ -134,7 +134,8 @@ static int64_t group_end(int64_t t, int64_t t0, int64_t n) {
     return e < t0 + n ? e : t0 + n;
 }
 
-static void mean_scores(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out) {
+static void mean_scores(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                        float * out) {
     const int64_t D  = job->head_dim;
     float *       mf = a->tmp;
     for (int64_t t = t0; t < t0 + n;) {
@@ -156,7 +157,8 @@ static void mean_scores(const kvg_job * job, const uint8_t * src, int64_t t0, in
     }
 }
 
-static void mean_values(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p, const kvg_attn * a) {
+static void mean_values(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const float * p,
+                        const kvg_attn * a) {
     const int64_t D  = job->head_dim;
     float *       mf = a->tmp;
     for (int64_t t = t0; t < t0 + n;) {
@@ -196,7 +198,8 @@ static int accumulate(const kvg_job * job, const uint8_t * src, int64_t t0, int6
     return st;
 }
 
-int kvg_crotq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out) {
+int kvg_crotq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                        float * out) {
     return score(job, src, t0, n, a, out, kvg_rotq_score_ref);
 }
 
@@ -205,7 +208,8 @@ int kvg_crotq_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t
     return accumulate(job, src, t0, n, p, a, kvg_rotq_accumulate_ref);
 }
 
-int kvg_crotq_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out) {
+int kvg_crotq_score_avx2(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                         float * out) {
     return score(job, src, t0, n, a, out, kvg_rotq_score_avx2);
 }
 
@@ -214,7 +218,8 @@ int kvg_crotq_accumulate_avx2(const kvg_job * job, const uint8_t * src, int64_t 
     return accumulate(job, src, t0, n, p, a, kvg_rotq_accumulate_avx2);
 }
 
-int kvg_crotq_score_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out) {
+int kvg_crotq_score_neon(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                         float * out) {
     return score(job, src, t0, n, a, out, kvg_rotq_score_neon);
 }
 

@@ -42,10 +42,10 @@
 #define DELTA_TOP   15  // 2^DELTA_BITS - 1
 
 typedef struct delta_layout {
-    int64_t n_key;     // keyframe rows
-    int64_t n_res;     // residual rows
-    int64_t n_g;       // groups per head
-    size_t  key_off;   // byte offsets of the three sections
+    int64_t n_key;    // keyframe rows
+    int64_t n_res;    // residual rows
+    int64_t n_g;      // groups per head
+    size_t  key_off;  // byte offsets of the three sections
     size_t  grp_off;
     size_t  code_off;
     size_t  total;
@@ -53,13 +53,13 @@ typedef struct delta_layout {
 
 static void layout_of(const kvg_job * job, delta_layout * l) {
     const int64_t C = job->n_channels;
-    l->n_key    = (job->n_tokens + KVG_DELTA_KEYFRAME - 1) / KVG_DELTA_KEYFRAME;
-    l->n_res    = job->n_tokens - l->n_key;
-    l->n_g      = (job->head_dim + DELTA_GROUP - 1) / DELTA_GROUP;
-    l->key_off  = 0;
-    l->grp_off  = (size_t) l->n_key * (size_t) C * 2;
-    l->code_off = l->grp_off + (size_t) l->n_res * (size_t) job->n_heads * (size_t) l->n_g * sizeof(kvg_kivi_group);
-    l->total    = l->code_off + (size_t) kvg_code_bytes(l->n_res * C, DELTA_BITS);
+    l->n_key        = (job->n_tokens + KVG_DELTA_KEYFRAME - 1) / KVG_DELTA_KEYFRAME;
+    l->n_res        = job->n_tokens - l->n_key;
+    l->n_g          = (job->head_dim + DELTA_GROUP - 1) / DELTA_GROUP;
+    l->key_off      = 0;
+    l->grp_off      = (size_t) l->n_key * (size_t) C * 2;
+    l->code_off     = l->grp_off + (size_t) l->n_res * (size_t) job->n_heads * (size_t) l->n_g * sizeof(kvg_kivi_group);
+    l->total        = l->code_off + (size_t) kvg_code_bytes(l->n_res * C, DELTA_BITS);
 }
 
 // Index of non-keyframe row t among the residual rows: rows 0..t hold t / 64 + 1 keyframes.
@@ -101,9 +101,9 @@ int kvg_pdelta_size(const kvg_job * job, size_t * out_bytes) {
 
 // The f16 min (rounded down) and scale (rounded up) of a residual group spanning [mn, mx], so
 // that [min, min + 15 * scale] covers it; a constant group gets the nearest f16 and scale 0.
-static int group_params(const kvg_job * job, int64_t t, int64_t c0, int64_t c1, float mn, float mx,
-                        kvg_kivi_group * g, float * mf, float * sf, float * inv) {
-    mn = mn + 0.0f;  // -0 -> +0
+static int group_params(const kvg_job * job, int64_t t, int64_t c0, int64_t c1, float mn, float mx, kvg_kivi_group * g,
+                        float * mf, float * sf, float * inv) {
+    mn           = mn + 0.0f;  // -0 -> +0
     uint16_t m16 = 0;
     uint16_t s16 = 0;
     if (mn >= -KVG_F16_MAX && mn <= KVG_F16_MAX) {
@@ -113,7 +113,7 @@ static int group_params(const kvg_job * job, int64_t t, int64_t c0, int64_t c1, 
                 m16 = kvg_f16_next_down(m16);  // stays finite: mn >= -65504, the lowest f16
             }
             const double s = ((double) mx - (double) kvg_f16_to_f32(m16)) / DELTA_TOP;
-            s16 = kvg_f32_to_f16((float) s);
+            s16            = kvg_f32_to_f16((float) s);
             if ((double) kvg_f16_to_f32(s16) < s) {
                 s16 = kvg_f16_next_up(s16);
             }
@@ -182,7 +182,9 @@ static int encode(const kvg_job * job, const float * src, uint8_t * dst, int pre
     memset(dst + l.code_off, 0, l.total - l.code_off);
 
     // ref: the keyframe (delta) or the previous row (pdelta) as decoded; y: the row just coded
-    float * buf = (uint64_t) C <= SIZE_MAX / (2 * sizeof(float) + 1) ? (float *) malloc((size_t) C * (2 * sizeof(float) + 1)) : NULL;
+    float * buf = (uint64_t) C <= SIZE_MAX / (2 * sizeof(float) + 1)
+                      ? (float *) malloc((size_t) C * (2 * sizeof(float) + 1))
+                      : NULL;
     if (buf == NULL) {
         return kvg_fail(KVG_ERR_NO_MEMORY, "%s: cannot allocate scratch for %lld channels", kvg_codec_name(job->type),
                         (long long) C);
@@ -241,8 +243,9 @@ static int check(const kvg_job * job, const uint8_t * src) {
         const uint16_t m16 = kvg_get_u16(g[e].min_f16);
         const uint16_t s16 = kvg_get_u16(g[e].scale_f16);
         if (!kvg_f16_is_finite(m16) || !kvg_f16_is_finite(s16) || (s16 & 0x8000)) {
-            return kvg_fail(KVG_ERR_CORRUPT, "%s: residual group %llu has min 0x%04x, scale 0x%04x (not finite or negative scale)",
-                            name, (unsigned long long) e, m16, s16);
+            return kvg_fail(KVG_ERR_CORRUPT,
+                            "%s: residual group %llu has min 0x%04x, scale 0x%04x (not finite or negative scale)", name,
+                            (unsigned long long) e, m16, s16);
         }
     }
     return KVG_OK;

@@ -16,9 +16,8 @@
 int kvg_kivi_size(const kvg_job * job, size_t * out_bytes) {
     const int64_t G = job->group_size;
     const int64_t C = job->n_channels;
-    const int64_t n_groups = job->kind == KVG_KIND_K
-        ? ((job->n_tokens + G - 1) / G) * C
-        : job->n_tokens * ((C + G - 1) / G);
+    const int64_t n_groups =
+        job->kind == KVG_KIND_K ? ((job->n_tokens + G - 1) / G) * C : job->n_tokens * ((C + G - 1) / G);
     // n_groups <= N <= KVG_MAX_VALUES, so this cannot overflow 64 bits
     const uint64_t bytes = (uint64_t) n_groups * sizeof(kvg_kivi_group) + kvg_code_bytes(job->n_values, job->bits);
     if (bytes > (uint64_t) SIZE_MAX) {
@@ -32,10 +31,10 @@ int kvg_kivi_size(const kvg_job * job, size_t * out_bytes) {
 // quantizer and dequantizer use (mf, sf, inv = 1/sf or 0 for a constant group).
 static int kivi_group_params(float mn, float mx, int bits, kvg_kivi_group * g, float * mf, float * sf, float * inv) {
     const double top = (double) ((1 << bits) - 1);
-    mn = mn + 0.0f;  // -0 -> +0: any min-reduction order then gives the same bytes
+    mn               = mn + 0.0f;  // -0 -> +0: any min-reduction order then gives the same bytes
     if (!(mn >= -KVG_F16_MAX && mx <= KVG_F16_MAX)) {
-        return kvg_fail(KVG_ERR_RANGE, "kivi: group range [%g, %g] does not fit in f16 (|x| <= 65504)",
-                        (double) mn, (double) mx);
+        return kvg_fail(KVG_ERR_RANGE, "kivi: group range [%g, %g] does not fit in f16 (|x| <= 65504)", (double) mn,
+                        (double) mx);
     }
     uint16_t m16;
     uint16_t s16;
@@ -49,12 +48,13 @@ static int kivi_group_params(float mn, float mx, int bits, kvg_kivi_group * g, f
             m16 = kvg_f16_next_down(m16);  // finite: mn >= -65504, the lowest f16
         }
         const double s = ((double) mx - (double) kvg_f16_to_f32(m16)) / top;
-        s16 = kvg_f32_to_f16((float) s);
+        s16            = kvg_f32_to_f16((float) s);
         if ((double) kvg_f16_to_f32(s16) < s) {
             s16 = kvg_f16_next_up(s16);
         }
         if (!kvg_f16_is_finite(s16)) {  // cannot happen for |x| <= 65504 and B >= 2; kept as a guard
-            return kvg_fail(KVG_ERR_RANGE, "kivi: scale of group [%g, %g] does not fit in f16", (double) mn, (double) mx);
+            return kvg_fail(KVG_ERR_RANGE, "kivi: scale of group [%g, %g] does not fit in f16", (double) mn,
+                            (double) mx);
         }
     }
     kvg_put_u16(g->min_f16, m16);
@@ -85,8 +85,8 @@ static void minmax_span_ref(const float * x, int64_t n, float * mn, float * mx) 
     *mx = hi;
 }
 
-static void quant_row_ref(const float * x, const float * mf, const float * inv, int64_t n, int bits,
-                          uint8_t * codes, uint64_t bit_off, uint8_t * q) {
+static void quant_row_ref(const float * x, const float * mf, const float * inv, int64_t n, int bits, uint8_t * codes,
+                          uint64_t bit_off, uint8_t * q) {
     const float top = (float) ((1 << bits) - 1);
     for (int64_t i = 0; i < n; i++) {
         q[i] = kvg_kivi_code(x[i], mf[i], inv[i], top);
@@ -94,8 +94,8 @@ static void quant_row_ref(const float * x, const float * mf, const float * inv, 
     kvg_pack_bits(codes, bit_off, q, (size_t) n, bits);
 }
 
-static void dequant_row_ref(const uint8_t * codes, uint64_t bit_off, const float * mf, const float * sf,
-                            int64_t n, int bits, float * out, uint8_t * q) {
+static void dequant_row_ref(const uint8_t * codes, uint64_t bit_off, const float * mf, const float * sf, int64_t n,
+                            int bits, float * out, uint8_t * q) {
     kvg_unpack_bits(codes, bit_off, q, (size_t) n, bits);
     for (int64_t i = 0; i < n; i++) {
         out[i] = mf[i] + (float) q[i] * sf[i];
@@ -126,13 +126,15 @@ int kvg_kivi_encode_with(const kvg_job * job, const float * src, uint8_t * dst, 
     const int64_t G    = job->group_size;
     const int     bits = job->bits;
 
-    const int64_t n_groups = job->kind == KVG_KIND_K ? ((T + G - 1) / G) * C : T * ((C + G - 1) / G);
-    kvg_kivi_group * groups = (kvg_kivi_group *) dst;
-    uint8_t *        codes  = dst + (size_t) n_groups * sizeof(kvg_kivi_group);
+    const int64_t    n_groups = job->kind == KVG_KIND_K ? ((T + G - 1) / G) * C : T * ((C + G - 1) / G);
+    kvg_kivi_group * groups   = (kvg_kivi_group *) dst;
+    uint8_t *        codes    = dst + (size_t) n_groups * sizeof(kvg_kivi_group);
     memset(codes, 0, (size_t) kvg_code_bytes(job->n_values, bits));
 
     // per-channel min, max, quantizer min and 1/scale, then one row of codes
-    float * buf = (uint64_t) C <= SIZE_MAX / (4 * sizeof(float) + 1) ? (float *) malloc((size_t) C * (4 * sizeof(float) + 1)) : NULL;
+    float * buf = (uint64_t) C <= SIZE_MAX / (4 * sizeof(float) + 1)
+                      ? (float *) malloc((size_t) C * (4 * sizeof(float) + 1))
+                      : NULL;
     if (buf == NULL) {
         return kvg_fail(KVG_ERR_NO_MEMORY, "kivi: cannot allocate scratch for %lld channels", (long long) C);
     }
@@ -198,7 +200,8 @@ int kvg_kivi_check(const kvg_job * job, const uint8_t * src) {
         const uint16_t m16 = kvg_get_u16(groups[i].min_f16);
         const uint16_t s16 = kvg_get_u16(groups[i].scale_f16);
         if (!kvg_f16_is_finite(m16) || !kvg_f16_is_finite(s16) || (s16 & 0x8000)) {
-            return kvg_fail(KVG_ERR_CORRUPT, "kivi: group %lld has min 0x%04x, scale 0x%04x (not finite or negative scale)",
+            return kvg_fail(KVG_ERR_CORRUPT,
+                            "kivi: group %lld has min 0x%04x, scale 0x%04x (not finite or negative scale)",
                             (long long) i, m16, s16);
         }
     }
@@ -211,16 +214,18 @@ int kvg_kivi_decode_with(const kvg_job * job, const uint8_t * src, float * dst, 
     const int64_t G    = job->group_size;
     const int     bits = job->bits;
 
-    const int64_t n_groups = job->kind == KVG_KIND_K ? ((T + G - 1) / G) * C : T * ((C + G - 1) / G);
-    const kvg_kivi_group * groups = (const kvg_kivi_group *) src;
-    const uint8_t *        codes  = src + (size_t) n_groups * sizeof(kvg_kivi_group);
+    const int64_t          n_groups = job->kind == KVG_KIND_K ? ((T + G - 1) / G) * C : T * ((C + G - 1) / G);
+    const kvg_kivi_group * groups   = (const kvg_kivi_group *) src;
+    const uint8_t *        codes    = src + (size_t) n_groups * sizeof(kvg_kivi_group);
 
     const int st = kvg_kivi_check(job, src);  // validate every group before writing
     if (st != KVG_OK) {
         return st;
     }
 
-    float * buf = (uint64_t) C <= SIZE_MAX / (2 * sizeof(float) + 1) ? (float *) malloc((size_t) C * (2 * sizeof(float) + 1)) : NULL;
+    float * buf = (uint64_t) C <= SIZE_MAX / (2 * sizeof(float) + 1)
+                      ? (float *) malloc((size_t) C * (2 * sizeof(float) + 1))
+                      : NULL;
     if (buf == NULL) {
         return kvg_fail(KVG_ERR_NO_MEMORY, "kivi: cannot allocate scratch for %lld channels", (long long) C);
     }
@@ -274,7 +279,8 @@ int kvg_kivi_decode_ref(const kvg_job * job, const uint8_t * src, float * dst) {
 // scored from its codes. Values (groups per token over G channels) change scale every row: the
 // head's slice of the row is dequantized once and shared by every query of the KV head.
 
-int kvg_kivi_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out) {
+int kvg_kivi_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                       float * out) {
     const int64_t          D      = job->head_dim;
     const int64_t          C      = job->n_channels;
     const int64_t          G      = job->group_size;
@@ -332,7 +338,8 @@ int kvg_kivi_accumulate_ref(const kvg_job * job, const uint8_t * src, int64_t t0
             kvg_unpack_bits(codes, (uint64_t) (t * C + hk * D) * (uint64_t) bits, q, (size_t) D, bits);
             for (int64_t i = 0; i < D; i++) {
                 const kvg_kivi_group * g = groups + t * n_cg + (hk * D + i) / G;
-                row[i] = kvg_f16_to_f32(kvg_get_u16(g->min_f16)) + (float) q[i] * kvg_f16_to_f32(kvg_get_u16(g->scale_f16));
+                row[i] =
+                    kvg_f16_to_f32(kvg_get_u16(g->min_f16)) + (float) q[i] * kvg_f16_to_f32(kvg_get_u16(g->scale_f16));
             }
             for (int64_t j = hk * a->per_head; j < (hk + 1) * a->per_head; j++) {
                 const float w   = p[j * n + (t - t0)];

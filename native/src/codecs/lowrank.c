@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LOWRANK_RANK  4  // the claim's rank
+#define LOWRANK_RANK 4  // the claim's rank
 // Subspace iterations: on the rotq2 residuals of SmolLM2 and Gemma-3 rows, 8 capture 98-99% of
 // the exact rank-4 SVD's energy (4: 95-97%, 16: 99.3-99.8%).
 #define LOWRANK_ITERS 8
@@ -186,9 +186,9 @@ static int store_factors(const kvg_job * job, const double * Q, const double * Z
 // ---- drivers -------------------------------------------------------------------------------
 
 int kvg_lowrank_encode_ref(const kvg_job * job, const float * src, uint8_t * dst) {
-    const int64_t n = job->n_tokens;
-    const int64_t C = job->n_channels;
-    const int64_t r = rank_of(job);
+    const int64_t n          = job->n_tokens;
+    const int64_t C          = job->n_channels;
+    const int64_t r          = rank_of(job);
     size_t        rotq_bytes = 0;
     int           st         = kvg_rotq_size(job, &rotq_bytes);
     if (st != KVG_OK) {
@@ -233,17 +233,17 @@ int kvg_lowrank_check(const kvg_job * job, const uint8_t * src) {
     const size_t nf = factor_count(job);
     for (size_t i = 0; i < nf; i++) {
         if (!kvg_f16_is_finite(kvg_get_u16(src + rotq_bytes + 2 * i))) {
-            return kvg_fail(KVG_ERR_CORRUPT, "%s: low-rank factor entry %zu is not finite",
-                            kvg_codec_name(job->type), i);
+            return kvg_fail(KVG_ERR_CORRUPT, "%s: low-rank factor entry %zu is not finite", kvg_codec_name(job->type),
+                            i);
         }
     }
     return kvg_rotq_check(job, src);
 }
 
 int kvg_lowrank_decode_ref(const kvg_job * job, const uint8_t * src, float * dst) {
-    const int64_t n = job->n_tokens;
-    const int64_t C = job->n_channels;
-    const int64_t r = rank_of(job);
+    const int64_t n  = job->n_tokens;
+    const int64_t C  = job->n_channels;
+    const int64_t r  = rank_of(job);
     int           st = kvg_lowrank_check(job, src);  // validate before writing anything
     if (st != KVG_OK) {
         return st;

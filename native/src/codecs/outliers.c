@@ -75,8 +75,7 @@ int kvg_outl_size(const kvg_job * job, size_t * out_bytes) {
 }
 
 // The n_out channels of head h with the largest sum of squares over the block, ascending.
-static void choose(const kvg_job * job, const float * src, int64_t h, int64_t n_out, double * energy,
-                   uint16_t * idx) {
+static void choose(const kvg_job * job, const float * src, int64_t h, int64_t n_out, double * energy, uint16_t * idx) {
     const int64_t D = job->head_dim, C = job->n_channels;
     for (int64_t c = 0; c < D; c++) {
         energy[c] = 0.0;
@@ -136,7 +135,8 @@ int kvg_outl_encode_ref(const kvg_job * job, const float * src, uint8_t * dst) {
                 if (!kvg_f16_is_finite(v16)) {
                     const int64_t c = h * D + ih[k];  // ih lives in idx: read it before the free
                     free(res), free(energy), free(idx);
-                    return kvg_fail(KVG_ERR_RANGE, "%s: value %g (token %lld, channel %lld) does not fit in f16 (<= 65504)",
+                    return kvg_fail(KVG_ERR_RANGE,
+                                    "%s: value %g (token %lld, channel %lld) does not fit in f16 (<= 65504)",
                                     kvg_codec_name(job->type), (double) v, (long long) t, (long long) c);
                 }
                 kvg_put_u16(dst + l.val_off + 2 * ((t * H + h) * l.n_out + k), v16);
@@ -145,7 +145,7 @@ int kvg_outl_encode_ref(const kvg_job * job, const float * src, uint8_t * dst) {
         }
     }
     const kvg_job sub = rotq_part(job);
-    st = kvg_rotq_encode_ref(&sub, res, dst);
+    st                = kvg_rotq_encode_ref(&sub, res, dst);
     free(res), free(energy), free(idx);
     return st;
 }
@@ -186,7 +186,7 @@ int kvg_outl_decode_ref(const kvg_job * job, const uint8_t * src, float * dst) {
     outl_layout l;
     layout_of(job, &l);
     const kvg_job sub = rotq_part(job);
-    st = kvg_rotq_decode_ref(&sub, src, dst);
+    st                = kvg_rotq_decode_ref(&sub, src, dst);
     if (st != KVG_OK) {
         return st;
     }

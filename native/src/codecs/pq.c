@@ -64,7 +64,8 @@ static int64_t ones_before(const uint8_t * mask, int64_t v) {
 
 // vq8f's flagged vectors take their f16 y where the others take centroids (NULL for the
 // others); *k: the fallback slot of the next flagged vector, advanced past v's.
-static const uint8_t * fallback_of(const kvg_job * job, const uint8_t * src, const pq_layout * l, int64_t v, int64_t * k) {
+static const uint8_t * fallback_of(const kvg_job * job, const uint8_t * src, const pq_layout * l, int64_t v,
+                                   int64_t * k) {
     if (!l->F || !flagged(src + l->mask, v)) {
         return NULL;
     }
@@ -112,7 +113,8 @@ int kvg_pq_check(const kvg_job * job, const uint8_t * src) {
     for (int64_t v = 0; v < l.nv; v++) {
         const uint16_t n16 = kvg_get_u16(src + 2 * v);
         if (!kvg_f16_is_finite(n16) || (n16 & 0x8000)) {
-            return kvg_fail(KVG_ERR_CORRUPT, "pq: vector %lld has norm 0x%04x (negative or not finite)", (long long) v, n16);
+            return kvg_fail(KVG_ERR_CORRUPT, "pq: vector %lld has norm 0x%04x (negative or not finite)", (long long) v,
+                            n16);
         }
     }
     if (l.F) {  // vq8f: exactly F flags, none past the last vector, finite f16 vectors
@@ -199,7 +201,7 @@ int kvg_pq_encode_ref(const kvg_job * job, const float * src, uint8_t * dst) {
         kvg_put_u16(dst + 2 * v, n16);
         float err = 0.0f;
         for (int64_t m = 0; m < l.M; m++) {
-            float e = 0.0f;
+            float e            = 0.0f;
             codes[v * l.M + m] = n16 ? nearest_dist(job->book, y + m * S, S, &e) : 0;
             err += e;
         }
@@ -274,7 +276,8 @@ int kvg_pq_train(int type, int kind, const float * src, size_t src_count, int64_
                  int64_t head_dim, const kvg_codec_params * p, float * book, size_t book_count) {
     kvg_clear_error();
     if (type != KVG_CODEC_PQ2 && type != KVG_CODEC_VQ8 && type != KVG_CODEC_VQ8F) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_pq_train: codec type %d has no codebook (pq2, vq8 and vq8f do)", type);
+        return kvg_fail(KVG_ERR_INVALID_ARG, "kvg_pq_train: codec type %d has no codebook (pq2, vq8 and vq8f do)",
+                        type);
     }
     kvg_job job;
     size_t  size = 0;
@@ -324,7 +327,8 @@ int kvg_pq_train(int type, int kind, const float * src, size_t src_count, int64_
     // same sub-vector of the same head), or every sample in turn when there are fewer than
     // KVG_PQ_CENTROIDS (the repeats stay duplicates, never chosen: nearest() takes the lowest).
     for (int c = 0; c < KVG_PQ_CENTROIDS; c++) {
-        const int64_t i = n >= KVG_PQ_CENTROIDS ? (int64_t) (((uint64_t) c * 0x9E3779B97F4A7C15ULL) % (uint64_t) n) : c % n;
+        const int64_t i =
+            n >= KVG_PQ_CENTROIDS ? (int64_t) (((uint64_t) c * 0x9E3779B97F4A7C15ULL) % (uint64_t) n) : c % n;
         memcpy(book + (size_t) c * (size_t) S, X + i * S, (size_t) S * sizeof(float));
     }
     for (int it = 0; it < PQ_TRAIN_ITERS; it++) {

@@ -36,13 +36,21 @@
 #if defined(_WIN32)
 #    include <windows.h>
 static SRWLOCK g_mat_lock = SRWLOCK_INIT;
-static void    mat_lock(void) { AcquireSRWLockExclusive(&g_mat_lock); }
-static void    mat_unlock(void) { ReleaseSRWLockExclusive(&g_mat_lock); }
+static void    mat_lock(void) {
+    AcquireSRWLockExclusive(&g_mat_lock);
+}
+static void mat_unlock(void) {
+    ReleaseSRWLockExclusive(&g_mat_lock);
+}
 #else
 #    include <pthread.h>
 static pthread_mutex_t g_mat_lock = PTHREAD_MUTEX_INITIALIZER;
-static void            mat_lock(void) { pthread_mutex_lock(&g_mat_lock); }
-static void            mat_unlock(void) { pthread_mutex_unlock(&g_mat_lock); }
+static void            mat_lock(void) {
+    pthread_mutex_lock(&g_mat_lock);
+}
+static void mat_unlock(void) {
+    pthread_mutex_unlock(&g_mat_lock);
+}
 #endif
 
 #define QJL_PI 3.14159265358979323846
@@ -88,7 +96,7 @@ typedef struct qjl_mat {
 } qjl_mat;
 
 static qjl_mat    g_mats[QJL_CACHE_SLOTS];
-static atomic_int g_n_mats;  // slots [0, g_n_mats) are filled; release/acquire publishes them
+static atomic_int g_n_mats;     // slots [0, g_n_mats) are filled; release/acquire publishes them
 static size_t     g_mat_bytes;  // under the lock
 
 static const float * find_cached(int64_t d, uint64_t seed, int n) {
@@ -102,8 +110,8 @@ static const float * find_cached(int64_t d, uint64_t seed, int n) {
 
 // S for (d, seed); *owned says whether the caller must free it. NULL if out of memory.
 static const float * get_matrix(int64_t d, uint64_t seed, int * owned) {
-    *owned           = 0;
-    const float * s  = find_cached(d, seed, atomic_load_explicit(&g_n_mats, memory_order_acquire));
+    *owned          = 0;
+    const float * s = find_cached(d, seed, atomic_load_explicit(&g_n_mats, memory_order_acquire));
     if (s != NULL) {
         return s;
     }
@@ -114,7 +122,7 @@ static const float * get_matrix(int64_t d, uint64_t seed, int * owned) {
     if (s == NULL && n < QJL_CACHE_SLOTS && g_mat_bytes + bytes <= QJL_CACHE_BYTES) {
         float * m = build_matrix(d, seed);
         if (m != NULL) {
-            g_mats[n]   = (qjl_mat) { d, seed, m };
+            g_mats[n] = (qjl_mat) { d, seed, m };
             g_mat_bytes += bytes;
             atomic_store_explicit(&g_n_mats, n + 1, memory_order_release);
             s = m;
@@ -227,9 +235,10 @@ int kvg_qjl_encode_ref(const kvg_job * job, const float * src, uint8_t * dst) {
         const float    norm = sqrtf(kvg_rotq_sumsq_ref(r, d));
         const uint16_t n16  = kvg_f32_to_f16(norm);
         if (!kvg_f16_is_finite(n16)) {
-            st = kvg_fail(KVG_ERR_RANGE, "%s: residual norm %g does not fit in f16 (<= 65504), at token %lld, head %lld",
-                          kvg_codec_name(job->type), (double) norm, (long long) (v / job->n_heads),
-                          (long long) (v % job->n_heads));
+            st =
+                kvg_fail(KVG_ERR_RANGE, "%s: residual norm %g does not fit in f16 (<= 65504), at token %lld, head %lld",
+                         kvg_codec_name(job->type), (double) norm, (long long) (v / job->n_heads),
+                         (long long) (v % job->n_heads));
             goto done;
         }
         kvg_put_u16(rn + 2 * v, n16);

@@ -14,13 +14,21 @@
 #if defined(_WIN32)
 #    include <windows.h>
 static SRWLOCK g_book_lock = SRWLOCK_INIT;
-static void    book_lock(void) { AcquireSRWLockExclusive(&g_book_lock); }
-static void    book_unlock(void) { ReleaseSRWLockExclusive(&g_book_lock); }
+static void    book_lock(void) {
+    AcquireSRWLockExclusive(&g_book_lock);
+}
+static void book_unlock(void) {
+    ReleaseSRWLockExclusive(&g_book_lock);
+}
 #else
 #    include <pthread.h>
 static pthread_mutex_t g_book_lock = PTHREAD_MUTEX_INITIALIZER;
-static void            book_lock(void) { pthread_mutex_lock(&g_book_lock); }
-static void            book_unlock(void) { pthread_mutex_unlock(&g_book_lock); }
+static void            book_lock(void) {
+    pthread_mutex_lock(&g_book_lock);
+}
+static void book_unlock(void) {
+    pthread_mutex_unlock(&g_book_lock);
+}
 #endif
 
 #define KVG_PI 3.14159265358979323846
@@ -80,8 +88,8 @@ static void lm_below(const lm_grid * g, double t, double * M0, double * M1) {
     }
     const double w    = g->m0[lo + 1] - g->m0[lo];
     const double frac = (t - g->ye[lo]) / (g->ye[lo + 1] - g->ye[lo]);
-    *M0 = g->m0[lo] + w * frac;
-    *M1 = g->m1[lo] + w * frac * 0.5 * (g->ye[lo] + t);
+    *M0               = g->m0[lo] + w * frac;
+    *M1               = g->m1[lo] + w * frac * 0.5 * (g->ye[lo] + t);
 }
 
 // Value t with mass p below it (bisection), for the initial centroids.
@@ -122,7 +130,7 @@ static void lm_solve(const lm_grid * g, int levels, double * c) {
         }
         // the density is even: keep the codebook exactly symmetric
         for (int i = 0; i < levels / 2; i++) {
-            const double v = 0.5 * (nc[levels - 1 - i] - nc[i]);
+            const double v     = 0.5 * (nc[levels - 1 - i] - nc[i]);
             nc[i]              = -v;
             nc[levels - 1 - i] = v;
         }
@@ -370,11 +378,13 @@ int kvg_rotq_encode_with(const kvg_job * job, const float * src, uint8_t * dst, 
     int st = KVG_OK;
     for (int64_t v = 0; v < nv; v++) {
         uint16_t n16 = 0;
-        st = ops->encode_vec(src + v * d, d, sgn, book, bits, tmp, q, codes, (uint64_t) (v * d) * (uint64_t) bits, &n16);
+        st =
+            ops->encode_vec(src + v * d, d, sgn, book, bits, tmp, q, codes, (uint64_t) (v * d) * (uint64_t) bits, &n16);
         if (st != KVG_OK) {
             char msg[192];
             snprintf(msg, sizeof(msg), "%s", kvg_last_error());
-            kvg_fail(st, "%s, at token %lld, head %lld", msg, (long long) (v / job->n_heads), (long long) (v % job->n_heads));
+            kvg_fail(st, "%s, at token %lld, head %lld", msg, (long long) (v / job->n_heads),
+                     (long long) (v % job->n_heads));
             break;
         }
         kvg_put_u16(norms + 2 * v, n16);
@@ -479,8 +489,8 @@ int kvg_rotq_transcode(int64_t nv_src, int64_t nv, int64_t d, int bits_in, const
     const int     nb     = (1 << bits_out) - 1;
     const float   inv_sd = 1.0f / sqrtf((float) d);
     int           st     = KVG_OK;
-    const int levels = 1 << bits_in;
-    float     csq[1 << KVG_ROTQ_MAX_BITS];
+    const int     levels = 1 << bits_in;
+    float         csq[1 << KVG_ROTQ_MAX_BITS];
     for (int k = 0; k < levels; k++) {
         csq[k] = cb[k] * cb[k];
     }
@@ -514,7 +524,7 @@ int kvg_rotq_transcode(int64_t nv_src, int64_t nv, int64_t d, int bits_in, const
                 }
             }
             const float ss = (part[0] + part[1]) + (part[2] + part[3]);
-            m16 = kvg_f32_to_f16(kvg_f16_to_f32(n16) * sqrtf(ss) * inv_sd);
+            m16            = kvg_f32_to_f16(kvg_f16_to_f32(n16) * sqrtf(ss) * inv_sd);
             if (!kvg_f16_is_finite(m16)) {
                 st = kvg_fail(KVG_ERR_RANGE, "rotq transcode: vector %lld's norm does not fit in f16", (long long) v);
                 break;
@@ -543,7 +553,7 @@ int kvg_rotq_transcode(int64_t nv_src, int64_t nv, int64_t d, int bits_in, const
                     uint8_t o = 0;
                     for (int k = 0; k < 4; k++) {
                         const uint8_t a = in[4 * i + k];
-                        o = (uint8_t) (o | map[a & 15] << (2 * k) | map[a >> 4] << (2 * k + 1));
+                        o               = (uint8_t) (o | map[a & 15] << (2 * k) | map[a >> 4] << (2 * k + 1));
                     }
                     out[i] = o;
                 }
@@ -570,7 +580,8 @@ int kvg_rotq_transcode(int64_t nv_src, int64_t nv, int64_t d, int bits_in, const
 // of p * x' over rows is s * W(sum of p * (n / d) * c): rows add up in the rotated domain and
 // attend.c transforms the sum once per query at the end of the call.
 
-int kvg_rotq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out) {
+int kvg_rotq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                       float * out) {
     const int64_t   D     = job->head_dim;
     const int64_t   H     = job->n_heads;
     const int       bits  = job->bits;

@@ -45,11 +45,11 @@ int kvg_tcq_table(int bits, float * out, size_t out_count) {
 // Window of value i of a vector whose codes start at bit b0: the TCQ_L bits ending with value
 // i's own, the bits before b0 read as 0. Reads only bytes that hold the vector's codes.
 static inline unsigned tcq_window(const uint8_t * codes, uint64_t b0, int64_t i, int bits) {
-    const uint64_t end   = b0 + (uint64_t) (bits * (i + 1));
-    uint64_t       start = end >= b0 + TCQ_L ? end - TCQ_L : b0;
-    const unsigned lost  = (unsigned) (TCQ_L - (end - start));
-    const uint8_t * p    = codes + (start >> 3);
-    unsigned        w    = p[0];
+    const uint64_t  end   = b0 + (uint64_t) (bits * (i + 1));
+    uint64_t        start = end >= b0 + TCQ_L ? end - TCQ_L : b0;
+    const unsigned  lost  = (unsigned) (TCQ_L - (end - start));
+    const uint8_t * p     = codes + (start >> 3);
+    unsigned        w     = p[0];
     if (((end - 1) >> 3) > (start >> 3)) {
         w |= (unsigned) p[1] << 8;
     }
@@ -92,7 +92,7 @@ int kvg_tcq_encode_with(const kvg_job * job, const float * src, uint8_t * dst, k
     int st = KVG_OK;
     for (int64_t v0 = 0; v0 < nv && st == KVG_OK; v0 += TCQ_LANES) {
         memset(y, 0, sizeof(float) * lanes_f);  // lanes past the last vector search zeros
-        int live = 0;  // lanes whose vector has a norm: the others are coded as zeros
+        int live = 0;                           // lanes whose vector has a norm: the others are coded as zeros
         for (int l = 0; l < TCQ_LANES && v0 + l < nv; l++) {
             const int64_t v   = v0 + l;
             float *       yl  = (float *) q;  // d floats of scratch: q is not needed until the search is done
@@ -169,7 +169,8 @@ static float row_levels(const kvg_job * job, const uint8_t * src, int64_t t, int
     return f;
 }
 
-int kvg_tcq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out) {
+int kvg_tcq_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                      float * out) {
     const int64_t D  = job->head_dim;
     float *       lv = a->tmp;
     for (int64_t t = t0; t < t0 + n; t++) {

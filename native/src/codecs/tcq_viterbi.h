@@ -19,26 +19,68 @@
 // low B bits (h below): one integer min over a window's predecessors then gives the cheapest
 // and which it was, at a relative cost of 2^-19 in the sums compared.
 #if TCQ_VECTOR_EXT
-typedef float    tcq_vf __attribute__((vector_size(32)));
-typedef int32_t tcq_vu __attribute__((vector_size(32)));  // bits of non-negative floats: < 2^31
-static inline tcq_vf tcq_splat(float x) { return (tcq_vf) { x, x, x, x, x, x, x, x }; }
-static inline tcq_vf tcq_sq_add(tcq_vf m, tcq_vf y, float t) { return m + (y - t) * (y - t); }
-static inline tcq_vu tcq_bits(tcq_vf x) { return (tcq_vu) x; }
-static inline tcq_vf tcq_float(tcq_vu x) { return (tcq_vf) x; }
-static inline tcq_vu tcq_and(tcq_vu a, int32_t b) { return a & b; }
-static inline tcq_vu tcq_or(tcq_vu a, int32_t b) { return a | b; }
-static inline tcq_vu tcq_min(tcq_vu a, tcq_vu b) { tcq_vu k = a < b; return (k & a) | (~k & b); }
+typedef float        tcq_vf __attribute__((vector_size(32)));
+typedef int32_t      tcq_vu __attribute__((vector_size(32)));  // bits of non-negative floats: < 2^31
+static inline tcq_vf tcq_splat(float x) {
+    return (tcq_vf) { x, x, x, x, x, x, x, x };
+}
+static inline tcq_vf tcq_sq_add(tcq_vf m, tcq_vf y, float t) {
+    return m + (y - t) * (y - t);
+}
+static inline tcq_vu tcq_bits(tcq_vf x) {
+    return (tcq_vu) x;
+}
+static inline tcq_vf tcq_float(tcq_vu x) {
+    return (tcq_vf) x;
+}
+static inline tcq_vu tcq_and(tcq_vu a, int32_t b) {
+    return a & b;
+}
+static inline tcq_vu tcq_or(tcq_vu a, int32_t b) {
+    return a | b;
+}
+static inline tcq_vu tcq_min(tcq_vu a, tcq_vu b) {
+    tcq_vu k = a < b;
+    return (k & a) | (~k & b);
+}
 #else
-typedef struct { float v[TCQ_LANES]; } tcq_vf;
-typedef struct { int32_t v[TCQ_LANES]; } tcq_vu;
-#    define TCQ_MAP(T, expr) T r; for (int l = 0; l < TCQ_LANES; l++) { r.v[l] = (expr); } return r
-static inline tcq_vf tcq_splat(float x) { TCQ_MAP(tcq_vf, x); }
-static inline tcq_vf tcq_sq_add(tcq_vf m, tcq_vf y, float t) { TCQ_MAP(tcq_vf, m.v[l] + (y.v[l] - t) * (y.v[l] - t)); }
-static inline tcq_vu tcq_bits(tcq_vf x) { tcq_vu r; memcpy(&r, &x, sizeof(r)); return r; }
-static inline tcq_vf tcq_float(tcq_vu x) { tcq_vf r; memcpy(&r, &x, sizeof(r)); return r; }
-static inline tcq_vu tcq_and(tcq_vu a, int32_t b) { TCQ_MAP(tcq_vu, a.v[l] & b); }
-static inline tcq_vu tcq_or(tcq_vu a, int32_t b) { TCQ_MAP(tcq_vu, a.v[l] | b); }
-static inline tcq_vu tcq_min(tcq_vu a, tcq_vu b) { TCQ_MAP(tcq_vu, a.v[l] < b.v[l] ? a.v[l] : b.v[l]); }
+typedef struct {
+    float v[TCQ_LANES];
+} tcq_vf;
+typedef struct {
+    int32_t v[TCQ_LANES];
+} tcq_vu;
+#    define TCQ_MAP(T, expr)                                                                                           \
+        T r;                                                                                                           \
+        for (int l = 0; l < TCQ_LANES; l++) {                                                                          \
+            r.v[l] = (expr);                                                                                           \
+        }                                                                                                              \
+        return r
+static inline tcq_vf tcq_splat(float x) {
+    TCQ_MAP(tcq_vf, x);
+}
+static inline tcq_vf tcq_sq_add(tcq_vf m, tcq_vf y, float t) {
+    TCQ_MAP(tcq_vf, m.v[l] + (y.v[l] - t) * (y.v[l] - t));
+}
+static inline tcq_vu tcq_bits(tcq_vf x) {
+    tcq_vu r;
+    memcpy(&r, &x, sizeof(r));
+    return r;
+}
+static inline tcq_vf tcq_float(tcq_vu x) {
+    tcq_vf r;
+    memcpy(&r, &x, sizeof(r));
+    return r;
+}
+static inline tcq_vu tcq_and(tcq_vu a, int32_t b) {
+    TCQ_MAP(tcq_vu, a.v[l] & b);
+}
+static inline tcq_vu tcq_or(tcq_vu a, int32_t b) {
+    TCQ_MAP(tcq_vu, a.v[l] | b);
+}
+static inline tcq_vu tcq_min(tcq_vu a, tcq_vu b) {
+    TCQ_MAP(tcq_vu, a.v[l] < b.v[l] ? a.v[l] : b.v[l]);
+}
 #endif
 
 // Codes q[i * TCQ_LANES + l] of the cheapest path through the trellis for the values
@@ -46,11 +88,11 @@ static inline tcq_vu tcq_min(tcq_vu a, tcq_vu b) { TCQ_MAP(tcq_vu, a.v[l] < b.v[
 // window s, so its predecessors are the 2^B windows g * 2^B + h that share its low L - B bits
 // g: m[g] is the cheapest of them, back[i][g] which h it was.
 static void TCQ_VITERBI(const float * y, int64_t d, int bits, const float * T, uint32_t * back, uint8_t * q) {
-    const int      G    = 1 << (TCQ_L - bits);
-    const int      K    = 1 << bits;
-    const int32_t  low  = K - 1;
-    tcq_vu         cost[TCQ_STATES];
-    tcq_vf         m[TCQ_STATES >> 2];  // G <= 64
+    const int     G   = 1 << (TCQ_L - bits);
+    const int     K   = 1 << bits;
+    const int32_t low = K - 1;
+    tcq_vu        cost[TCQ_STATES];
+    tcq_vf        m[TCQ_STATES >> 2];  // G <= 64
     for (int g = 0; g < G; g++) {
         m[g] = tcq_splat(g == 0 ? 0.0f : TCQ_FAR);  // before the first value the window is all zeros
     }
@@ -62,7 +104,7 @@ static void TCQ_VITERBI(const float * y, int64_t d, int bits, const float * T, u
                 for (int h = 1; h < K; h++) {
                     best = tcq_min(best, cost[g * K + h]);
                 }
-                m[g]  = tcq_float(best);
+                m[g]           = tcq_float(best);
                 const tcq_vu h = tcq_and(best, low);
                 memcpy(bk + (size_t) g * TCQ_LANES, &h, sizeof(h));
             }
@@ -94,4 +136,3 @@ static void TCQ_VITERBI(const float * y, int64_t d, int bits, const float * T, u
         }
     }
 }
-

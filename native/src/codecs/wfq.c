@@ -27,13 +27,21 @@
 #if defined(_WIN32)
 #    include <windows.h>
 static SRWLOCK g_wfq_lock = SRWLOCK_INIT;
-static void    wfq_lock(void) { AcquireSRWLockExclusive(&g_wfq_lock); }
-static void    wfq_unlock(void) { ReleaseSRWLockExclusive(&g_wfq_lock); }
+static void    wfq_lock(void) {
+    AcquireSRWLockExclusive(&g_wfq_lock);
+}
+static void wfq_unlock(void) {
+    ReleaseSRWLockExclusive(&g_wfq_lock);
+}
 #else
 #    include <pthread.h>
 static pthread_mutex_t g_wfq_lock = PTHREAD_MUTEX_INITIALIZER;
-static void            wfq_lock(void) { pthread_mutex_lock(&g_wfq_lock); }
-static void            wfq_unlock(void) { pthread_mutex_unlock(&g_wfq_lock); }
+static void            wfq_lock(void) {
+    pthread_mutex_lock(&g_wfq_lock);
+}
+static void wfq_unlock(void) {
+    pthread_mutex_unlock(&g_wfq_lock);
+}
 #endif
 
 #define WFQ_GAIN_BYTES 2
@@ -70,15 +78,19 @@ typedef struct wfq_levels {
     double mse[KVG_WFQ_MAX_BITS + 2];                              // of N(0, 1); mse[0] = 1, mse[9] = mse[8]
 } wfq_levels;
 
-static double phi(double x) { return exp(-0.5 * x * x) * 0.39894228040143267794; }
-static double cdf(double x) { return 0.5 * erfc(-x * 0.70710678118654752440); }
+static double phi(double x) {
+    return exp(-0.5 * x * x) * 0.39894228040143267794;
+}
+static double cdf(double x) {
+    return 0.5 * erfc(-x * 0.70710678118654752440);
+}
 
 static void solve_levels(int n, double * c, double * out_mse) {
     for (int i = 0; i < n; i++) {  // start at the quantiles (bisection on the CDF)
         const double p  = (i + 0.5) / n;
         double       lo = -12.0, hi = 12.0;
         for (int it = 0; it < 80; it++) {
-            const double mid = 0.5 * (lo + hi);
+            const double mid            = 0.5 * (lo + hi);
             *(cdf(mid) < p ? &lo : &hi) = mid;
         }
         c[i] = 0.5 * (lo + hi);
@@ -134,8 +146,8 @@ static const wfq_levels * get_levels(void) {
 
 // ---- the mixes: one random orthogonal g x g matrix per set size g ------------------------------
 
-static float *        g_mix[KVG_WFQ_MAX_HEAD_DIM + 1];
-static atomic_int     g_mix_ready[KVG_WFQ_MAX_HEAD_DIM + 1];
+static float *    g_mix[KVG_WFQ_MAX_HEAD_DIM + 1];
+static atomic_int g_mix_ready[KVG_WFQ_MAX_HEAD_DIM + 1];
 
 static double gauss(uint64_t key) {  // a standard normal draw (Box-Muller) from a counter
     const double u1 = ((double) (kvg_mix64(key + KVG_GOLDEN) >> 11) + 0.5) * 0x1.0p-53;
@@ -156,11 +168,12 @@ static float * build_mix(int g) {
         for (uint64_t attempt = 0;; attempt++) {
             double * v = m + (size_t) r * g;
             for (int c = 0; c < g; c++) {
-                v[c] = gauss(WFQ_MIX_SEED ^ ((uint64_t) g << 48) ^ ((uint64_t) attempt << 40) ^ ((uint64_t) r << 20) ^ (uint64_t) c);
+                v[c] = gauss(WFQ_MIX_SEED ^ ((uint64_t) g << 48) ^ ((uint64_t) attempt << 40) ^ ((uint64_t) r << 20) ^
+                             (uint64_t) c);
             }
             for (int pass = 0; pass < 2; pass++) {
                 for (int k = 0; k < r; k++) {
-                    const double * w = m + (size_t) k * g;
+                    const double * w   = m + (size_t) k * g;
                     double         dot = 0.0;
                     for (int c = 0; c < g; c++) {
                         dot += v[c] * w[c];
@@ -248,7 +261,8 @@ int kvg_wfq_check_book(const kvg_job * job) {
                                 name, (long long) h, (long long) i);
             }
             seen[(int64_t) src] = 1;
-            if (!(p.sigma[i] > 0.0f && p.sigma[i] < INFINITY) || !(b >= 0.0f && b <= KVG_WFQ_MAX_BITS && b == floorf(b))) {
+            if (!(p.sigma[i] > 0.0f && p.sigma[i] < INFINITY) ||
+                !(b >= 0.0f && b <= KVG_WFQ_MAX_BITS && b == floorf(b))) {
                 return kvg_fail(KVG_ERR_INVALID_ARG, "%s: plan of head %lld: position %lld has scale %g and %g bits",
                                 name, (long long) h, (long long) i, (double) p.sigma[i], (double) b);
             }
@@ -285,8 +299,8 @@ static uint8_t nearest(const float * bnd, int bits, float z) {  // index of the 
     return (uint8_t) lo;
 }
 
-static int encode_vec(const float * x, const wfq_head * p, int64_t d, const wfq_levels * lv, uint8_t * dst,
-                      float * u, float * z, uint8_t * codes) {
+static int encode_vec(const float * x, const wfq_head * p, int64_t d, const wfq_levels * lv, uint8_t * dst, float * u,
+                      float * z, uint8_t * codes) {
     double nn = 0.0;
     for (int64_t i = 0; i < d; i++) {
         nn += (double) x[i] * x[i];
@@ -361,11 +375,11 @@ int kvg_wfq_encode_ref(const kvg_job * job, const float * src, uint8_t * dst) {
     if (rc != KVG_OK) {
         return rc;
     }
-    const int64_t       d  = job->head_dim;
-    const size_t        vb = vec_bytes(job);
-    const wfq_levels *  lv = get_levels();
-    float               u[KVG_WFQ_MAX_HEAD_DIM], z[KVG_WFQ_MAX_HEAD_DIM];
-    uint8_t             codes[KVG_WFQ_MAX_HEAD_DIM];
+    const int64_t      d  = job->head_dim;
+    const size_t       vb = vec_bytes(job);
+    const wfq_levels * lv = get_levels();
+    float              u[KVG_WFQ_MAX_HEAD_DIM], z[KVG_WFQ_MAX_HEAD_DIM];
+    uint8_t            codes[KVG_WFQ_MAX_HEAD_DIM];
     for (int64_t h = 0; h < job->n_heads; h++) {
         const wfq_head p = head_plan(job, h);
         for (int64_t t = 0; t < job->n_tokens; t++) {
@@ -409,7 +423,8 @@ int kvg_wfq_decode_ref(const kvg_job * job, const uint8_t * src, float * dst) {
     for (int64_t h = 0; h < job->n_heads; h++) {
         const wfq_head p = head_plan(job, h);
         for (int64_t t = 0; t < job->n_tokens; t++) {
-            decode_vec(src + (size_t) (t * job->n_heads + h) * vb, &p, d, lv, dst + t * job->n_channels + h * d, z, codes);
+            decode_vec(src + (size_t) (t * job->n_heads + h) * vb, &p, d, lv, dst + t * job->n_channels + h * d, z,
+                       codes);
         }
     }
     return KVG_OK;
@@ -461,7 +476,7 @@ int kvg_wfq_train(int type, int kind, const float * src, size_t src_count, int64
         // A coordinate no row used still gets a scale: a millionth of the strongest one's energy
         // (or 1 where every row is zero), so a later row that uses it is coded, not divided by 0.
         const double floor_e = top > 0.0 ? top * 1e-6 : 1.0;
-        int64_t left = kvg_wfq_code_bits(&job) - d;
+        int64_t      left    = kvg_wfq_code_bits(&job) - d;
         for (int64_t i = 0; i < d; i++) {
             energy[i] = fmax(energy[i], floor_e);
             bits[i]   = 1;
@@ -470,7 +485,8 @@ int kvg_wfq_train(int type, int kind, const float * src, size_t src_count, int64
             int64_t best = -1;
             double  gain = -1.0;
             for (int64_t i = 0; i < d; i++) {
-                const double gi = bits[i] < KVG_WFQ_MAX_BITS ? energy[i] * (lv->mse[bits[i]] - lv->mse[bits[i] + 1]) : -1.0;
+                const double gi =
+                    bits[i] < KVG_WFQ_MAX_BITS ? energy[i] * (lv->mse[bits[i]] - lv->mse[bits[i] + 1]) : -1.0;
                 if (gi > gain) {
                     gain = gi;
                     best = i;
@@ -541,11 +557,11 @@ static const float k_no_level[1] = { 0.0f };
 static void plan_layout(const kvg_job * job, const float * bits, const wfq_levels * lv, wfq_layout * L) {
     uint64_t pos = 0;
     for (int64_t k = 0; k < job->head_dim; k++) {
-        const int b  = (int) bits[k];
-        L->off[k]    = (uint16_t) (pos >> 3);
-        L->shift[k]  = (uint8_t) (pos & 7);
-        L->mask[k]   = (uint8_t) ((1u << b) - 1);
-        L->level[k]  = b ? lv->level[b] : k_no_level;
+        const int b = (int) bits[k];
+        L->off[k]   = (uint16_t) (pos >> 3);
+        L->shift[k] = (uint8_t) (pos & 7);
+        L->mask[k]  = (uint8_t) ((1u << b) - 1);
+        L->level[k] = b ? lv->level[b] : k_no_level;
         pos += (uint64_t) b;
     }
 }
@@ -575,8 +591,8 @@ static const uint8_t * vec_at(const kvg_job * job, const uint8_t * src, int64_t 
 
 // Eight partial sums, so that the compiler can keep them in one vector register.
 static float dot8(const float * a, const float * b, int64_t d) {
-    float s[8] = { 0 };
-    int64_t i = 0;
+    float   s[8] = { 0 };
+    int64_t i    = 0;
     for (; i + 8 <= d; i += 8) {
         for (int k = 0; k < 8; k++) {
             s[k] += a[i + k] * b[i + k];
@@ -594,8 +610,8 @@ int kvg_wfq_prepare_q(const kvg_job * job, const kvg_attn * a, float * qr) {
     kvg_wfq_set   runs[KVG_WFQ_MAX_HEAD_DIM];
     float         u[KVG_WFQ_MAX_HEAD_DIM];
     for (int64_t hk = 0; hk < job->n_heads; hk++) {
-        const float * perm = job->book + hk * 3 * d, *sigma = perm + d, *bits = perm + 2 * d;
-        const int     nr   = plan_runs(bits, d, runs);
+        const float *perm = job->book + hk * 3 * d, *sigma = perm + d, *bits = perm + 2 * d;
+        const int    nr = plan_runs(bits, d, runs);
         for (int64_t j = hk * a->per_head; j < (hk + 1) * a->per_head; j++) {
             const float * q = a->q + j * d;
             float *       y = qr + j * d;
@@ -604,7 +620,7 @@ int kvg_wfq_prepare_q(const kvg_job * job, const kvg_attn * a, float * qr) {
             }
             for (int k = 0; k < nr; k++) {
                 const kvg_wfq_set r = runs[k];
-                const float * m = r.bits ? get_mix(r.n) : NULL;  // built when the plan was checked
+                const float *     m = r.bits ? get_mix(r.n) : NULL;  // built when the plan was checked
                 if (r.bits && !m) {
                     return kvg_fail(KVG_ERR_NO_MEMORY, "wfq: mix of %d coordinates", (int) r.n);
                 }
@@ -622,14 +638,14 @@ int kvg_wfq_finish_acc(const kvg_job * job, const kvg_attn * a) {
     kvg_wfq_set   runs[KVG_WFQ_MAX_HEAD_DIM];
     float         u[KVG_WFQ_MAX_HEAD_DIM];
     for (int64_t hk = 0; hk < job->n_heads; hk++) {
-        const float * perm = job->book + hk * 3 * d, *sigma = perm + d, *bits = perm + 2 * d;
-        const int     nr   = plan_runs(bits, d, runs);
+        const float *perm = job->book + hk * 3 * d, *sigma = perm + d, *bits = perm + 2 * d;
+        const int    nr = plan_runs(bits, d, runs);
         for (int64_t j = hk * a->per_head; j < (hk + 1) * a->per_head; j++) {
             const float * y   = a->accr + j * d;
             float *       out = a->acc + j * d;
             for (int k = 0; k < nr; k++) {
                 const kvg_wfq_set r = runs[k];
-                const float * m = r.bits ? get_mix(r.n) : NULL;
+                const float *     m = r.bits ? get_mix(r.n) : NULL;
                 if (!m) {
                     continue;  // no bits, nothing was added (a missing mix failed in prepare_q)
                 }
@@ -666,8 +682,8 @@ int kvg_wfq_sets(const kvg_job * job, int64_t hk, kvg_wfq_set * sets) {
 
 // Levels of rows [t0, t0 + n) of KV head hk into z[t][head_dim], their gains into gain[t] (the
 // scalar kernels' first step).
-static void levels_of_rows(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, int64_t hk,
-                           float * z, float * gain) {
+static void levels_of_rows(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, int64_t hk, float * z,
+                           float * gain) {
     const int64_t d  = job->head_dim;
     const size_t  vb = vec_bytes(job);
     wfq_layout    L;

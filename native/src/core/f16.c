@@ -13,11 +13,11 @@ uint16_t kvg_f32_to_f16(float f) {
     if (ax >= 0x477ff000u) {  // >= 65520 = halfway between 65504 and 2^16: rounds to Inf
         return (uint16_t) (sign | 0x7c00);
     }
-    if (ax < 0x38800000u) {  // below 2^-14: f16 subnormal (units of 2^-24) or zero
+    if (ax < 0x38800000u) {      // below 2^-14: f16 subnormal (units of 2^-24) or zero
         if (ax < 0x33000000u) {  // below 2^-25 (half the smallest subnormal): rounds to 0
             return sign;
         }
-        const uint32_t e     = ax >> 23;                     // 102..112
+        const uint32_t e     = ax >> 23;                      // 102..112
         const uint32_t m     = (ax & 0x7fffffu) | 0x800000u;  // value = m * 2^(e-150)
         const uint32_t shift = 126 - e;                       // 14..24
         uint32_t       q     = m >> shift;
@@ -135,7 +135,8 @@ static void f16_head(const uint8_t * src, int64_t t, int64_t hk, const kvg_job *
     }
 }
 
-int kvg_f16_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a, float * out) {
+int kvg_f16_score_ref(const kvg_job * job, const uint8_t * src, int64_t t0, int64_t n, const kvg_attn * a,
+                      float * out) {
     const int64_t D   = job->head_dim;
     float *       row = a->tmp;
     for (int64_t t = 0; t < n; t++) {

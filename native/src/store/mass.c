@@ -131,7 +131,7 @@ void kvg_mass_note(kvg_mass_notes * nt, int64_t granule, const float * m, const 
             }
         }
     } else {
-        ms = nt->ms + (size_t) nt->n_rec * 2 * (size_t) n_q;
+        ms                    = nt->ms + (size_t) nt->n_rec * 2 * (size_t) n_q;
         nt->gran[nt->n_rec++] = granule;
         for (int64_t j = 0; j < n_q; j++) {
             ms[j]       = m[j];
@@ -207,7 +207,7 @@ int32_t kvg_store_hook_mass(void * user, int32_t il, int32_t n_tokens, int32_t n
             for (int64_t jj = 0; jj < n_q; jj++) {
                 // internal query jj = (hk * n_tokens + t) * gqa + g is the caller's t * n_head + hk * gqa + g
                 const int64_t hk = jj / P, t = (jj % P) / gqa, g = jj % gqa;
-                const int64_t j  = t * n_head + hk * gqa + g;
+                const int64_t j = t * n_head + hk * gqa + g;
                 if (sum[j] > 0.0f && ms[n_q + jj] > 0.0f) {
                     share += (double) ms[n_q + jj] * exp((double) ms[jj] - (double) max[j]) / (double) sum[j];
                 }

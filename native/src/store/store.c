@@ -97,16 +97,16 @@ int kvg_store_init(const kvg_store_params * p, kvg_store ** out) {
         free(s);
         return kvg_fail(KVG_ERR_NO_MEMORY, "store: its lock");
     }
-    s->swap_lock = lock;
+    s->swap_lock        = lock;
     const int32_t d_max = p->head_dim_k > p->head_dim_v ? p->head_dim_k : p->head_dim_v;
-    s->p         = *p;
-    s->n_threads = 1;
-    s->enabled   = (int32_t *) malloc((size_t) p->n_layer * sizeof(int32_t));
-    s->rows    = (kvg_rows *) calloc((size_t) p->n_layer * 2, sizeof(kvg_rows));
-    s->sgn     = (float *) malloc((size_t) d_max * sizeof(float));
-    s->mass     = (double **) calloc((size_t) p->n_layer, sizeof(double *));
-    s->mass_cap = (int64_t *) calloc((size_t) p->n_layer, sizeof(int64_t));
-    s->notes    = (kvg_mass_notes *) calloc(KVG_MASS_SLOTS, sizeof(kvg_mass_notes));
+    s->p                = *p;
+    s->n_threads        = 1;
+    s->enabled          = (int32_t *) malloc((size_t) p->n_layer * sizeof(int32_t));
+    s->rows             = (kvg_rows *) calloc((size_t) p->n_layer * 2, sizeof(kvg_rows));
+    s->sgn              = (float *) malloc((size_t) d_max * sizeof(float));
+    s->mass             = (double **) calloc((size_t) p->n_layer, sizeof(double *));
+    s->mass_cap         = (int64_t *) calloc((size_t) p->n_layer, sizeof(int64_t));
+    s->notes            = (kvg_mass_notes *) calloc(KVG_MASS_SLOTS, sizeof(kvg_mass_notes));
     if (!s->enabled || !s->rows || !s->sgn || !s->mass || !s->mass_cap || !s->notes) {
         kvg_store_free(s);
         return kvg_fail(KVG_ERR_NO_MEMORY, "store index");
@@ -196,7 +196,8 @@ int kvg_store_set_threads(kvg_store * s, int32_t n_threads) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "store is NULL");
     }
     if (n_threads < 1 || n_threads > KVG_STORE_MAX_THREADS) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "%d threads: a store takes 1 to %d", (int) n_threads, KVG_STORE_MAX_THREADS);
+        return kvg_fail(KVG_ERR_INVALID_ARG, "%d threads: a store takes 1 to %d", (int) n_threads,
+                        KVG_STORE_MAX_THREADS);
     }
     s->n_threads = n_threads;
     return KVG_OK;
@@ -224,8 +225,8 @@ kvg_codec_params kvg_store_list_params(const kvg_store * s, int64_t li, int32_t 
 }
 
 // The bytes of a new block of n_rows rows of codec (its size from cp).
-static int new_block_bytes(const kvg_store * s, int32_t kind, int32_t codec, int64_t n_rows, const kvg_codec_params * cp,
-                           uint8_t ** data, size_t * n_bytes) {
+static int new_block_bytes(const kvg_store * s, int32_t kind, int32_t codec, int64_t n_rows,
+                           const kvg_codec_params * cp, uint8_t ** data, size_t * n_bytes) {
     int rc = kvg_encoded_size(codec, kind, n_rows, s->p.n_head_kv, head_dim_of(s, kind), cp, n_bytes);
     if (rc != KVG_OK) {
         return rc;
@@ -258,11 +259,11 @@ static int finish_block(const kvg_store * s, int32_t kind, int32_t tier, int32_t
 // Encodes rows of list li into a new block (not yet linked anywhere). A codec with a codebook
 // uses the list's; when the list has none yet, *fresh (trained here on these rows if NULL) is
 // used, and the caller keeps it once its mutation commits (or frees it).
-static int encode_block(const kvg_store * s, int64_t li, int32_t tier, int32_t codec,
-                        const float * rows, int64_t n_rows, float ** fresh, kvg_block * out) {
+static int encode_block(const kvg_store * s, int64_t li, int32_t tier, int32_t codec, const float * rows,
+                        int64_t n_rows, float ** fresh, kvg_block * out) {
     const int32_t kind    = (int32_t) (li % 2);
     size_t        n_bytes = 0;
-    int rc = kvg_injected_failure("encode a block");
+    int           rc      = kvg_injected_failure("encode a block");
     if (rc != KVG_OK) {
         return rc;
     }
@@ -279,7 +280,7 @@ static int encode_block(const kvg_store * s, int64_t li, int32_t tier, int32_t c
             return kvg_fail(KVG_ERR_NO_MEMORY, "codebook of %zu floats", nb);
         }
         rc = (codec >= KVG_CODEC_WFQ2 ? kvg_wfq_train : kvg_pq_train)(codec, kind, rows, count, n_rows, s->p.n_head_kv,
-                                                                       head_dim_of(s, kind), &s->p.codec, bk, nb);
+                                                                      head_dim_of(s, kind), &s->p.codec, bk, nb);
         if (rc != KVG_OK) {
             free(bk);
             return rc;
@@ -288,9 +289,10 @@ static int encode_block(const kvg_store * s, int64_t li, int32_t tier, int32_t c
     }
     const kvg_codec_params cp   = kvg_store_list_params(s, li, codec, fresh ? *fresh : NULL);
     uint8_t *              data = NULL;
-    rc = new_block_bytes(s, kind, codec, n_rows, &cp, &data, &n_bytes);
+    rc                          = new_block_bytes(s, kind, codec, n_rows, &cp, &data, &n_bytes);
     if (rc == KVG_OK) {
-        rc = kvg_encode(codec, kind, rows, count, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &cp, data, n_bytes, NULL);
+        rc = kvg_encode(codec, kind, rows, count, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &cp, data, n_bytes,
+                        NULL);
     }
     return finish_block(s, kind, tier, codec, &cp, n_rows, data, n_bytes, rc, out);
 }
@@ -357,8 +359,8 @@ static int check_append(const kvg_store * s, int32_t il, int32_t kind, int32_t t
     return KVG_OK;
 }
 
-int kvg_store_append(kvg_store * s, int32_t il, int32_t kind, int32_t tier, int32_t codec,
-                     const float * rows, size_t count, int64_t n_rows) {
+int kvg_store_append(kvg_store * s, int32_t il, int32_t kind, int32_t tier, int32_t codec, const float * rows,
+                     size_t count, int64_t n_rows) {
     kvg_clear_error();
     int rc = check_append(s, il, kind, tier, n_rows);
     if (rc != KVG_OK) {
@@ -368,11 +370,11 @@ int kvg_store_append(kvg_store * s, int32_t il, int32_t kind, int32_t tier, int3
         return kvg_fail(KVG_ERR_INVALID_ARG, "rows is NULL");
     }
     if (count != (size_t) n_rows * (size_t) row_width(s, kind)) {
-        return kvg_fail(KVG_ERR_BUFFER_SIZE, "%zu floats given for %lld rows of %lld", count,
-                        (long long) n_rows, (long long) row_width(s, kind));
+        return kvg_fail(KVG_ERR_BUFFER_SIZE, "%zu floats given for %lld rows of %lld", count, (long long) n_rows,
+                        (long long) row_width(s, kind));
     }
     kvg_rows * r = &s->rows[il * 2 + kind];
-    rc = reserve_block(r);
+    rc           = reserve_block(r);
     if (rc != KVG_OK) {
         return rc;
     }
@@ -390,8 +392,8 @@ int kvg_store_append(kvg_store * s, int32_t il, int32_t kind, int32_t tier, int3
     return KVG_OK;
 }
 
-int kvg_store_append_encoded(kvg_store * s, int32_t il, int32_t kind, int32_t tier, int32_t codec,
-                             int64_t n_rows, const void * data, size_t n_bytes) {
+int kvg_store_append_encoded(kvg_store * s, int32_t il, int32_t kind, int32_t tier, int32_t codec, int64_t n_rows,
+                             const void * data, size_t n_bytes) {
     kvg_clear_error();
     int rc = check_append(s, il, kind, tier, n_rows);
     if (rc != KVG_OK) {
@@ -401,7 +403,7 @@ int kvg_store_append_encoded(kvg_store * s, int32_t il, int32_t kind, int32_t ti
         return kvg_fail(KVG_ERR_INVALID_ARG, "data is NULL");
     }
     size_t want = 0;
-    rc = kvg_encoded_size(codec, kind, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &s->p.codec, &want);
+    rc          = kvg_encoded_size(codec, kind, n_rows, s->p.n_head_kv, head_dim_of(s, kind), &s->p.codec, &want);
     if (rc != KVG_OK) {
         return rc;
     }
@@ -410,7 +412,7 @@ int kvg_store_append_encoded(kvg_store * s, int32_t il, int32_t kind, int32_t ti
                         (long long) n_rows, kvg_codec_name(codec), want);
     }
     kvg_rows * r = &s->rows[il * 2 + kind];
-    rc = reserve_block(r);
+    rc           = reserve_block(r);
     if (rc != KVG_OK) {
         return rc;
     }
@@ -448,8 +450,8 @@ int kvg_store_n_blocks(const kvg_store * s, int32_t il, int32_t kind, int64_t * 
     return KVG_OK;
 }
 
-int kvg_store_block(const kvg_store * s, int32_t il, int32_t kind, int64_t bi, kvg_block_info * out,
-                    void * dst, size_t dst_bytes) {
+int kvg_store_block(const kvg_store * s, int32_t il, int32_t kind, int64_t bi, kvg_block_info * out, void * dst,
+                    size_t dst_bytes) {
     kvg_clear_error();
     int rc = check_layer_kind(s, il, kind);
     if (rc != KVG_OK) {
@@ -502,32 +504,32 @@ int64_t kvg_rows_find_block(const kvg_rows * r, int64_t row) {
 }
 
 // Writes rows [r0, r1) as f32 (dst32) or f16 (dst16), one of them non-NULL.
-static int decode_range(const kvg_store * s, int32_t il, int32_t kind, int64_t r0, int64_t r1,
-                        float * dst32, uint16_t * dst16, size_t count) {
+static int decode_range(const kvg_store * s, int32_t il, int32_t kind, int64_t r0, int64_t r1, float * dst32,
+                        uint16_t * dst16, size_t count) {
     int rc = check_layer_kind(s, il, kind);
     if (rc != KVG_OK) {
         return rc;
     }
     const kvg_rows * r = &s->rows[il * 2 + kind];
     if (r0 < 0 || r1 < r0 || r1 > r->n_rows) {
-        return kvg_fail(KVG_ERR_INVALID_ARG, "rows [%lld, %lld) are outside [0, %lld)", (long long) r0,
-                        (long long) r1, (long long) r->n_rows);
+        return kvg_fail(KVG_ERR_INVALID_ARG, "rows [%lld, %lld) are outside [0, %lld)", (long long) r0, (long long) r1,
+                        (long long) r->n_rows);
     }
     const int64_t w = row_width(s, kind);
     if (count != (size_t) (r1 - r0) * (size_t) w) {
-        return kvg_fail(KVG_ERR_BUFFER_SIZE, "%zu values given for %lld rows of %lld", count,
-                        (long long) (r1 - r0), (long long) w);
+        return kvg_fail(KVG_ERR_BUFFER_SIZE, "%zu values given for %lld rows of %lld", count, (long long) (r1 - r0),
+                        (long long) w);
     }
     if (r1 == r0) {
         return KVG_OK;
     }
     for (int64_t bi = kvg_rows_find_block(r, r0); bi < r->n_blocks && r->blocks[bi].row0 < r1; ++bi) {
-        const kvg_block * b = &r->blocks[bi];
-        const int64_t a = r0 > b->row0 ? r0 : b->row0;
-        const int64_t e = r1 < b->row0 + b->n_rows ? r1 : b->row0 + b->n_rows;
-        const size_t  first = (size_t) (a - b->row0) * (size_t) w;  // in the block
-        const size_t  n     = (size_t) (e - a) * (size_t) w;
-        const size_t  out   = (size_t) (a - r0) * (size_t) w;       // in dst
+        const kvg_block * b     = &r->blocks[bi];
+        const int64_t     a     = r0 > b->row0 ? r0 : b->row0;
+        const int64_t     e     = r1 < b->row0 + b->n_rows ? r1 : b->row0 + b->n_rows;
+        const size_t      first = (size_t) (a - b->row0) * (size_t) w;  // in the block
+        const size_t      n     = (size_t) (e - a) * (size_t) w;
+        const size_t      out   = (size_t) (a - r0) * (size_t) w;  // in dst
         if (b->fail_reads) {
             return kvg_fail(KVG_ERR_NO_MEMORY, "injected read failure (kvg_store_debug_fail_reads)");
         }
@@ -561,8 +563,7 @@ static int decode_range(const kvg_store * s, int32_t il, int32_t kind, int64_t r
     return KVG_OK;
 }
 
-int kvg_store_decode(const kvg_store * s, int32_t il, int32_t kind, int64_t r0, int64_t r1,
-                     float * dst, size_t count) {
+int kvg_store_decode(const kvg_store * s, int32_t il, int32_t kind, int64_t r0, int64_t r1, float * dst, size_t count) {
     kvg_clear_error();
     if (!dst) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "dst is NULL");
@@ -570,8 +571,8 @@ int kvg_store_decode(const kvg_store * s, int32_t il, int32_t kind, int64_t r0, 
     return decode_range(s, il, kind, r0, r1, dst, NULL, count);
 }
 
-int kvg_store_decode_f16(const kvg_store * s, int32_t il, int32_t kind, int64_t r0, int64_t r1,
-                         uint16_t * dst, size_t count) {
+int kvg_store_decode_f16(const kvg_store * s, int32_t il, int32_t kind, int64_t r0, int64_t r1, uint16_t * dst,
+                         size_t count) {
     kvg_clear_error();
     if (!dst) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "dst is NULL");
@@ -599,20 +600,20 @@ static int transcode_block(const kvg_store * s, int64_t li, const kvg_block * b,
     const kvg_codec_params cp      = kvg_store_list_params(s, li, codec, NULL);
     uint8_t *              data    = NULL;
     size_t                 n_bytes = 0;
-    rc = new_block_bytes(s, kind, codec, n_rows, &cp, &data, &n_bytes);
+    rc                             = new_block_bytes(s, kind, codec, n_rows, &cp, &data, &n_bytes);
     if (rc == KVG_OK) {
-        rc = kvg_rotq_transcode(b->n_rows * H, n_rows * H, head_dim_of(s, kind), b->codec - KVG_CODEC_ROTQ1 + 1, b->data,
-                                codec - KVG_CODEC_ROTQ1 + 1, data);
+        rc = kvg_rotq_transcode(b->n_rows * H, n_rows * H, head_dim_of(s, kind), b->codec - KVG_CODEC_ROTQ1 + 1,
+                                b->data, codec - KVG_CODEC_ROTQ1 + 1, data);
     }
-    rc = finish_block(s, kind, tier, codec, &cp, n_rows, data, n_bytes, rc, out);
+    rc        = finish_block(s, kind, tier, codec, &cp, n_rows, data, n_bytes, rc, out);
     out->row0 = b->row0;
     return rc;
 }
 
 // Decodes block b of list li and encodes its first n_rows rows with (tier, codec) into *out
 // (fresh: as in encode_block); rotq into rotq from the codes.
-static int reencode_block(const kvg_store * s, int64_t li, const kvg_block * b, int64_t n_rows,
-                          int32_t tier, int32_t codec, float ** fresh, kvg_block * out) {
+static int reencode_block(const kvg_store * s, int64_t li, const kvg_block * b, int64_t n_rows, int32_t tier,
+                          int32_t codec, float ** fresh, kvg_block * out) {
     if (is_rotq(b->codec) && is_rotq(codec)) {
         return transcode_block(s, li, b, n_rows, tier, codec, out);
     }
@@ -782,8 +783,8 @@ int kvg_store_retier_lists(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, 
             const kvg_block * b = &r->blocks[bi];
             const int64_t     e = b->row0 + b->n_rows;
             if ((b->row0 < r0 && e > r0) || (b->row0 < r1 && e > r1)) {
-                return kvg_fail(KVG_ERR_INVALID_ARG, "rows [%lld, %lld) cut block [%lld, %lld)",
-                                (long long) r0, (long long) r1, (long long) b->row0, (long long) e);
+                return kvg_fail(KVG_ERR_INVALID_ARG, "rows [%lld, %lld) cut block [%lld, %lld)", (long long) r0,
+                                (long long) r1, (long long) b->row0, (long long) e);
             }
             n_todo += b->row0 >= r0 && e <= r1 && !(b->tier == tier && b->codec == codecs[li]);
         }
@@ -792,12 +793,13 @@ int kvg_store_retier_lists(kvg_store * s, int64_t r0, int64_t r1, int32_t tier, 
         return KVG_OK;
     }
     // Stage: every new block is encoded before any old one is touched.
-    int rc = kvg_injected_failure("retier: staging list");
+    int          rc = kvg_injected_failure("retier: staging list");
     kvg_staged * st = rc == KVG_OK ? (kvg_staged *) calloc((size_t) n_todo, sizeof(kvg_staged)) : NULL;
     float ** fresh  = st ? (float **) calloc((size_t) n_lists, sizeof(float *)) : NULL;  // books trained here, per list
     if (!fresh) {
         free(st);
-        return rc != KVG_OK ? rc : kvg_fail(KVG_ERR_NO_MEMORY, "retier: staging list of %lld blocks", (long long) n_todo);
+        return rc != KVG_OK ? rc
+                            : kvg_fail(KVG_ERR_NO_MEMORY, "retier: staging list of %lld blocks", (long long) n_todo);
     }
     // The blocks staged list by list (the lists' starts in `starts`), then coded on the threads.
     int64_t * starts = (int64_t *) malloc(((size_t) n_lists + 1) * sizeof(int64_t));
@@ -949,10 +951,10 @@ int kvg_store_bytes(const kvg_store * s, int32_t tier, uint64_t * out_bytes, uin
     if (tier < 0 || tier > KVG_TIER_COUNT) {
         return kvg_fail(KVG_ERR_INVALID_ARG, "tier %d is unknown", (int) tier);
     }
-    uint64_t bytes = 0, values = 0;
+    uint64_t      bytes = 0, values = 0;
     const int32_t d_max = s->p.head_dim_k > s->p.head_dim_v ? s->p.head_dim_k : s->p.head_dim_v;
-    uint64_t index = sizeof(kvg_store) + (uint64_t) s->p.n_layer * (sizeof(int32_t) + 2 * sizeof(kvg_rows)) +
-                     (uint64_t) d_max * sizeof(float);
+    uint64_t      index = sizeof(kvg_store) + (uint64_t) s->p.n_layer * (sizeof(int32_t) + 2 * sizeof(kvg_rows)) +
+                          (uint64_t) d_max * sizeof(float);
     for (int64_t li = 0; li < (int64_t) s->p.n_layer * 2; ++li) {
         const kvg_rows * r = &s->rows[li];
         index += (uint64_t) r->cap * sizeof(kvg_block);
@@ -982,8 +984,8 @@ int32_t kvg_store_hook_n_cold(void * user, int32_t il) {
     return (int32_t) (nk < nv ? nk : nv);
 }
 
-int32_t kvg_store_hook_decode(void * user, int32_t il, int32_t kind, int64_t r0, int64_t r1,
-                              uint16_t * dst, int64_t n_embd) {
+int32_t kvg_store_hook_decode(void * user, int32_t il, int32_t kind, int64_t r0, int64_t r1, uint16_t * dst,
+                              int64_t n_embd) {
     const kvg_store * s = (const kvg_store *) user;
     if (!s || !dst || check_layer_kind(s, il, kind) != KVG_OK || n_embd != row_width(s, kind) || r1 < r0) {
         return KVG_ERR_INVALID_ARG;

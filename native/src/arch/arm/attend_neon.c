@@ -26,22 +26,46 @@ KVG_INLINE vf8 vf8_pair(float32x4_t lo, float32x4_t hi) {
     return v;
 }
 
-KVG_INLINE vf8 vf8_set1(float f) { return vf8_pair(vdupq_n_f32(f), vdupq_n_f32(f)); }
-KVG_INLINE vf8 vf8_zero(void) { return vf8_set1(0.0f); }
-KVG_INLINE vf8 vf8_load(const float * p) { return vf8_pair(vld1q_f32(p), vld1q_f32(p + 4)); }
+KVG_INLINE vf8 vf8_set1(float f) {
+    return vf8_pair(vdupq_n_f32(f), vdupq_n_f32(f));
+}
+KVG_INLINE vf8 vf8_zero(void) {
+    return vf8_set1(0.0f);
+}
+KVG_INLINE vf8 vf8_load(const float * p) {
+    return vf8_pair(vld1q_f32(p), vld1q_f32(p + 4));
+}
 KVG_INLINE void vf8_store(float * p, vf8 v) {
     vst1q_f32(p, v.lo);
     vst1q_f32(p + 4, v.hi);
 }
-KVG_INLINE vf8 vf8_add(vf8 a, vf8 b) { return vf8_pair(vaddq_f32(a.lo, b.lo), vaddq_f32(a.hi, b.hi)); }
-KVG_INLINE vf8 vf8_sub(vf8 a, vf8 b) { return vf8_pair(vsubq_f32(a.lo, b.lo), vsubq_f32(a.hi, b.hi)); }
-KVG_INLINE vf8 vf8_mul(vf8 a, vf8 b) { return vf8_pair(vmulq_f32(a.lo, b.lo), vmulq_f32(a.hi, b.hi)); }
-KVG_INLINE vf8 vf8_max(vf8 a, vf8 b) { return vf8_pair(vmaxq_f32(a.lo, b.lo), vmaxq_f32(a.hi, b.hi)); }
-KVG_INLINE vf8 vf8_fma(vf8 a, vf8 b, vf8 c) { return vf8_pair(vfmaq_f32(c.lo, a.lo, b.lo), vfmaq_f32(c.hi, a.hi, b.hi)); }
-KVG_INLINE vf8 vf8_fma_s(vf8 c, vf8 v, float w) { return vf8_pair(vfmaq_n_f32(c.lo, v.lo, w), vfmaq_n_f32(c.hi, v.hi, w)); }
-KVG_INLINE float vf8_hsum(vf8 v) { return vaddvq_f32(vaddq_f32(v.lo, v.hi)); }
-KVG_INLINE float vf8_hmax(vf8 v) { return vmaxvq_f32(vmaxq_f32(v.lo, v.hi)); }
-KVG_INLINE float half_to_float(uint16_t h) { return kvg_f16_to_f32(h); }
+KVG_INLINE vf8 vf8_add(vf8 a, vf8 b) {
+    return vf8_pair(vaddq_f32(a.lo, b.lo), vaddq_f32(a.hi, b.hi));
+}
+KVG_INLINE vf8 vf8_sub(vf8 a, vf8 b) {
+    return vf8_pair(vsubq_f32(a.lo, b.lo), vsubq_f32(a.hi, b.hi));
+}
+KVG_INLINE vf8 vf8_mul(vf8 a, vf8 b) {
+    return vf8_pair(vmulq_f32(a.lo, b.lo), vmulq_f32(a.hi, b.hi));
+}
+KVG_INLINE vf8 vf8_max(vf8 a, vf8 b) {
+    return vf8_pair(vmaxq_f32(a.lo, b.lo), vmaxq_f32(a.hi, b.hi));
+}
+KVG_INLINE vf8 vf8_fma(vf8 a, vf8 b, vf8 c) {
+    return vf8_pair(vfmaq_f32(c.lo, a.lo, b.lo), vfmaq_f32(c.hi, a.hi, b.hi));
+}
+KVG_INLINE vf8 vf8_fma_s(vf8 c, vf8 v, float w) {
+    return vf8_pair(vfmaq_n_f32(c.lo, v.lo, w), vfmaq_n_f32(c.hi, v.hi, w));
+}
+KVG_INLINE float vf8_hsum(vf8 v) {
+    return vaddvq_f32(vaddq_f32(v.lo, v.hi));
+}
+KVG_INLINE float vf8_hmax(vf8 v) {
+    return vmaxvq_f32(vmaxq_f32(v.lo, v.hi));
+}
+KVG_INLINE float half_to_float(uint16_t h) {
+    return kvg_f16_to_f32(h);
+}
 
 // exp(x) for x <= 0, as attend_avx2.c computes it: x = k ln2 + r with |r| <= ln2 / 2, the
 // Taylor series of exp(r) to r^7 times 2^k from the exponent bits; 0 below -87.
@@ -64,7 +88,9 @@ KVG_INLINE float32x4_t exp_nonpos4(float32x4_t x) {
     return vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(y), vcltq_f32(x, lo)));
 }
 
-KVG_INLINE vf8 vf8_exp_nonpos(vf8 x) { return vf8_pair(exp_nonpos4(x.lo), exp_nonpos4(x.hi)); }
+KVG_INLINE vf8 vf8_exp_nonpos(vf8 x) {
+    return vf8_pair(exp_nonpos4(x.lo), exp_nonpos4(x.hi));
+}
 
 typedef struct lanes {
     codes8       c;

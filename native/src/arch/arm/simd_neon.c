@@ -94,21 +94,22 @@ static inline uint32x4_t kivi_code4(const float * x, const float * mf, const flo
 }
 
 // n % 8 == 0 and bit_off % 8 == 0 (the caller checked C % 8 == 0).
-static void kivi_quant_row(const float * x, const float * mf, const float * inv, int64_t n, int bits,
-                           uint8_t * codes, uint64_t bit_off, uint8_t * scratch) {
+static void kivi_quant_row(const float * x, const float * mf, const float * inv, int64_t n, int bits, uint8_t * codes,
+                           uint64_t bit_off, uint8_t * scratch) {
     (void) scratch;
     const float32x4_t top = vdupq_n_f32((float) ((1 << bits) - 1));
     const codes8      c   = make_codes8(bits);
     uint8_t *         p   = codes + (bit_off >> 3);
     for (int64_t i = 0; i < n; i += 8) {
-        const u32x8 q = { kivi_code4(x + i, mf + i, inv + i, top), kivi_code4(x + i + 4, mf + i + 4, inv + i + 4, top) };
+        const u32x8 q = { kivi_code4(x + i, mf + i, inv + i, top),
+                          kivi_code4(x + i + 4, mf + i + 4, inv + i + 4, top) };
         pack8(q, bits, &c, p);
         p += bits;
     }
 }
 
-static void kivi_dequant_row(const uint8_t * codes, uint64_t bit_off, const float * mf, const float * sf,
-                             int64_t n, int bits, float * out, uint8_t * scratch) {
+static void kivi_dequant_row(const uint8_t * codes, uint64_t bit_off, const float * mf, const float * sf, int64_t n,
+                             int bits, float * out, uint8_t * scratch) {
     (void) scratch;
     const codes8    c = make_codes8(bits);
     const uint8_t * p = codes + (bit_off >> 3);
@@ -209,8 +210,8 @@ static int rotq_encode_vec(const float * x, int64_t d, const float * sgn, const 
         vst1q_f32(tmp + i, vmulq_f32(a, vld1q_f32(sgn + i)));
         vst1q_f32(tmp + i + 4, vmulq_f32(b, vld1q_f32(sgn + i + 4)));
     }
-    const float32x4_t s    = vaddq_f32(lo, hi);                                // l0+l4, l1+l5, l2+l6, l3+l7
-    const float32x2_t t    = vadd_f32(vget_low_f32(s), vget_high_f32(s));      // (l0+l4)+(l2+l6), (l1+l5)+(l3+l7)
+    const float32x4_t s    = vaddq_f32(lo, hi);                            // l0+l4, l1+l5, l2+l6, l3+l7
+    const float32x2_t t    = vadd_f32(vget_low_f32(s), vget_high_f32(s));  // (l0+l4)+(l2+l6), (l1+l5)+(l3+l7)
     const float       norm = sqrtf(vget_lane_f32(t, 0) + vget_lane_f32(t, 1));
     const uint16_t    n16  = kvg_f32_to_f16(norm);
     if (!kvg_f16_is_finite(n16)) {
@@ -287,7 +288,7 @@ void kvg_f32_to_f16_row_neon(const float * x, uint16_t * y, int64_t n) {
     for (; i + 4 <= n; i += 4) {
         const float32x4_t v   = vld1q_f32(x + i);
         const uint16x4_t  h   = vreinterpret_u16_f16(vcvt_f16_f32(v));
-        const uint16x4_t  nan = vmovn_u32(vmvnq_u32(vceqq_f32(v, v)));  // x != x
+        const uint16x4_t  nan = vmovn_u32(vmvnq_u32(vceqq_f32(v, v)));                      // x != x
         const uint16x4_t  s   = vand_u16(vshrn_n_u32(vreinterpretq_u32_f32(v), 16), sign);  // FPCR.DN may drop it
         vst1_u16(y + i, vbsl_u16(nan, vorr_u16(s, qnan), h));
     }
@@ -313,22 +314,30 @@ int kvg_neon_built(void) {
 }
 
 int kvg_kivi_encode_neon(const kvg_job * job, const float * src, uint8_t * dst) {
-    (void) job; (void) src; (void) dst;
+    (void) job;
+    (void) src;
+    (void) dst;
     return KVG_NOT_HANDLED;
 }
 
 int kvg_kivi_decode_neon(const kvg_job * job, const uint8_t * src, float * dst) {
-    (void) job; (void) src; (void) dst;
+    (void) job;
+    (void) src;
+    (void) dst;
     return KVG_NOT_HANDLED;
 }
 
 int kvg_rotq_encode_neon(const kvg_job * job, const float * src, uint8_t * dst) {
-    (void) job; (void) src; (void) dst;
+    (void) job;
+    (void) src;
+    (void) dst;
     return KVG_NOT_HANDLED;
 }
 
 int kvg_rotq_decode_neon(const kvg_job * job, const uint8_t * src, float * dst) {
-    (void) job; (void) src; (void) dst;
+    (void) job;
+    (void) src;
+    (void) dst;
     return KVG_NOT_HANDLED;
 }
 

@@ -18,17 +18,39 @@
 
 typedef __m256 vf8;
 
-KVG_INLINE vf8 vf8_zero(void) { return _mm256_setzero_ps(); }
-KVG_INLINE vf8 vf8_set1(float f) { return _mm256_set1_ps(f); }
-KVG_INLINE vf8 vf8_load(const float * p) { return _mm256_loadu_ps(p); }
-KVG_INLINE void vf8_store(float * p, vf8 v) { _mm256_storeu_ps(p, v); }
-KVG_INLINE vf8 vf8_add(vf8 a, vf8 b) { return _mm256_add_ps(a, b); }
-KVG_INLINE vf8 vf8_sub(vf8 a, vf8 b) { return _mm256_sub_ps(a, b); }
-KVG_INLINE vf8 vf8_mul(vf8 a, vf8 b) { return _mm256_mul_ps(a, b); }
-KVG_INLINE vf8 vf8_max(vf8 a, vf8 b) { return _mm256_max_ps(a, b); }
-KVG_INLINE vf8 vf8_fma(vf8 a, vf8 b, vf8 c) { return _mm256_fmadd_ps(a, b, c); }
-KVG_INLINE vf8 vf8_fma_s(vf8 c, vf8 v, float w) { return _mm256_fmadd_ps(_mm256_set1_ps(w), v, c); }
-KVG_INLINE float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+KVG_INLINE vf8 vf8_zero(void) {
+    return _mm256_setzero_ps();
+}
+KVG_INLINE vf8 vf8_set1(float f) {
+    return _mm256_set1_ps(f);
+}
+KVG_INLINE vf8 vf8_load(const float * p) {
+    return _mm256_loadu_ps(p);
+}
+KVG_INLINE void vf8_store(float * p, vf8 v) {
+    _mm256_storeu_ps(p, v);
+}
+KVG_INLINE vf8 vf8_add(vf8 a, vf8 b) {
+    return _mm256_add_ps(a, b);
+}
+KVG_INLINE vf8 vf8_sub(vf8 a, vf8 b) {
+    return _mm256_sub_ps(a, b);
+}
+KVG_INLINE vf8 vf8_mul(vf8 a, vf8 b) {
+    return _mm256_mul_ps(a, b);
+}
+KVG_INLINE vf8 vf8_max(vf8 a, vf8 b) {
+    return _mm256_max_ps(a, b);
+}
+KVG_INLINE vf8 vf8_fma(vf8 a, vf8 b, vf8 c) {
+    return _mm256_fmadd_ps(a, b, c);
+}
+KVG_INLINE vf8 vf8_fma_s(vf8 c, vf8 v, float w) {
+    return _mm256_fmadd_ps(_mm256_set1_ps(w), v, c);
+}
+KVG_INLINE float half_to_float(uint16_t h) {
+    return _cvtsh_ss(h);
+}
 
 KVG_INLINE float vf8_hsum(vf8 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -52,16 +74,16 @@ KVG_INLINE vf8 vf8_exp_nonpos(vf8 x) {
     const __m256 xc = _mm256_max_ps(x, lo);
     const __m256 k  = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), xc);  // ln2 in two parts (Cody and Waite)
-    r        = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440054690583e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p        = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p        = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p        = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p        = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p        = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p        = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p        = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256       r  = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), xc);  // ln2 in two parts (Cody and Waite)
+    r               = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440054690583e-4f), r);
+    __m256 p        = _mm256_set1_ps(1.0f / 5040.0f);
+    p               = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p               = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p               = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p               = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p               = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p               = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p               = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
     const __m256  y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
     return _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), y);

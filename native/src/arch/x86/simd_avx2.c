@@ -81,8 +81,8 @@ static void kivi_minmax_span(const float * x, int64_t n, float * mn, float * mx)
 }
 
 // n % 8 == 0 and bit_off % 8 == 0 (the caller checked C % 8 == 0).
-static void kivi_quant_row(const float * x, const float * mf, const float * inv, int64_t n, int bits,
-                           uint8_t * codes, uint64_t bit_off, uint8_t * scratch) {
+static void kivi_quant_row(const float * x, const float * mf, const float * inv, int64_t n, int bits, uint8_t * codes,
+                           uint64_t bit_off, uint8_t * scratch) {
     (void) scratch;
     const __m256  top  = _mm256_set1_ps((float) ((1 << bits) - 1));
     const __m256  zero = _mm256_setzero_ps();
@@ -91,16 +91,17 @@ static void kivi_quant_row(const float * x, const float * mf, const float * inv,
     uint8_t *     p    = codes + (bit_off >> 3);
     for (int64_t i = 0; i < n; i += 8) {
         // same steps as kvg_kivi_code: (x - min) * inv, clamp to [0, top], + 0.5, truncate
-        __m256 v = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(mf + i)), _mm256_loadu_ps(inv + i));
-        v        = _mm256_max_ps(v, zero);
-        v        = _mm256_min_ps(v, top);
+        __m256 v =
+            _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(mf + i)), _mm256_loadu_ps(inv + i));
+        v = _mm256_max_ps(v, zero);
+        v = _mm256_min_ps(v, top);
         pack8(_mm256_cvttps_epi32(_mm256_add_ps(v, half)), bits, sh, p);
         p += bits;
     }
 }
 
-static void kivi_dequant_row(const uint8_t * codes, uint64_t bit_off, const float * mf, const float * sf,
-                             int64_t n, int bits, float * out, uint8_t * scratch) {
+static void kivi_dequant_row(const uint8_t * codes, uint64_t bit_off, const float * mf, const float * sf, int64_t n,
+                             int bits, float * out, uint8_t * scratch) {
     (void) scratch;
     const __m256i   sh   = lane_shifts(bits);
     const __m256i   mask = _mm256_set1_epi32((1 << bits) - 1);
@@ -188,9 +189,9 @@ static int rotq_encode_vec(const float * x, int64_t d, const float * sgn, const 
         acc            = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
         _mm256_storeu_ps(tmp + i, _mm256_mul_ps(v, _mm256_loadu_ps(sgn + i)));
     }
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));  // l0+l4, l1+l5, ...
-    s        = _mm_add_ps(s, _mm_movehl_ps(s, s));                                      // (l0+l4)+(l2+l6), ...
-    s        = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
+    __m128 s            = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));  // l0+l4, l1+l5, ...
+    s                   = _mm_add_ps(s, _mm_movehl_ps(s, s));  // (l0+l4)+(l2+l6), ...
+    s                   = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
     const float    norm = sqrtf(_mm_cvtss_f32(s));
     const uint16_t n16  = kvg_f32_to_f16(norm);
     if (!kvg_f16_is_finite(n16)) {
@@ -302,22 +303,30 @@ int kvg_avx2_built(void) {
 }
 
 int kvg_kivi_encode_avx2(const kvg_job * job, const float * src, uint8_t * dst) {
-    (void) job; (void) src; (void) dst;
+    (void) job;
+    (void) src;
+    (void) dst;
     return KVG_NOT_HANDLED;
 }
 
 int kvg_kivi_decode_avx2(const kvg_job * job, const uint8_t * src, float * dst) {
-    (void) job; (void) src; (void) dst;
+    (void) job;
+    (void) src;
+    (void) dst;
     return KVG_NOT_HANDLED;
 }
 
 int kvg_rotq_encode_avx2(const kvg_job * job, const float * src, uint8_t * dst) {
-    (void) job; (void) src; (void) dst;
+    (void) job;
+    (void) src;
+    (void) dst;
     return KVG_NOT_HANDLED;
 }
 
 int kvg_rotq_decode_avx2(const kvg_job * job, const uint8_t * src, float * dst) {
-    (void) job; (void) src; (void) dst;
+    (void) job;
+    (void) src;
+    (void) dst;
     return KVG_NOT_HANDLED;
 }
 

@@ -10,16 +10,16 @@
 namespace {
 
 struct custom_op_entry {
-    ggml_custom_op_t                      cpu_fun  = nullptr;
-    ggml_backend_custom_op_gpu_t          gpu_fun  = nullptr;
-    ggml_backend_custom_op_gpu_supports_t supports = nullptr;
-    uint32_t                              flags    = 0;
+    ggml_custom_op_t                      cpu_fun    = nullptr;
+    ggml_backend_custom_op_gpu_t          gpu_fun    = nullptr;
+    ggml_backend_custom_op_gpu_supports_t supports   = nullptr;
+    uint32_t                              flags      = 0;
     ggml_backend_custom_op_generation_t   generation = nullptr;
 };
 
 std::mutex                   g_mutex;
 std::vector<custom_op_entry> g_entries;
-std::atomic<int64_t>         g_errors{0};
+std::atomic<int64_t>         g_errors{ 0 };
 
 // The entry of a custom node's CPU function (op_params holds ggml_custom_op_params by value).
 bool custom_op_lookup(const ggml_tensor * op, custom_op_entry & entry, void ** userdata) {
@@ -39,7 +39,7 @@ bool custom_op_lookup(const ggml_tensor * op, custom_op_entry & entry, void ** u
     return false;
 }
 
-} // namespace
+}  // namespace
 
 bool ggml_cuda_set_custom_op(ggml_custom_op_t cpu_fun, ggml_backend_custom_op_gpu_t gpu_fun,
                              ggml_backend_custom_op_gpu_supports_t supports, uint32_t flags) {
@@ -50,7 +50,7 @@ bool ggml_cuda_set_custom_op(ggml_custom_op_t cpu_fun, ggml_backend_custom_op_gp
     for (size_t i = 0; i < g_entries.size(); ++i) {
         if (g_entries[i].cpu_fun == cpu_fun) {
             if (gpu_fun) {
-                g_entries[i] = {cpu_fun, gpu_fun, supports, flags, nullptr};
+                g_entries[i] = { cpu_fun, gpu_fun, supports, flags, nullptr };
             } else {
                 g_entries.erase(g_entries.begin() + i);
             }
@@ -58,7 +58,7 @@ bool ggml_cuda_set_custom_op(ggml_custom_op_t cpu_fun, ggml_backend_custom_op_gp
         }
     }
     if (gpu_fun) {
-        g_entries.push_back({cpu_fun, gpu_fun, supports, flags, nullptr});
+        g_entries.push_back({ cpu_fun, gpu_fun, supports, flags, nullptr });
     }
     return true;
 }
@@ -71,7 +71,7 @@ bool ggml_cuda_set_custom_op_generation(ggml_custom_op_t cpu_fun, ggml_backend_c
             return true;
         }
     }
-    return false; // register the op first
+    return false;  // register the op first
 }
 
 uint64_t ggml_cuda_custom_op_generation(const ggml_tensor * node) {
@@ -95,7 +95,7 @@ bool ggml_cuda_custom_op_capturable(const ggml_tensor * node) {
     if (!custom_op_lookup(node, entry, &userdata) || !(entry.flags & GGML_BACKEND_CUSTOM_OP_CAPTURABLE)) {
         return false;
     }
-    return !entry.generation || entry.generation(node, userdata) != 0; // 0: not now
+    return !entry.generation || entry.generation(node, userdata) != 0;  // 0: not now
 }
 
 void ggml_cuda_custom_op(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
@@ -104,17 +104,17 @@ void ggml_cuda_custom_op(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const bool      found    = custom_op_lookup(dst, entry, &userdata);
     const int       status   = found ? entry.gpu_fun(dst, ctx.device, (void *) ctx.stream(), userdata) : -1;
 
-    ggml_cuda_set_device(ctx.device); // the implementation may have made another device current
-    const cudaError_t err = cudaGetLastError(); // clears a launch error, so the next op does not abort on it
+    ggml_cuda_set_device(ctx.device);            // the implementation may have made another device current
+    const cudaError_t err = cudaGetLastError();  // clears a launch error, so the next op does not abort on it
     if (status == 0 && err == cudaSuccess) {
         return;
     }
-    if (!found) { // removed since the scheduler placed the node: nothing computed it
+    if (!found) {  // removed since the scheduler placed the node: nothing computed it
         cudaMemsetAsync(dst->data, 0, ggml_nbytes(dst), ctx.stream());
         cudaGetLastError();
     }
     const int64_t n = ++g_errors;
-    if (n <= 8 || (n & (n - 1)) == 0) { // the first few, then at powers of two
+    if (n <= 8 || (n & (n - 1)) == 0) {  // the first few, then at powers of two
         GGML_LOG_ERROR("%s: custom op %s failed (%s, status %d, %s); %lld failures so far\n", __func__, dst->name,
                        found ? "its implementation" : "no implementation registered", status, cudaGetErrorString(err),
                        (long long) n);
