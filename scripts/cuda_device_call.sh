@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a lent GPU machine (the device tool, ../shared/gpu-kit): scripts/cuda_check.sh with
+# One call on a lent GPU machine (its kit made by scripts/gpu_kit.sh): scripts/cuda_check.sh with
 # compute-sanitizer's memcheck and racecheck on the check binary (SANITIZE=1, unless set to 0), with
 # every log packed into one archive: the tool brings back only a few files.
 #

@@ -3,7 +3,7 @@ llama.cpp's own CUDA cache and against kvgguf's CPU path, on a random-weight mod
 
     python3 scripts/gpu_path_check.py --tokenizer PATH [--out DIR]
 
-PATH: SmolLM2's GGUF, or the GPU kit's smollm2-tokenizer.pkl (../shared/gpu-kit), whose tokenizer
+PATH: SmolLM2's GGUF, or the GPU kit's smollm2-tokenizer.pkl (scripts/gpu_kit.sh), whose tokenizer
 the model copies. scripts/cuda_check.sh --full runs it against the CUDA package it built;
 tests/test_gpu_path.py runs check() where a GPU and a CUDA build are at hand. Prints one line per
 comparison and exits 1 when one fails, 77 when there is no GPU path to check.

@@ -161,7 +161,7 @@ class TinySpec:
 def _tokenizer_fields(source: str) -> tuple:
     """(name, value, types) of source's tokenizer.* keys, read once per process: SmolLM2's GGUF
     holds 49K-token arrays that take seconds to read. A .pkl source is the GPU kit's copy of them
-    (../shared/gpu-kit/make-kit.sh: {name: (types, value)}), where the 98 MB model cannot travel."""
+    (scripts/gpu_kit.sh: {name: (types, value)}), where the 98 MB model cannot travel."""
     import gguf
 
     if source.endswith(".pkl"):
