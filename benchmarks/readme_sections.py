@@ -144,14 +144,6 @@ def headline(here: Path) -> str:
     return "\n".join(lines)
 
 
-SHAPES_HEADLINE = ("llama-3.2-1b_fused_prefill", "llama-3.2-1b_32k_fused")  # the README's real-shape tables
-
-
-def shapes(here: Path) -> str:
-    """Speed and memory on real shapes (benchmarks/shapes.py), every cache in the same run."""
-    return "\n\n".join(result_text(RESULTS / "shapes" / f"{name}.md") for name in SHAPES_HEADLINE)
-
-
 def folder_tables(folder: str) -> str:
     """Every result table of benchmarks/results/<folder>, in name order."""
     return "\n\n".join(result_text(md) for md in sorted((RESULTS / folder).glob("*.md")))
@@ -247,7 +239,6 @@ def shared_cache(here: Path) -> str:
 SECTIONS = {
     "usage": ("README.md", usage),
     "headline": ("README.md", headline),
-    "shapes": ("README.md", shapes),
     "shapes_all": ("docs/benchmarks.md", shapes_all),
     "profile": ("docs/benchmarks.md", profile),
     "live": ("docs/benchmarks.md", live),

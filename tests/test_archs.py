@@ -66,7 +66,7 @@ SPECS = {
 
 
 def test_every_architecture_the_readme_lists_as_tested_has_a_tiny_model():
-    """support.TESTED_ARCHS (the README's table) is what these tests run: gemma3 and llama on
+    """support.TESTED_ARCHS (docs/models.md's table) is what these tests run: gemma3 and llama on
     their real models and tiny ones, the rest on tiny ones."""
     assert set(support.TESTED_ARCHS) == {spec.arch for spec in SPECS.values()} | {"gemma3"}
 
