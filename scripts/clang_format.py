@@ -25,8 +25,13 @@ def sources() -> list[Path]:
     return sorted(p for p in found if p.relative_to(ROOT) not in GENERATED)
 
 
+def find() -> str | None:
+    """The clang-format beside this interpreter (the venv's wheel), else one on PATH."""
+    return shutil.which("clang-format", path=str(Path(sys.executable).parent)) or shutil.which("clang-format")
+
+
 def clang_format() -> str:
-    exe = shutil.which("clang-format", path=str(Path(sys.executable).parent)) or shutil.which("clang-format")
+    exe = find()
     if exe is None:
         raise SystemExit("clang_format: no clang-format: pip install clang-format (it is in the [test] extra)")
     return exe

@@ -1,6 +1,7 @@
 """The pages agree with the repository: every relative link resolves (the file, and the heading
 its #anchor names), and every script or benchmark a page names exists."""
 
+import os
 import re
 from pathlib import Path
 
@@ -13,9 +14,24 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 NAMED = re.compile(r"\b((?:scripts|benchmarks)/[A-Za-z0-9_]+\.(?:py|sh))\b")
 
 
+# Not the repository's own text: environments, build outputs, the GPU kit.
+PRUNE = {".venv", "build", ".git", ".gpu-kit", "__pycache__"}
+
+
+def files(*suffixes: str) -> list[Path]:
+    """The repository's files with these suffixes, less PRUNE's folders and SKIP."""
+    found = []
+    for folder, dirs, names in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in PRUNE]
+        for name in names:
+            path = Path(folder) / name
+            if path.suffix in suffixes and not str(path.relative_to(ROOT)).startswith(SKIP):
+                found.append(path)
+    return sorted(found)
+
+
 def pages() -> list[Path]:
-    found = [p for p in ROOT.rglob("*.md") if not any(part in (".venv", "build", ".git") for part in p.parts)]
-    return sorted(p for p in found if not str(p.relative_to(ROOT)).startswith(SKIP) and "node_modules" not in p.parts)
+    return files(".md")
 
 
 def slug(heading: str) -> str:
@@ -79,16 +95,10 @@ def test_the_anchor_rule_matches_githubs():
 def test_nothing_names_a_path_outside_the_repository():
     """A clone holds everything its pages, scripts and tests name (the GPU kit included:
     scripts/gpu_kit.sh makes it)."""
-    outside = []
-    for ext in ("md", "py", "sh", "cmake", "toml", "txt"):
-        for path in ROOT.rglob(f"*.{ext}"):
-            rel = path.relative_to(ROOT)
-            if (
-                rel.parts[0] in (".venv", "build", ".git", ".gpu-kit")
-                or str(rel).startswith(SKIP)
-                or rel == Path(__file__).relative_to(ROOT)
-            ):
-                continue
-            if re.search(r"\.\./shared\b", path.read_text(encoding="utf-8", errors="replace")):
-                outside.append(str(rel))
+    outside = [
+        str(path.relative_to(ROOT))
+        for path in files(".md", ".py", ".sh", ".cmake", ".toml", ".txt")
+        if path != Path(__file__).resolve()
+        and re.search(r"\.\./shared\b", path.read_text(encoding="utf-8", errors="replace"))
+    ]
     assert not outside, f"these name ../shared, outside the repository: {outside}"

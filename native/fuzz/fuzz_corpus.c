@@ -190,25 +190,14 @@ static int store_corpus(const char * dir) {
             }
             // Reads across block edges, f32, f16 and the hook; attention over all rows and a
             // slice; then truncate inside a block and retier, and read again.
+            // clang-format off: one op a line
             const uint8_t reads[] = {
-                FZ_OP_DECODE,
-                0 | 0 << 1 | 0 << 2,
-                0,
-                36,
-                FZ_OP_DECODE,
-                1 | 1 << 1 | 1 << 2,
-                2,
-                30,
-                FZ_OP_DECODE,
-                0 | 1 << 1 | 2 << 2,
-                3,
-                10,
-                FZ_OP_ATTEND,
-                0 | 1 << 1 | 1 << 2,
-                0,
-                36,
-                8,
+                FZ_OP_DECODE, 0 | 0 << 1 | 0 << 2, 0, 36,
+                FZ_OP_DECODE, 1 | 1 << 1 | 1 << 2, 2, 30,
+                FZ_OP_DECODE, 0 | 1 << 1 | 2 << 2, 3, 10,
+                FZ_OP_ATTEND, 0 | 1 << 1 | 1 << 2, 0, 36, 8,
             };
+            // clang-format on
             put(&b, reads, sizeof(reads));
             const size_t n_q = 2 * (size_t) hkv * 2 * (size_t) dk;  // 2 tokens, gqa 2
             for (size_t i = 0; i < n_q; i++) {
@@ -221,27 +210,15 @@ static int store_corpus(const char * dir) {
             for (size_t i = 0; i < (size_t) hkv * (size_t) dk; i++) {
                 put_u8(&b, (int) (gaussian() * 16.0f));
             }
+            // clang-format off: one op a line
             const uint8_t tail[] = {
-                FZ_OP_TRUNCATE,
-                30,
-                FZ_OP_RETIER,
-                1,
-                2,
-                4,
-                12,
-                2,
-                6,  // layer 0 V, rows [4, 16): one block, to rotq2
-                FZ_OP_SIMD,
-                0,
-                FZ_OP_DECODE,
-                0 | 0 << 1 | 0 << 2,
-                0,
-                30,
-                FZ_OP_DECODE,
-                1 | 1 << 1 | 1 << 2,
-                0,
-                30,
+                FZ_OP_TRUNCATE, 30,
+                FZ_OP_RETIER, 1, 2, 4, 12, 2, 6,  // layer 0 V, rows [4, 16): one block, to rotq2
+                FZ_OP_SIMD, 0,
+                FZ_OP_DECODE, 0 | 0 << 1 | 0 << 2, 0, 30,
+                FZ_OP_DECODE, 1 | 1 << 1 | 1 << 2, 0, 30,
             };
+            // clang-format on
             put(&b, tail, sizeof(tail));
             char name[96];
             snprintf(name, sizeof(name), "store-%zu-%zu", ci, pi);
