@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType, quants
 
 from kvgguf import codecs
 from kvgguf.bindings.binding import get_ffi, get_lib
-from kvgguf.llamacpp import q8_0
 
 LEVELS = codecs.simd_levels()
 TOL = 5e-5  # of max |v|, as tests/test_attend.py holds the store's attend
@@ -186,10 +186,11 @@ def q8_cells(x):
     """x [cells, heads, dim] as llama.cpp's q8_0 cells: (raw rows, strides in bytes), and their
     values (float32, exact)."""
     n, h, d = x.shape
-    raw = q8_0.quantize(x.reshape(n, h * d).astype(np.float32))
-    per_head = q8_0.row_bytes(d)
-    values = q8_0.dequantize(raw, h * d).reshape(n, h, d)
-    return (raw, (q8_0.BLOCK_BYTES, per_head, h * per_head)), values
+    raw = quants.quantize(x.reshape(n, h * d).astype(np.float32), GGMLQuantizationType.Q8_0)  # gguf's copy of ggml's
+    block, block_bytes = quants.GGML_QUANT_SIZES[GGMLQuantizationType.Q8_0]
+    per_head = d // block * block_bytes
+    values = quants.dequantize(raw, GGMLQuantizationType.Q8_0).reshape(n, h, d)
+    return (raw, (block_bytes, per_head, h * per_head)), values
 
 
 @pytest.mark.parametrize("n_tokens,n_head_kv,n_head,head_dim", [(1, 3, 9, 64), (24, 1, 4, 256), (5, 2, 8, 128)])

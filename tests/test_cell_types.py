@@ -9,11 +9,13 @@ head dim 32 or 64 (q8_0's blocks of 32 divide them) or 16 (they do not).
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import replace
 
 import llama_cpp
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType, quants
 
 import tiny_models
 from kvgguf import Llama, TieredConfig
@@ -23,7 +25,6 @@ from kvgguf.evaluation.text import wikitext2_test
 from kvgguf.llamacpp import hooks, support
 from kvgguf.model.shape import KVShape
 from kvgguf.policy import kv_codec
-from kvgguf.llamacpp import q8_0
 from tiny_models import TinySpec
 from kvgguf.evaluation.harness import kl_top1
 
@@ -166,21 +167,6 @@ def test_sessions_round_trip_quantized_window_cells(models, text_tokens, tmp_pat
 HOT_Q8 = replace(CONFIG, warm="f16", sinks=0, hot_cells="q8_0")  # cold rows exact: what differs is the hot cells
 
 
-def test_q8_0_rows_quantize_and_dequantize_as_ggml_does():
-    scale = np.float16(0.0123)
-    codes = np.arange(-16, 16, dtype=np.int8)
-    row = np.concatenate([np.frombuffer(scale.tobytes(), np.uint8), codes.view(np.uint8)] * 2)
-    got = q8_0.dequantize(row[None, :], 64)
-    assert got.dtype == np.float32 and got.shape == (1, 64)
-    assert np.array_equal(got[0, :32], codes.astype(np.float32) * np.float32(scale))
-    x = np.random.default_rng(0).standard_normal((5, 64)).astype(np.float32)
-    x[1, :32] = 0  # a block of zeros keeps scale 0
-    raw = q8_0.quantize(x)
-    back = q8_0.dequantize(raw, 64)
-    assert np.all(np.abs(back - x) <= np.abs(x).reshape(5, 2, 32).max(axis=2).repeat(32, axis=1) / 127 * 0.51 + 1e-6)
-    assert np.array_equal(q8_0.quantize(back), raw)  # its own output round-trips
-
-
 def test_hot_cells_in_q8_0_are_evicted_and_attended(models, text_tokens):
     """Cold rows in f16 from the q8_0 cells: the expanding path (llama.cpp's attention over the f16
     rows) and the fused one (libkvgguf's kernels over the cells read as f16) agree, and both
@@ -208,6 +194,38 @@ def test_hot_cells_in_q8_0_are_evicted_and_attended(models, text_tokens):
     assert kl < 0.02 and top1 >= 0.75, (kl, top1)
     kl, top1 = kl_top1(np.array(stock.scores[250:308]), out["expand"])
     assert kl < 0.02 and top1 >= 0.75, (kl, top1)
+
+
+def test_sessions_code_q8_0_rows_as_ggml_does():
+    """kvgguf.session.q8_0 (a saved state's q8_0 cells) against gguf's copy of ggml's q8_0."""
+    from kvgguf.session import q8_0
+
+    x = np.random.default_rng(0).standard_normal((5, 64)).astype(np.float32)
+    x[1, :32] = 0  # a block of zeros keeps scale 0
+    raw = q8_0.quantize(x)
+    assert np.array_equal(raw, quants.quantize(x, GGMLQuantizationType.Q8_0))
+    assert np.array_equal(q8_0.dequantize(raw, 64), quants.dequantize(raw, GGMLQuantizationType.Q8_0))
+    assert np.array_equal(q8_0.quantize(q8_0.dequantize(raw, 64)), raw)  # its own output round-trips
+
+
+def test_q8_0_cells_leave_llama_cpp_as_ggml_dequantizes_them(models, text_tokens):
+    """What an eviction or calibration reads out of q8_0 cells (llama_kvgguf_read_rows_f32) is
+    ggml's dequantization of the raw rows: gguf's own copy of it agrees bit for bit, K and V."""
+    llm = Llama(models["llama"], kv_codec=HOT_Q8, n_ctx=1024, n_batch=32, **KW)
+    llm.eval(text_tokens[:64])
+    assert llm.kv_cache.n_cold == 0 and hooks.cells_of(llm.ctx, 0)[:2] == (Q8_0, Q8_0)
+    n = 40
+    for kind in (0, 1):
+        got = llm.kv_cache.read_rows(0, kind, 8, 8 + n)
+        raw = np.empty((n, got.shape[1] // 32 * 34), dtype=np.uint8)
+        pos = (ctypes.c_int32 * n)()
+        assert hooks.read_rows(llm.ctx, 0, 0, kind, 8, 8 + n, raw.ctypes.data, raw.nbytes, pos) == n
+        assert list(pos) == list(range(8, 8 + n))
+        want = quants.dequantize(raw, GGMLQuantizationType.Q8_0)
+        assert got.dtype == np.float32 and np.array_equal(got, want)
+    with pytest.raises(RuntimeError, match="could not read positions"):
+        llm.kv_cache.read_rows(0, 0, 60, 70)  # 64 tokens held: 64..69 are not
+    llm.close()
 
 
 def test_q8_0_hot_cells_hold_rows_as_the_model_makes_them(models, text_tokens):

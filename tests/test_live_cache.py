@@ -468,3 +468,61 @@ def test_sample_frees_the_sampler_chain_it_builds(smollm2_path):
     assert len(tokens) == 20 and alive == []
     assert all(0 <= t < llm.n_vocab() for t in tokens)
     llm.close()
+
+
+class _Counted:
+    """A module or library whose attribute reads are counted: each is a call into llama.cpp or
+    libkvgguf (or an address taken of one)."""
+
+    def __init__(self, target, seen: list):
+        self._target, self._seen = target, seen
+
+    def __getattr__(self, name):
+        got = getattr(self._target, name)
+        if callable(got):
+            self._seen.append(name)
+        return got
+
+
+@pytest.mark.parametrize("reuse", [0, 128])
+def test_an_eviction_crosses_into_c_as_often_for_30_layers_as_for_2(smollm2_path, tmp_path, monkeypatch, reuse):
+    """An eviction is one call into llama.cpp whatever the layer count (it reads each list's rows,
+    hands them to the store's C entry point, removes and compacts), and aging one store call per
+    block: on 2 layers and on 30, the same few crossings from Python, and no numpy on the rows.
+    (With reuse on, the eviction also reads the sequence's state once, to keep the rows, and
+    aging copies the block's warm codes out once.)"""
+    import tiny_models
+    from kvgguf.bindings import store as store_module
+    from kvgguf.runtime import live_cache
+
+    config = TieredConfig(hot=64, block=32, sinks=4, warm="rotq4", warm_tokens=32, archive="rotq2", reuse=reuse)
+    toks = list(range(10, 10 + 300))
+    seen: list[str] = []
+    per_layers = {}
+    for n_layer in (2, 30):
+        spec = tiny_models.TinySpec("llama", n_layer=n_layer)
+        path = tiny_models.write(tmp_path / f"llama-{n_layer}.gguf", spec, smollm2_path)
+        llm = Llama(str(path), kv_codec=config, n_ctx=512, n_batch=32, n_threads=1, n_threads_batch=1, verbose=False)
+        calls = {"_evict": [], "_age": []}
+        with monkeypatch.context() as m:
+            for name in ("hooks", "C", "seq_state"):
+                m.setattr(live_cache, name, _Counted(getattr(live_cache, name), seen))
+            m.setattr(store_module, "get_lib", lambda real=store_module.get_lib: _Counted(real(), seen))
+            m.setattr(live_cache.LiveCache, "read_rows", None)  # rows no longer pass through numpy
+            for step in calls:
+
+                def counted(self, *a, _real=getattr(live_cache.LiveCache, step), _calls=calls[step]):
+                    before = len(seen)
+                    _real(self, *a)
+                    _calls.append(seen[before:])
+
+                m.setattr(live_cache.LiveCache, step, counted)
+            llm.eval(toks)
+        assert llm.kv_cache.n_cold >= 300 - 64 - 32 and len(calls["_evict"]) >= 6 and calls["_age"]
+        per_layers[n_layer] = calls
+        llm.close()
+    for step in ("_evict", "_age"):
+        few, many = per_layers[2][step], per_layers[30][step]
+        assert few == many, step  # the same calls, by name, eviction by eviction
+        assert max(len(c) for c in many) <= {"_evict": 3, "_age": 4}[step], many
+    assert all(c.count("evict") == 1 for c in per_layers[30]["_evict"])

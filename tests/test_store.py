@@ -1,10 +1,13 @@
 """The native store: rows in blocks and tiers, exact byte accounting, errors as exceptions."""
 
+import struct
+
 import numpy as np
 import pytest
 
 from kvgguf import codecs
 from kvgguf.enums import Kind, Tier
+from kvgguf.bindings.binding import KvgError
 from kvgguf.bindings.store import KVStore
 
 
@@ -244,3 +247,70 @@ def test_set_threads_refuses_counts_outside_1_to_64():
         with pytest.raises(ValueError, match="1 to 64"):
             s.set_threads(bad)
     s.set_threads(64)
+
+
+def test_an_eviction_plan_appends_each_part_in_its_tier_and_refuses_bad_lists():
+    """kvg_store_hook_append, as llama_kvgguf_evict calls it: each part of the rows into its tier
+    with its own codec (-1: list skipped), and a clear error, the store unchanged, for a NULL plan,
+    a list the store has not, rows of the wrong width or parts beyond the rows."""
+    from kvgguf.bindings.binding import check, get_ffi, get_lib
+
+    ffi, lib = get_ffi(), get_lib()
+    s = make_store()
+    sink, warm = {(il, k): "f16" for il in range(3) for k in Kind}, {(il, k): "rotq4" for il in range(3) for k in Kind}
+    del warm[2, Kind.V]  # skipped
+    plan = s.evict_plan([(Tier.SINK, 0, 4), (Tier.WARM, 4, 36)], {Tier.SINK: sink, Tier.WARM: warm})
+    append = ffi.cast("int32_t (*)(void *, int32_t, int32_t, const float *, int64_t, int64_t)", s.append_function())
+    x = rows(36)
+    user = ffi.cast("void *", plan.address)
+    for il in range(3):
+        for kind in Kind:
+            assert append(user, il, kind, ffi.from_buffer("float[]", x), 36, 128) == 0
+    ref = make_store()
+    ref.append(0, Kind.K, Tier.SINK, "f16", x[:4])
+    ref.append(0, Kind.K, Tier.WARM, "rotq4", x[4:])
+    assert np.array_equal(s.decode(1, Kind.V, 0, 36), ref.decode(0, Kind.K, 0, 36))
+    assert s.n_rows(2, Kind.V) == 4 and s.held(Tier.WARM).bytes == 5 * codecs.encoded_size("rotq4", (32, 2, 64), "k")
+    before = s.held().bytes
+    assert append(ffi.NULL, 0, 0, ffi.from_buffer("float[]", x), 36, 128) == lib.KVG_ERR_INVALID_ARG
+    for il, kind, n_rows, n_embd in ((3, 0, 36, 128), (0, 2, 36, 128), (0, 0, 36, 64), (0, 0, 20, 128)):
+        rc = append(user, il, kind, ffi.from_buffer("float[]", x), n_rows, n_embd)
+        assert rc != 0 and plan.c.status == rc
+        with pytest.raises(KvgError):
+            plan.check("evict")
+        with pytest.raises(KvgError, match="list|values|part"):
+            check(rc, "evict")
+    assert s.held().bytes == before and s.n_rows(0, Kind.K) == 36
+
+
+def test_a_range_of_blocks_leaves_and_comes_back_in_one_buffer_or_not_at_all():
+    """copy_blocks / append_blocks (aging's warm copies, a cut putting them back): every list's
+    blocks of a range, bytes unchanged; a buffer cut short, out of place or of bytes no encoder
+    writes changes nothing."""
+    s = make_store()
+    for il in range(3):
+        for kind in Kind:
+            for r0 in (0, 32, 64):
+                s.append(il, kind, Tier.WARM, "rotq4" if r0 else "f16", rows(32, il * 10 + r0))
+    tail = s.copy_blocks(32, 96)
+    assert s.copy_blocks(96, 200) == b"" and len(s.copy_blocks(0, 33)) > len(s.copy_blocks(32, 33))
+    before = {(il, k): s.decode(il, k, 0, 96) for il in range(3) for k in Kind}
+    s.truncate(32)
+    s.append_blocks(tail)
+    assert all(np.array_equal(s.decode(il, k, 0, 96), before[il, k]) for il in range(3) for k in Kind)
+    assert s.copy_blocks(32, 96) == tail
+    s.truncate(32)
+    held = s.held().bytes
+    at = 0  # the last record: 40 bytes (layer, kind, kvg_block_info), then its codes
+    while at + 40 + struct.unpack_from("<Q", tail, at + 32)[0] < len(tail):
+        at += 40 + struct.unpack_from("<Q", tail, at + 32)[0]
+    bad = bytearray(tail)
+    struct.pack_into("<i", bad, at + 28, 99)  # its tier: refused after every other block went in
+    for data in (tail[:-1], tail[:20], bytes(bad)):
+        with pytest.raises((ValueError, KvgError)):
+            s.append_blocks(data)
+        assert s.held().bytes == held and s.n_rows(2, Kind.V) == 32
+    s.append_blocks(tail)
+    with pytest.raises(KvgError, match="ends at 96"):
+        s.append_blocks(tail)  # rows 32.. again, after 96
+    assert s.held().bytes > held and s.copy_blocks(32, 96) == tail

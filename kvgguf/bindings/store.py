@@ -128,6 +128,23 @@ class KVStore:
             out.append(EncodedBlock(int(info.n_rows), codec, int(info.tier), bytes(data)))
         return out
 
+    def copy_blocks(self, r0: int, r1: int) -> bytes:
+        """Every list's blocks that start in rows [r0, r1), encoded bytes and all, in one buffer
+        (kvg_store_copy_blocks) that append_blocks takes back."""
+        ffi, lib = get_ffi(), get_lib()
+        size = ffi.new("size_t *")
+        check(lib.kvg_store_copy_blocks(self._ptr, r0, r1, ffi.NULL, 0, size), f"copy blocks of rows [{r0}, {r1})")
+        data = bytearray(size[0])
+        check(
+            lib.kvg_store_copy_blocks(self._ptr, r0, r1, ffi.from_buffer(data), len(data), size),
+            f"copy blocks of rows [{r0}, {r1})",
+        )
+        return bytes(data)
+
+    def append_blocks(self, data: bytes) -> None:
+        """Appends what copy_blocks returned, each block at the end of its list: all or none."""
+        check(get_lib().kvg_store_append_blocks(self._ptr, get_ffi().from_buffer(data), len(data)), "append blocks")
+
     def codecs_held(self, il: int, kind: int) -> dict[int, set[str]]:
         """{tier: names of the codecs its blocks of (il, kind) hold} (block infos only, no bytes)."""
         ffi, lib = get_ffi(), get_lib()
@@ -336,6 +353,18 @@ class KVStore:
         (llama_kvgguf_attend_f16_fn): f16 rows under the mask, with the store's SIMD kernels."""
         return int(get_ffi().cast("uintptr_t", get_lib().kvg_attend_f16))
 
+    def evict_plan(
+        self, parts: list[tuple[int, int, int]], tables: dict[int, dict[tuple[int, int], str]]
+    ) -> "EvictPlan":
+        """The plan llama_kvgguf_evict hands each list's rows to (kvg_store_hook_append):
+        parts (tier, a, b) of the rows handed over, each appended with tables[tier]'s codec."""
+        return EvictPlan(self, parts, tables)
+
+    @staticmethod
+    def append_function() -> int:
+        """Address of kvg_store_hook_append (llama_kvgguf_append_fn), the plan its user."""
+        return int(get_ffi().cast("uintptr_t", get_lib().kvg_store_hook_append))
+
     # --- attention mass: the softmax weight cold rows receive, per granule of MASS_ROWS rows ---
 
     def mass_function(self) -> int:
@@ -380,3 +409,40 @@ class KVStore:
     def mass_dropped(self) -> int:
         """Attend calls whose notes never reached a counter (see kvg_store_mass_dropped)."""
         return int(get_lib().kvg_store_mass_dropped(self._ptr))
+
+
+class EvictPlan:
+    """A kvg_evict_plan: where the rows of one eviction go, list by list (kept alive with it)."""
+
+    def __init__(
+        self, store: KVStore, parts: list[tuple[int, int, int]], tables: dict[int, dict[tuple[int, int], str]]
+    ):
+        if not 1 <= len(parts) <= _ALL_TIERS:
+            raise ValueError(f"an eviction of {len(parts)} parts (1 to {_ALL_TIERS})")
+        ffi = get_ffi()
+        lists = [(il, kind) for il in range(store.n_layer) for kind in Kind]
+        types = {}
+        codes = []
+        for tier, _, _ in parts:
+            table = tables[tier]
+            for key in lists:
+                name = table.get(key)
+                if name is not None and name not in types:
+                    types[name] = codecs.get(name).type
+                codes.append(-1 if name is None else types[name])
+        self._store = store  # the plan points at it
+        self._codecs = ffi.new("int32_t[]", codes)
+        self.c = ffi.new("kvg_evict_plan *")
+        self.c.store = store._ptr
+        self.c.n_parts = len(parts)
+        for i, (tier, a, b) in enumerate(parts):
+            self.c.tier[i], self.c.row0[i], self.c.row1[i] = tier, a, b
+        self.c.codecs = self._codecs
+
+    @property
+    def address(self) -> int:
+        return int(get_ffi().cast("uintptr_t", self.c))
+
+    def check(self, context: str) -> None:
+        """Raises what the failing append raised (call it on the thread that evicted)."""
+        check(self.c.status, context)

@@ -51,6 +51,11 @@ read_rows = _bind(
     [*_CELLS_OF, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int32)],
     ctypes.c_int64,
 )
+# read_rows as f32 (patch 18), converted as ggml converts the cells' type: exactly p1 - p0 rows
+# in position order, else -2 (-1 bad arguments, -3 a type ggml cannot convert, -4 dst too small).
+read_rows_f32 = _bind(
+    "llama_kvgguf_read_rows_f32", [*_CELLS_OF, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t], ctypes.c_int64
+)
 compact = _bind("llama_kvgguf_compact", [C.llama_context_p_ctypes], ctypes.c_int32)
 kv_bytes = _bind("llama_kvgguf_kv_bytes", [C.llama_context_p_ctypes], ctypes.c_int64)
 # The scheduler's compute buffers: peak transient scratch (cold rows expanded for attention included).
@@ -172,3 +177,25 @@ class llama_kvgguf_cuda(ctypes.Structure):
 
 # 0; -1 a bad context or a hook missing; -2 no CUDA backend in this libllama that takes custom ops.
 set_cuda = _bind("llama_kvgguf_set_cuda", [C.llama_context_p_ctypes, ctypes.POINTER(llama_kvgguf_cuda)], ctypes.c_int32)
+
+
+# One eviction in one call (patch 18): the rows of [p0, p1) of each layer in `layers` (int32
+# array, n) and of K and V go to append(user, ...) as f32 (llama_kvgguf_append_fn, a C address),
+# then the positions are removed and the cells compacted. 0; -1 bad arguments, -2 rows not as
+# expected, -3 a cell type ggml cannot convert, -4 append failed, -5 the removal failed (the
+# cells unchanged for all of these); -6 the compaction failed (the positions removed).
+evict = _bind(
+    "llama_kvgguf_evict",
+    [
+        C.llama_context_p_ctypes,
+        ctypes.c_int32,  # seq_id
+        ctypes.c_int32,  # p0
+        ctypes.c_int32,  # p1
+        ctypes.POINTER(ctypes.c_int32),  # layers
+        ctypes.c_int32,  # n_layers
+        ctypes.c_void_p,  # append
+        ctypes.c_void_p,  # user
+    ],
+    ctypes.c_int32,
+)
+EVICT_APPEND_FAILED, EVICT_COMPACT_FAILED = -4, -6

@@ -25,9 +25,10 @@ LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # its vendored llama.cpp (0c1e570) is what 
 # and ggml-cuda's dispatch of custom ops a library registers for the GPU (0006-kvgguf-cuda-custom-op), 15 the fused
 # path's ops on a GPU through the context's CUDA hooks (set_cuda) and where a layer's cells live (layer_buffer), 16
 # where an eviction's cells lie, for coding them in place on a GPU (view_cells), 17 CUDA graphs that hold the fused
-# path's ops, captured again when the store's device copy changes (llama_kvgguf_cuda.generation). Up to 10 each
+# path's ops, captured again when the store's device copy changes (llama_kvgguf_cuda.generation), 18 an eviction in
+# one call (llama_kvgguf_evict: every layer's rows to the store's C entry point, then removed). Up to 10 each
 # version added one patch file, so "patch 000N" in comments and docs names version N.
-PATCH_VERSION = 17
+PATCH_VERSION = 18
 
 _ENV_OVERRIDE = "KVGGUF_LLAMA_LIB_DIR"
 

@@ -1,9 +1,9 @@
 """The live tiered cache: moves rows that leave llama.cpp's hot window into the store.
 
-Between decode chunks the oldest hot rows are read out of llama.cpp (patched
-llama_kvgguf_read_rows), encoded into the native store and removed with
-llama_memory_seq_rm; the patched attention brings them back through the store's C hooks.
-Cold rows are exactly positions [0, n_cold) of the sequence; hot ones follow.
+Between decode chunks the oldest hot rows leave llama.cpp in one call (patched
+llama_kvgguf_evict: each layer's rows handed to the store's C entry point, encoded, then
+removed and the cells compacted); the patched attention brings them back through the store's
+C hooks. Cold rows are exactly positions [0, n_cold) of the sequence; hot ones follow.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import warnings
 import llama_cpp.llama_cpp as C
 import numpy as np
 
-from ..llamacpp import hooks, q8_0, seq_state, state_format
+from ..llamacpp import hooks, seq_state, state_format
 from .memory import REUSE, KVMemory, TierMemory
 from .reuse import RecentRows
 from .signals import TokenSignals
@@ -72,7 +72,7 @@ class LiveCache:
                 self._store.set_layer_enabled(il, False)
         if not self.layers:
             raise ValueError("this model has no full-attention layer with a KV cache to compress")
-        # the hot cells' type as llama.cpp allocated it (f16, or q8_0: read_rows dequantizes)
+        # the hot cells' type as llama.cpp allocated it (f16, or q8_0: ggml converts them as they leave)
         cells = hooks.cells_of(ctx, self.layers[0])
         self.hot_type = cells[0] if cells else CACHE_TYPES["f16"]
         if self.hot_type not in (CACHE_TYPES["f16"], CACHE_TYPES["q8_0"]):
@@ -377,63 +377,65 @@ class LiveCache:
             self._age()
 
     def read_rows(self, il: int, kind: int, p0: int, p1: int) -> np.ndarray:
-        """Rows of positions [p0, p1) that llama.cpp holds exactly on list (il, kind), as float32."""
-        n, width = p1 - p0, self.store.width(kind)
-        q8 = self.hot_type == CACHE_TYPES["q8_0"]  # raw q8_0 rows: 32 values in 34 bytes
-        rows = np.empty((n, q8_0.row_bytes(width)), dtype=np.uint8) if q8 else np.empty((n, width), dtype=np.float16)
-        pos = np.empty(n, dtype=np.int32)
-        got = hooks.read_rows(
-            self.ctx,
-            SEQ,
-            il,
-            kind,
-            p0,
-            p1,
-            rows.ctypes.data,
-            rows.nbytes,
-            pos.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+        """Rows of positions [p0, p1) that llama.cpp holds exactly on list (il, kind), as float32
+        (converted from the cells' type by ggml, in llama.cpp)."""
+        rows = np.empty((p1 - p0, self.store.width(kind)), dtype=np.float32)
+        got = hooks.read_rows_f32(
+            self.ctx, SEQ, il, kind, p0, p1, rows.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), rows.size
         )
-        if got != n or not np.array_equal(pos, np.arange(p0, p1, dtype=np.int32)):
+        if got != p1 - p0:
             raise RuntimeError(
-                f"kvgguf: llama.cpp holds {got} rows for positions [{p0}, {p1}) of layer {il}, "
-                f"expected {n} in order; the cache was changed behind kvgguf's back"
+                f"kvgguf: llama.cpp could not read positions [{p0}, {p1}) of layer {il} (status {got}); "
+                + ("it holds other rows: the cache was changed behind kvgguf's back" if got == -2 else "")
             )
-        return q8_0.dequantize(rows, width) if q8 else rows.astype(np.float32)
+        return rows
 
     def _evict(self, p0: int, p1: int) -> None:
         """Moves positions [p0, p1) into the store, all layers and both kinds, or nothing: the
-        appended blocks all start at p0, so cutting back to p0 undoes them and cannot fail."""
+        appended blocks all start at p0, so cutting back to p0 undoes them and cannot fail. One
+        llama.cpp call reads every list out, codes it into the store through a plan made here
+        once, removes the positions and compacts the cells (no Python per layer)."""
         parts = plan.evicted_parts(p0, p1, self.config)
+        store = self.store
         try:
-            on_device = []  # the lists coded where they lie on the GPU, in one call after the others
+            on_device, read_out = [], []  # lists coded where they lie on the GPU; layers read out
             for il in self.layers:
-                for kind in Kind:
-                    items = self._device_items(il, kind, p0, p1, parts)
-                    if items:
-                        on_device += items
-                        continue
-                    rows = self.read_rows(il, kind, p0, p1)
-                    for tier, a, b in parts:
-                        self.store.append(il, kind, tier, self.codecs[tier][il, kind], rows[a:b])
+                items = [self._device_items(il, kind, p0, p1, parts) for kind in Kind]
+                if all(items):
+                    on_device += items[0] + items[1]
+                else:
+                    read_out.append(il)
             if on_device:
                 self.device_store.encode_many(on_device)
                 self.rows_coded_on_gpu += sum(item[-1] for item in on_device)
             if self.recent.reach:
                 self.recent.keep_rows(seq_state.read(self.ctx), self._layers_of_cache, p0, p1)
-            mem = C.llama_get_memory(self.ctx)
-            if not C.llama_memory_seq_rm(mem, SEQ, p0, p1):
-                raise RuntimeError(f"kvgguf: llama.cpp could not remove positions [{p0}, {p1}) after encoding them")
+            evict_plan = store.evict_plan(parts, self.codecs)
+            layers = (ctypes.c_int32 * len(read_out))(*read_out)
+            rc = hooks.evict(self.ctx, SEQ, p0, p1, layers, len(read_out), store.append_function(), evict_plan.address)
+            if rc == hooks.EVICT_APPEND_FAILED:
+                evict_plan.check(f"evict positions [{p0}, {p1})")
+            if rc not in (0, hooks.EVICT_COMPACT_FAILED):
+                raise RuntimeError(
+                    f"kvgguf: llama.cpp could not evict positions [{p0}, {p1}) (status {rc}: "
+                    + (
+                        "its rows are not the positions in order; the cache was changed behind kvgguf's back)"
+                        if rc == -2
+                        else "see llama_kvgguf_evict)"
+                    )
+                )
         except BaseException:
-            self.store.truncate(p0)
+            store.truncate(p0)
             self.recent.forget_from(p0)
             raise
         for tier, a, b in parts:
             self.blocks.append(plan.Block(p0 + a, p0 + b, tier))
         self.recent.forget_older(self.n_cold)
-        # Hot rows back in position order at the front: attention then sums in the same
-        # order as a cache that never wrapped, and new tokens follow the old ones. (It fails
-        # only for caches kvgguf refuses when it attaches; the rows are consistent either way.)
-        if hooks.compact(self.ctx) != 0:
+        # Hot rows are back in position order at the front (the call compacts): attention then
+        # sums in the same order as a cache that never wrapped, and new tokens follow the old
+        # ones. (It fails only for caches kvgguf refuses when it attaches; the rows are
+        # consistent either way.)
+        if rc == hooks.EVICT_COMPACT_FAILED:
             raise RuntimeError("kvgguf: llama.cpp could not compact its KV cache after an eviction")
 
     def _device_items(self, il: int, kind: int, p0: int, p1: int, parts) -> list[tuple]:
@@ -473,7 +475,7 @@ class LiveCache:
             aging = [b for b in aging if not b.kept]
         lists = {(il, kind): table[il, kind] for il in self.layers for kind in Kind} if table else {}
         for b in aging:
-            warm = self._warm_codes(b) if self.recent.reach else None
+            warm = self._store.copy_blocks(b.r0, b.r1) if self.recent.reach else None
             try:
                 self._store.retier_lists(b.r0, b.r1, Tier.ARCHIVE, lists)
             except KvgError as e:
@@ -490,10 +492,6 @@ class LiveCache:
             if warm is not None:
                 self.recent.keep_warm(b.r0, b.r1, warm)
         self.recent.forget_older(self.n_cold)
-
-    def _warm_codes(self, b: plan.Block) -> dict:
-        """Block b's codes in every list, as the store holds them."""
-        return {(il, kind): self._store.blocks(il, kind, b.r0, b.r1) for il in self.layers for kind in Kind}
 
     def truncate(self, n_tokens: int) -> None:
         """Forgets compressed rows at positions >= n_tokens (a new prompt diverged there)."""
@@ -594,23 +592,15 @@ class LiveCache:
         unage = [b for b in blocks if b.tier == Tier.WARM and current.get((b.r0, b.r1)) == Tier.ARCHIVE]
         if unage:
             first = unage[0].r0
-            lists = {}
-            for il in self.layers:
-                for kind in Kind:
-                    lists[il, kind] = [
-                        x
-                        for b in blocks
-                        if b.r0 >= first
-                        for x in (
-                            self.recent.warm(b.r0, b.r1).lists[il, kind]
-                            if b in unage
-                            else self.store.blocks(il, kind, b.r0, b.r1)
-                        )
-                    ]
+            # block by block, every list's codes: the warm ones kept, the others as the store has them
+            codes = [
+                self.recent.warm(b.r0, b.r1).blocks if b in unage else self.store.copy_blocks(b.r0, b.r1)
+                for b in blocks
+                if b.r0 >= first
+            ]
             self.store.truncate(first)
-            for (il, kind), encoded in lists.items():
-                for x in encoded:
-                    self.store.append_encoded(il, kind, x)
+            for encoded in codes:
+                self.store.append_blocks(encoded)
         self.store.truncate(c)
         if p1 > c:
             state = seq_state.read(self.ctx)

@@ -12,11 +12,10 @@ and puts them back for a cut within that reach.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..bindings.store import EncodedBlock
 from ..llamacpp import state_format
 from ..llamacpp.state_format import CacheState, LayerRows
 
@@ -33,12 +32,15 @@ class _Rows:
 
 @dataclass
 class _Warm:
-    """A block's warm codes, taken before it aged: {(layer, kind): its store blocks}."""
+    """A block's warm codes, taken before it aged: every list's (KVStore.copy_blocks)."""
 
     r0: int
     r1: int
-    lists: dict[tuple[int, int], list[EncodedBlock]] = field(default_factory=dict)
-    nbytes: int = 0
+    blocks: bytes = b""
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.blocks)
 
 
 def _select(cache: CacheState, keep: np.ndarray) -> CacheState:
@@ -93,11 +95,11 @@ class RecentRows:
         nbytes = sum(x.k.nbytes + x.v.nbytes for c in caches for x in c.layers)
         self._rows.append(_Rows(p0, p1, caches, nbytes))
 
-    def keep_warm(self, r0: int, r1: int, lists: dict[tuple[int, int], list[EncodedBlock]]) -> None:
-        """Keeps a block's warm codes, as the store held them before it aged."""
+    def keep_warm(self, r0: int, r1: int, blocks: bytes) -> None:
+        """Keeps a block's warm codes, as the store held them before it aged (KVStore.copy_blocks)."""
         if self.reach <= 0:
             return
-        self._warm.append(_Warm(r0, r1, lists, sum(len(b.data) for bl in lists.values() for b in bl)))
+        self._warm.append(_Warm(r0, r1, blocks))
 
     def forget_older(self, n_cold: int) -> None:
         """Drops what no cut within the reach of n_cold cold positions can need: rows evicted

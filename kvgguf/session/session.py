@@ -29,7 +29,8 @@ import llama_cpp.llama_cpp as C
 import numpy as np
 
 from ..errors import SessionCorruptError, SessionError, SessionMismatchError, SessionVersionError
-from ..llamacpp import hooks, q8_0, seq_state, state_format
+from ..llamacpp import hooks, seq_state, state_format
+from . import q8_0
 from ..model.shape import KVShape
 from ..bindings import codecs
 from ..bindings.binding import KvgError

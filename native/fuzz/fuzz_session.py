@@ -41,14 +41,19 @@ import atheris
 with atheris.instrument_imports(include=["kvgguf"]):
     import numpy as np
 
+    from gguf import GGMLQuantizationType, quants
+
     from kvgguf.errors import SessionError
-    from kvgguf.llamacpp import q8_0, state_format
+    from kvgguf.llamacpp import state_format
     from kvgguf.model.shape import KVShape
     from kvgguf.bindings.store import KVStore
     from kvgguf.policy.tiered import TieredConfig
     from kvgguf.session import container
     from kvgguf.session import session as kvz
     from kvgguf.session.fingerprint import ModelFingerprint
+
+
+GGML_Q8_0 = int(GGMLQuantizationType.Q8_0)
 
 
 # --- a made-up model and llama.cpp context ---------------------------------------------------
@@ -142,8 +147,8 @@ def _cache(rng, positions, layers, dims, v_trans=False, ggml_type=state_format.G
                 rows.append(x.astype(np.float16).view(np.uint8).reshape(len(positions), 2 * width))
             elif ggml_type == state_format.GGML_F32:
                 rows.append(x.view(np.uint8).reshape(len(positions), 4 * width))
-            elif ggml_type == q8_0.GGML_Q8_0:  # q8_0 cells (TieredConfig.hot_cells): sessions code their values
-                rows.append(q8_0.quantize(x))
+            elif ggml_type == GGML_Q8_0:  # q8_0 cells (TieredConfig.hot_cells): sessions code their values
+                rows.append(quants.quantize(x, GGMLQuantizationType.Q8_0))  # gguf's copy of ggml's
             else:  # another quantized type: session files keep its bytes as they are
                 rows.append(rng.integers(0, 256, (len(positions), width // 2 + 2), dtype=np.uint8))
         out.layers.append(state_format.LayerRows(il, ggml_type, rows[0], ggml_type, rows[1]))
@@ -213,8 +218,8 @@ def starting_inputs() -> list[tuple[str, int, bytes]]:
         ("stock-exact-zstd", 0, _session(stock, n_tokens=10, exact=True, entropy=True, seed=1)),
         ("stock-kivi-vtrans", 0, _session(stock, n_tokens=13, codec=("kivi4", "kivi2"), v_trans=True, seed=2)),
         ("stock-f32-crotq", 0, _session(stock, n_tokens=9, codec="crotq3", ggml_type=state_format.GGML_F32, seed=3)),
-        ("stock-q8", 0, _session(stock, n_tokens=12, ggml_type=q8_0.GGML_Q8_0, seed=4)),
-        ("stock-q8-exact", 0, _session(stock, n_tokens=12, exact=True, ggml_type=q8_0.GGML_Q8_0, seed=4)),
+        ("stock-q8", 0, _session(stock, n_tokens=12, ggml_type=GGML_Q8_0, seed=4)),
+        ("stock-q8-exact", 0, _session(stock, n_tokens=12, exact=True, ggml_type=GGML_Q8_0, seed=4)),
         ("stock-q4-raw", 0, _session(stock, n_tokens=12, ggml_type=2, seed=4)),
         ("stock-empty", 0, _session(stock, n_tokens=0, seed=5)),
         (

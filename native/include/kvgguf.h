@@ -158,7 +158,7 @@ enum kvg_kind { KVG_KIND_K = 0, KVG_KIND_V = 1 };
 
 // Bumped whenever a declaration in this region changes; kvg_abi_version() returns the value the
 // library was built with, and the Python binding refuses a library and header that disagree.
-enum kvg_abi { KVG_ABI_VERSION = 16 };
+enum kvg_abi { KVG_ABI_VERSION = 17 };
 
 enum kvg_simd {
     KVG_SIMD_SCALAR = 0,
@@ -379,10 +379,49 @@ int kvg_store_block(const kvg_store * s, int32_t il, int32_t kind, int64_t bi, k
 int kvg_store_append_encoded(kvg_store * s, int32_t il, int32_t kind, int32_t tier, int32_t codec, int64_t n_rows,
                              const void * data, size_t n_bytes);
 
+// The blocks of every list that start in rows [r0, r1), as one buffer: for each list in (layer,
+// kind) order and each block, a kvg_block_record, then its info.n_bytes encoded bytes. *out_bytes
+// receives the size; dst == NULL: only that, else dst_bytes must be exactly it.
+typedef struct kvg_block_record {
+    int32_t        il;
+    int32_t        kind;
+    kvg_block_info info;
+} kvg_block_record;
+
+int kvg_store_copy_blocks(const kvg_store * s, int64_t r0, int64_t r1, void * dst, size_t dst_bytes,
+                          size_t * out_bytes);
+
+// Appends the blocks of a kvg_store_copy_blocks buffer, each at the end of its list (its row0
+// must be that list's row count then), each checked as kvg_store_append_encoded checks: all of
+// them or none.
+int kvg_store_append_blocks(kvg_store * s, const void * src, size_t n_bytes);
+
 // Entry points with the signatures of llama_kvgguf_hooks (native/llama/include/llama-kvgguf.h),
 // user = the store.
 int32_t kvg_store_hook_n_cold(void * user, int32_t il);
 int32_t kvg_store_hook_decode(void * user, int32_t il, int32_t kind, int64_t r0, int64_t r1, uint16_t * dst,
+                              int64_t n_embd);
+
+// One eviction's plan, for llama.cpp's llama_kvgguf_evict (llama_kvgguf_append_fn; user = the
+// plan): the rows handed over for list (il, kind) are split into n_parts runs, part p its rows
+// [row0[p], row1[p]) of the call's, appended to `tier[p]` with codec codecs[p * 2 * n_layer +
+// il * 2 + kind] (-1: that part is not stored in that list).
+typedef struct kvg_evict_plan {
+    kvg_store *     store;
+    int32_t         n_parts;  // 1 to KVG_TIER_COUNT
+    int32_t         tier[3];
+    int64_t         row0[3];
+    int64_t         row1[3];
+    const int32_t * codecs;  // n_parts * 2 * n_layer
+    int32_t         status;  // out: the failing append's status, KVG_OK while none has failed
+} kvg_evict_plan;
+
+// Appends the parts of rows (n_rows rows of n_embd floats, n_embd the list's row width) to list
+// (il, kind) as the plan says: KVG_OK, or the failing status, also kept in plan->status
+// (kvg_last_error says why, on this thread). Bad arguments leave the list as it was; an append
+// that fails midway keeps the parts before it (kvg_store_truncate to the eviction's first row
+// undoes every list at once).
+int32_t kvg_store_hook_append(void * plan, int32_t il, int32_t kind, const float * rows, int64_t n_rows,
                               int64_t n_embd);
 
 // Fused attention over the stored rows, scored and summed from their codes without expanding

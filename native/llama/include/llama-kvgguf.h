@@ -32,7 +32,7 @@ extern "C" {
 // Version of the kvgguf patch set compiled into this library; kvgguf checks it at import.
 // "patch 000N" below and in src/ names the version N that added a feature (the list is in
 // kvgguf/llamacpp/library.py); since 11 the patches are one per concern (patches/README.md).
-#define LLAMA_KVGGUF_PATCH_VERSION 17
+#define LLAMA_KVGGUF_PATCH_VERSION 18
 
 #define LLAMA_KVGGUF_K 0
 #define LLAMA_KVGGUF_V 1
@@ -225,6 +225,34 @@ struct llama_kvgguf_cells_view {
 // run (llama_kvgguf_read_rows copies them then); *view is unchanged on an error.
 LLAMA_API int64_t llama_kvgguf_view_cells(struct llama_context * ctx, llama_seq_id seq_id, int32_t il, int32_t kind,
                                           llama_pos p0, llama_pos p1, struct llama_kvgguf_cells_view * view);
+
+// (patch 0018) llama_kvgguf_read_rows, converted to f32 as ggml converts the cells' type (f16,
+// q8_0, ...): exactly p1 - p0 rows of n_embd values (K post-RoPE) for positions [p0, p1) in
+// order into dst (room for dst_count floats). Returns the number of rows, or -1 bad arguments or
+// a layer without cells, -2 the cells hold other rows than [p0, p1) in order, -3 a cell type or
+// layout ggml cannot convert, -4 dst too small.
+LLAMA_API int64_t llama_kvgguf_read_rows_f32(struct llama_context * ctx, llama_seq_id seq_id, int32_t il, int32_t kind,
+                                             llama_pos p0, llama_pos p1, float * dst, size_t dst_count);
+
+// (patch 0018) One list's rows of an eviction, as f32: n_rows consecutive rows of n_embd values
+// (K rows post-RoPE). Called on the thread that called llama_kvgguf_evict; must not call back into
+// llama.cpp. Returns 0, or nonzero to stop the eviction.
+typedef int32_t (*llama_kvgguf_append_fn)(void * user, int32_t il, int32_t kind, const float * rows, int64_t n_rows,
+                                          int64_t n_embd);
+
+// (patch 0018) One eviction in one call: for each of the n_layers layers in `layers` (each with
+// cells of its own) and for K then V, the rows of positions [p0, p1) of seq_id, converted to f32
+// from the cells' type (f16, q8_0, ... as ggml converts them; a transposed V gathered into rows),
+// go to append(user, ...); then the positions are removed (llama_memory_seq_rm) and the cells
+// compacted (llama_kvgguf_compact). Returns 0, or:
+//   -1 bad arguments or a layer without cells; -2 a layer holds other rows than p1 - p0 in
+//   position order; -3 a cell type ggml cannot convert; -4 append returned nonzero; -5 the
+//   removal failed. On these llama.cpp's cells are as they were (what append took, the caller
+//   undoes: the rows of every list begin at p0).
+//   -6 the compaction failed: the positions were removed, every row appended.
+LLAMA_API int32_t llama_kvgguf_evict(struct llama_context * ctx, llama_seq_id seq_id, llama_pos p0, llama_pos p1,
+                                     const int32_t * layers, int32_t n_layers, llama_kvgguf_append_fn append,
+                                     void * user);
 
 // (patch 0015) The fused path on a GPU. Where a layer's cells live in CUDA memory and these
 // hooks are set, its two custom ops run on that device (ggml-cuda's custom-op dispatch,

@@ -361,3 +361,84 @@ int32_t llama_kvgguf_compact(llama_context * ctx) {
     auto * kv = dynamic_cast<llama_kv_cache *>(mem);
     return kv && kv->kvgguf_compact() ? 0 : -1;
 }
+
+// One list's rows of [p0, p1) as f32; raw is scratch for the rows in the cells' type.
+static int64_t kvgguf_read_f32(llama_context * ctx, llama_seq_id seq_id, int32_t il, int32_t kind, llama_pos p0,
+                               llama_pos p1, float * dst, size_t dst_count, std::vector<uint8_t> & raw) {
+    if (!ctx || seq_id < 0 || p0 < 0 || p1 <= p0 || !dst || (kind != LLAMA_KVGGUF_K && kind != LLAMA_KVGGUF_V)) {
+        return -1;
+    }
+    const llama_kv_cache * kv = kvgguf_cache_of(ctx, il);
+    if (!kv) {
+        return -1;
+    }
+    const ggml_tensor * t = kind == LLAMA_KVGGUF_K ? kv->get_k_storage(il) : kv->get_v_storage(il);
+    if (!t) {
+        return -1;
+    }
+    const auto &  hparams = ctx->get_model().hparams;
+    const int64_t n       = (int64_t) p1 - p0;
+    const int64_t n_embd  = kind == LLAMA_KVGGUF_K ? hparams.n_embd_k_gqa(il) : hparams.n_embd_v_gqa(il);
+    const auto *  traits  = ggml_get_type_traits(t->type);
+    if (t->type != GGML_TYPE_F32 && !traits->to_float) {
+        return -3;
+    }
+    if (dst_count < (size_t) (n * n_embd)) {
+        return -4;
+    }
+    std::vector<llama_pos> pos((size_t) n);
+    raw.resize((size_t) n * ggml_row_size(t->type, n_embd));
+    const int64_t got = llama_kvgguf_read_rows(ctx, seq_id, il, kind, p0, p1, raw.data(), raw.size(), pos.data());
+    if (got == -3) {
+        return -3;
+    }
+    if (got != n) {
+        return got < 0 ? -1 : -2;
+    }
+    for (int64_t r = 0; r < n; ++r) {
+        if (pos[(size_t) r] != p0 + (llama_pos) r) {
+            return -2;
+        }
+    }
+    if (t->type == GGML_TYPE_F32) {
+        memcpy(dst, raw.data(), (size_t) (n * n_embd) * sizeof(float));
+    } else {
+        traits->to_float(raw.data(), dst, n * n_embd);  // rows are whole blocks
+    }
+    return n;
+}
+
+int64_t llama_kvgguf_read_rows_f32(llama_context * ctx, llama_seq_id seq_id, int32_t il, int32_t kind, llama_pos p0,
+                                   llama_pos p1, float * dst, size_t dst_count) {
+    std::vector<uint8_t> raw;
+    return kvgguf_read_f32(ctx, seq_id, il, kind, p0, p1, dst, dst_count, raw);
+}
+
+int32_t llama_kvgguf_evict(llama_context * ctx, llama_seq_id seq_id, llama_pos p0, llama_pos p1, const int32_t * layers,
+                           int32_t n_layers, llama_kvgguf_append_fn append, void * user) {
+    if (!ctx || seq_id < 0 || p0 < 0 || p1 <= p0 || n_layers < 0 || (n_layers > 0 && (!layers || !append))) {
+        return -1;
+    }
+    const auto &         hparams = ctx->get_model().hparams;
+    const int64_t        n       = (int64_t) p1 - p0;
+    std::vector<uint8_t> raw;  // one list's rows in the cells' type
+    std::vector<float>   rows;
+    for (int32_t i = 0; i < n_layers; ++i) {
+        const int32_t il = layers[i];  // checked by the read
+        for (int32_t kind : { LLAMA_KVGGUF_K, LLAMA_KVGGUF_V }) {
+            const int64_t n_embd = kind == LLAMA_KVGGUF_K ? hparams.n_embd_k_gqa(il) : hparams.n_embd_v_gqa(il);
+            rows.resize((size_t) (n * n_embd));
+            const int64_t got = kvgguf_read_f32(ctx, seq_id, il, kind, p0, p1, rows.data(), rows.size(), raw);
+            if (got < 0) {
+                return got == -4 ? -1 : (int32_t) got;
+            }
+            if (append(user, il, kind, rows.data(), n, n_embd) != 0) {
+                return -4;
+            }
+        }
+    }
+    if (!llama_memory_seq_rm(ctx->get_memory(), seq_id, p0, p1)) {
+        return -5;
+    }
+    return llama_kvgguf_compact(ctx) == 0 ? 0 : -6;
+}

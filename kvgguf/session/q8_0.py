@@ -1,6 +1,7 @@
-"""llama.cpp's q8_0 rows (the cells' type with TieredConfig.hot_cells="q8_0"): blocks of 32 values,
-each an f16 scale and 32 int8 codes, 34 bytes; as ggml's quantize_row_q8_0_ref and
-dequantize_row_q8_0 compute them."""
+"""llama.cpp's q8_0 rows (the cells' type with TieredConfig.hot_cells="q8_0") in a saved sequence
+state: blocks of 32 values, each an f16 scale and 32 int8 codes, 34 bytes, as ggml's
+quantize_row_q8_0_ref and dequantize_row_q8_0 compute them. A session codes their values and
+quantizes them back when restored; evictions never come here (llama.cpp converts the rows)."""
 
 from __future__ import annotations
 
