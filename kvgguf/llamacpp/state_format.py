@@ -91,10 +91,12 @@ def parse(blob: bytes, layers_of_cache: list[list[int]]) -> list[CacheState]:
         if n_cells == 0:
             continue
         start = r.off
-        for _ in range(n_cells):
-            _pos, n_seq = r.unpack("<iI")
-            if n_seq != 1 or r.unpack("<i")[0] != 0:
-                raise SessionMismatchError("a cell shared between sequences; kvgguf sessions hold sequence 0 alone")
+        if not _one_sequence(r.view[start : start + 12 * n_cells], n_cells):
+            for _ in range(n_cells):  # says what is wrong where
+                _pos, n_seq = r.unpack("<iI")
+                if n_seq != 1 or r.unpack("<i")[0] != 0:
+                    raise SessionMismatchError("a cell shared between sequences; kvgguf sessions hold sequence 0 alone")
+        r.off = start + 12 * n_cells
         cache.cells = bytes(r.view[start : r.off])
         v_trans, n_layer = r.unpack("<II")
         if n_layer != len(layers) or v_trans > 1:
@@ -118,6 +120,14 @@ def parse(blob: bytes, layers_of_cache: list[list[int]]) -> list[CacheState]:
     if r.off != len(r.view):
         raise SessionMismatchError("llama.cpp's state has records kvgguf does not know (another cache layout)")
     return caches
+
+
+def _one_sequence(records: memoryview, n_cells: int) -> bool:
+    """Whether n_cells records (pos, n_seq_id 1, seq_id 0) of 12 bytes each are all there."""
+    if len(records) != 12 * n_cells:
+        return False
+    rec = np.frombuffer(records, dtype="<i4").reshape(n_cells, 3)
+    return bool((rec[:, 1] == 1).all() and (rec[:, 2] == 0).all())
 
 
 def _rows(r: _Reader, n: int, row_bytes: int) -> np.ndarray:
