@@ -155,7 +155,8 @@ def reuse_bytes(shape: KVShape, n_tokens: int, n_batch: int, config: TieredConfi
     cold row (the full-attention layers' cells in hot_cells; with windows, the sliding ones' in
     window too: at most, since llama.cpp may have given a window cell to a newer position
     before the eviction, which then has no row to keep), and the warm codes of every block that
-    aged and ends within as many of the aging limit."""
+    aged and ends within as many of the aging limit, each block with its record
+    (kvg_store_copy_blocks)."""
     if not config.reuse:
         return 0
     moved, due = plan.last_evictions(n_tokens, n_batch, config, config.reuse + config.warm_tokens)
@@ -185,8 +186,11 @@ def reuse_bytes(shape: KVShape, n_tokens: int, n_batch: int, config: TieredConfi
                 for il in shape.full_layers:
                     for kind, dim, role in ((Kind.K, shape.head_dim_k, "k"), (Kind.V, shape.head_dim_v, "v")):
                         c = codecs.get(table[il, kind], group_size=config.group_size)
-                        total += c.encoded_size((r1 - r0, shape.n_head_kv, dim), role)
+                        total += c.encoded_size((r1 - r0, shape.n_head_kv, dim), role) + BLOCK_RECORD_BYTES
     return total
+
+
+BLOCK_RECORD_BYTES = 40  # sizeof(kvg_block_record), native/include/kvgguf.h: each kept block's header
 
 
 BLOCK_ENTRY_BYTES = 56  # sizeof(kvg_block), native/src/kvg_internal.h (a static assert there), on 64-bit machines

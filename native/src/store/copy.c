@@ -6,6 +6,9 @@
 
 #include "kvg_internal.h"
 
+// kvgguf/policy/held.py predicts the bytes RecentRows keeps at BLOCK_RECORD_BYTES a record.
+_Static_assert(sizeof(kvg_block_record) == 40, "change BLOCK_RECORD_BYTES in kvgguf/policy/held.py too");
+
 // The first block of r that starts at row r0 or later (r->n_blocks: none).
 static int64_t first_block_from(const kvg_rows * r, int64_t r0) {
     if (r0 >= r->n_rows) {
