@@ -489,10 +489,11 @@ def test_an_eviction_crosses_into_c_as_often_for_30_layers_as_for_2(smollm2_path
     """An eviction is one call into llama.cpp whatever the layer count (it reads each list's rows,
     hands them to the store's C entry point, removes and compacts), and aging one store call per
     block: on 2 layers and on 30, the same few crossings from Python, and no numpy on the rows.
-    (With reuse on, the eviction also reads the sequence's state once, to keep the rows, and
-    aging copies the block's warm codes out once.)"""
+    (With reuse on, the eviction also reads the state of the evicted positions once, to keep
+    the rows, and aging copies the block's warm codes out once.)"""
     import tiny_models
     from kvgguf.bindings import store as store_module
+    from kvgguf.llamacpp import seq_state as seq_state_module
     from kvgguf.runtime import live_cache
 
     config = TieredConfig(hot=64, block=32, sinks=4, warm="rotq4", warm_tokens=32, archive="rotq2", reuse=reuse)
@@ -507,6 +508,7 @@ def test_an_eviction_crosses_into_c_as_often_for_30_layers_as_for_2(smollm2_path
         with monkeypatch.context() as m:
             for name in ("hooks", "C", "seq_state"):
                 m.setattr(live_cache, name, _Counted(getattr(live_cache, name), seen))
+            m.setattr(seq_state_module, "hooks", _Counted(seq_state_module.hooks, seen))  # RangeReader's call
             m.setattr(store_module, "get_lib", lambda real=store_module.get_lib: _Counted(real(), seen))
             m.setattr(live_cache.LiveCache, "read_rows", None)  # rows no longer pass through numpy
             for step in calls:
@@ -524,5 +526,9 @@ def test_an_eviction_crosses_into_c_as_often_for_30_layers_as_for_2(smollm2_path
     for step in ("_evict", "_age"):
         few, many = per_layers[2][step], per_layers[30][step]
         assert few == many, step  # the same calls, by name, eviction by eviction
-        assert max(len(c) for c in many) <= {"_evict": 3, "_age": 4}[step], many
+        limit = {"_evict": 3, "_age": 4}[step]
+        assert max(len(c) for c in many[1:]) <= limit, (step, many)
+        # the first eviction with reuse also learns the size of the range's state (its buffer grows)
+        assert len(many[0]) <= limit + (step == "_evict" and reuse > 0), (step, many)
     assert all(c.count("evict") == 1 for c in per_layers[30]["_evict"])
+    assert all(c.count("state_range") == (1 if reuse else 0) for c in per_layers[30]["_evict"][1:])

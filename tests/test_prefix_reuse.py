@@ -184,3 +184,41 @@ def test_sliding_window_rows_a_cut_needs_are_there_or_the_prefix_is_evaluated_ag
     want = (completion(fresh, p["B"]), last_logits(fresh))
     fresh.close()
     assert got[0] == want[0] and kl(want[1], got[1]) <= KL_BOUND
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_the_state_of_a_range_is_the_full_state_cut_to_it(smollm2_path, tmp_path, arch):
+    """What an eviction keeps for reuse (llama_kvgguf_state_range) is llama.cpp's own sequence
+    state restricted to the evicted positions, byte for byte: every cache record (gemma2 adds a
+    sliding-window one, whose masked cells both leave out), its cell records and each layer's K/V
+    rows; a range that holds no cell gives empty records, and bad arguments -1."""
+    import tiny_models
+    from kvgguf.llamacpp import hooks, seq_state, state_format
+
+    path = tiny_models.write(tmp_path / f"{arch}.gguf", tiny_models.TinySpec(arch, n_layer=2), smollm2_path)
+    llm = Llama(str(path), kv_codec=None, n_ctx=256, n_batch=64, n_threads=1, n_threads_batch=1, verbose=False)
+    llm.eval(list(range(10, 10 + 150)))
+    ctx = llm._ctx.ctx
+    layers = state_format.cache_layers(ctx, 2, hooks.layer_info)
+    full = state_format.parse(seq_state.read(ctx), layers)
+    read_range = seq_state.RangeReader(ctx)
+    for p0, p1 in [(0, 150), (4, 36), (100, 140), (149, 150), (150, 200)]:
+        part = state_format.parse(read_range(p0, p1), layers)
+        assert len(part) == len(full) == len(layers)
+        for whole, cut in zip(full, part):
+            pos = state_format.cell_records(whole.cells)[:, 0] if whole.n_cells else np.zeros(0, int)
+            keep = (pos >= p0) & (pos < p1)
+            assert cut.n_cells == int(keep.sum()), (p0, p1)
+            if not cut.n_cells:
+                continue
+            assert cut.cells == state_format.cell_records(whole.cells)[keep].astype("<i4").tobytes()
+            assert cut.v_trans == whole.v_trans
+            for a, b in zip(whole.layers, cut.layers):
+                assert (a.il, a.k_type, a.v_type) == (b.il, b.k_type, b.v_type)
+                assert np.array_equal(a.k[keep], b.k) and np.array_equal(a.v[keep], b.v)
+    if arch == "gemma2":  # the window's record holds only the last 32 positions'
+        assert full[1].n_cells < full[0].n_cells
+    assert hooks.state_range(ctx, 0, 10, 5, None, 0) == -1
+    assert hooks.state_range(ctx, -1, 0, 5, None, 0) == -1
+    assert hooks.state_range(ctx, 0, 0, 150, None, 0) == len(seq_state.read(ctx))
+    llm.close()

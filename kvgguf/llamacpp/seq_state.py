@@ -21,6 +21,26 @@ def read(ctx) -> bytes:
     return bytes(buf)
 
 
+class RangeReader:
+    """The sequence's state restricted to its cells at positions [p0, p1), in read()'s layout: a
+    few rows, where read() writes every cell's (llama_kvgguf_state_range). It keeps its buffer,
+    so an eviction of the usual size takes one call."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self._buf = (ctypes.c_uint8 * 0)()
+
+    def __call__(self, p0: int, p1: int) -> bytes:
+        for _ in range(2):
+            n = hooks.state_range(self.ctx, SEQ, p0, p1, ctypes.addressof(self._buf), len(self._buf))
+            if n < 0:
+                raise RuntimeError(f"kvgguf: llama.cpp could not write the state of positions [{p0}, {p1})")
+            if n <= len(self._buf):
+                return bytes(memoryview(self._buf)[:n])
+            self._buf = (ctypes.c_uint8 * n)()
+        raise RuntimeError(f"kvgguf: the state of positions [{p0}, {p1}) grew while llama.cpp wrote it")
+
+
 def write(ctx, state: bytes) -> bool:
     """Replaces the sequence's cells by state's; False where llama.cpp refuses it (the sequence
     is then empty). The cells are compacted into position order after."""

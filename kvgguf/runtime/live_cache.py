@@ -95,6 +95,7 @@ class LiveCache:
         # What a cut needs to put back (TieredConfig.reuse); not on a GPU, whose device copy of
         # the store is not rebuilt in place: a cut into evicted rows evaluates again there.
         self.recent = RecentRows(config.reuse if self.gpu is None else 0, config.warm_tokens)
+        self._read_range = seq_state.RangeReader(ctx)  # the rows an eviction keeps for reuse
         self._layers_of_cache = state_format.cache_layers(ctx, shape.n_layer, hooks.layer_info)
         if self.gpu is not None and self.fused_max_tokens > 0:
             # every ubatch fused: the expanding path's ops run on the CPU
@@ -409,7 +410,7 @@ class LiveCache:
                 self.device_store.encode_many(on_device)
                 self.rows_coded_on_gpu += sum(item[-1] for item in on_device)
             if self.recent.reach:
-                self.recent.keep_rows(seq_state.read(self.ctx), self._layers_of_cache, p0, p1)
+                self.recent.keep_rows(self._read_range(p0, p1), self._layers_of_cache, p0, p1)
             evict_plan = store.evict_plan(parts, self.codecs)
             layers = (ctypes.c_int32 * len(read_out))(*read_out)
             rc = hooks.evict(self.ctx, SEQ, p0, p1, layers, len(read_out), store.append_function(), evict_plan.address)

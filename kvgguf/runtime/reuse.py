@@ -85,7 +85,8 @@ class RecentRows:
     # --- keeping ---------------------------------------------------------------------
 
     def keep_rows(self, state: bytes, layers_of_cache: list[list[int]], p0: int, p1: int) -> None:
-        """Keeps the rows of positions [p0, p1) from a sequence state taken before their eviction."""
+        """Keeps the rows of positions [p0, p1) from a sequence state taken before their eviction
+        (seq_state.RangeReader's, which holds little else)."""
         if self.reach <= 0:
             return
         caches = []

@@ -32,7 +32,7 @@ extern "C" {
 // Version of the kvgguf patch set compiled into this library; kvgguf checks it at import.
 // "patch 000N" below and in src/ names the version N that added a feature (the list is in
 // kvgguf/llamacpp/library.py); since 11 the patches are one per concern (patches/README.md).
-#define LLAMA_KVGGUF_PATCH_VERSION 18
+#define LLAMA_KVGGUF_PATCH_VERSION 19
 
 #define LLAMA_KVGGUF_K 0
 #define LLAMA_KVGGUF_V 1
@@ -253,6 +253,15 @@ typedef int32_t (*llama_kvgguf_append_fn)(void * user, int32_t il, int32_t kind,
 LLAMA_API int32_t llama_kvgguf_evict(struct llama_context * ctx, llama_seq_id seq_id, llama_pos p0, llama_pos p1,
                                      const int32_t * layers, int32_t n_layers, llama_kvgguf_append_fn append,
                                      void * user);
+
+// (patch 0019) The sequence state of seq_id restricted to its cells at positions [p0, p1), in
+// llama_state_seq_get_data's layout (magic, seq_id, then each KV cache's record; a cell a sliding
+// window masks is left out as there). What an eviction with prefix reuse keeps, without writing
+// every cell's rows. Returns its size in bytes and writes it to dst when dst has room for it
+// (dst NULL or size too small: only the size); -1 for bad arguments or a memory that is not a KV
+// cache. Waits for the context's queued work first.
+LLAMA_API int64_t llama_kvgguf_state_range(struct llama_context * ctx, llama_seq_id seq_id, llama_pos p0, llama_pos p1,
+                                           uint8_t * dst, size_t size);
 
 // (patch 0015) The fused path on a GPU. Where a layer's cells live in CUDA memory and these
 // hooks are set, its two custom ops run on that device (ggml-cuda's custom-op dispatch,

@@ -1,11 +1,13 @@
 // [kvgguf] the llama_kv_cache members that kvgguf adds (declared in llama-kv-cache.h): the V
-// storage that llama_kvgguf_read_rows copies rows from, llama_kvgguf_compact's reordering and the
-// full-attention cells' rotation; and the window cells' types and count of
+// storage that llama_kvgguf_read_rows copies rows from, llama_kvgguf_compact's reordering, the
+// state of a range of positions (llama_kvgguf_state_range) and the full-attention cells'
+// rotation; and the window cells' types and count of
 // llama_kv_cache_iswa (declared in llama-kv-cache-iswa.h).
 
 #include "llama-kv-cache.h"
 #include "llama-kv-cache-iswa.h"
 #include "llama-impl.h"
+#include "llama-io.h"
 
 #include "ggml-backend.h"
 
@@ -120,6 +122,43 @@ bool llama_kv_cache::kvgguf_compact() {
     v_heads[0] = (uint32_t) idxs.size();
 
     return true;
+}
+
+// The cells a sequence state of seq_id would hold (not empty, of the sequence, not masked by a
+// sliding window) whose positions lie in [p0, p1), written as state_write writes them all: what
+// a prefix cut puts back needs these few rows, not the whole state (llama_kvgguf_state_range).
+void llama_kv_cache::kvgguf_state_write_range(llama_io_write_i & io, llama_seq_id seq_id, llama_pos p0,
+                                              llama_pos p1) const {
+    if (other) {
+        return;  // state_write writes nothing for a cache that shares another's cells
+    }
+    io.write(&n_stream, sizeof(n_stream));
+    for (uint32_t s = 0; s < n_stream; ++s) {
+        const auto &  cells   = v_cells[s];
+        const auto    pos_max = cells.seq_pos_max(seq_id);  // -1: the sequence holds no cell
+        const bool    has_seq = pos_max >= 0;
+        cell_ranges_t cr{ s, {} };
+        uint32_t      n_cells = 0;
+        for (uint32_t i = 0; i < cells.size(); ++i) {
+            const bool in = has_seq && !cells.is_empty(i) && cells.seq_has(i, seq_id) && cells.pos_get(i) >= p0 &&
+                            cells.pos_get(i) < p1 &&
+                            !llama_hparams::is_masked_swa(n_swa, swa_type, cells.pos_get(i), pos_max);
+            if (!in) {
+                continue;
+            }
+            if (!cr.data.empty() && cr.data.back().second == i) {
+                cr.data.back().second = i + 1;
+            } else {
+                cr.data.emplace_back(i, i + 1);
+            }
+            ++n_cells;
+        }
+        io.write(&n_cells, sizeof(n_cells));
+        if (n_cells > 0) {
+            state_write_meta(io, cr, seq_id);
+            state_write_data(io, cr);
+        }
+    }
 }
 
 // Whether full-attention caches may rotate (llama_kvgguf_set_full_rotation), per thread as below.

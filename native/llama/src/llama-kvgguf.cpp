@@ -2,13 +2,17 @@
 
 #include "llama-context.h"
 #include "llama-impl.h"
+#include "llama-io.h"
 #include "llama-kv-cache.h"
 #include "llama-kv-cache-iswa.h"
 #include "llama-model.h"
 
+#include "ggml-backend.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -441,4 +445,77 @@ int32_t llama_kvgguf_evict(llama_context * ctx, llama_seq_id seq_id, llama_pos p
         return -5;
     }
     return llama_kvgguf_compact(ctx) == 0 ? 0 : -6;
+}
+
+// Writes what a cache's state_write hands it into a caller's buffer; with no buffer (or once it
+// is too small) only counts, so one pass tells the size and a second fills it.
+namespace {
+class kvgguf_state_writer : public llama_io_write_i {
+  public:
+    kvgguf_state_writer(uint8_t * dst, size_t size) : dst(dst), size(size) {}
+
+    void write(const void * src, size_t n) override {
+        if (dst && n_written + n <= size) {
+            memcpy(dst + n_written, src, n);
+        }
+        n_written += n;
+    }
+
+    void write_tensor(ggml_tensor * tensor, size_t offset, size_t n) override {
+        if (dst && n_written + n <= size) {
+            ggml_backend_tensor_get(tensor, dst + n_written, offset, n);
+        }
+        n_written += n;
+    }
+
+    size_t n_bytes() override { return n_written; }
+
+  private:
+    uint8_t * dst;
+    size_t    size;
+    size_t    n_written = 0;
+};
+
+constexpr uint32_t kvgguf_state_magic = 0xaf143cd8;  // llama-context.cpp's io_magic
+
+void kvgguf_write_state_range(llama_context * ctx, llama_io_write_i & io, llama_seq_id seq_id, llama_pos p0,
+                              llama_pos p1, bool & known) {
+    io.write(&kvgguf_state_magic, sizeof(kvgguf_state_magic));
+    io.write(&seq_id, sizeof(seq_id));
+    llama_memory_t mem = ctx->get_memory();
+    if (auto * iswa = dynamic_cast<llama_kv_cache_iswa *>(mem)) {
+        // llama_kv_cache_iswa::state_write's order: the full-attention cache, then the window one
+        iswa->get_base()->kvgguf_state_write_range(io, seq_id, p0, p1);
+        iswa->get_swa()->kvgguf_state_write_range(io, seq_id, p0, p1);
+    } else if (auto * kv = dynamic_cast<llama_kv_cache *>(mem)) {
+        kv->kvgguf_state_write_range(io, seq_id, p0, p1);
+    } else {
+        known = false;
+    }
+}
+}  // namespace
+
+int64_t llama_kvgguf_state_range(llama_context * ctx, llama_seq_id seq_id, llama_pos p0, llama_pos p1, uint8_t * dst,
+                                 size_t size) {
+    if (!ctx || seq_id < 0 || seq_id >= LLAMA_MAX_SEQ || p0 < 0 || p1 < p0) {
+        return -1;
+    }
+    try {  // no exception may cross the C boundary
+        ctx->synchronize();
+        bool                known = true;
+        kvgguf_state_writer count(nullptr, 0);
+        kvgguf_write_state_range(ctx, count, seq_id, p0, p1, known);
+        if (!known) {
+            return -1;
+        }
+        const size_t n = count.n_bytes();
+        if (dst && size >= n) {
+            kvgguf_state_writer out(dst, size);
+            kvgguf_write_state_range(ctx, out, seq_id, p0, p1, known);
+        }
+        return (int64_t) n;
+    } catch (const std::exception & err) {
+        LLAMA_LOG_ERROR("%s: %s\n", __func__, err.what());
+        return -1;
+    }
 }
