@@ -92,7 +92,9 @@ class RecentRows:
         caches = []
         for cache in state_format.parse(state, layers_of_cache):
             pos = state_format.cell_records(cache.cells)[:, 0] if cache.n_cells else np.zeros(0, np.int32)
-            caches.append(_select(cache, (pos >= p0) & (pos < p1)) if cache.n_cells else CacheState())
+            keep = (pos >= p0) & (pos < p1)
+            # a range's state holds only these positions: its rows are kept as parsed (copies)
+            caches.append(cache if keep.all() else _select(cache, keep))
         nbytes = sum(x.k.nbytes + x.v.nbytes for c in caches for x in c.layers)
         self._rows.append(_Rows(p0, p1, caches, nbytes))
 
