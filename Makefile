@@ -6,7 +6,7 @@ PY := .venv/bin/python
 PIP := .venv/bin/pip
 PYTEST := .venv/bin/pytest -p no:cacheprovider
 
-.PHONY: dev install test-fast test test-all lint format native-checks readme bench-usage bench-kernels bench-live
+.PHONY: dev install test-fast test test-extended test-all lint format native-checks readme bench-usage bench-kernels bench-live
 
 $(PY):
 	python3 -m venv .venv
@@ -25,14 +25,16 @@ install: $(PY)
 test-fast:
 	$(PYTEST) tests -m "not model and not slow" -q
 
-# Everything but the tests marked slow.
+# The README's test command after the install: every test but those marked slow.
 test:
 	$(PYTEST) tests -m "not slow" -q
 
-# The README's test command after the install: lint, every test, sanitizers and NEON.
-test-all: lint
-	$(PYTEST) tests -q
-	bash scripts/native_checks.sh
+# The extended checks: the slow tests, sanitizers, fuzzing, NEON under qemu, the CUDA compile and emulator.
+test-extended:
+	bash scripts/extended_checks.sh
+
+# What CI runs after the install: lint, the test command, the extended checks.
+test-all: lint test test-extended
 
 lint:
 	.venv/bin/ruff check .

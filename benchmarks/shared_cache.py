@@ -211,7 +211,9 @@ def main(argv=None) -> int:
     doc = vocab.detokenize(tokens[1:]).decode("utf-8", "ignore")  # the server adds BOS again
     binary = redis_server_binary()
     if binary is None:
-        raise SystemExit("redis-server is not installed (apt-get install redis-server)")
+        raise SystemExit(
+            "redis-server is not installed (bash scripts/system_packages.sh, or apt-get install redis-server)"
+        )
     n_ctx = str(args.doc_tokens + 512)
     common = [
         model,

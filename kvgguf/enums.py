@@ -2,7 +2,7 @@
 
 ``Kind``: which rows, keys or values. ``Tier``: where the store keeps cold rows. C declares the
 same numbers (``enum kvg_kind``, ``enum kvg_tier`` in ``native/include/kvgguf.h``);
-``tests/test_native_header.py`` holds them equal. Imports nothing.
+``tests/native/test_native_header.py`` holds them equal. Imports nothing.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ FLASH_ATTN_DEFAULT = True
 
 def _calibrate(model_path: str, progress):
     """Measures a model for "auto" on first use: the one import of a higher layer
-    (tests/test_layers.py), lazily, since it runs the model through this facade."""
+    (tests/project/test_layers.py), lazily, since it runs the model through this facade."""
     from .evaluation.calibration import calibrate
 
     return calibrate(model_path, progress=progress)
@@ -394,7 +394,7 @@ class Llama(SessionCalls):
         call returns. llama-cpp-python's LlamaSampler keeps itself in a reference cycle (its
         close callback), so each call's chain (native buffers included) would wait for a full
         garbage collection: tens of MiB held and freed in waves over a long generation
-        (benchmarks/soak.py; tests/test_live_cache.py)."""
+        (benchmarks/soak.py; tests/model/test_live_cache.py)."""
         if self._sampler is not None:  # the caller's own chain (generate() sets one): theirs to keep
             return super().sample(*args, **kwargs)
         made = []

@@ -12,8 +12,8 @@
 #   bash scripts/fuzz.sh --targets "decode store"           # the native targets only
 #   bash scripts/fuzz.sh --work DIR                         # starting inputs, corpus, logs and crashes in DIR
 #
-# Needs clang with libFuzzer (apt-get installs clang-14 and libclang-rt-14-dev when missing and
-# run as root, unless KVG_FUZZ_NO_INSTALL=1) and, for the session target, atheris in the Python
+# Needs clang with libFuzzer (scripts/system_packages.sh installs clang-14 and libclang-rt-14-dev)
+# and, for the session target, atheris in the Python
 # that runs the tests (the [test] extra; $PYTHON overrides which Python). The targets are built
 # in build/fuzz; the corpus grows in build/fuzz/corpus between runs; --fresh starts from the starting inputs.
 # One fuzzing process at a time: no -jobs/-workers, which would fork more.
@@ -63,17 +63,10 @@ native=0
 for t in $targets; do case "$t" in session) ;; *) native=1 ;; esac; done
 
 build_native() {
-    if ! cc_fuzz=$(find_clang); then
-        if [ "${KVG_FUZZ_NO_INSTALL:-0}" != 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
-            echo "fuzz: installing clang and libFuzzer with apt-get"
-            export DEBIAN_FRONTEND=noninteractive
-            apt-get update -qq > /dev/null
-            # Debian bookworm: libFuzzer is in libclang-rt-14-dev; elsewhere in the default clang
-            apt-get install -y -qq --no-install-recommends clang-14 libclang-rt-14-dev > /dev/null 2>&1 \
-                || apt-get install -y -qq --no-install-recommends clang > /dev/null
-        fi
-        cc_fuzz=$(find_clang) || { echo "fuzz: no clang with libFuzzer (install clang and libclang-rt-dev)"; exit 1; }
-    fi
+    cc_fuzz=$(find_clang) || {
+        echo "fuzz: no clang with libFuzzer (bash scripts/system_packages.sh installs clang-14 and libclang-rt-14-dev)"
+        exit 1
+    }
 
     # ---- build: the library's sources and the targets, all instrumented ------------------------
 

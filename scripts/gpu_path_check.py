@@ -5,7 +5,7 @@ llama.cpp's own CUDA cache and against kvgguf's CPU path, on a random-weight mod
 
 PATH: SmolLM2's GGUF, or the GPU kit's smollm2-tokenizer.pkl (scripts/gpu_kit.sh), whose tokenizer
 the model copies. scripts/cuda_check.sh --full runs it against the CUDA package it built;
-tests/test_gpu_path.py runs check() where a GPU and a CUDA build are at hand. Prints one line per
+tests/native/test_gpu_path.py runs check() where a GPU and a CUDA build are at hand. Prints one line per
 comparison and exits 1 when one fails, 77 when there is no GPU path to check.
 
 It also compares the store's bytes of cells coded on the GPU where they lie with those of the same

@@ -25,9 +25,9 @@ echo "sanitize: $lib (preloading $asan)"
 KVGGUF_LIB="$lib" LD_PRELOAD="$asan $ubsan" \
     ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1 \
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    .venv/bin/pytest -q -p no:cacheprovider tests/test_codecs.py tests/test_store.py tests/test_attend.py \
-    tests/test_codec_delta.py tests/test_codec_outliers.py tests/test_codec_lowrank.py tests/test_codec_qjl.py tests/test_codec_pq.py tests/test_codec_wfq.py \
-    tests/test_attention_mass.py "$@"
+    .venv/bin/pytest -q -p no:cacheprovider tests/unit/test_codecs.py tests/unit/test_store.py tests/unit/test_attend.py \
+    tests/unit/test_codec_delta.py tests/unit/test_codec_outliers.py tests/unit/test_codec_lowrank.py tests/unit/test_codec_qjl.py tests/unit/test_codec_pq.py tests/unit/test_codec_wfq.py \
+    tests/model/test_attention_mass.py "$@"
 
 # ThreadSanitizer: the store's retier on threads (kvg_store_set_threads), where libkvgguf starts
 # threads of its own. (--capture=sys: a report goes to fd 2, which pytest would otherwise hold
@@ -41,5 +41,5 @@ tsan=$(${CC:-cc} -print-file-name=libtsan.so)
 nm -D "$tlib" | grep __tsan_func_entry > /dev/null || { echo "sanitize: $tlib is not instrumented"; exit 1; }
 echo "sanitize: $tlib (preloading $tsan)"
 KVGGUF_LIB="$tlib" LD_PRELOAD="$tsan" TSAN_OPTIONS=halt_on_error=1:report_signal_unsafe=0 \
-    .venv/bin/pytest -q -p no:cacheprovider --capture=sys tests/test_store.py tests/test_transactions.py -k threads
+    .venv/bin/pytest -q -p no:cacheprovider --capture=sys tests/unit/test_store.py tests/unit/test_transactions.py -k threads
 echo "sanitize: clean in $(( $(date +%s) - start )) s"

@@ -7,6 +7,12 @@ import pytest
 
 import kvgguf  # noqa: F401  (first: binds llama_cpp to kvgguf's patched llama.cpp)
 
+# Tests are in folders by kind (unit: no model; model; server; native; project: docs and layout);
+# the helpers shared by all sit here, beside this file. A few tests reuse another's helpers
+# (test_cli's run_cli, test_attend's builders), imported by module name from any folder.
+KINDS = ("unit", "model", "server", "native", "project")
+sys.path[:0] = [str(Path(__file__).parent / kind) for kind in KINDS]
+
 
 @pytest.fixture(scope="session", autouse=True)
 def own_cache_dir(tmp_path_factory):

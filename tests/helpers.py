@@ -1,9 +1,10 @@
-"""Helpers the codec and kernel tests share: inputs shaped like real K/V rows, and the error
-measure their bounds are stated in."""
+"""Helpers the codec and kernel tests share: inputs shaped like real K/V rows, the error
+measure their bounds are stated in, and the split of per-codec cases between the tiers."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 
 def kv_like(rng, shape, outliers: bool = True, random_channels: bool = False) -> np.ndarray:
@@ -22,3 +23,17 @@ def rel_mse(x, y) -> float:
     """Squared error relative to the signal's energy, summed in float64."""
     x = np.asarray(x, dtype=np.float64)
     return float(np.sum((x - y) ** 2) / np.sum(x**2))
+
+
+def one_per_family(names) -> list:
+    """Parameters for per-codec model tests: each family's first codec runs in the README's test
+    command, the family's others only in the extended checks (marked slow); the kernels of all of
+    them are checked without a model in every tier."""
+    from kvgguf import codecs
+
+    seen, out = set(), []
+    for name in names:
+        family = codecs.family(name)
+        out.append(name if family not in seen else pytest.param(name, marks=pytest.mark.slow))
+        seen.add(family)
+    return out

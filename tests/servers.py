@@ -1,6 +1,6 @@
 """Servers for the tests and benchmarks: `kvgguf serve` and redis-server processes started on a
-free loopback port, waited for, and stopped at the end (tests/test_serve.py,
-tests/test_redis_cache.py, benchmarks/shared_cache.py)."""
+free loopback port, waited for, and stopped at the end (tests/server/test_serve.py,
+tests/server/test_redis_cache.py, benchmarks/shared_cache.py)."""
 
 from __future__ import annotations
 
@@ -65,27 +65,9 @@ def kvgguf_serve(args: list, log: Path, env: dict):
             proc.wait()
 
 
-def redis_server_binary(install: bool = True) -> str | None:
-    """redis-server's path; where missing, apt-get installs Debian's package when run as root
-    (unless KVGGUF_NO_INSTALL=1), as scripts/fuzz.sh installs clang. None if still missing."""
-    found = shutil.which("redis-server")
-    if (
-        found is None
-        and install
-        and os.environ.get("KVGGUF_NO_INSTALL") != "1"
-        and os.geteuid() == 0
-        and shutil.which("apt-get")
-    ):
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600)
-        subprocess.run(
-            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "redis-server"],
-            env=env,
-            capture_output=True,
-            timeout=600,
-        )
-        found = shutil.which("redis-server")
-    return found
+def redis_server_binary() -> str | None:
+    """redis-server's path, or None (scripts/system_packages.sh installs Debian's package)."""
+    return shutil.which("redis-server")
 
 
 class RedisServer:

@@ -4,7 +4,7 @@ Reads only the metadata (kvgguf.model), never the weights, and predicts what ``k
 of a live context reports, with kvgguf/policy/held.py's byte model (llama.cpp's padding, its cells'
 block layouts, kvgguf's hot window and store).
 
-tests/test_inspect.py holds the predictions against live contexts of both models.
+tests/model/test_inspect.py holds the predictions against live contexts of both models.
 """
 
 from __future__ import annotations

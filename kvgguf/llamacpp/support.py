@@ -22,7 +22,7 @@ from ..model.shape import KVShape
 from . import hooks
 
 # Tested: tiny random-weight models of each reproduce stock logits with an exact cold store and
-# run the preset (tests/test_archs.py). Any other architecture is held when its layers qualify.
+# run the preset (tests/model/test_archs.py). Any other architecture is held when its layers qualify.
 TESTED_ARCHS = (
     "llama",
     "gemma3",

@@ -34,7 +34,7 @@ VERSION = 2  # 2: codec costs measured through the model (1 scaled by reconstruc
 PROBE = "rotq2"  # the codec every list's sensitivity is measured at (the curves are relative to it)
 # The codecs `kvgguf calibrate` measures on every list, in the order of its curves: a policy, not
 # a codec fact (each costs two model runs). Every one is a codec the fused attention scores from
-# its codes with SIMD kernels (codecs.info: fused_codes, simd_ops; tests/test_codec_info.py holds
+# its codes with SIMD kernels (codecs.info: fused_codes, simd_ops; tests/unit/test_codec_info.py holds
 # that); rotq1 is left out for its 1 bit. wfq fits its plan on each sequence's first block of the
 # list (as the live cache will), so its cost includes a plan fitted on little text. A file
 # measured before a codec joined lacks its cost: Calibration.unmeasured() names it.

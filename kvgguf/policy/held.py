@@ -1,6 +1,6 @@
 """What a context holds, in bytes, in closed form: llama.cpp's cells (the hot window, the
 sliding-window layers') and the store's blocks, from the model's shape and the config alone
-(`kvgguf inspect` prints it, tests/test_inspect.py holds it against live contexts); and the
+(`kvgguf inspect` prints it, tests/model/test_inspect.py holds it against live contexts); and the
 budget of "auto:held=BITS", whose plan counts every one of those bytes.
 
 llama.cpp 0c1e570 (src/llama-context.cpp and llama-kv-cache-iswa.cpp):

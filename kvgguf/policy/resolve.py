@@ -36,7 +36,7 @@ NEAR_EXACT_SHARE = 0.2  # the most full-attention layers, as a share of all, tha
 NEAR_EXACT_PRESET = {"warm": "kivi8", "warm_tokens": 0, "archive": None, "group_size": 64}
 
 # Measures a model's calibration ("auto" on first use): evaluation.calibration.calibrate, passed
-# in by the facade, which may import the evaluation layer (tests/test_layers.py).
+# in by the facade, which may import the evaluation layer (tests/project/test_layers.py).
 Calibrate = Callable[[str, Callable[[int, int], None]], calibration_plan.Calibration]
 
 

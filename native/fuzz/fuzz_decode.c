@@ -8,7 +8,7 @@
 //   - a success writes finite floats only (every field the check accepts is a finite f16),
 //   - the SIMD decoder (AVX2 or NEON, where the machine has it) agrees with the scalar oracle:
 //     the same status, and values within 1e-6 of the block's largest, the bound
-//     tests/test_codecs.py holds it to.
+//     tests/unit/test_codecs.py holds it to.
 // A broken promise aborts, which libFuzzer reports as a crash with the input that broke it.
 
 #include "fuzz_input.h"

@@ -4,11 +4,11 @@
 //
 // - every codec, both kinds, head dims on and off the fast paths, odd token counts, kivi group
 //   sizes, values from Gaussian to f16 subnormal and overflow: encode bytes and statuses equal,
-//   decoded floats equal bit for bit (as tests/test_codecs.py asks of the AVX2 kernels);
+//   decoded floats equal bit for bit (as tests/unit/test_codecs.py asks of the AVX2 kernels);
 // - the store's f16 read path (kvg_store_decode_f16) and, since the program links the library
 //   statically, the internal row kernels kvg_f32_to_f16_row and kvg_fwht on their edge cases;
 // - kvg_store_hook_attend for every codec pair: m, l and the output within the bounds
-//   tests/test_attend.py holds the SIMD levels to (the attention kernels sum in another order).
+//   tests/unit/test_attend.py holds the SIMD levels to (the attention kernels sum in another order).
 //
 //   simd_check [LEVEL]   LEVEL (avx2 / neon): fail unless that is the level compared
 //
@@ -276,14 +276,14 @@ static void check_fwht(int simd) {
 // ---- the store: f16 reads and fused attention --------------------------------------------------
 
 enum { N_ROWS = 263 };
-// Blocks cut differently for K and V, never at multiples of 8 (tests/test_attend.py): an f16
+// Blocks cut differently for K and V, never at multiples of 8 (tests/unit/test_attend.py): an f16
 // sink, two blocks of the codec under test (the second spans crotq's group boundary at 128),
 // a last block of the other side's codec.
 static const int64_t k_cuts[]      = { 0, 4, 77, 205, N_ROWS };
 static const int64_t v_cuts[]      = { 0, 4, 40, 170, N_ROWS };
 static const int64_t k_ranges[][2] = { { 0, N_ROWS }, { 3, 197 }, { 100, 101 }, { 61, 250 }, { 130, 139 } };
 
-// tests/test_attend.py: l to rtol 1e-4, the output to TOL_SIMD of the largest |v| between the
+// tests/unit/test_attend.py: l to rtol 1e-4, the output to TOL_SIMD of the largest |v| between the
 // levels; m (the largest score) to rtol and atol 2e-5: the side-data codecs added to the table shift
 // this program's random data, and with it came a case at 1.15e-5 (kivi8 keys, D = 256, the
 // folded scale and min rounding apart from the scalar dot of decoded rows); a wrong row or
@@ -501,9 +501,9 @@ int main(int argc, char ** argv) {
     }
     const long codec_checks = g_checks - rows_checks, codec_bad = g_bad - rows_bad;
 
-    // every codec with itself and with one of another family (tests/test_attend.py's PAIRS), but
+    // every codec with itself and with one of another family (tests/unit/test_attend.py's PAIRS), but
     // pq2 and vq8 (the last types): their decode-and-dot path has no SIMD kernel of its own, and
-    // training their codebooks under qemu costs minutes (tests/test_attend.py runs them)
+    // training their codebooks under qemu costs minutes (tests/unit/test_attend.py runs them)
     const int            n_codecs   = KVG_CODEC_PQ2;
     static const int32_t heads[][2] = { { 1, 1 }, { 1, 3 }, { 3, 3 }, { 3, 9 } };
     static const int64_t dims[]     = { 64, 128, 256 };

@@ -114,8 +114,8 @@ def test_an_exact_cold_store_gives_stock_logits(tiny, text_tokens, name, flash_a
 @pytest.mark.parametrize("name", list(SPECS))
 def test_fused_attention_agrees_with_the_expanding_path(tiny, text_tokens, name):
     """Decode steps over 300 tokens, 236 of them cold: the bound and its reason are
-    tests/test_fused_attention.py's (f32 against llama.cpp's f16 rounding). Soft-capping (gemma2)
-    and sinks (granite_swa) are on the fused path (native/llama/src/llama-kvgguf-graph.cpp; tests/test_attend.py checks
+    tests/model/test_fused_attention.py's (f32 against llama.cpp's f16 rounding). Soft-capping (gemma2)
+    and sinks (granite_swa) are on the fused path (native/llama/src/llama-kvgguf-graph.cpp; tests/unit/test_attend.py checks
     the capped scores themselves)."""
     path, toks = str(tiny(name)), text_tokens[:308]
     out = {}

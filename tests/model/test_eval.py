@@ -31,7 +31,7 @@ def test_harness_gives_zero_for_the_reference_and_for_exact_cold_rows(smollm2_pa
     tokens = llama_cpp.Llama(str(smollm2_path), vocab_only=True, verbose=False).tokenize(text.encode())
     configs = evaluate.parse_configs("f16,kvgguf:f16,rotq4")
     # batches of 32 would take the fused path, whose f32 sums differ from llama.cpp's f16 ones:
-    # exactness is a property of the expanding path (tests/test_fused_attention.py bounds the other)
+    # exactness is a property of the expanding path (tests/model/test_fused_attention.py bounds the other)
     meta, results = evaluate.run_eval(
         str(smollm2_path), configs, tokens, ctx=512, chunks=2, batch=32, hot=64, kv_attention="expand"
     )

@@ -80,16 +80,22 @@ def decode_logits(path, config, attention, toks, *, flash_attn=True, n_ctx=1024)
         ("f16", False),
         ("rotq4", True),
         ("rotq4", False),
-        ("rotq2", True),
         ("kivi4", True),
-        ("crotq3", False),
-        ("delta4", True),
-        ("pdelta4", False),
-        ("outl3", True),
-        ("lowrank2", False),
         ("qjl3", True),
-        ("pq2", False),
-        ("vq8f", True),
+        # the extended checks: each 10-20 s (tests/unit/test_attend.py checks their kernels in every tier)
+        *(
+            pytest.param(codec, fa, marks=pytest.mark.slow)
+            for codec, fa in [
+                ("rotq2", True),
+                ("crotq3", False),
+                ("delta4", True),
+                ("pdelta4", False),
+                ("outl3", True),
+                ("lowrank2", False),
+                ("pq2", False),
+                ("vq8f", True),
+            ]
+        ),
     ],
 )
 def test_fused_matches_expanding_path_smollm2(smollm2_path, tokens, codec, flash_attn):
@@ -102,7 +108,9 @@ def test_fused_matches_expanding_path_smollm2(smollm2_path, tokens, codec, flash
     assert top1 >= 0.75
 
 
-@pytest.mark.parametrize("codec, flash_attn", [("tiered", True), ("f16", False)])  # each path once: 20 s a case
+@pytest.mark.parametrize(
+    "codec, flash_attn", [("tiered", True), pytest.param("f16", False, marks=pytest.mark.slow)]
+)  # each path once: 15-20 s a case
 def test_fused_matches_expanding_path_gemma3(gemma3_path, codec, flash_attn):
     """Gemma-3: 4 query heads on 1 KV head, head_dim 256, sliding-window layers beside the
     full ones (only those get cold rows)."""

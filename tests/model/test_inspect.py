@@ -46,6 +46,7 @@ def tokens(llm, n: int) -> list[int]:
     return ids
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("name", MODELS)
 def test_shape_is_the_gguf_metadata(name):
     path = kvgguf.models.path(name)
@@ -65,6 +66,7 @@ def test_shape_is_the_gguf_metadata(name):
     assert (c["head_dim_k"], c["full_attention_layers"]) == (shape.head_dim_k, shape.full_layers)
 
 
+@pytest.mark.model
 def test_full_attention_layers_match_llama_cpp():
     """The sliding-window rule read from metadata agrees with the layers llama.cpp reports."""
     path = kvgguf.models.path("gemma3-270m")
@@ -73,6 +75,7 @@ def test_full_attention_layers_match_llama_cpp():
     llm.close()
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("cache", ["f16", "q8_0", "q4_0"])
 @pytest.mark.parametrize("n_ctx", CONTEXTS)
@@ -86,6 +89,7 @@ def test_llama_cpp_cache_bytes_are_what_inspect_prints(name, cache, n_ctx):
         llm.close()
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("n_ubatch", [128, 256])
 def test_sliding_window_cells_follow_the_ubatch(n_ubatch):
     """With swa_full off, Gemma-3's sliding-window layers hold window + ubatch cells, padded."""

@@ -281,7 +281,7 @@ def test_reset_and_a_new_prompt_leave_no_stale_rows(smollm2_path, wiki_tokens):
 def test_prefix_reuse_truncates_inside_the_compressed_rows(smollm2_path, wiki_tokens):
     # The expanding path sums [cold | hot] in one order wherever the boundary lies, so the
     # truncated context must give a fresh one's logits bit for bit; the fused path's f32 sums
-    # depend on where the cold/hot boundary lies (tests/test_fused_attention.py covers it).
+    # depend on where the cold/hot boundary lies (tests/model/test_fused_attention.py covers it).
     kw = dict(
         kv_codec=F16_COLD,
         n_ctx=1024,

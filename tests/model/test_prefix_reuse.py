@@ -128,7 +128,7 @@ def test_chat_answers_as_fresh(smollm2_path):
     check_sequence(lambda: Llama(str(smollm2_path), kv_codec="tiered:fixed", **KW), ask=chat)
 
 
-@pytest.mark.parametrize("cache", ["ram", "disk"])
+@pytest.mark.parametrize("cache", ["ram", pytest.param("disk", marks=pytest.mark.slow)])  # the same code path
 def test_prompt_cache_entries_restored_and_cut_answer_as_fresh(smollm2_path, tmp_path, cache):
     """Each step's state goes into the cache; the next prompt restores the longest prefix from it."""
 
@@ -153,6 +153,7 @@ def test_reset_then_a_prompt_answers_as_fresh(smollm2_path):
     check_sequence(lambda: Llama(str(smollm2_path), kv_codec="tiered:fixed", **KW), ask=ask)
 
 
+@pytest.mark.slow  # 24 s; the test command cuts Gemma-3 in the next test
 def test_sliding_window_model_answers_as_fresh(gemma3_path):
     """Gemma-3: the sliding-window layers' cells come back with the full layers' (hot 576)."""
     check_sequence(lambda: Llama(str(gemma3_path), kv_codec="tiered", **KW), n_doc=900)

@@ -116,6 +116,7 @@ def test_default_session_codec_beats_llama_cpp_q4_0_in_fewer_bytes(smollm2_path,
         assert os.path.getsize(tmp_path / "s.kvz") < f16_bytes / 4
 
 
+@pytest.mark.model
 def test_gemma3_session_round_trip_is_exact(tmp_path):
     """Two llama.cpp caches (full and sliding-window layers) in one session."""
     path = kvgguf.models.path("gemma3-270m")
@@ -468,7 +469,7 @@ def test_a_trellis_codec_saves_in_rotq_s_bytes_and_restores(smollm2_path, text_t
     """tcq3 holds exactly rotq3's bytes per row (the same norms, 3 bits a value) and restores
     the context about as closely: over one context of 300 tokens the KL of the next 64 is noisy
     (three contexts measured 0.032 / 0.014 / 0.016 against rotq3's 0.030 / 0.018 / 0.021), so
-    this asserts no more than that; tests/test_codec_tcq.py and `kvgguf eval` compare them."""
+    this asserts no more than that; tests/unit/test_codec_tcq.py and `kvgguf eval` compare them."""
     loss = session_losses(smollm2_path, text_tokens, tmp_path, ("rotq3", "tcq3"), entropy=False)
     rows = {c: [p for t, p in container.unpack((tmp_path / f"{c}.kvz").read_bytes()) if t[:1] == b"L"] for c in loss}
     assert [len(p) for p in rows["tcq3"]] == [len(p) for p in rows["rotq3"]]  # the metadata names the codec

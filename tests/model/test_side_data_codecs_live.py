@@ -12,6 +12,8 @@ from kvgguf import Llama, TieredConfig, codecs
 from kvgguf.evaluation.harness import kl_top1
 from kvgguf.evaluation.text import wikitext2_test
 
+from helpers import one_per_family
+
 # Side data per block, or a book the store trains (wfq's plans: not side data, but fitted by the
 # store and carried as pq's books).
 SIDE_DATA = [n for n in codecs.names() if codecs.info(n).block_side_data or codecs.info(n).book]
@@ -55,7 +57,7 @@ def scores(llm, toks):
     return np.concatenate([lg.copy() for _, lg in llm.eval_logits(toks)])
 
 
-@pytest.mark.parametrize("codec", SIDE_DATA)
+@pytest.mark.parametrize("codec", one_per_family(SIDE_DATA))
 def test_side_data_codec_in_live_cache_and_session(smollm2_path, tokens, tmp_path, codec):
     src = Llama(str(smollm2_path), kv_codec=config(codec), **KW)
     src.eval(tokens[:300])

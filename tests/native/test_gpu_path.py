@@ -15,7 +15,7 @@ from cffi import FFI
 from kvgguf.bindings import cuda_store
 from kvgguf.bindings.binding import KvgLoadError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_cuda_header_marks_what_cffi_reads():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Generated result tables and the history are records, not pages a reader follows.
 SKIP = ("benchmarks/results/", "CHANGELOG.md")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")

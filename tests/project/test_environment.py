@@ -4,7 +4,7 @@ named in docs/install.md's table; behaviour switches hidden in the code are not.
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Python: a string literal handed to os.environ / os.getenv (directly or through a constant).
 PY_LITERAL = re.compile(r"[\"'](KVGGUF_[A-Z0-9_]+)[\"']")
 # C, C++, CUDA: getenv("KVGGUF_..."); CMake: $ENV{KVGGUF_...}.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import kvgguf
 
-DESIGN = Path(__file__).resolve().parent.parent / "docs" / "design.md"
+DESIGN = Path(__file__).resolve().parents[2] / "docs" / "design.md"
 
 
 def documented_ranks() -> dict[str, int]:

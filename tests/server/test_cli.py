@@ -36,6 +36,7 @@ def spawn_chat(*args):
     return child
 
 
+@pytest.mark.model
 def test_chat_in_a_terminal_streams_stats_resets_interrupts_and_quits():
     child = spawn_chat("--kv-codec", "tiered", "-c", "2048", "--temp", "0", "-n", "48", "-t", "2")
     child.sendline("What is the capital of France?")
@@ -66,6 +67,7 @@ def test_chat_in_a_terminal_streams_stats_resets_interrupts_and_quits():
     assert child.exitstatus == 0
 
 
+@pytest.mark.model
 def test_chat_saves_and_loads_a_conversation(tmp_path):
     child = spawn_chat("--kv-codec", "tiered", "-c", "1024", "--temp", "0", "-n", "16", "-t", "2")
     child.sendline("Name a color.")
@@ -98,6 +100,7 @@ def test_chat_saves_and_loads_a_conversation(tmp_path):
     assert child.exitstatus == 0
 
 
+@pytest.mark.model
 def test_chat_exits_on_ctrl_d():
     child = spawn_chat("-c", "512")
     child.sendeof()
@@ -106,6 +109,7 @@ def test_chat_exits_on_ctrl_d():
     assert child.exitstatus == 0
 
 
+@pytest.mark.model
 def test_chat_non_interactive_prompt_goes_to_stdout_logs_to_stderr():
     out = run_cli("chat", "-p", "Say hello.", "--temp", "0", "-n", "16", "-c", "512")
     assert out.returncode == 0, out.stderr

@@ -2,9 +2,9 @@
 redis-server: two Llamas standing for two servers share entries, another model never reads
 them, and Redis stopped, full or holding damaged entries costs a prefill, never an answer.
 
-redis-server comes from Debian's package (apt-get installs it when missing and run as root,
-unless KVGGUF_NO_INSTALL=1, as scripts/fuzz.sh installs clang); each test module starts its own
-on a free loopback port, without persistence, in a temporary folder."""
+redis-server comes from Debian's package (scripts/system_packages.sh installs it; without it
+these tests skip); each test module starts its own on a free loopback port, without persistence,
+in a temporary folder."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ CHUNK = 64  # small chunks keep the documents (and the test) short
 def _binary() -> str:
     found = redis_server_binary()
     if found is None:
-        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+        pytest.skip("redis-server is not installed (bash scripts/system_packages.sh, or apt-get install redis-server)")
     return found
 
 
@@ -285,8 +285,9 @@ def test_a_failed_read_is_a_miss_that_keeps_the_entry():
     assert cache.faults == {"timeout": 1} and Client.deleted == []
 
 
+@pytest.mark.slow  # 21 s; the RAM and disk caches answer the same in tests/model/test_prefix_reuse.py
 def test_entries_restored_and_cut_answer_as_a_fresh_context(smollm2_path, flushed):
-    """The prompt that shares a prefix with an entry (tests/test_prefix_reuse.py's sequence):
+    """The prompt that shares a prefix with an entry (tests/model/test_prefix_reuse.py's sequence):
     restored from Redis and cut, the context answers as a fresh one."""
     from test_prefix_reuse import check_sequence, completion
 

@@ -13,7 +13,7 @@ from kvgguf import codecs
 from kvgguf.bindings.binding import get_ffi, get_lib
 
 LEVELS = codecs.simd_levels()
-TOL = 5e-5  # of max |v|, as tests/test_attend.py holds the store's attend
+TOL = 5e-5  # of max |v|, as tests/unit/test_attend.py holds the store's attend
 
 
 def cells(rng, n_kv, n_head_kv, head_dim):

@@ -10,7 +10,7 @@ from helpers import rel_mse
 
 NAMES = [n for n in codecs.names() if codecs.family(n) == "outl"]
 ROTQ_OF = {"outl2": "rotq2", "outl3": "rotq3"}
-# rotq's bound on N(0, 1)-like rows: 1.25x the Lloyd-Max MSE (tests/test_codecs.py)
+# rotq's bound on N(0, 1)-like rows: 1.25x the Lloyd-Max MSE (tests/unit/test_codecs.py)
 LLOYD_MAX_GAUSS = {2: 0.1175, 3: 0.03454}
 
 

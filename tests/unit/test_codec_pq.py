@@ -12,7 +12,7 @@ from kvgguf.bindings.store import KVStore
 from helpers import rel_mse
 
 NAMES = list(codecs.CODEBOOK_CODECS)
-# rotq2's bound on N(0, 1) rows (tests/test_codecs.py): 1.25x the Lloyd-Max MSE at 2 bits
+# rotq2's bound on N(0, 1) rows (tests/unit/test_codecs.py): 1.25x the Lloyd-Max MSE at 2 bits
 ROTQ2_BOUND = 1.25 * 0.1175
 
 

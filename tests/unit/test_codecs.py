@@ -19,7 +19,7 @@ NAMES = codecs.names()
 KIVI = [n for n in NAMES if codecs.family(n) == "kivi"]
 ROTQ = [n for n in NAMES if codecs.family(n) == "rotq"]
 CROTQ = [n for n in NAMES if codecs.family(n) == "crotq"]
-# need a trained codebook or plan (tests/test_codec_pq.py, test_codec_wfq.py), so not in ALL's generic tests
+# need a trained codebook or plan (tests/unit/test_codec_pq.py, test_codec_wfq.py), so not in ALL's generic tests
 BOOKED = list(codecs.BOOK_CODECS)
 ALL = [n for n in NAMES if n not in BOOKED]
 # codecs with side data per block (issue 13); their own tests are tests/test_codec_*.py

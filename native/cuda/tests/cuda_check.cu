@@ -14,7 +14,7 @@
 //   codecs and head dims the GPU does not run (named in the message);
 // - attention (GPU only): kvg_cuda_attend over rotq K/V blocks against a float64 softmax over the
 //   rows kvg_decode gives and against kvg_store_hook_attend_capped, within the bounds
-//   tests/test_attend.py holds the CPU paths to (m: 1e-5 rel + 1e-5 abs, l: 1e-4 rel, output:
+//   tests/unit/test_attend.py holds the CPU paths to (m: 1e-5 rel + 1e-5 abs, l: 1e-4 rel, output:
 //   5e-5 of max |v|), GQA and not, 1 and 3 query tokens, soft-capping, a state folded over two
 //   calls, K and V rows at different offsets of their blocks;
 // - llama.cpp's cells (GPU only): kvg_cuda_attend_cells against kvg_attend_f16 from the same
@@ -1014,7 +1014,7 @@ static void run_attend_case(const AttnCase & a, Rng & rng, double * worst_gpu, d
         dl.get(gl.data(), gl.size() * 4);
         dacc.get(gacc.data(), gacc.size() * 4);
         attn_compare("cuda", w, gm, gl, gacc, m_ref, l_ref, out_ref, a.dv, vmax, worst_gpu);
-        // and against the CPU's fused path, as tests/test_attend.py compares SIMD with scalar
+        // and against the CPU's fused path, as tests/unit/test_attend.py compares SIMD with scalar
         double e = 0.0;
         for (size_t j = 0; j < gm.size(); j++) {
             for (int64_t i = 0; i < a.dv; i++) {

@@ -3,7 +3,7 @@
 // attend_neon.c define (as ggml maps its SIMD types), then include this file. The scalar
 // oracles live with their codecs (f16.c, kivi.c, rotq.c, crotq.c); these compute the same sums
 // with fused multiply-adds in another order, so they agree to float rounding
-// (tests/test_attend.py's TOL_SIMD), not bit for bit.
+// (tests/unit/test_attend.py's TOL_SIMD), not bit for bit.
 //
 // Both kernels dequantize 8 lanes of one row's head at a time and use them for every query
 // that reads that KV head (GQA), up to KVG_QB queries held in registers:
