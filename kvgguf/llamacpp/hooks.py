@@ -57,7 +57,7 @@ read_rows_f32 = _bind(
     "llama_kvgguf_read_rows_f32", [*_CELLS_OF, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t], ctypes.c_int64
 )
 # The sequence state of positions [p0, p1) only, in llama_state_seq_get_data's layout (patch 19):
-# (ctx, seq_id, p0, p1, dst, size) -> its size, written when dst has room (-1 bad arguments).
+# (ctx, seq_id, p0, p1, dst, size) -> its size, whole in dst when it fits (-1 bad arguments).
 state_range = _bind(
     "llama_kvgguf_state_range",
     [C.llama_context_p_ctypes, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t],

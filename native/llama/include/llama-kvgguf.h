@@ -257,9 +257,10 @@ LLAMA_API int32_t llama_kvgguf_evict(struct llama_context * ctx, llama_seq_id se
 // (patch 0019) The sequence state of seq_id restricted to its cells at positions [p0, p1), in
 // llama_state_seq_get_data's layout (magic, seq_id, then each KV cache's record; a cell a sliding
 // window masks is left out as there). What an eviction with prefix reuse keeps, without writing
-// every cell's rows. Returns its size in bytes and writes it to dst when dst has room for it
-// (dst NULL or size too small: only the size); -1 for bad arguments or a memory that is not a KV
-// cache. Waits for the context's queued work first.
+// every cell's rows, in one pass over the cells. Returns its size in bytes, and dst holds it
+// when that size is at most size (dst NULL: only the size; a smaller dst holds an unspecified
+// prefix); -1 for bad arguments or a memory that is not a KV cache. Waits for the context's
+// queued work first.
 LLAMA_API int64_t llama_kvgguf_state_range(struct llama_context * ctx, llama_seq_id seq_id, llama_pos p0, llama_pos p1,
                                            uint8_t * dst, size_t size);
 

@@ -447,8 +447,8 @@ int32_t llama_kvgguf_evict(llama_context * ctx, llama_seq_id seq_id, llama_pos p
     return llama_kvgguf_compact(ctx) == 0 ? 0 : -6;
 }
 
-// Writes what a cache's state_write hands it into a caller's buffer; with no buffer (or once it
-// is too small) only counts, so one pass tells the size and a second fills it.
+// Writes what a cache's state_write hands it into a caller's buffer while it fits, and counts
+// every byte: one pass fills a buffer large enough, or tells the size a caller must provide.
 namespace {
 class kvgguf_state_writer : public llama_io_write_i {
   public:
@@ -478,20 +478,25 @@ class kvgguf_state_writer : public llama_io_write_i {
 
 constexpr uint32_t kvgguf_state_magic = 0xaf143cd8;  // llama-context.cpp's io_magic
 
-void kvgguf_write_state_range(llama_context * ctx, llama_io_write_i & io, llama_seq_id seq_id, llama_pos p0,
-                              llama_pos p1, bool & known) {
+// false: a memory that is not a KV cache (nothing is written)
+bool kvgguf_write_state_range(llama_context * ctx, llama_io_write_i & io, llama_seq_id seq_id, llama_pos p0,
+                              llama_pos p1) {
+    llama_memory_t mem  = ctx->get_memory();
+    auto *         iswa = dynamic_cast<llama_kv_cache_iswa *>(mem);
+    auto *         kv   = dynamic_cast<llama_kv_cache *>(mem);
+    if (!iswa && !kv) {
+        return false;
+    }
     io.write(&kvgguf_state_magic, sizeof(kvgguf_state_magic));
     io.write(&seq_id, sizeof(seq_id));
-    llama_memory_t mem = ctx->get_memory();
-    if (auto * iswa = dynamic_cast<llama_kv_cache_iswa *>(mem)) {
+    if (iswa) {
         // llama_kv_cache_iswa::state_write's order: the full-attention cache, then the window one
         iswa->get_base()->kvgguf_state_write_range(io, seq_id, p0, p1);
         iswa->get_swa()->kvgguf_state_write_range(io, seq_id, p0, p1);
-    } else if (auto * kv = dynamic_cast<llama_kv_cache *>(mem)) {
-        kv->kvgguf_state_write_range(io, seq_id, p0, p1);
     } else {
-        known = false;
+        kv->kvgguf_state_write_range(io, seq_id, p0, p1);
     }
+    return true;
 }
 }  // namespace
 
@@ -502,18 +507,8 @@ int64_t llama_kvgguf_state_range(llama_context * ctx, llama_seq_id seq_id, llama
     }
     try {  // no exception may cross the C boundary
         ctx->synchronize();
-        bool                known = true;
-        kvgguf_state_writer count(nullptr, 0);
-        kvgguf_write_state_range(ctx, count, seq_id, p0, p1, known);
-        if (!known) {
-            return -1;
-        }
-        const size_t n = count.n_bytes();
-        if (dst && size >= n) {
-            kvgguf_state_writer out(dst, size);
-            kvgguf_write_state_range(ctx, out, seq_id, p0, p1, known);
-        }
-        return (int64_t) n;
+        kvgguf_state_writer out(dst, size);
+        return kvgguf_write_state_range(ctx, out, seq_id, p0, p1) ? (int64_t) out.n_bytes() : -1;
     } catch (const std::exception & err) {
         LLAMA_LOG_ERROR("%s: %s\n", __func__, err.what());
         return -1;
