@@ -43,27 +43,11 @@ out=build/fuzz
 mkdir -p "$out/obj" "$out/logs" "$work/start" "$work/corpus" "$work/crashes" "$work/logs"
 py=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 
-# ---- clang with libFuzzer ---------------------------------------------------------------------
-
-links_fuzzer() {  # can $1 build a libFuzzer binary?
-    command -v "$1" > /dev/null 2>&1 || return 1
-    printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { (void) d; (void) n; return 0; }\n' \
-        > "$out/probe.c"
-    "$1" -fsanitize=fuzzer,address,undefined "$out/probe.c" -o "$out/probe" > /dev/null 2>&1
-}
-
-find_clang() {
-    for c in ${CLANG:-} clang clang-19 clang-18 clang-17 clang-16 clang-15 clang-14; do
-        if links_fuzzer "$c"; then echo "$c"; return 0; fi
-    done
-    return 1
-}
-
 native=0
 for t in $targets; do case "$t" in session) ;; *) native=1 ;; esac; done
 
 build_native() {
-    cc_fuzz=$(find_clang) || {
+    cc_fuzz=$(bash scripts/clang_fuzzer.sh) || {
         echo "fuzz: no clang with libFuzzer (bash scripts/system_packages.sh installs clang-14 and libclang-rt-14-dev)"
         exit 1
     }

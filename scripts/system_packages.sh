@@ -12,20 +12,7 @@
 set -uo pipefail
 
 missing=()
-has_libfuzzer() {
-    local probe
-    probe=$(mktemp -d)
-    printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { (void) d; (void) n; return 0; }\n' > "$probe/p.c"
-    for c in ${CLANG:-} clang clang-19 clang-18 clang-17 clang-16 clang-15 clang-14; do
-        if command -v "$c" > /dev/null 2>&1 && "$c" -fsanitize=fuzzer,address,undefined "$probe/p.c" -o "$probe/p" > /dev/null 2>&1; then
-            rm -rf "$probe"
-            return 0
-        fi
-    done
-    rm -rf "$probe"
-    return 1
-}
-has_libfuzzer || missing+=(clang-14 libclang-rt-14-dev)
+bash "$(dirname "$0")/clang_fuzzer.sh" > /dev/null || missing+=(clang-14 libclang-rt-14-dev)
 command -v aarch64-linux-gnu-gcc > /dev/null || missing+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
 command -v qemu-aarch64 > /dev/null || missing+=(qemu-user)
 command -v redis-server > /dev/null || missing+=(redis-server)

@@ -6,7 +6,6 @@ run is benchmarks/fuzz.py."""
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,21 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 RUNS = 3000
 
 
-def _clang_with_libfuzzer(tmp: Path):
-    """A clang that links -fsanitize=fuzzer, or None (the same probe scripts/fuzz.sh makes)."""
-    probe = tmp / "probe.c"
-    probe.write_text("int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { (void) d; (void) n; return 0; }\n")
-    for cc in [os.environ.get("CLANG"), "clang", *(f"clang-{v}" for v in range(19, 13, -1))]:
-        if (
-            cc
-            and shutil.which(cc)
-            and subprocess.run(
-                [cc, "-fsanitize=fuzzer,address,undefined", str(probe), "-o", str(tmp / "probe")], capture_output=True
-            ).returncode
-            == 0
-        ):
-            return cc
-    return None
+def _clang_with_libfuzzer():
+    """A clang that links -fsanitize=fuzzer, or None (scripts/clang_fuzzer.sh, which fuzz.sh uses)."""
+    found = subprocess.run(["bash", str(ROOT / "scripts" / "clang_fuzzer.sh")], capture_output=True, text=True)
+    return found.stdout.strip() if found.returncode == 0 else None
 
 
 def _atheris() -> bool:
@@ -70,7 +58,7 @@ def fuzz(targets: str, tmp: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_native_decoders_and_store_survive_fuzzing(tmp_path):
-    if _clang_with_libfuzzer(tmp_path) is None:
+    if _clang_with_libfuzzer() is None:
         pytest.skip(
             "no clang with libFuzzer: bash scripts/system_packages.sh (or apt-get install clang-14 libclang-rt-14-dev)"
         )
