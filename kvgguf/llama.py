@@ -36,6 +36,8 @@ from .llamacpp.support import cell_settings
 # (benchmarks/results/shapes/llama-3.2-1b_fa0.md): decode 13.1 against 16.6 tok/s at 4K and 12.4
 # against 14.5 at 8K, prefill no faster, prefill scratch 283 against 129 MiB at 8K.
 FLASH_ATTN_DEFAULT = True
+DEFAULT_N_KEEP = 4  # a context shift's kept tokens on llama.cpp's own cache: the attention sinks' count
+_UNBOUNDED = 2**31 - 1  # a completion's bound with context_shift (llama-cpp-python reads it as n_ctx)
 
 
 def _calibrate(model_path: str, progress):
@@ -92,6 +94,14 @@ class Llama(SessionCalls):
         expanding them; larger ones (prefill) expand them to f16 for llama.cpp's attention.
         "expand": every ubatch expands them (what llama.cpp's own kernels see; f16 cold rows
         then give bit-identical logits to stock llama.cpp).
+    context_shift: False (default, llama-cpp-python's behaviour): tokens past n_ctx raise
+        ValueError. True: a context that would overflow shifts as llama.cpp's server does: the
+        first n_keep tokens stay, half of the rest is dropped, and the later tokens move back
+        (their keys rotated by llama.cpp's RoPE shift; compressed rows keep their codes, their
+        queries rotated instead). Prompts and generations may then run past n_ctx, and a
+        completion's max_tokens=None or <= 0 has no bound but an end-of-generation token.
+    n_keep: tokens a context shift keeps at the front (None: the attention sinks,
+        TieredConfig.sinks, 4 by default; a system prompt's length keeps the system prompt).
     """
 
     # Inherited calls that reach llama.cpp's model or context, refused once this Llama is closed
@@ -108,7 +118,6 @@ class Llama(SessionCalls):
     create_completion = open_only(llama_cpp.Llama.create_completion)  # holds the Llama in _create_completion
     __call__ = open_only(llama_cpp.Llama.__call__)
     # Inherited calls that use the context, held as one call (a stream until it ends).
-    generate = one_call(llama_cpp.Llama.generate)
     create_chat_completion = one_call(llama_cpp.Llama.create_chat_completion)
     create_embedding = one_call(llama_cpp.Llama.create_embedding)
     _calibrate = staticmethod(_calibrate)  # "auto" measures a model through it (session calls too)
@@ -124,6 +133,8 @@ class Llama(SessionCalls):
         type_k: Union[str, int, None] = None,
         type_v: Union[str, int, None] = None,
         kv_attention: str = "fused",
+        context_shift: bool = False,
+        n_keep: Optional[int] = None,
         **kwargs,
     ):
         # Held around each llama_decode batch and every change of the cache (sessions, states,
@@ -141,6 +152,15 @@ class Llama(SessionCalls):
         self._fingerprint: Optional[ModelFingerprint] = None
         self.kv_calibration = None
         self.tokens_evaluated = 0  # tokens run through llama_decode so far (a prompt cache hit saves them)
+        self.context_shift = bool(context_shift)
+        if n_keep is not None and (not isinstance(n_keep, int) or n_keep < 0):
+            raise ValueError(f"n_keep must be a non-negative int, got {n_keep!r}")
+        if context_shift and kwargs.get("draft_model") is not None:
+            raise ValueError("context_shift=True does not work with a draft_model (its tokens are not shifted)")
+        self._n_keep = n_keep
+        self.context_shifts = 0  # context shifts so far, the tokens they dropped, the last one's [p0, p1)
+        self.tokens_shifted_out = 0
+        self.last_shift: Optional[tuple[int, int]] = None
         if kv_codec is None:
             super().__init__(
                 model_path,
@@ -151,6 +171,7 @@ class Llama(SessionCalls):
                 type_v=type_v,
                 **kwargs,
             )
+            self._check_shift()
             return
 
         why = unsupported_setting(n_ctx=n_ctx, type_k=type_k, type_v=type_v, **kwargs)
@@ -220,6 +241,39 @@ class Llama(SessionCalls):
         self.input_ids = np.ndarray((n_ctx,), dtype=np.intc)
         if self._logits_all:
             self.scores = np.ndarray((n_ctx, self._n_vocab), dtype=np.single)
+        self._check_shift()
+
+    def _check_shift(self) -> None:
+        """Refuses context_shift before the first token where a shift could not be exact."""
+        if not self.context_shift:
+            return
+        why = None
+        if not llama_cpp.llama_memory_can_shift(llama_cpp.llama_get_memory(self._ctx.ctx)):
+            why = "llama.cpp cannot shift this model's memory (a recurrent or M-RoPE model)"
+        elif self._kv is not None and self._kv.gpu is not None:
+            why = "layers whose compressed rows live on a GPU cannot shift yet (pass n_gpu_layers=0)"
+        elif self.n_keep >= self.n_ctx() // 2:
+            why = f"n_keep={self.n_keep} leaves no room to shift in n_ctx={self.n_ctx()}"
+        if why:
+            self.close()
+            raise ValueError(f"context_shift=True: {why}")
+
+    @property
+    def n_keep(self) -> int:
+        """The tokens a context shift keeps at the front."""
+        if self._n_keep is not None:
+            return self._n_keep
+        return self._kv.config.sinks if self._kv is not None else DEFAULT_N_KEEP
+
+    @property
+    def _n_ctx(self) -> int:
+        """llama-cpp-python's bound on a completion (its prompt and max_tokens): the logical
+        context, or with context_shift none (the context shifts instead)."""
+        return _UNBOUNDED if self.__dict__.get("context_shift") else self.__dict__["_n_ctx_logical"]
+
+    @_n_ctx.setter
+    def _n_ctx(self, value: int) -> None:
+        self.__dict__["_n_ctx_logical"] = value
 
     @property
     def kv_config(self) -> Optional[TieredConfig]:
@@ -248,7 +302,7 @@ class Llama(SessionCalls):
 
     @open_only
     def n_ctx(self) -> int:
-        return self._n_ctx if self._kv else super().n_ctx()
+        return self.__dict__["_n_ctx_logical"] if self._kv else super().n_ctx()
 
     def _check_open(self, what: str) -> None:
         """llama.cpp's context is freed by close(); calling into it then would crash the process."""
@@ -274,17 +328,23 @@ class Llama(SessionCalls):
         try:
             return (yield from super()._create_completion(*args, **kwargs))
         except ValueError as e:
-            if self._kv is None or not str(e).startswith("Requested tokens"):
+            if not str(e).startswith("Requested tokens"):
                 raise
-            raise ValueError(re.sub(r"context window of \d+", f"context window of {self.n_ctx()}", str(e))) from None
+            raise ValueError(
+                re.sub(r"context window of \d+", f"context window of {self.n_ctx()}", str(e))
+                + " (context_shift=True keeps going past it, as llama.cpp's server does)"
+            ) from None
 
     def _begin_eval(self, tokens: Sequence[int]) -> Sequence[int]:
         """Refuses tokens past the logical context, and cuts the cache back to n_tokens (what
         llama-cpp-python's truncation does to llama.cpp's own cells) so that it holds what a
         fresh context would: returns the tokens to evaluate, with those of the context that
         must be evaluated again in front (LiveCache.rewind), n_tokens set back to match."""
-        if self.n_tokens + len(tokens) > self.n_ctx():
-            raise ValueError(f"{self.n_tokens} tokens in context + {len(tokens)} new exceed n_ctx={self.n_ctx()}")
+        if self.n_tokens + len(tokens) > self.n_ctx() and not self.context_shift:
+            raise ValueError(
+                f"{self.n_tokens} tokens in context + {len(tokens)} new exceed n_ctx={self.n_ctx()} "
+                "(context_shift=True keeps going past it, as llama.cpp's server does)"
+            )
         if self._kv is None:
             return tokens
         start = self._kv.rewind(self.n_tokens)
@@ -299,6 +359,10 @@ class Llama(SessionCalls):
         i = 0
         while i < len(tokens):
             room = self.n_batch - self.n_tokens % self.n_batch
+            if self.context_shift and self.n_tokens + min(room, len(tokens) - i) > self.n_ctx():
+                with self._kv_lock:
+                    self._shift_for(min(room, len(tokens) - i))
+                room = self.n_batch - self.n_tokens % self.n_batch  # the shift moved n_tokens
             yield tokens[i : i + room]
             i += room
 
@@ -313,7 +377,15 @@ class Llama(SessionCalls):
         if self._kv is None:
             self.tokens_evaluated += len(tokens)
             with self._kv_lock:
-                return super().eval(tokens)
+                if not self.context_shift:
+                    return super().eval(tokens)
+                i, step = 0, min(self.n_batch, max(1, (self.n_ctx() - self.n_keep) // 2))
+                while i < len(tokens):  # stock's eval in pieces that fit, a shift before each that would not
+                    piece = tokens[i : i + step]
+                    self._shift_for(len(piece))
+                    super().eval(piece)
+                    i += len(piece)
+                return
         with self._kv_lock:
             tokens = self._begin_eval(tokens)
         self.tokens_evaluated += len(tokens)
@@ -341,6 +413,83 @@ class Llama(SessionCalls):
                     self._kv.note_logits(n_past, batch, logits)
                 self._kv.after_batch(n_past, len(batch))
             return n_past, logits
+
+    def _shift_for(self, n_new: int) -> None:
+        """With context_shift, a shift before n_new tokens that would not fit (llama-server's
+        rule: keep n_keep, drop half of the rest, at least enough for n_new)."""
+        n_past = self.n_tokens
+        if not self.context_shift or n_past + n_new <= self.n_ctx():
+            return
+        n_keep = min(self.n_keep, n_past)
+        if n_keep + n_new > self.n_ctx():
+            raise ValueError(f"{n_new} new tokens do not fit in n_ctx={self.n_ctx()} beside n_keep={n_keep}")
+        n_discard = max((n_past - n_keep) // 2, n_past + n_new - self.n_ctx())
+        if self._kv is not None:
+            try:
+                p0, p1 = self._kv.shift(n_past, n_keep, n_discard)
+            except RuntimeError:
+                self.n_tokens = 0  # the cache started over
+                raise
+        else:
+            p0, p1 = n_keep, n_keep + n_discard
+            mem = llama_cpp.llama_get_memory(self._ctx.ctx)
+            llama_cpp.llama_memory_seq_rm(mem, 0, p0, p1)
+            llama_cpp.llama_memory_seq_add(mem, 0, p1, -1, -(p1 - p0))
+        d = p1 - p0
+        self.input_ids[p0 : n_past - d] = self.input_ids[p1:n_past].copy()
+        if self._logits_all:
+            self.scores[p0 : n_past - d, :] = self.scores[p1:n_past, :].copy()
+        self.n_tokens = n_past - d
+        self.context_shifts += 1
+        self.tokens_shifted_out += d
+        self.last_shift = (p0, p1)
+
+    @one_call
+    def generate(self, tokens: Sequence[int], *args, **kwargs):
+        """llama_cpp.Llama.generate; with context_shift, a generation that shifts its context
+        (_generate_shifting)."""
+        if not self.context_shift:
+            return llama_cpp.Llama.generate(self, tokens, *args, **kwargs)
+        return self._generate_shifting(list(tokens), *args, **kwargs)
+
+    def _generate_shifting(self, tokens: list, *args, **kwargs):
+        """Stock generate never sees a shift: it keeps the position of the token to sample across
+        its eval calls, and a shift inside one moves every position back. So the prompt but its
+        last token is evaluated here (shifting as it goes), and stock generate runs from the
+        context as it is with the tokens still to evaluate; before a token would not fit, that
+        generator is closed, the context shifts, and a new one resumes from the shifted context
+        (its prefix match evaluates only the pending tokens; its sampler state, repetition
+        penalties and grammar included, starts again there)."""
+        if not tokens:
+            return
+        if kwargs.get("reset", True):
+            n = 0
+            for a, b in zip(self.input_ids[: self.n_tokens].tolist(), tokens[:-1]):
+                if a != b:
+                    break
+                n += 1
+            self.n_tokens = n
+            self.eval(tokens[n:-1])
+        else:
+            self.eval(tokens[:-1])
+        kwargs["reset"] = True  # the new generator reuses the context as its prompt's prefix
+        pending = tokens[-1:]
+        while True:
+            if self.n_tokens + len(pending) > self.n_ctx():
+                with self._kv_lock:
+                    self._shift_for(len(pending))
+            gen = llama_cpp.Llama.generate(self, [*self.input_ids[: self.n_tokens].tolist(), *pending], *args, **kwargs)
+            try:
+                token = next(gen)
+                while True:
+                    sent = yield token
+                    pending = [token, *(sent or [])]
+                    if self.n_tokens + len(pending) > self.n_ctx():
+                        gen.close()
+                        break
+                    token = gen.send(sent)
+            except StopIteration:
+                return
 
     def _batch_done(self, before: tuple[int, int, int], n_past: int) -> None:
         """Undoes a batch whose cold rows could not be read (LiveCache.check_batch)."""

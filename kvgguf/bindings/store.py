@@ -301,6 +301,21 @@ class KVStore:
         cannot fail)."""
         check(get_lib().kvg_store_truncate(self._ptr, n_rows), f"truncate to {n_rows} rows")
 
+    def shift(self, p0: int, p1: int) -> None:
+        """A context shift: drops rows [p0, p1) of every list and moves the later rows back by
+        p1 - p0, their codes as they are (all or nothing: p0 and p1 must start blocks)."""
+        check(get_lib().kvg_store_shift(self._ptr, p0, p1), f"shift out rows [{p0}, {p1})")
+
+    def shifts(self, layer: int) -> list[tuple[int, int, int]]:
+        """The runs (r0, r1, shift) of layer's cold rows a shift moved: keys rotated at row + shift."""
+        ffi, lib = get_ffi(), get_lib()
+        n = int(lib.kvg_store_hook_shifts(self._ptr, layer, 0, ffi.NULL, ffi.NULL, ffi.NULL))
+        if n <= 0:
+            return []
+        r0, r1, sh = ffi.new("int64_t[]", n), ffi.new("int64_t[]", n), ffi.new("int32_t[]", n)
+        n = int(lib.kvg_store_hook_shifts(self._ptr, layer, n, r0, r1, sh))
+        return [(int(r0[i]), int(r1[i]), int(sh[i])) for i in range(n)]
+
     def read_failures(self) -> tuple[int, int]:
         """(hook_decode calls that failed, hook_attend calls that left rows out) since the store
         was made: llama.cpp's two ways of reading the rows."""
@@ -335,12 +350,14 @@ class KVStore:
         check(get_lib().kvg_store_bytes(self._ptr, _ALL_TIERS, b, v, i))
         return int(i[0])
 
-    def hook_functions(self) -> tuple[int, int]:
-        """Addresses of the C entry points llama.cpp's hooks call (no Python on that path)."""
+    def hook_functions(self) -> tuple[int, int, int]:
+        """Addresses of the C entry points llama.cpp's hooks call (no Python on that path): n_cold,
+        decode and shifts."""
         ffi, lib = get_ffi(), get_lib()
         return (
             int(ffi.cast("uintptr_t", lib.kvg_store_hook_n_cold)),
             int(ffi.cast("uintptr_t", lib.kvg_store_hook_decode)),
+            int(ffi.cast("uintptr_t", lib.kvg_store_hook_shifts)),
         )
 
     def attend_function(self) -> int:

@@ -19,6 +19,7 @@ class llama_kvgguf_hooks(ctypes.Structure):
         ("decode", ctypes.c_void_p),  # int32_t (*)(void * user, int32_t il, int32_t kind, ...)
         ("n_threads", ctypes.c_int32),  # max concurrent decode() calls; <= 0: all threads
         ("max_rows_per_call", ctypes.c_int32),
+        ("shifts", ctypes.c_void_p),  # int32_t (*)(void * user, int32_t il, int32_t cap, ...): shifted runs
     ]
 
 
@@ -64,6 +65,12 @@ state_range = _bind(
     ctypes.c_int64,
 )
 compact = _bind("llama_kvgguf_compact", [C.llama_context_p_ctypes], ctypes.c_int32)
+# (version 20) a context shift of llama.cpp's cells: [p0, p1) removed, compacted, later positions
+# moved back by p1 - p0 and their keys rotated now. 0; -1 bad arguments or a memory that cannot
+# shift; -2 a step failed.
+shift = _bind(
+    "llama_kvgguf_shift", [C.llama_context_p_ctypes, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32], ctypes.c_int32
+)
 kv_bytes = _bind("llama_kvgguf_kv_bytes", [C.llama_context_p_ctypes], ctypes.c_int64)
 # The scheduler's compute buffers: peak transient scratch (cold rows expanded for attention included).
 compute_bytes = _bind("llama_kvgguf_compute_bytes", [C.llama_context_p_ctypes], ctypes.c_int64)

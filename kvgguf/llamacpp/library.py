@@ -27,9 +27,10 @@ LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # its vendored llama.cpp (0c1e570) is what 
 # where an eviction's cells lie, for coding them in place on a GPU (view_cells), 17 CUDA graphs that hold the fused
 # path's ops, captured again when the store's device copy changes (llama_kvgguf_cuda.generation), 18 an eviction in
 # one call (llama_kvgguf_evict: every layer's rows to the store's C entry point, then removed), 19 the state of a
-# range of positions (llama_kvgguf_state_range: the rows an eviction keeps for prefix reuse). Up to 10 each
+# range of positions (llama_kvgguf_state_range: the rows an eviction keeps for prefix reuse), 20 cold rows a context
+# shift moved (llama_kvgguf_hooks.shifts: scored with rotated queries, their decoded keys rotated). Up to 10 each
 # version added one patch file, so "patch 000N" in comments and docs names version N.
-PATCH_VERSION = 19
+PATCH_VERSION = 20
 
 _ENV_OVERRIDE = "KVGGUF_LLAMA_LIB_DIR"
 

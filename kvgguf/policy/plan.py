@@ -69,6 +69,27 @@ def truncated(blocks: list[Block], n_rows: int) -> list[Block]:
     return [Block(b.r0, min(b.r1, n_rows), b.tier, b.kept) for b in blocks if b.r0 < n_rows]
 
 
+def shift_range(blocks: list[Block], n_past: int, n_keep: int, n_discard: int) -> tuple[int, int]:
+    """The positions [p0, p1) a context shift drops: from the first block start at or after
+    n_keep, at least n_discard of them, to the next block start (a cold block moves whole with
+    its codes, so a cut lies between blocks; hot rows are llama.cpp's cells, cut anywhere), at
+    most up to n_past."""
+    n_cold = blocks[-1].r1 if blocks else 0
+
+    def boundary(p: int) -> int:
+        return p if p >= n_cold else min([b.r0 for b in blocks if b.r0 >= p] + [n_cold])
+
+    p0 = min(boundary(n_keep), n_past)
+    return p0, min(boundary(p0 + n_discard), n_past)
+
+
+def shifted(blocks: list[Block], p0: int, p1: int) -> list[Block]:
+    """The block list after a context shift dropped rows [p0, p1) (block boundaries) and moved
+    the later ones back by p1 - p0."""
+    d = p1 - p0
+    return [b if b.r1 <= p0 else Block(b.r0 - d, b.r1 - d, b.tier, b.kept) for b in blocks if b.r1 <= p0 or b.r0 >= p1]
+
+
 def blocks_after(n_tokens: int, n_batch: int, config: TieredConfig) -> list[Block]:
     """The block list a sequence of n_tokens fed in batches of n_batch ends with once the last
     eviction's aging ran too: state_at's (for predictions: inspect)."""

@@ -52,6 +52,7 @@ class LiveCache:
         # a session's hot rows restored through a lossy codec).
         self.canonical = 0
         self.n_held = 0  # positions [0, n_held) have rows here (cold) or in llama.cpp's cells
+        self.shifted_out = 0  # positions context shifts dropped (shift)
         # Aging (warm blocks past the warm window re-coded to the archive tier) follows the batch
         # after their eviction: at its end on the CPU; where every attended layer reads the
         # device copy, on a thread of its own while the GPU runs that batch (the result reaches the
@@ -198,8 +199,8 @@ class LiveCache:
         self._settle()
         self._install_books(store)  # first: if it fails, the hooks still point at the old store
         device_store = self._attach_gpu(store)  # so is this
-        n_cold_fn, decode_fn = store.hook_functions()
-        table = hooks.llama_kvgguf_hooks(store.address, n_cold_fn, decode_fn, 0, 0)
+        n_cold_fn, decode_fn, shifts_fn = store.hook_functions()
+        table = hooks.llama_kvgguf_hooks(store.address, n_cold_fn, decode_fn, 0, 0, shifts_fn)
         if hooks.set_hooks(self.ctx, ctypes.byref(table)) != 0:
             raise ValueError("llama.cpp refused kvgguf's hooks: this context's memory is not a KV cache")
         fused = self.fused_max_tokens > 0
@@ -503,6 +504,33 @@ class LiveCache:
         self.signals.truncate(n_tokens)
         self.canonical = min(self.canonical, n_tokens)
         self.n_held = min(self.n_held, n_tokens)
+
+    def shift(self, n_past: int, n_keep: int, n_discard: int) -> tuple[int, int]:
+        """A context shift (llama-server's): drops the positions [p0, p1) that plan.shift_range
+        picks (at least n_discard of them after the first n_keep, on block boundaries) and moves
+        the later ones back by p1 - p0. Cold blocks keep their codes and are scored with queries
+        rotated to match (kvg_store_shift); llama.cpp's cells shift by its own RoPE shift.
+        Returns (p0, p1). A failure in llama.cpp empties the cache (RuntimeError): its tokens
+        must be evaluated again."""
+        self._settle()
+        p0, p1 = plan.shift_range(self.blocks, n_past, n_keep, n_discard)
+        if p1 <= p0:
+            return p0, p1
+        if p0 < self.n_cold:
+            self.store.shift(p0, min(p1, self.n_cold))  # on the blocks' boundaries: fails only on bad input
+        self.blocks = plan.shifted(self.blocks, p0, p1)
+        rc = hooks.shift(self.ctx, SEQ, p0, p1)
+        self.recent.clear()  # what a cut could put back was kept at the old positions
+        self.signals.clear()
+        self._aging_due = None
+        self.n_held = max(0, min(self.n_held, n_past) - (p1 - p0))
+        # a fresh evaluation of the tokens left would hold other rows past the kept ones
+        self.canonical = min(self.canonical, p0)
+        self.shifted_out += p1 - p0
+        if rc != 0:
+            self._start_over()
+            raise RuntimeError(f"kvgguf: llama.cpp could not shift its cells out of [{p0}, {p1}) (status {rc})")
+        return p0, p1
 
     def clear(self) -> None:
         self.store.clear()  # frees the codebooks too: given ones go back in

@@ -84,6 +84,10 @@ class SessionCalls(llama_cpp.Llama):
         n_tokens (llama-cpp-python drops them lazily, at the next eval), so the cache holds
         exactly the tokens a session records."""
         self._check_open("sessions and states")
+        if self._kv is not None and any(self._kv.store.shifts(il) for il in self._kv.layers):
+            # the session format records no block's rotation yet: restored, its keys would be
+            # read as rotated at their new positions
+            raise ValueError("a context a context shift moved cannot be saved yet; reset() or a new prompt first")
         n = int(self.n_tokens)
         if drop_dead_rows:
             self._ctx.kv_cache_seq_rm(-1, n, -1)

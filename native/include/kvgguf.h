@@ -158,7 +158,7 @@ enum kvg_kind { KVG_KIND_K = 0, KVG_KIND_V = 1 };
 
 // Bumped whenever a declaration in this region changes; kvg_abi_version() returns the value the
 // library was built with, and the Python binding refuses a library and header that disagree.
-enum kvg_abi { KVG_ABI_VERSION = 17 };
+enum kvg_abi { KVG_ABI_VERSION = 18 };
 
 enum kvg_simd {
     KVG_SIMD_SCALAR = 0,
@@ -342,6 +342,13 @@ int kvg_store_set_threads(kvg_store * s, int32_t n_threads);
 int  kvg_store_truncate(kvg_store * s, int64_t n_rows);
 void kvg_store_clear(kvg_store * s);
 
+// A context shift: drops rows [p0, p1) of every layer and kind, and moves the rows after them back
+// by p1 - p0 with their codes as they are (native/src/store/shift.c). p0 and min(p1, the list's
+// rows) must start blocks (or end the list) in every list that holds rows past p0; anything else
+// is refused and changes nothing. A moved block's keys stay rotated at the positions they had:
+// kvg_store_hook_shifts reports them, and the attention rotates its queries to match.
+int kvg_store_shift(kvg_store * s, int64_t p0, int64_t p1);
+
 // Bytes held in `tier` (KVG_TIER_COUNT: all tiers) by the encoded rows, and the K/V values
 // they stand for; out_index_bytes (may be NULL) gets the bookkeeping around them.
 int kvg_store_bytes(const kvg_store * s, int32_t tier, uint64_t * out_bytes, uint64_t * out_values,
@@ -399,6 +406,11 @@ int kvg_store_append_blocks(kvg_store * s, const void * src, size_t n_bytes);
 // Entry points with the signatures of llama_kvgguf_hooks (native/llama/include/llama-kvgguf.h),
 // user = the store.
 int32_t kvg_store_hook_n_cold(void * user, int32_t il);
+// The runs of layer il's cold rows whose keys a kvg_store_shift moved: up to cap of them, run i
+// being rows [row_begin[i], row_end[i]) with keys rotated at row + shift[i]. Returns how many
+// runs there are (more than cap: only the first cap are written), -1 on bad arguments.
+int32_t kvg_store_hook_shifts(void * user, int32_t il, int32_t cap, int64_t * row_begin, int64_t * row_end,
+                              int32_t * shift);
 int32_t kvg_store_hook_decode(void * user, int32_t il, int32_t kind, int64_t r0, int64_t r1, uint16_t * dst,
                               int64_t n_embd);
 

@@ -518,6 +518,7 @@ typedef struct kvg_block {
     size_t    n_bytes;
     uint8_t * data;
     int32_t   fail_reads;  // kvg_store_debug_fail_reads: every read of this block fails (tests)
+    int32_t   shift;       // kvg_store_shift: row r's key was rotated at position r + shift (0: at r)
     uint64_t  id;          // set when its bytes are: no other block of the process has had it, so a
                            // device copy (native/cuda/kvg_cuda_store.c) knows whether it is current
 } kvg_block;
@@ -587,6 +588,8 @@ kvg_mass_notes * kvg_mass_begin(kvg_store * s, int32_t il, int32_t n_tokens, int
 void             kvg_mass_note(kvg_mass_notes * nt, int64_t granule, const float * m, const float * w, int64_t n);
 // After a successful truncate to n_rows: counters of rows >= n_rows go (a cut granule keeps its count).
 void kvg_mass_forget_from(kvg_store * s, int64_t n_rows);
+// The counters of a kvg_store_shift: rows [p0, p1) dropped, the ones after moved back.
+void kvg_mass_shift(kvg_store * s, int64_t p0, int64_t p1);
 void kvg_mass_free(kvg_store * s);
 
 // The codec params of a block of list li (layer li / 2, kind li % 2) with `codec`: the store's,

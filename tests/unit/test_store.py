@@ -314,3 +314,32 @@ def test_a_range_of_blocks_leaves_and_comes_back_in_one_buffer_or_not_at_all():
     with pytest.raises(KvgError, match="ends at 96"):
         s.append_blocks(tail)  # rows 32.. again, after 96
     assert s.held().bytes > held and s.copy_blocks(32, 96) == tail
+
+
+def test_a_shift_drops_whole_blocks_and_moves_the_later_ones_with_their_codes():
+    s = make_store()
+    x = rows(100)
+    for il in range(3):
+        for kind in Kind:
+            s.append(il, kind, Tier.SINK, "f16", x[:4])
+            s.append(il, kind, Tier.WARM, "rotq4", x[4:36])
+            s.append(il, kind, Tier.WARM, "rotq4", x[36:68])
+            s.append(il, kind, Tier.WARM, "kivi4", x[68:100])
+    before = s.decode(1, Kind.V, 0, 100)
+    with pytest.raises(KvgError, match="do not start and end on blocks"):
+        s.shift(4, 40)  # cuts a block: refused, nothing changed
+    assert s.n_rows(1, Kind.V) == 100 and s.shifts(1) == []
+    s.shift(4, 36)
+    assert s.n_rows(1, Kind.V) == 68
+    back = s.decode(1, Kind.V, 0, 68)
+    assert np.array_equal(back[:4], before[:4]) and np.array_equal(back[4:], before[36:])  # the same codes
+    assert s.shifts(1) == [(4, 68, 32)]  # one run: two blocks moved by the same 32
+    s.append(1, Kind.K, Tier.WARM, "f16", x[:16])
+    s.append(1, Kind.V, Tier.WARM, "f16", x[:16])
+    assert s.shifts(1) == [(4, 68, 32)]  # new rows are where they were rotated
+    s.shift(4, 36)  # a block that moved twice, one that moved once
+    assert s.shifts(1) == [(4, 36, 64), (36, 52, 32)]
+    s.truncate(20)  # a cut block keeps its shift
+    assert s.shifts(1) == [(4, 20, 64)]
+    s.shift(4, 1000)  # past the end: the rows after p0 go, as a truncate would
+    assert s.n_rows(0, Kind.K) == 4 and s.shifts(0) == []

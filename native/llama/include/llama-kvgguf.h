@@ -32,7 +32,7 @@ extern "C" {
 // Version of the kvgguf patch set compiled into this library; kvgguf checks it at import.
 // "patch 000N" below and in src/ names the version N that added a feature (the list is in
 // kvgguf/llamacpp/library.py); since 11 the patches are one per concern (patches/README.md).
-#define LLAMA_KVGGUF_PATCH_VERSION 19
+#define LLAMA_KVGGUF_PATCH_VERSION 20
 
 #define LLAMA_KVGGUF_K 0
 #define LLAMA_KVGGUF_V 1
@@ -50,13 +50,23 @@ typedef int32_t (*llama_kvgguf_n_cold_fn)(void * user, int32_t il);
 typedef int32_t (*llama_kvgguf_decode_fn)(void * user, int32_t il, int32_t kind, int64_t row_begin, int64_t row_end,
                                           uint16_t * dst, int64_t n_embd);
 
+// (version 20) The cold rows of layer `il` that a context shift moved without rotating their
+// keys again: up to `cap` runs, run i being rows [row_begin[i], row_end[i]) whose keys were
+// rotated at row + shift[i]. Returns the number of runs (0: none; more than cap: only cap written),
+// < 0 on error. The same rules as n_cold: cheap, unchanged during one llama_decode(). The graph
+// scores a run's rows with the ubatch's queries rotated by shift[i] more, as llama.cpp's own
+// shift (llama_memory_seq_add) rotates its keys: the same RoPE, the same parameters.
+typedef int32_t (*llama_kvgguf_shifts_fn)(void * user, int32_t il, int32_t cap, int64_t * row_begin, int64_t * row_end,
+                                          int32_t * shift);
+
 struct llama_kvgguf_hooks {
     void *                 user;
     llama_kvgguf_n_cold_fn n_cold;
     llama_kvgguf_decode_fn decode;
     int32_t
         n_threads;  // max concurrent decode() calls; <= 0: all compute threads, 1: serialized (use 1 for Python callbacks)
-    int32_t max_rows_per_call;  // <= 0: whole per-thread range (256 for the transposed V layout)
+    int32_t                max_rows_per_call;  // <= 0: whole per-thread range (256 for the transposed V layout)
+    llama_kvgguf_shifts_fn shifts;             // (version 20) nullable: no row was ever shifted
 };
 
 LLAMA_API int32_t llama_kvgguf_patch_version(void);
@@ -85,6 +95,14 @@ LLAMA_API int64_t llama_kvgguf_read_rows(struct llama_context * ctx, llama_seq_i
 // wrapped around (same float summation order as stock llama.cpp). Returns 0, or -1 if the
 // context has no single-stream KV cache.
 LLAMA_API int32_t llama_kvgguf_compact(struct llama_context * ctx);
+
+// (patch 0020) A context shift of llama.cpp's cells: removes the cells of seq_id at positions
+// [p0, p1) (llama_memory_seq_rm), compacts the rest (llama_kvgguf_compact), moves the positions
+// from p1 on back by p1 - p0 (llama_memory_seq_add) and applies that move now (the keys rotated
+// by llama.cpp's own RoPE shift), so that what reads the cells next (an eviction) reads rows at
+// their new positions. kvgguf shifts its own cold rows apart (kvg_store_shift). Returns 0, -1
+// for bad arguments or a memory that cannot shift (llama_memory_can_shift), -2 if a step failed.
+LLAMA_API int32_t llama_kvgguf_shift(struct llama_context * ctx, llama_seq_id seq_id, llama_pos p0, llama_pos p1);
 
 // Bytes of the buffers llama.cpp allocated for this context's KV cache (all layers, K and V).
 LLAMA_API int64_t llama_kvgguf_kv_bytes(const struct llama_context * ctx);

@@ -8,6 +8,7 @@
 #include "llama-kvgguf-graph.h"
 
 #include "llama-cparams.h"
+#include "llama-model.h"
 
 #include "ggml.h"
 #include "ggml-backend.h"
@@ -22,19 +23,75 @@
 // [kvgguf] cold K/V rows
 //
 
+// [kvgguf 0020] layer il's shifted runs among its first n_cold cold rows, as the hooks report them
+// (none without a shifts hook, or on an error: the rows are then scored as they are)
+static std::vector<llm_kv_cold_run> llm_kv_cold_runs(const llama_kvgguf_hooks * hooks, int32_t il, int64_t n_cold) {
+    std::vector<llm_kv_cold_run> runs;
+    if (!hooks->shifts || n_cold == 0) {
+        return runs;
+    }
+    int32_t n = hooks->shifts(hooks->user, il, 0, nullptr, nullptr, nullptr);
+    if (n <= 0) {
+        return runs;
+    }
+    std::vector<int64_t> r0(n), r1(n);
+    std::vector<int32_t> sh(n);
+    n = std::min(n, hooks->shifts(hooks->user, il, n, r0.data(), r1.data(), sh.data()));
+    for (int32_t i = 0; i < n; ++i) {
+        const int64_t a = std::max<int64_t>(0, r0[i]), b = std::min(r1[i], n_cold);
+        if (a < b && sh[i] != 0) {
+            runs.push_back({ a, b, sh[i] });
+        }
+    }
+    return runs;
+}
+
 bool llm_graph_input_kv_cold::can_reuse(const llm_graph_params & params) {
     if (params.kv_cold != hooks || hooks == nullptr) {
         return false;
     }
 
-    for (const auto & [il, n_cold] : layers) {
-        const int64_t n_cur = std::max<int32_t>(0, hooks->n_cold(hooks->user, il));
-        if (n_cur != n_cold) {
+    for (const auto & l : layers) {
+        const int64_t n_cur = std::max<int32_t>(0, hooks->n_cold(hooks->user, l.il));
+        if (n_cur != l.n_cold || llm_kv_cold_runs(hooks, l.il, n_cur) != l.runs) {
             return false;
         }
     }
 
     return true;
+}
+
+void llm_graph_input_kv_cold::set_input(const llama_ubatch * ubatch) {
+    GGML_UNUSED(ubatch);
+    for (const auto & [t, shift] : shift_pos) {
+        if (t->buffer) {
+            std::vector<int32_t> pos(ggml_nelements(t), shift);
+            ggml_backend_tensor_set(t, pos.data(), 0, pos.size() * sizeof(int32_t));
+        }
+    }
+}
+
+// [kvgguf 0020] x [D, H, n] rotated by `shift` more positions with layer il's RoPE, the parameters
+// llama_kv_cache::build_rope_shift gives llama.cpp's own shift of the cells: the same rotation
+// moves a query forward as llama.cpp's seq_add moves a key back (RoPE scores depend on q's
+// position minus k's)
+static ggml_tensor * llm_kv_cold_rope(const llm_graph_context & g, llm_graph_input_kv_cold * inp, ggml_tensor * x,
+                                      int32_t shift, int il) {
+    const auto & cparams   = g.cparams;
+    const auto & hparams   = g.hparams;
+    const auto & model     = *g.kv_cold_model;
+    const auto   rope_type = hparams.rope_type == LLAMA_ROPE_TYPE_MROPE || hparams.rope_type == LLAMA_ROPE_TYPE_IMROPE
+                                 ? LLAMA_ROPE_TYPE_NEOX
+                                 : hparams.rope_type;
+
+    ggml_tensor * pos = ggml_new_tensor_1d(g.ctx0, GGML_TYPE_I32, x->ne[2]);
+    ggml_set_input(pos);
+    inp->shift_pos.emplace_back(pos, shift);
+
+    return ggml_rope_ext(g.ctx0, x, pos, model.get_rope_factors(cparams, il), hparams.n_rot(il), rope_type,
+                         cparams.n_ctx_orig_yarn, model.get_rope_freq_base(cparams, il),
+                         model.get_rope_freq_scale(cparams, il), cparams.yarn_ext_factor, cparams.yarn_attn_factor,
+                         cparams.yarn_beta_fast, cparams.yarn_beta_slow);
 }
 
 llm_kv_cold_op * llm_graph_input_kv_cold::add_op(int32_t il, int32_t kind, int64_t n_cold, bool v_trans) {
@@ -248,6 +305,38 @@ static float llm_kv_cold_dot(const float * a, const float * b, int64_t n) {
     return r;
 }
 
+// [kvgguf 0020] rows [a, b) of the cold rows into the chunk's state, each through the store's attend
+// hook with its queries: q[0] the ubatch's, q[1 + op->q_src[i]] rotated for shifted run i
+static void llm_kv_cold_attend_rows(const llm_kv_cold_op * op, int64_t a, int64_t b,
+                                    const std::vector<std::vector<float>> & q, int64_t T, int64_t H, float * m,
+                                    float * l, float * acc) {
+    const auto call = [&](int64_t x, int64_t y, const float * qs) {
+        if (y <= x) {
+            return;
+        }
+        const int32_t rc =
+            op->attend(op->hooks->user, op->il, x, y, qs, (int32_t) T, (int32_t) H, op->scale, op->softcap, m, l, acc);
+        if (rc != 0 && op->n_errors) {
+            op->n_errors->fetch_add(1, std::memory_order_relaxed);
+        }
+    };
+    int64_t at = a;
+    for (size_t i = 0; i < op->runs.size() && at < b; ++i) {
+        const auto & run = op->runs[i];
+        if (run.r1 <= at) {
+            continue;
+        }
+        if (run.r0 >= b) {
+            break;
+        }
+        const int64_t x = std::max(at, run.r0), y = std::min(b, run.r1);
+        call(at, x, q[0].data());
+        call(x, y, q[1 + op->q_src[i]].data());
+        at = y;
+    }
+    call(at, b, q[0].data());
+}
+
 static void llm_kv_cold_attn_fn(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const auto *        op   = (const llm_kv_cold_op *) userdata;
     const ggml_tensor * q    = dst->src[0];  // [Dk, H, T] f32
@@ -265,20 +354,29 @@ static void llm_kv_cold_attn_fn(ggml_tensor * dst, int ith, int nth, void * user
     const int64_t n_part  = dst->ne[1];
     const int64_t nq      = T * H;
 
-    static thread_local std::vector<float> qbuf, krow, vrow;
-    qbuf.resize(nq * Dk);
+    // the queries (and, for shifted runs, the queries rotated by each shift: sources 4, 5, ...)
+    static thread_local std::vector<std::vector<float>> qsets;
+    static thread_local std::vector<float>              krow, vrow;
+    const int64_t n_sets = 1 + (op->q_src.empty() ? 0 : *std::max_element(op->q_src.begin(), op->q_src.end()) + 1);
+    qsets.resize(n_sets);
     krow.resize(Hkv * Dk);
     vrow.resize(Hkv * Dv);
-    for (int64_t t = 0; t < T; ++t) {
-        for (int64_t h = 0; h < H; ++h) {
-            for (int64_t i = 0; i < Dk; ++i) {
-                // rounded to f16 as llama.cpp's attention does with an f16 cache (its K.Q dot products
-                // take f16 queries), so f16 cold rows give what the expanding path gives
-                const float x = *(const float *) ((const char *) q->data + i * q->nb[0] + h * q->nb[1] + t * q->nb[2]);
-                qbuf[(t * H + h) * Dk + i] = ggml_fp16_to_fp32(ggml_fp32_to_fp16(x));
+    for (int64_t k_set = 0; k_set < n_sets; ++k_set) {
+        const ggml_tensor * qt = k_set == 0 ? q : dst->src[3 + k_set];
+        qsets[k_set].resize(nq * Dk);
+        for (int64_t t = 0; t < T; ++t) {
+            for (int64_t h = 0; h < H; ++h) {
+                for (int64_t i = 0; i < Dk; ++i) {
+                    // rounded to f16 as llama.cpp's attention does with an f16 cache (its K.Q dot
+                    // products take f16 queries), so f16 cold rows give what the expanding path gives
+                    const float x =
+                        *(const float *) ((const char *) qt->data + i * qt->nb[0] + h * qt->nb[1] + t * qt->nb[2]);
+                    qsets[k_set][(t * H + h) * Dk + i] = ggml_fp16_to_fp32(ggml_fp32_to_fp16(x));
+                }
             }
         }
     }
+    const std::vector<float> & qbuf = qsets[0];
 
     for (int64_t p = ith; p < n_part; p += nth) {
         float * acc = (float *) ((char *) dst->data + p * dst->nb[1]);
@@ -298,11 +396,7 @@ static void llm_kv_cold_attn_fn(ggml_tensor * dst, int ith, int nth, void * user
             p < n_half ? (n_cold * (p + 1)) / n_half : n_cold + (n_kv * (p + 1 - n_half)) / (n_part - n_half);
 
         if (r0 < n_cold) {
-            const int32_t rc = op->attend(op->hooks->user, op->il, r0, std::min(r1, n_cold), qbuf.data(), (int32_t) T,
-                                          (int32_t) H, op->scale, op->softcap, m, l, acc);
-            if (rc != 0 && op->n_errors) {
-                op->n_errors->fetch_add(1, std::memory_order_relaxed);
-            }
+            llm_kv_cold_attend_rows(op, r0, std::min(r1, n_cold), qsets, T, H, m, l, acc);
         }
 
         if (r1 <= n_cold) {
@@ -507,11 +601,14 @@ static bool llm_kv_cold_attn_cuda_supports(const ggml_tensor * node, int device,
     const ggml_tensor * v     = node->src[2];
     const bool          cells = (k->type == GGML_TYPE_F16 || k->type == GGML_TYPE_Q8_0) &&
                                 (v->type == GGML_TYPE_F16 || v->type == GGML_TYPE_Q8_0);
-    return node->ne[1] == 1 && cells && node->src[0]->type == GGML_TYPE_F32 && llm_kv_cold_cuda_layer(op, device);
+    // (shifted runs: the GPU kernels take no rotated queries yet, so the CPU computes the node)
+    return node->ne[1] == 1 && cells && node->src[0]->type == GGML_TYPE_F32 && op->runs.empty() &&
+           llm_kv_cold_cuda_layer(op, device);
 }
 
 static bool llm_kv_cold_merge_cuda_supports(const ggml_tensor * node, int device, void * userdata) {
-    return node->src[0]->ne[1] == 1 && llm_kv_cold_cuda_layer((const llm_kv_cold_op *) userdata, device);
+    const auto * op = (const llm_kv_cold_op *) userdata;
+    return node->src[0]->ne[1] == 1 && op->runs.empty() && llm_kv_cold_cuda_layer(op, device);
 }
 
 static int llm_kv_cold_attn_cuda(ggml_tensor * dst, int device, void * stream, void * userdata) {
@@ -629,9 +726,10 @@ ggml_tensor * llm_graph_context::build_attn_kv_cold_fused(ggml_tensor * q, ggml_
     // two chunks (one of cold rows, one of hot cells) per thread of the larger of the two thread
     // counts llama_decode may use; one where the cells are a GPU's and its hooks take the layer
     // (the GPU folds every row and cell into one state)
-    const ggml_tensor * cells  = k->view_src ? k->view_src : k;
-    const bool          on_gpu = kv_cold_cuda && cells->buffer && !ggml_backend_buffer_is_host(cells->buffer) &&
-                                 kv_cold_cuda->supports(kv_cold_cuda->user, il, -1) == 1;
+    const auto &        runs  = inp_kv_cold->layers.back().runs;
+    const ggml_tensor * cells = k->view_src ? k->view_src : k;
+    const bool on_gpu = kv_cold_cuda && cells->buffer && !ggml_backend_buffer_is_host(cells->buffer) && runs.empty() &&
+                        kv_cold_cuda->supports(kv_cold_cuda->user, il, -1) == 1;
     const int64_t n_part = on_gpu ? 1 : 2 * std::max<int64_t>(1, std::max(cparams.n_threads, cparams.n_threads_batch));
 
     auto * op      = inp_kv_cold->add_op(il, LLM_KV_COLD_ATTN, n_cold, v_trans);
@@ -642,9 +740,23 @@ ggml_tensor * llm_graph_context::build_attn_kv_cold_fused(ggml_tensor * q, ggml_
     op->attend_f16 = kv_cold_attend_f16;
     op->cuda       = kv_cold_cuda;
 
-    ggml_tensor * args[4] = { q, k, v, kq_mask };
-    ggml_tensor * parts   = ggml_custom_4d(ctx0, GGML_TYPE_F32, T * H * (Dv + 2), n_part, 1, 1, args, 4,
-                                           llm_kv_cold_attn_fn, GGML_N_TASKS_MAX, op);
+    // [kvgguf 0020] one rotation of the queries per distinct shift of the layer's shifted runs
+    ggml_tensor *        args[GGML_MAX_SRC] = { q, k, v, kq_mask };
+    int                  n_args             = 4;
+    std::vector<int32_t> shifts;
+    for (const auto & run : runs) {
+        auto it = std::find(shifts.begin(), shifts.end(), run.shift);
+        if (it == shifts.end()) {
+            shifts.push_back(run.shift);
+            args[n_args++] = llm_kv_cold_rope(*this, inp_kv_cold, q, run.shift, il);
+            it             = shifts.end() - 1;
+        }
+        op->q_src.push_back((int32_t) (it - shifts.begin()));
+    }
+    op->runs = runs;
+
+    ggml_tensor * parts = ggml_custom_4d(ctx0, GGML_TYPE_F32, T * H * (Dv + 2), n_part, 1, 1, args, n_args,
+                                         llm_kv_cold_attn_fn, GGML_N_TASKS_MAX, op);
     cb(parts, "kqv_cold_parts", il);
 
     ggml_tensor * pargs[2] = { parts, sinks };
@@ -653,6 +765,17 @@ ggml_tensor * llm_graph_context::build_attn_kv_cold_fused(ggml_tensor * q, ggml_
     cur               = ggml_reshape_2d(ctx0, cur, Dv * H, T);
     ggml_build_forward_expand(gf, cur);
     return cur;
+}
+
+// [kvgguf 0020] distinct shifts among a layer's runs: the fused path takes one rotated query each
+static size_t llm_kv_cold_n_shifts(const std::vector<llm_kv_cold_run> & runs) {
+    std::vector<int32_t> shifts;
+    for (const auto & run : runs) {
+        if (std::find(shifts.begin(), shifts.end(), run.shift) == shifts.end()) {
+            shifts.push_back(run.shift);
+        }
+    }
+    return shifts.size();
 }
 
 bool llm_graph_context::kv_cold_fusable(ggml_tensor * kq_b, ggml_tensor * sinks, ggml_tensor * v_mla) const {
@@ -688,7 +811,8 @@ ggml_tensor * llm_graph_context::build_attn_kv_cold(ggml_tensor * q, ggml_tensor
     const int64_t n_cold = std::max<int32_t>(0, kv_cold->n_cold(kv_cold->user, il));
 
     // record the layer even when n_cold == 0 so that the graph is rebuilt once cold rows appear
-    inp_kv_cold->layers.emplace_back(il, n_cold);
+    inp_kv_cold->layers.push_back({ il, n_cold, llm_kv_cold_runs(kv_cold, il, n_cold) });
+    const auto & runs = inp_kv_cold->layers.back().runs;
 
     if (n_cold == 0) {
         return nullptr;
@@ -704,7 +828,7 @@ ggml_tensor * llm_graph_context::build_attn_kv_cold(ggml_tensor * q, ggml_tensor
     // the fused path computes plain softmax attention: anything else keeps the expanding path
     const bool fused = kv_cold_attend && q->ne[2] <= kv_cold_attend_max_tokens && q->type == GGML_TYPE_F32 &&
                        q->ne[3] == 1 && q->ne[1] % k->ne[1] == 0 && kv_cold_fusable(kq_b, sinks, v_mla) &&
-                       (!sinks || ggml_nelements(sinks) == q->ne[1]);
+                       (!sinks || ggml_nelements(sinks) == q->ne[1]) && llm_kv_cold_n_shifts(runs) <= GGML_MAX_SRC - 4;
     if (fused) {
         return build_attn_kv_cold_fused(q, k, v, kq_mask, sinks, kq_scale, il, n_cold);
     }
@@ -721,6 +845,14 @@ ggml_tensor * llm_graph_context::build_attn_kv_cold(ggml_tensor * q, ggml_tensor
         k = ggml_custom_4d(ctx0, GGML_TYPE_F16, k->ne[0], k->ne[1], n_cold + k->ne[2], 1, args, 1, llm_kv_cold_kv_fn,
                            n_tasks, op);
         cb(k, "k_cold_ext", il);
+        // [kvgguf 0020] the decoded keys of each shifted run rotated to their new positions, in place
+        // (before attention reads them: the graph runs its nodes in the order they are expanded)
+        for (const auto & run : runs) {
+            ggml_tensor * rows =
+                ggml_view_3d(ctx0, k, k->ne[0], k->ne[1], run.r1 - run.r0, k->nb[1], k->nb[2], run.r0 * k->nb[2]);
+            ggml_tensor * rot = llm_kv_cold_rope(*this, inp_kv_cold, rows, -run.shift, il);
+            ggml_build_forward_expand(gf, ggml_cpy(ctx0, rot, rows));
+        }
     }
 
     // V

@@ -13,6 +13,16 @@
 #include <utility>
 #include <vector>
 
+// [kvgguf 0020] a run of cold rows whose keys a context shift moved without rotating them again:
+// rows [r0, r1) hold keys rotated at row + shift
+struct llm_kv_cold_run {
+    int64_t r0;
+    int64_t r1;
+    int32_t shift;
+
+    bool operator==(const llm_kv_cold_run & o) const { return r0 == o.r0 && r1 == o.r1 && shift == o.shift; }
+};
+
 // [kvgguf] cold K/V rows provided by external hooks
 // holds the userdata of the custom ops of one graph and forces a rebuild when
 // the number of cold rows of any layer changes
@@ -30,6 +40,10 @@ struct llm_kv_cold_op {
     llama_kvgguf_mass_fn mass     = nullptr;          // called by the merge op with the final normalizers
     llama_kvgguf_attend_f16_fn attend_f16 = nullptr;  // hot cells through kvgguf's kernels (patch 0010)
     const llama_kvgguf_cuda *  cuda       = nullptr;  // the context's GPU hooks (patch 0015), or none
+    // (patch 0020) the shifted runs of the cold rows, each scored with the op's source 4 + q_src[i]:
+    // the queries rotated by runs[i].shift
+    std::vector<llm_kv_cold_run> runs;
+    std::vector<int32_t>         q_src;
 };
 
 // [kvgguf 0015] registers the fused path's GPU implementations with ggml-cuda's custom-op dispatch
@@ -42,7 +56,8 @@ class llm_graph_input_kv_cold : public llm_graph_input_i {
         : hooks(hooks), n_errors(n_errors) {}
     ~llm_graph_input_kv_cold() = default;
 
-    void set_input(const llama_ubatch * ubatch) override { GGML_UNUSED(ubatch); }
+    // fills the positions of the shifted runs' rotations (patch 0020)
+    void set_input(const llama_ubatch * ubatch) override;
 
     bool can_reuse(const llm_graph_params & params) override;
 
@@ -51,8 +66,17 @@ class llm_graph_input_kv_cold : public llm_graph_input_i {
     const llama_kvgguf_hooks * hooks;
     std::atomic<int64_t> *     n_errors;
 
-    // (il, n_cold) for every layer that queried the hooks while building the graph
-    std::vector<std::pair<int32_t, int64_t>> layers;
+    struct layer {
+        int32_t                      il;
+        int64_t                      n_cold;
+        std::vector<llm_kv_cold_run> runs;
+    };
+
+    // every layer that queried the hooks while building the graph: its cold rows and shifted runs
+    std::vector<layer> layers;
+
+    // the positions each rotation of a shifted run takes: I32 tensors, every element the shift
+    std::vector<std::pair<ggml_tensor *, int32_t>> shift_pos;
 
     std::vector<std::unique_ptr<llm_kv_cold_op>> ops;
 

@@ -366,6 +366,34 @@ int32_t llama_kvgguf_compact(llama_context * ctx) {
     return kv && kv->kvgguf_compact() ? 0 : -1;
 }
 
+int32_t llama_kvgguf_shift(llama_context * ctx, llama_seq_id seq_id, llama_pos p0, llama_pos p1) {
+    if (!ctx || seq_id < 0 || p0 < 0 || p1 < p0) {
+        return -1;
+    }
+    llama_memory_t mem = ctx->get_memory();
+    if (!mem || !mem->get_can_shift()) {
+        return -1;
+    }
+    if (p1 == p0) {
+        return 0;
+    }
+    try {
+        if (!mem->seq_rm(seq_id, p0, p1)) {
+            return -2;
+        }
+        // compacted before the move: a cell's pending shift does not survive a copy of the cells
+        if (llama_kvgguf_compact(ctx) != 0) {
+            return -2;
+        }
+        mem->seq_add(seq_id, p1, -1, -(p1 - p0));
+        ctx->memory_update(false);
+    } catch (const std::exception & e) {
+        LLAMA_LOG_ERROR("%s: %s\n", __func__, e.what());
+        return -2;
+    }
+    return 0;
+}
+
 // One list's rows of [p0, p1) as f32; raw is scratch for the rows in the cells' type.
 static int64_t kvgguf_read_f32(llama_context * ctx, llama_seq_id seq_id, int32_t il, int32_t kind, llama_pos p0,
                                llama_pos p1, float * dst, size_t dst_count, std::vector<uint8_t> & raw) {

@@ -66,6 +66,20 @@ void kvg_mass_forget_from(kvg_store * s, int64_t n_rows) {
     }
 }
 
+void kvg_mass_shift(kvg_store * s, int64_t p0, int64_t p1) {
+    // Each granule from the first one wholly at or after p0 takes the counters of the granule
+    // that held its first row before the shift: exact where p0 and p1 - p0 are whole granules,
+    // else a granule's share drifts by less than one granule. Read ahead of the writes, in place.
+    const int64_t d  = p1 - p0;
+    const int64_t g0 = (p0 + KVG_MASS_ROWS - 1) / KVG_MASS_ROWS;
+    for (int32_t il = 0; il < s->p.n_layer; il++) {
+        for (int64_t g = g0; g < s->mass_cap[il]; g++) {
+            const int64_t src = (g * KVG_MASS_ROWS + d) / KVG_MASS_ROWS;
+            s->mass[il][g]    = src < s->mass_cap[il] ? s->mass[il][src] : 0.0;
+        }
+    }
+}
+
 void kvg_mass_free(kvg_store * s) {
     if (s->mass) {
         for (int32_t il = 0; il < s->p.n_layer; il++) {

@@ -253,6 +253,7 @@ static int finish_block(const kvg_store * s, int32_t kind, int32_t tier, int32_t
     out->n_bytes    = n_bytes;
     out->data       = data;
     out->fail_reads = 0;
+    out->shift      = 0;
     return KVG_OK;
 }
 
@@ -420,7 +421,7 @@ int kvg_store_append_encoded(kvg_store * s, int32_t il, int32_t kind, int32_t ti
     if (rc != KVG_OK) {
         return rc;
     }
-    kvg_block b = { 0, n_rows, codec, tier, n_bytes, (uint8_t *) malloc(n_bytes ? n_bytes : 1), 0, 0 };
+    kvg_block b = { 0, n_rows, codec, tier, n_bytes, (uint8_t *) malloc(n_bytes ? n_bytes : 1), 0, 0, 0 };
     if (!b.data) {
         return kvg_fail(KVG_ERR_NO_MEMORY, "block of %zu bytes", n_bytes);
     }
@@ -605,8 +606,9 @@ static int transcode_block(const kvg_store * s, int64_t li, const kvg_block * b,
         rc = kvg_rotq_transcode(b->n_rows * H, n_rows * H, head_dim_of(s, kind), b->codec - KVG_CODEC_ROTQ1 + 1,
                                 b->data, codec - KVG_CODEC_ROTQ1 + 1, data);
     }
-    rc        = finish_block(s, kind, tier, codec, &cp, n_rows, data, n_bytes, rc, out);
-    out->row0 = b->row0;
+    rc         = finish_block(s, kind, tier, codec, &cp, n_rows, data, n_bytes, rc, out);
+    out->row0  = b->row0;
+    out->shift = b->shift;
     return rc;
 }
 
@@ -627,7 +629,8 @@ static int reencode_block(const kvg_store * s, int64_t li, const kvg_block * b, 
         rc = encode_block(s, li, tier, codec, tmp, n_rows, fresh, out);
     }
     free(tmp);
-    out->row0 = b->row0;
+    out->row0  = b->row0;
+    out->shift = b->shift;  // the decoded keys are the ones rotated where the block's were
     return rc;
 }
 

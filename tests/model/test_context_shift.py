@@ -1,0 +1,149 @@
+"""Context shift (kvgguf.Llama(context_shift=True)): a context that fills n_ctx keeps its first
+n_keep tokens, drops half of the rest and moves the later ones back, as llama.cpp's server does.
+llama.cpp's cells shift by its own RoPE shift; the store's blocks keep their codes, and attention
+rotates the queries (fused path) or the decoded keys (expanding path) to match
+(native/src/store/shift.c, native/llama/src/llama-kvgguf-graph.cpp).
+
+The reference is stock llama.cpp shifted by its own llama_memory_seq_rm and llama_memory_seq_add
+over the same positions. With an f16 cold store on the expanding path the first shift gives its
+logits bit for bit (the same f16 rotation of the same rows); after a second one kvgguf rotates a
+twice-moved key once by the sum, stock twice with an f16 rounding between, and the fused path
+rotates the query in f32 instead of the key in f16: there the bound is the fused path's own
+(tests/model/test_fused_attention.py).
+"""
+
+import llama_cpp
+import numpy as np
+import pytest
+
+import tiny_models
+from tiny_models import TinySpec
+from kvgguf import Llama, TieredConfig
+from kvgguf.bindings.store import KVStore
+from kvgguf.evaluation.harness import kl_top1
+from kvgguf.evaluation.text import wikitext2_test
+
+KW = dict(n_threads=1, n_threads_batch=1, verbose=False)
+F16_COLD = TieredConfig(
+    hot=64, sinks=4, warm="f16", warm_tokens=0, archive=None, block=32, window="f16", hot_cells="f16"
+)
+N_CTX = 256
+N_BATCH = 32
+
+
+@pytest.fixture(scope="module")
+def text_tokens(smollm2_path):
+    vocab = llama_cpp.Llama(str(smollm2_path), vocab_only=True, verbose=False)
+    return vocab.tokenize(wikitext2_test()[:8000].encode("utf-8"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, smollm2_path):
+    folder = tmp_path_factory.mktemp("shift-models")
+    made = {}
+
+    def get(name: str, spec: TinySpec):
+        if name not in made:
+            made[name] = str(tiny_models.write(folder / f"{name}.gguf", spec, smollm2_path))
+        return made[name]
+
+    return get
+
+
+def shifted_run(llm, ref, toks):
+    """Feeds toks in batches of N_BATCH to llm (context_shift=True) and to stock ref, which gets
+    the same shifts through llama.cpp's own calls: the last logits of each batch after the first
+    shift, and how many shifts each followed."""
+    got, want, after, shifts = [], [], [], 0
+    for i in range(0, len(toks), N_BATCH):
+        batch = toks[i : i + N_BATCH]
+        llm.eval(batch)
+        if llm.context_shifts > shifts:
+            shifts = llm.context_shifts
+            p0, p1 = llm.last_shift
+            n = ref.n_tokens
+            mem = llama_cpp.llama_get_memory(ref._ctx.ctx)
+            llama_cpp.llama_memory_seq_rm(mem, 0, p0, p1)
+            llama_cpp.llama_memory_seq_add(mem, 0, p1, -1, -(p1 - p0))
+            ref.input_ids[p0 : n - (p1 - p0)] = ref.input_ids[p1:n].copy()
+            ref.n_tokens = n - (p1 - p0)
+        ref.eval(batch)
+        assert ref.n_tokens == llm.n_tokens
+        assert list(ref.input_ids[: ref.n_tokens]) == list(llm.input_ids[: llm.n_tokens])
+        if shifts:
+            got.append(np.array(llm.scores[llm.n_tokens - 1]))
+            want.append(np.array(ref.scores[ref.n_tokens - 1]))
+            after.append(shifts)
+    return np.array(got), np.array(want), np.array(after)
+
+
+def shift_against_stock(path, toks, attention):
+    ref = llama_cpp.Llama(path, n_ctx=N_CTX, n_batch=N_BATCH, n_ubatch=N_BATCH, logits_all=True, **KW)
+    llm = Llama(
+        path,
+        kv_codec=F16_COLD,
+        n_ctx=N_CTX,
+        n_batch=N_BATCH,
+        logits_all=True,
+        kv_attention=attention,
+        context_shift=True,
+        **KW,
+    )
+    got, want, after = shifted_run(llm, ref, toks)
+    assert llm.context_shifts >= 3 and llm.tokens_shifted_out > len(toks) - N_CTX
+    assert set(after) == {1, 2, 3}
+    return llm, kl_top1(want, got)
+
+
+@pytest.mark.parametrize("attention", ["expand", "fused"])
+def test_a_shifted_f16_store_gives_stock_shifted_logits(tiny, text_tokens, attention, monkeypatch):
+    """Three shifts over 640 tokens in n_ctx 256, compared after each batch from the first shift
+    on. Measured on the tiny llama: KL 1.6e-7 on both paths, every top token the same. The same
+    run without the rotation (llama.cpp never told of the moved rows) is 17x further (KL 2.8e-6;
+    a random tiny model's attention barely depends on position), so the control runs here too."""
+    path, toks = tiny("llama", TinySpec("llama")), text_tokens[:640]
+    llm, (kl, top1) = shift_against_stock(path, toks, attention)
+    assert llm.kv_cache.store.shifts(0), "the store holds moved blocks"
+    assert kl < 1e-6 and top1 == 1.0, (kl, top1)
+    llm.close()
+    unrotated = KVStore.hook_functions
+    monkeypatch.setattr(KVStore, "hook_functions", lambda self: (*unrotated(self)[:2], 0))
+    _, (kl_unrotated, _) = shift_against_stock(path, toks, attention)
+    assert kl_unrotated > 5 * kl, (kl_unrotated, kl)
+
+
+@pytest.mark.parametrize("kv_codec", [None, "tiered"])
+def test_a_completion_past_n_ctx_raises_naming_the_option_or_shifts(tiny, text_tokens, kv_codec):
+    path = tiny("llama", TinySpec("llama"))
+    prompt = text_tokens[:300]  # longer than n_ctx
+    llm = Llama(path, kv_codec=kv_codec, n_ctx=N_CTX, **KW)
+    with pytest.raises(ValueError, match="context_shift=True"):
+        llm.create_completion(prompt, max_tokens=4)
+    llm.close()
+    llm = Llama(path, kv_codec=kv_codec, n_ctx=N_CTX, context_shift=True, **KW)
+    out = llm.create_completion(prompt, max_tokens=N_CTX, temperature=0.0, logit_bias={llm.token_eos(): -1e9})
+    assert out["usage"]["completion_tokens"] == N_CTX and out["choices"][0]["finish_reason"] == "length"
+    assert llm.context_shifts >= 2 and llm.n_tokens <= N_CTX
+    assert list(llm.input_ids[: llm.n_keep]) == prompt[: llm.n_keep]  # the kept tokens stay in front
+    chat = llm.create_chat_completion([{"role": "user", "content": "hello " * 300}], max_tokens=8)
+    assert chat["usage"]["completion_tokens"] >= 1
+    llm.close()
+
+
+def test_n_keep_that_leaves_no_room_is_refused_before_the_first_token(tiny):
+    path = tiny("llama", TinySpec("llama"))
+    with pytest.raises(ValueError, match="n_keep=200 leaves no room"):
+        Llama(path, kv_codec="tiered", n_ctx=N_CTX, context_shift=True, n_keep=200, **KW)
+
+
+def test_a_shifted_context_is_refused_by_sessions_and_leaves_no_file(tiny, text_tokens, tmp_path):
+    path = tiny("llama", TinySpec("llama"))
+    llm = Llama(path, kv_codec=F16_COLD, n_ctx=N_CTX, n_batch=N_BATCH, context_shift=True, **KW)
+    llm.eval(text_tokens[:640])
+    assert llm.kv_cache.store.shifts(0)  # moved blocks (a shift past the cold rows moves none)
+    with pytest.raises(ValueError, match="context shift moved cannot be saved"):
+        llm.save_session(tmp_path / "s.kvz")
+    assert not (tmp_path / "s.kvz").exists()
+    llm.reset()
+    llm.eval(text_tokens[:100])
+    llm.save_session(tmp_path / "s.kvz")  # a fresh context saves again
