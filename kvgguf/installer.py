@@ -68,6 +68,7 @@ class InstalledLlama(Llama):
 
     def __init__(self, model_path: str, **kwargs):
         defaults = _defaults or {}
+        shift_by_default = "context_shift" not in kwargs and bool(defaults.get("context_shift"))
         for key, value in defaults.items():
             kwargs.setdefault(key, value)
         if kwargs.get("kv_codec") is not None:
@@ -76,7 +77,15 @@ class InstalledLlama(Llama):
                 _say_stock(model_path, why)
                 kwargs["kv_codec"] = None
         try:
-            super().__init__(model_path, **kwargs)
+            try:
+                super().__init__(model_path, **kwargs)
+            except ValueError as e:
+                # a model that cannot shift (M-RoPE, recurrent) stops at n_ctx, as without the default
+                if not (shift_by_default and str(e).startswith("context_shift=True:")):
+                    raise
+                print(f"kvgguf: {model_path}: {e}; it stops at n_ctx", file=sys.stderr)
+                kwargs["context_shift"] = False
+                super().__init__(model_path, **kwargs)
         except ValueError as e:
             # kvgguf refused this model (a shape, a head dim its codec cannot take): a framework
             # that asked for llama_cpp.Llama gets stock's, never an error stock would not raise.

@@ -248,12 +248,22 @@ class Llama(SessionCalls):
         if not self.context_shift:
             return
         why = None
-        if not llama_cpp.llama_memory_can_shift(llama_cpp.llama_get_memory(self._ctx.ctx)):
-            why = "llama.cpp cannot shift this model's memory (a recurrent or M-RoPE model)"
+        can = (
+            hooks.can_shift(self._ctx.ctx)
+            if self._kv is not None
+            else llama_cpp.llama_memory_can_shift(llama_cpp.llama_get_memory(self._ctx.ctx))
+        )
+        window = self._kv.shape.n_swa if self._kv is not None else 0
+        if not can:
+            why = "llama.cpp cannot shift this model's memory (M-RoPE, recurrent, or positions it cannot rotate)"
         elif self._kv is not None and self._kv.gpu is not None:
             why = "layers whose compressed rows live on a GPU cannot shift yet (pass n_gpu_layers=0)"
         elif self.n_keep >= self.n_ctx() // 2:
             why = f"n_keep={self.n_keep} leaves no room to shift in n_ctx={self.n_ctx()}"
+        elif window and (self.n_ctx() - self.n_keep) // 2 - self._kv.config.block < window + self.n_keep:
+            # what a shift keeps must stay a window ahead of the front, or a sliding layer's
+            # queries would reach back to rows its cache no longer holds (LiveCache.shift)
+            why = f"n_ctx={self.n_ctx()} is too short beside the sliding window of {window} (give it over {4 * window})"
         if why:
             self.close()
             raise ValueError(f"context_shift=True: {why}")

@@ -164,7 +164,14 @@ def run(args) -> int:
         kw["type_k"] = args.cache_type_k
     if args.cache_type_v:
         kw["type_v"] = args.cache_type_v
-    llm = kvgguf.Llama(str(path), **kw)
+    kw.update(context_shift=not args.no_context_shift, n_keep=args.keep)
+    try:
+        llm = kvgguf.Llama(str(path), **kw)
+    except ValueError as e:
+        if not kw["context_shift"] or not str(e).startswith("context_shift=True:"):
+            raise
+        log(f"kvgguf chat: {e}; the chat stops at the context size")
+        llm = kvgguf.Llama(str(path), **{**kw, "context_shift": False})
     sampling = dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p)
     session = ChatSession(llm, system=args.system, max_tokens=args.n_predict, sampling=sampling)
     log(f"kvgguf chat: {path.name}, {llm.kv_memory()}")

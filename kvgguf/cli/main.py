@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--hot", type=_positive, default=None, help="tokens llama.cpp keeps exact (with --kv-codec)")
     chat.add_argument("--sinks", type=int, default=None, help="first tokens kept exact (with --kv-codec)")
     chat.add_argument("-c", "--ctx-size", type=_positive, default=4096, help="context size in tokens")
+    chat.add_argument(
+        "--no-context-shift",
+        action="store_true",
+        help="stop at the context size instead of shifting (default: shift, as llama.cpp's CLI does)",
+    )
+    chat.add_argument("--keep", type=int, default=None, help="tokens a context shift keeps (default: the sinks, 4)")
     chat.add_argument("-n", "--n-predict", type=_positive, default=512, help="max tokens per reply")
     chat.add_argument("--temp", type=float, default=0.8, help="sampling temperature (0: greedy)")
     chat.add_argument("--top-k", type=int, default=40, help="top-k sampling (0: off)")

@@ -68,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="compressed bytes the prompt cache may hold (default: 2 GiB)",
     )
+    p.add_argument(
+        "--no-context-shift",
+        action="store_true",
+        help="refuse requests past n_ctx instead of shifting (default: shift, as llama.cpp's server does)",
+    )
+    p.add_argument("--keep", type=int, default=None, help="tokens a context shift keeps (default: the sinks, 4)")
     p.add_argument("--config_file", default=None, help="llama_cpp.server's JSON or YAML config file")
     add_args_from_model(p, Settings)
     return p
@@ -317,7 +323,9 @@ def run(args) -> int:
         # soon as another request arrives; a prefill is expensive here, so requests wait their turn.
         a.interrupt_requests = False
 
-    kvgguf.install(kv_codec=a.kv_codec, kv_attention=a.kv_attention)
+    kvgguf.install(
+        kv_codec=a.kv_codec, kv_attention=a.kv_attention, context_shift=not a.no_context_shift, n_keep=a.keep
+    )
     where = a.prompt_cache or ""
     use_compressed_prompt_caches(
         where[len("disk:") :] if where.startswith("disk:") else None, where if where.startswith("redis://") else None

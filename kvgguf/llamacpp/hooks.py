@@ -68,6 +68,7 @@ compact = _bind("llama_kvgguf_compact", [C.llama_context_p_ctypes], ctypes.c_int
 # (version 20) a context shift of llama.cpp's cells: [p0, p1) removed, compacted, later positions
 # moved back by p1 - p0 and their keys rotated now. 0; -1 bad arguments or a memory that cannot
 # shift; -2 a step failed.
+can_shift = _bind("llama_kvgguf_can_shift", [C.llama_context_p_ctypes], ctypes.c_bool)
 shift = _bind(
     "llama_kvgguf_shift", [C.llama_context_p_ctypes, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32], ctypes.c_int32
 )

@@ -516,6 +516,13 @@ class LiveCache:
         p0, p1 = plan.shift_range(self.blocks, n_past, n_keep, n_discard)
         if p1 <= p0:
             return p0, p1
+        window = self.shape.n_swa
+        if window and n_past - (p1 - p0) - window < p0:
+            # llama.cpp's window cells hold the hot rows only: a query must not see the kept front
+            raise ValueError(
+                f"kvgguf: a shift out of [{p0}, {p1}) would bring the first {p0} tokens inside the "
+                f"sliding window of {window}; a longer n_ctx or a smaller n_keep shifts"
+            )
         if p0 < self.n_cold:
             self.store.shift(p0, min(p1, self.n_cold))  # on the blocks' boundaries: fails only on bad input
         self.blocks = plan.shifted(self.blocks, p0, p1)

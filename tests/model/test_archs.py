@@ -22,47 +22,12 @@ from kvgguf.evaluation.text import wikitext2_test
 from kvgguf.model.shape import KVShape
 
 import tiny_models
-from tiny_models import TinySpec
+from tiny_models import SPECS, TinySpec
 
 KW = dict(n_threads=1, n_threads_batch=1, verbose=False)
 F16_COLD = TieredConfig(
     hot=64, sinks=0, warm="f16", warm_tokens=0, archive=None, block=32, window="f16", hot_cells="f16"
 )
-SPECS = {
-    "llama": TinySpec("llama"),
-    "qwen2": TinySpec("qwen2"),
-    "qwen3": TinySpec("qwen3", head_dim=32),
-    "phi3": TinySpec("phi3", sliding_window=2047),  # the window its converter writes and llama.cpp ignores
-    "mistral3": TinySpec("mistral3"),
-    "granite": TinySpec("granite"),
-    "smollm3": TinySpec("smollm3", n_layer=4),  # every 4th layer without rope
-    "olmo2": TinySpec("olmo2"),
-    "olmo2-swa": TinySpec("olmo2", n_layer=4, sliding_window=32),  # OLMo 3's layout: 3 of 4 layers slide
-    "starcoder2": TinySpec("starcoder2"),
-    "cohere2": TinySpec("cohere2", n_layer=4),  # sliding window 32, every 4th layer full
-    "gemma2": TinySpec("gemma2"),  # soft-capping, sliding window 32 on even layers
-    "granite_swa": TinySpec("granite_swa", n_layer=4),  # attention sinks; layer 0 full, 1-3 slide over 32
-    "llama-hd96": TinySpec("llama", head_dim=96),  # OpenLLaMA's and some Phi files' head dim
-    "llama-hd80": TinySpec("llama", head_dim=80),
-    "llama-kv-array": TinySpec("llama", n_head_kv=(2, 2)),  # head_count_kv written per layer
-    "llama-longrope": TinySpec("llama", longrope=256),  # n_ctx 1024 > 256: llama.cpp takes the long factors
-    "phi3-longrope": TinySpec("phi3", longrope=256),
-    "exaone": TinySpec("exaone"),
-    "exaone4": TinySpec("exaone4"),  # norms after the blocks only, per-head q/k norms
-    "glm4": TinySpec("glm4", extra={"rope.dimension_count": 8}),  # half of each head rotates, as GLM-4's
-    "internlm2": TinySpec("internlm2"),
-    "stablelm": TinySpec("stablelm", extra={"rope.dimension_count": 4}),  # LayerNorm with biases, 25% rotary
-    "command-r": TinySpec("command-r"),  # parallel blocks, logit scale
-    "gemma": TinySpec("gemma", head_dim=32),  # Gemma 7B's head dim is no n_embd / n_head either
-    "qwen3moe": TinySpec("qwen3moe", head_dim=32),  # 4 experts, 2 used
-    "olmo": TinySpec("olmo"),  # LayerNorms without weights
-    "gpt-oss": TinySpec("gpt-oss", head_dim=32),  # layer 0 slides over 32, layer 1 full; sinks; MoE
-    # Gemma 4 31B's layout, tiny: sliding layers 16-wide heads x 2 KV heads, full ones 32 x 1 with V
-    # taken from K's projection (no attn_v); no per-layer embeddings, no shared KV layers
-    "gemma4": TinySpec(
-        "gemma4", n_layer=4, head_dim=32, head_dim_swa=16, n_head_kv=(2, 1, 2, 1), sliding=(True, False, True, False)
-    ),
-}
 
 
 def test_every_architecture_the_readme_lists_as_tested_has_a_tiny_model():

@@ -137,3 +137,13 @@ def test_bad_flags_and_missing_models_exit_2_with_a_clear_message(args, message)
     out = run_cli(*args)
     assert out.returncode == 2
     assert message in out.stderr
+
+
+@pytest.mark.model
+def test_chat_shifts_past_its_context_unless_told_not_to():
+    long_prompt = "Summarize this. " + "The quick brown fox jumps over the lazy dog. " * 40  # over 256 tokens
+    out = run_cli("chat", "--kv-codec", "tiered", "-p", long_prompt, "--temp", "0", "-n", "8", "-c", "256", "-t", "2")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()
+    refused = run_cli("chat", "--no-context-shift", "-p", long_prompt, "--temp", "0", "-n", "8", "-c", "256")
+    assert refused.returncode != 0 and "context_shift=True" in refused.stderr

@@ -173,9 +173,31 @@ def test_a_body_that_is_not_json_gets_400(server):
 
 
 @pytest.mark.parametrize("route", ["completions", "chat"])
-def test_a_streamed_prompt_longer_than_the_context_gets_400_before_the_stream(client, route):
-    """llama_cpp.server answered 200 and an empty event stream, with no error and no [DONE]; the
-    same request without stream gets 400 (issue 46)."""
+def test_a_prompt_longer_than_the_context_is_shifted_and_answered(client, route):
+    """kvgguf serve shifts a context past n_ctx by default, as llama.cpp's server does."""
+    if route == "completions":
+        out = client.completions.create(model="smollm2-135m", prompt="word " * 3000, max_tokens=2)
+        assert out.usage.prompt_tokens > 2048 and out.usage.completion_tokens == 2
+    else:
+        messages = [{"role": "user", "content": "word " * 3000}]
+        out = client.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=2)
+        assert out.usage.prompt_tokens > 2048 and out.choices[0].message.content is not None
+
+
+@pytest.fixture(scope="module")
+def unshifted(smollm2_path, tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve-unshifted") / "server.log"
+    args = [str(smollm2_path), "--model_alias", "smollm2-135m", "--n_ctx", "2048", "--no-context-shift"]
+    with kvgguf_serve([*args, "--n_threads", "2", "--n_threads_batch", "2"], log, {}) as base:
+        yield openai.OpenAI(base_url=base + "/v1", api_key="not-needed", timeout=300, max_retries=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("route", ["completions", "chat"])
+def test_a_streamed_prompt_longer_than_the_context_gets_400_before_the_stream(unshifted, route):
+    """With --no-context-shift: llama_cpp.server answered 200 and an empty event stream, with no
+    error and no [DONE]; the same request without stream gets 400."""
+    client = unshifted
     with pytest.raises(openai.BadRequestError) as e:
         if route == "completions":
             client.completions.create(model="smollm2-135m", prompt="word " * 3000, max_tokens=2, stream=True)

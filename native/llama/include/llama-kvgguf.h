@@ -101,8 +101,16 @@ LLAMA_API int32_t llama_kvgguf_compact(struct llama_context * ctx);
 // from p1 on back by p1 - p0 (llama_memory_seq_add) and applies that move now (the keys rotated
 // by llama.cpp's own RoPE shift), so that what reads the cells next (an eviction) reads rows at
 // their new positions. kvgguf shifts its own cold rows apart (kvg_store_shift). Returns 0, -1
-// for bad arguments or a memory that cannot shift (llama_memory_can_shift), -2 if a step failed.
+// for bad arguments or a memory that cannot shift (llama_kvgguf_can_shift), -2 if a step failed.
 LLAMA_API int32_t llama_kvgguf_shift(struct llama_context * ctx, llama_seq_id seq_id, llama_pos p0, llama_pos p1);
+
+// (patch 0020) Whether llama_kvgguf_shift can shift this context's memory: a KV cache whose
+// keys llama.cpp can rotate (not M-RoPE, not recurrent), and for an iSWA memory both of its
+// caches. llama_memory_can_shift also wants the sliding-window cache as large as the base one
+// (swa_full): a query's window must not reach back across the cut to rows that cache dropped.
+// kvgguf sizes that cache to its hot window and keeps the window off the cut itself (its
+// caller shifts only where the kept front lies a window behind the rows that stay).
+LLAMA_API bool llama_kvgguf_can_shift(const struct llama_context * ctx);
 
 // Bytes of the buffers llama.cpp allocated for this context's KV cache (all layers, K and V).
 LLAMA_API int64_t llama_kvgguf_kv_bytes(const struct llama_context * ctx);

@@ -53,7 +53,7 @@ bool llm_graph_input_kv_cold::can_reuse(const llm_graph_params & params) {
 
     for (const auto & l : layers) {
         const int64_t n_cur = std::max<int32_t>(0, hooks->n_cold(hooks->user, l.il));
-        if (n_cur != l.n_cold || llm_kv_cold_runs(hooks, l.il, n_cur) != l.runs) {
+        if (n_cur != l.n_cold || (l.rope && llm_kv_cold_runs(hooks, l.il, n_cur) != l.runs)) {
             return false;
         }
     }
@@ -811,7 +811,9 @@ ggml_tensor * llm_graph_context::build_attn_kv_cold(ggml_tensor * q, ggml_tensor
     const int64_t n_cold = std::max<int32_t>(0, kv_cold->n_cold(kv_cold->user, il));
 
     // record the layer even when n_cold == 0 so that the graph is rebuilt once cold rows appear
-    inp_kv_cold->layers.push_back({ il, n_cold, llm_kv_cold_runs(kv_cold, il, n_cold) });
+    const bool rope = hparams.has_rope(il);
+    inp_kv_cold->layers.push_back(
+        { il, n_cold, rope, rope ? llm_kv_cold_runs(kv_cold, il, n_cold) : std::vector<llm_kv_cold_run>() });
     const auto & runs = inp_kv_cold->layers.back().runs;
 
     if (n_cold == 0) {

@@ -69,6 +69,7 @@ class llm_graph_input_kv_cold : public llm_graph_input_i {
     struct layer {
         int32_t                      il;
         int64_t                      n_cold;
+        bool                         rope;  // a layer without RoPE scores moved keys as they are
         std::vector<llm_kv_cold_run> runs;
     };
 

@@ -366,12 +366,21 @@ int32_t llama_kvgguf_compact(llama_context * ctx) {
     return kv && kv->kvgguf_compact() ? 0 : -1;
 }
 
+bool llama_kvgguf_can_shift(const llama_context * ctx) {
+    llama_memory_t mem = ctx ? ctx->get_memory() : nullptr;
+    if (auto * iswa = dynamic_cast<llama_kv_cache_iswa *>(mem)) {
+        return iswa->get_base()->get_can_shift() && iswa->get_swa()->get_can_shift();
+    }
+    auto * kv = dynamic_cast<llama_kv_cache *>(mem);
+    return kv && kv->get_can_shift();
+}
+
 int32_t llama_kvgguf_shift(llama_context * ctx, llama_seq_id seq_id, llama_pos p0, llama_pos p1) {
     if (!ctx || seq_id < 0 || p0 < 0 || p1 < p0) {
         return -1;
     }
     llama_memory_t mem = ctx->get_memory();
-    if (!mem || !mem->get_can_shift()) {
+    if (!llama_kvgguf_can_shift(ctx)) {
         return -1;
     }
     if (p1 == p0) {
