@@ -70,6 +70,12 @@ REGISTRY: dict[str, Bench] = {
         {**_M, "contexts": "--ctx", **_T, **_O},
         _ONE_CTX,
     ),
+    "context_shift": Bench(
+        "quality",
+        "quality after context shifts, against stock shifted the same way",
+        {**_M, "contexts": "--ctx", **_T, **_O},
+        _ONE_CTX,
+    ),
     "calibration_proxy": Bench("quality", "whether calibration's cheap prediction tracks the KL", {**_M, **_T, **_O}),
     "literature_claims": Bench(
         "quality",

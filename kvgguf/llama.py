@@ -245,6 +245,7 @@ class Llama(SessionCalls):
 
     def _check_shift(self) -> None:
         """Refuses context_shift before the first token where a shift could not be exact."""
+        self._forget_shifts()
         if not self.context_shift:
             return
         why = None
@@ -439,6 +440,7 @@ class Llama(SessionCalls):
                 p0, p1 = self._kv.shift(n_past, n_keep, n_discard)
             except RuntimeError:
                 self.n_tokens = 0  # the cache started over
+                self._forget_shifts()
                 raise
         else:
             p0, p1 = n_keep, n_keep + n_discard
@@ -446,6 +448,7 @@ class Llama(SessionCalls):
             llama_cpp.llama_memory_seq_rm(mem, 0, p0, p1)
             llama_cpp.llama_memory_seq_add(mem, 0, p1, -1, -(p1 - p0))
         d = p1 - p0
+        self._note_dropped(p0, p1, n_past)
         self.input_ids[p0 : n_past - d] = self.input_ids[p1:n_past].copy()
         if self._logits_all:
             self.scores[p0 : n_past - d, :] = self.scores[p1:n_past, :].copy()
@@ -453,6 +456,50 @@ class Llama(SessionCalls):
         self.context_shifts += 1
         self.tokens_shifted_out += d
         self.last_shift = (p0, p1)
+
+    def _forget_shifts(self) -> None:
+        """The context is what its tokens say again (reset, a session loaded)."""
+        self._shifted = False
+        self._hist_pos = np.arange(len(self.input_ids), dtype=np.int64)  # context position -> history index
+        self._dropped = np.zeros(0, dtype=np.intc)  # history index -> token, for the tokens shifts dropped
+
+    def _note_dropped(self, p0: int, p1: int, n_past: int) -> None:
+        """Before a shift drops context positions [p0, p1): their tokens kept by history index,
+        and the map moved as input_ids will be (the positions after n_past continue the history)."""
+        h = self._hist_pos
+        if p1 > p0:
+            need = int(h[p1 - 1]) + 1
+            if self._dropped.size < need:
+                self._dropped = np.concatenate([self._dropped, np.zeros(need - self._dropped.size, np.intc)])
+            self._dropped[h[p0:p1]] = self.input_ids[p0:p1]
+        d = p1 - p0
+        h[p0 : n_past - d] = h[p1:n_past].copy()
+        self._continue_history(n_past - d)
+        self._shifted = True
+
+    def _continue_history(self, n: int) -> None:
+        """Positions from n on take the history indices after position n - 1's."""
+        start = int(self._hist_pos[n - 1]) + 1 if n > 0 else 0
+        self._hist_pos[n:] = start + np.arange(len(self._hist_pos) - n)
+
+    def _history_match(self, tokens: list) -> tuple[int, int]:
+        """For a prompt after shifts: (context positions to keep, prompt tokens they stand for).
+        The conversation so far is the context's tokens at their history indices with the dropped
+        ones between them; the prompt's common prefix with it (but its last token) decides: the
+        context keeps the positions whose history lies in it, and the prompt's tokens after it
+        are evaluated. A chat that sends its whole conversation each turn so reuses the shifted
+        context, and evaluates only the new turn."""
+        n = self.n_tokens
+        h = self._hist_pos[:n]
+        length = int(h[-1]) + 1 if n else 0
+        history = np.zeros(length, dtype=np.intc)
+        history[: min(length, self._dropped.size)] = self._dropped[:length]
+        history[h] = self.input_ids[:n]
+        prompt = np.asarray(tokens[:-1], dtype=np.intc)
+        m = min(length, prompt.size)
+        differ = np.nonzero(history[:m] != prompt[:m])[0]
+        m = int(differ[0]) if differ.size else m
+        return int(np.searchsorted(h, m)), m
 
     @one_call
     def generate(self, tokens: Sequence[int], *args, **kwargs):
@@ -473,14 +520,21 @@ class Llama(SessionCalls):
         if not tokens:
             return
         if kwargs.get("reset", True):
-            n = 0
-            for a, b in zip(self.input_ids[: self.n_tokens].tolist(), tokens[:-1]):
-                if a != b:
-                    break
-                n += 1
-            self.n_tokens = n
-            self.eval(tokens[n:-1])
+            if self._shifted:
+                keep, m = self._history_match(tokens)
+                self.n_tokens = keep
+                self._dropped = self._dropped[:m]
+                self._hist_pos[keep:] = m + np.arange(len(self._hist_pos) - keep)
+            else:
+                m = 0
+                for a, b in zip(self.input_ids[: self.n_tokens].tolist(), tokens[:-1]):
+                    if a != b:
+                        break
+                    m += 1
+                self.n_tokens = m
+            self.eval(tokens[m:-1])
         else:
+            self._continue_history(self.n_tokens)
             self.eval(tokens[:-1])
         kwargs["reset"] = True  # the new generator reuses the context as its prompt's prefix
         pending = tokens[-1:]
@@ -544,6 +598,7 @@ class Llama(SessionCalls):
     @serialized
     def reset(self):
         super().reset()
+        self._forget_shifts()
         if self._kv is not None:
             self._kv.clear()
 

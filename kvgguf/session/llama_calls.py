@@ -72,6 +72,7 @@ class SessionCalls(llama_cpp.Llama):
         n = len(restored.tokens)
         self.input_ids[:n] = restored.tokens
         self.n_tokens = n
+        self._forget_shifts()
         self._requires_eval = True  # llama-cpp-python replays the last token before sampling
         meta = restored.meta
         app = meta.get("app")

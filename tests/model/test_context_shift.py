@@ -181,3 +181,28 @@ def test_a_shifted_context_is_refused_by_sessions_and_leaves_no_file(tiny, text_
     llm.reset()
     llm.eval(text_tokens[:100])
     llm.save_session(tmp_path / "s.kvz")  # a fresh context saves again
+
+
+@pytest.mark.parametrize("kv_codec", [None, "tiered"])
+def test_a_conversation_past_n_ctx_evaluates_only_each_new_turn(tiny, text_tokens, kv_codec):
+    """Each turn sends the whole conversation, as a chat does: after shifts the context still
+    stands for it (its dropped tokens are remembered by their place in the conversation), so a
+    turn evaluates its own tokens, not the conversation again."""
+    path = tiny("llama", TinySpec("llama"))
+    llm = Llama(path, kv_codec=kv_codec, n_ctx=N_CTX, context_shift=True, **KW)
+    conversation, turns = [], [text_tokens[i : i + 90] for i in range(0, 900, 90)]
+    no_eos = {llm.token_eos(): -1e9}
+    for turn in turns:
+        conversation += turn
+        before = llm.tokens_evaluated
+        out = llm.create_completion(conversation, max_tokens=20, temperature=0.0, logit_bias=no_eos)
+        evaluated = llm.tokens_evaluated - before
+        assert out["usage"]["completion_tokens"] == 20
+        assert evaluated <= len(turn) + 19, (evaluated, len(conversation))  # the turn, then 19 generated
+        conversation += llm.input_ids[llm.n_tokens - 19 : llm.n_tokens].tolist()  # the reply as evaluated
+    assert llm.context_shifts >= 3 and len(conversation) > 4 * N_CTX
+    # a prompt that departs from the conversation inside what was dropped is evaluated again
+    before = llm.tokens_evaluated
+    llm.create_completion(conversation[:10] + [t ^ 1 for t in conversation[10:300]], max_tokens=2)
+    assert llm.tokens_evaluated - before >= 280
+    llm.close()
