@@ -333,7 +333,9 @@ class LiveCache:
             self._aging_due = None
             self._age()
         n_cold = self.n_cold
-        n_evict = plan.rows_to_evict(n_past, n_cold, self.config) if aligned else 0
+        # (a context shift moves n_past off the multiples of step: then where the batch needs it)
+        due = aligned or n_past - n_cold + n_new > self.capacity
+        n_evict = plan.rows_to_evict(n_past, n_cold, self.config) if due else 0
         if n_past - n_cold - n_evict + n_new > self.capacity:
             raise ValueError(
                 f"a batch of {n_new} tokens does not fit beside the hot window "

@@ -80,12 +80,16 @@ class SessionCalls(llama_cpp.Llama):
             meta["n_tokens"], meta["n_cold"], len(data), meta["codec"], app if isinstance(app, dict) else None
         )
 
+    def _moved_blocks(self) -> bool:
+        """Whether a context shift moved compressed rows, which the session format cannot record yet."""
+        return self._kv is not None and any(self._kv.store.shifts(il) for il in self._kv.layers)
+
     def _session_view(self, drop_dead_rows: bool = False) -> session.LiveContext:
         """This context as the session code sees it. drop_dead_rows: first remove cache rows past
         n_tokens (llama-cpp-python drops them lazily, at the next eval), so the cache holds
         exactly the tokens a session records."""
         self._check_open("sessions and states")
-        if self._kv is not None and any(self._kv.store.shifts(il) for il in self._kv.layers):
+        if self._moved_blocks():
             # the session format records no block's rotation yet: restored, its keys would be
             # read as rotated at their new positions
             raise ValueError("a context a context shift moved cannot be saved yet; reset() or a new prompt first")
@@ -115,11 +119,15 @@ class SessionCalls(llama_cpp.Llama):
     def save_state(self):
         """llama-cpp-python's state; with a kv_codec or a compressed prompt cache, a
         SessionState holding .kvz bytes: the compressed rows as held, the rows llama.cpp holds
-        exactly kept bit for bit with a kv_codec, else encoded with the cache's codec."""
+        exactly kept bit for bit with a kv_codec, else encoded with the cache's codec. With a
+        compressed prompt cache attached, None for a context whose compressed rows a context shift
+        moved (llama-cpp-python hands each completion's state to the cache, which keeps no None)."""
         cache = self.cache if isinstance(self.cache, CompressedCache) else None
         if self._kv is None and cache is None:
             return super().save_state()
         codec = cache.codec if cache is not None else None
+        if cache is not None and self._moved_blocks():
+            return None  # llama-cpp-python stores a completion's state in its cache: this one is not kept
         data, _info = session.dump(
             self._session_view(drop_dead_rows=True),
             codec=codec,

@@ -103,7 +103,9 @@ class CompressedRAMCache(CompressedCache):
         self.cache_state.move_to_end(k)
         return self.cache_state[k]
 
-    def __setitem__(self, key: Sequence[int], value: SessionState) -> None:
+    def __setitem__(self, key: Sequence[int], value: Optional[SessionState]) -> None:
+        if value is None:  # a context save_state could not keep (one a context shift moved): not cached
+            return
         value = self._check_state(value)
         key = tuple(key)
         self.cache_state.pop(key, None)
@@ -159,7 +161,9 @@ class CompressedDiskCache(CompressedCache):
         os.utime(self._file(name))  # most recently used
         return SessionState(tokens, data, None)
 
-    def __setitem__(self, key: Sequence[int], value: SessionState) -> None:
+    def __setitem__(self, key: Sequence[int], value: Optional[SessionState]) -> None:
+        if value is None:  # a context save_state could not keep (one a context shift moved): not cached
+            return
         value = self._check_state(value)
         key = tuple(key)
         name = token_digest(key)

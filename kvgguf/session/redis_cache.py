@@ -284,7 +284,9 @@ class CompressedRedisCache(CompressedCache):
             self._delete(entry_id)
             return None
 
-    def __setitem__(self, key: Sequence[int], value: SessionState) -> None:
+    def __setitem__(self, key: Sequence[int], value: Optional[SessionState]) -> None:
+        if value is None:  # a context save_state could not keep (one a context shift moved): not cached
+            return
         value = self._check_state(value)
         if self.namespace is None:
             self._fault("not attached to a model", "use kvgguf.Llama.set_cache")

@@ -206,3 +206,17 @@ def test_a_conversation_past_n_ctx_evaluates_only_each_new_turn(tiny, text_token
     llm.create_completion(conversation[:10] + [t ^ 1 for t in conversation[10:300]], max_tokens=2)
     assert llm.tokens_evaluated - before >= 280
     llm.close()
+
+
+def test_the_preset_shifts_a_prompt_longer_than_n_ctx_and_the_next_turn(smollm2_path):
+    """SmolLM2's preset (blocks of 64 after 4 sinks, batches of 32): a shift moves n_tokens off
+    the multiples of n_batch, so the live cache then evicts where a batch needs it. kvgguf serve's
+    first failure, as a 500."""
+    llm = Llama(str(smollm2_path), kv_codec="tiered:fixed", n_ctx=1024, context_shift=True, **KW)
+    prompt = "word " * 1500
+    out = llm.create_completion(prompt, max_tokens=2)
+    assert out["usage"]["prompt_tokens"] > 1024 and llm.kv_cache.store.shifts(0)
+    before = llm.tokens_evaluated
+    llm.create_completion(prompt + "word " * 40, max_tokens=2)
+    assert llm.tokens_evaluated - before <= 45
+    llm.close()
