@@ -42,6 +42,7 @@ class SessionCalls(llama_cpp.Llama):
         bit. entropy=True zstd-codes the file's sections. app: JSON data stored with it,
         returned by load_session (the chat keeps its messages there).
         """
+        self._refuse_moved()
         budget = parse_auto(codec)
         if budget is not None:
             codec = calibrated_config(
@@ -84,15 +85,17 @@ class SessionCalls(llama_cpp.Llama):
         """Whether a context shift moved compressed rows, which the session format cannot record yet."""
         return self._kv is not None and any(self._kv.store.shifts(il) for il in self._kv.layers)
 
+    def _refuse_moved(self) -> None:
+        # the session format records no block's rotation yet: restored, its keys would be read
+        # as rotated at their new positions
+        if self._moved_blocks():
+            raise ValueError("a context a context shift moved cannot be saved yet; reset() or a new prompt first")
+
     def _session_view(self, drop_dead_rows: bool = False) -> session.LiveContext:
         """This context as the session code sees it. drop_dead_rows: first remove cache rows past
         n_tokens (llama-cpp-python drops them lazily, at the next eval), so the cache holds
         exactly the tokens a session records."""
         self._check_open("sessions and states")
-        if self._moved_blocks():
-            # the session format records no block's rotation yet: restored, its keys would be
-            # read as rotated at their new positions
-            raise ValueError("a context a context shift moved cannot be saved yet; reset() or a new prompt first")
         n = int(self.n_tokens)
         if drop_dead_rows:
             self._ctx.kv_cache_seq_rm(-1, n, -1)
@@ -128,6 +131,7 @@ class SessionCalls(llama_cpp.Llama):
         codec = cache.codec if cache is not None else None
         if cache is not None and self._moved_blocks():
             return None  # llama-cpp-python stores a completion's state in its cache: this one is not kept
+        self._refuse_moved()
         data, _info = session.dump(
             self._session_view(drop_dead_rows=True),
             codec=codec,

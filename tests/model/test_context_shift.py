@@ -220,3 +220,23 @@ def test_the_preset_shifts_a_prompt_longer_than_n_ctx_and_the_next_turn(smollm2_
     llm.create_completion(prompt + "word " * 40, max_tokens=2)
     assert llm.tokens_evaluated - before <= 45
     llm.close()
+
+
+def test_a_prompt_cache_keeps_no_moved_context_and_still_loads_an_earlier_one(tiny, text_tokens):
+    """llama-cpp-python hands a completion's state to its prompt cache and loads a cached state
+    that matches a prompt further than the context does: a moved context is not cached (its state
+    is None), and a cached one loads over it."""
+    from kvgguf.session.prompt_cache import CompressedRAMCache
+
+    path = tiny("llama", TinySpec("llama"))
+    llm = Llama(path, kv_codec=F16_COLD, n_ctx=N_CTX, n_batch=N_BATCH, context_shift=True, **KW)
+    cache = CompressedRAMCache(capacity_bytes=64 << 20)
+    llm.set_cache(cache)
+    short = text_tokens[:100]
+    llm.create_completion(short, max_tokens=2)  # cached: no shift
+    assert len(cache.cache_state) == 1
+    llm.create_completion(text_tokens[:640], max_tokens=2)  # shifts, moves compressed rows
+    assert llm.kv_cache.store.shifts(0) and len(cache.cache_state) == 1
+    llm.create_completion(short + text_tokens[200:210], max_tokens=2)  # the cached state loads over it
+    assert not llm.kv_cache.store.shifts(0)
+    llm.close()
