@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 N_BATCH = 64
 
 
-def run(model: str, cache: str, tokens: list[int], n_ctx: int, n_keep: int, threads: int) -> dict:
+def run(model: str, cache: str, tokens: list[int], n_ctx: int, n_keep: int, threads: int, attention: str) -> dict:
     import llama_cpp
 
     import kvgguf
@@ -40,7 +40,7 @@ def run(model: str, cache: str, tokens: list[int], n_ctx: int, n_keep: int, thre
     kw = dict(n_ctx=n_ctx, n_batch=N_BATCH, logits_all=True, flash_attn=True, verbose=False)
     kw.update(n_threads=threads, n_threads_batch=threads)
     ref = llama_cpp.Llama(path, n_ubatch=N_BATCH, **kw)
-    llm = kvgguf.Llama(path, kv_codec=cache, context_shift=True, n_keep=n_keep, **kw)
+    llm = kvgguf.Llama(path, kv_codec=cache, context_shift=True, n_keep=n_keep, kv_attention=attention, **kw)
     # per token (KL, top-1 agreement), before / after the first shift: summed per batch, as a
     # vocabulary of 262K (Gemma 3) makes every token's logits 1 MiB
     before, after = [], []
@@ -96,6 +96,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=None, help="tokens to run (default: 4 x --ctx)")
     p.add_argument("--keep", type=int, default=4, help="tokens a shift keeps (default: %(default)s)")
     p.add_argument("--caches", default="f16,tiered:fixed", help="kv_codecs, comma-separated (default: %(default)s)")
+    p.add_argument("--attention", choices=("fused", "expand"), default="fused", help="kv_attention (default: fused)")
     add_threads_option(p)
     add_out_option(p)
     a = p.parse_args(argv)
@@ -111,8 +112,9 @@ def main(argv=None) -> int:
     rows = []
     for cache in a.caches.split(","):
         progress(f"context_shift: {a.model} {cache}, n_ctx {a.ctx}, {len(tokens)} tokens")
-        rows.append(run(a.model, cache, tokens, a.ctx, a.keep, a.threads))
-    result = {"model": a.model, "n_ctx": a.ctx, "n_keep": a.keep, "tokens": len(tokens), "runs": rows}
+        rows.append(run(a.model, cache, tokens, a.ctx, a.keep, a.threads, a.attention))
+    result = {"model": a.model, "n_ctx": a.ctx, "n_keep": a.keep, "attention": a.attention, "tokens": len(tokens)}
+    result["runs"] = rows
     result["command"] = command(__file__, argv)
     table = markdown_table(
         ["cache", "shifts", "KL before", "top-1 before", "KL after", "top-1 after", "tokens after"],
@@ -130,7 +132,8 @@ def main(argv=None) -> int:
         ],
     )
     md = (
-        f"# Context shift: {a.model}, n_ctx {a.ctx}, n_keep {a.keep}, {len(tokens)} tokens of WikiText-2\n\n"
+        f"# Context shift: {a.model}, n_ctx {a.ctx}, n_keep {a.keep}, {a.attention} attention, "
+        f"{len(tokens)} tokens of WikiText-2\n\n"
         f"`{result['command']}`\n\nKL(stock f16 shifted the same way || kvgguf) per token; before: the tokens "
         "past the hot window before the first shift (the codec's own loss), after: every token after it.\n\n"
         f"{table}\n"
