@@ -35,6 +35,7 @@ def run(model: str, cache: str, tokens: list[int], n_ctx: int, n_keep: int, thre
 
     import kvgguf
     from kvgguf.evaluation.harness import kl_top1
+    from kvgguf.llama import shift_cells, shift_tokens
 
     path = str(kvgguf.models.path(model))
     kw = dict(n_ctx=n_ctx, n_batch=N_BATCH, logits_all=True, flash_attn=True, verbose=False)
@@ -52,13 +53,8 @@ def run(model: str, cache: str, tokens: list[int], n_ctx: int, n_keep: int, thre
         shifts = llm.context_shifts
         llm.eval(batch)
         if llm.context_shifts > shifts:
-            p0, p1 = llm.last_shift
-            n = ref.n_tokens
-            mem = llama_cpp.llama_get_memory(ref._ctx.ctx)
-            llama_cpp.llama_memory_seq_rm(mem, 0, p0, p1)
-            llama_cpp.llama_memory_seq_add(mem, 0, p1, -1, -(p1 - p0))
-            ref.input_ids[p0 : n - (p1 - p0)] = ref.input_ids[p1:n].copy()
-            ref.n_tokens = n - (p1 - p0)
+            shift_cells(ref, *llm.last_shift)
+            shift_tokens(ref, *llm.last_shift)
         ref.eval(batch)
         assert ref.n_tokens == llm.n_tokens
         # before the first shift: the tokens that attend over compressed rows (past the hot window)

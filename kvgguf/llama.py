@@ -57,6 +57,25 @@ def _on_gpu(kwargs) -> bool:
     return cuda_store.unavailable() is None
 
 
+def shift_cells(llm: llama_cpp.Llama, p0: int, p1: int) -> None:
+    """llama.cpp's own context shift of a llama_cpp.Llama's cells (sequence 0): positions
+    [p0, p1) removed, the later ones moved back by p1 - p0 (their keys rotated at the next
+    decode)."""
+    mem = llama_cpp.llama_get_memory(llm._ctx.ctx)
+    llama_cpp.llama_memory_seq_rm(mem, 0, p0, p1)
+    llama_cpp.llama_memory_seq_add(mem, 0, p1, -1, -(p1 - p0))
+
+
+def shift_tokens(llm: llama_cpp.Llama, p0: int, p1: int) -> None:
+    """What llama-cpp-python keeps of a context after a shift out of [p0, p1): its tokens and
+    (logits_all) their logits moved back, n_tokens down by p1 - p0."""
+    n, d = llm.n_tokens, p1 - p0
+    llm.input_ids[p0 : n - d] = llm.input_ids[p1:n].copy()
+    if llm._logits_all:
+        llm.scores[p0 : n - d, :] = llm.scores[p1:n, :].copy()
+    llm.n_tokens = n - d
+
+
 class Llama(SessionCalls):
     """llama_cpp.Llama with a compressed KV cache.
 
@@ -444,22 +463,15 @@ class Llama(SessionCalls):
                 raise
         else:
             p0, p1 = n_keep, n_keep + n_discard
-            mem = llama_cpp.llama_get_memory(self._ctx.ctx)
-            llama_cpp.llama_memory_seq_rm(mem, 0, p0, p1)
-            llama_cpp.llama_memory_seq_add(mem, 0, p1, -1, -(p1 - p0))
-        d = p1 - p0
+            shift_cells(self, p0, p1)
         self._note_dropped(p0, p1, n_past)
-        self.input_ids[p0 : n_past - d] = self.input_ids[p1:n_past].copy()
-        if self._logits_all:
-            self.scores[p0 : n_past - d, :] = self.scores[p1:n_past, :].copy()
-        self.n_tokens = n_past - d
+        shift_tokens(self, p0, p1)
         self.context_shifts += 1
-        self.tokens_shifted_out += d
+        self.tokens_shifted_out += p1 - p0
         self.last_shift = (p0, p1)
 
     def _forget_shifts(self) -> None:
         """The context is what its tokens say again (reset, a session loaded)."""
-        self._shifted = False
         self._hist_pos = np.arange(len(self.input_ids), dtype=np.int64)  # context position -> history index
         self._dropped = np.zeros(0, dtype=np.intc)  # history index -> token, for the tokens shifts dropped
 
@@ -475,7 +487,6 @@ class Llama(SessionCalls):
         d = p1 - p0
         h[p0 : n_past - d] = h[p1:n_past].copy()
         self._continue_history(n_past - d)
-        self._shifted = True
 
     def _continue_history(self, n: int) -> None:
         """Positions from n on take the history indices after position n - 1's."""
@@ -483,7 +494,7 @@ class Llama(SessionCalls):
         self._hist_pos[n:] = start + np.arange(len(self._hist_pos) - n)
 
     def _history_match(self, tokens: list) -> tuple[int, int]:
-        """For a prompt after shifts: (context positions to keep, prompt tokens they stand for).
+        """For a prompt: (context positions to keep, prompt tokens they stand for).
         The conversation so far is the context's tokens at their history indices with the dropped
         ones between them; the prompt's common prefix with it (but its last token) decides: the
         context keeps the positions whose history lies in it, and the prompt's tokens after it
@@ -520,18 +531,10 @@ class Llama(SessionCalls):
         if not tokens:
             return
         if kwargs.get("reset", True):
-            if self._shifted:
-                keep, m = self._history_match(tokens)
-                self.n_tokens = keep
-                self._dropped = self._dropped[:m]
-                self._hist_pos[keep:] = m + np.arange(len(self._hist_pos) - keep)
-            else:
-                m = 0
-                for a, b in zip(self.input_ids[: self.n_tokens].tolist(), tokens[:-1]):
-                    if a != b:
-                        break
-                    m += 1
-                self.n_tokens = m
+            keep, m = self._history_match(tokens)  # before any shift: the common prefix, keep == m
+            self.n_tokens = keep
+            self._dropped = self._dropped[:m]
+            self._hist_pos[keep:] = m + np.arange(len(self._hist_pos) - keep)
             self.eval(tokens[m:-1])
         else:
             self._continue_history(self.n_tokens)

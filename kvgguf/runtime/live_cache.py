@@ -52,7 +52,6 @@ class LiveCache:
         # a session's hot rows restored through a lossy codec).
         self.canonical = 0
         self.n_held = 0  # positions [0, n_held) have rows here (cold) or in llama.cpp's cells
-        self.shifted_out = 0  # positions context shifts dropped (shift)
         # Aging (warm blocks past the warm window re-coded to the archive tier) follows the batch
         # after their eviction: at its end on the CPU; where every attended layer reads the
         # device copy, on a thread of its own while the GPU runs that batch (the result reaches the
@@ -535,7 +534,6 @@ class LiveCache:
         self.n_held = max(0, min(self.n_held, n_past) - (p1 - p0))
         # a fresh evaluation of the tokens left would hold other rows past the kept ones
         self.canonical = min(self.canonical, p0)
-        self.shifted_out += p1 - p0
         if rc != 0:
             self._start_over()
             raise RuntimeError(f"kvgguf: llama.cpp could not shift its cells out of [{p0}, {p1}) (status {rc})")

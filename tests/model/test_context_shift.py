@@ -22,6 +22,7 @@ import tiny_models
 from tiny_models import SPECS, TinySpec
 from kvgguf import Llama, TieredConfig
 from kvgguf.bindings.store import KVStore
+from kvgguf.llama import shift_cells, shift_tokens
 from kvgguf.evaluation.harness import kl_top1
 from kvgguf.evaluation.text import wikitext2_test
 
@@ -65,13 +66,8 @@ def shifted_run(llm, ref, toks):
         llm.eval(batch)
         if llm.context_shifts > shifts:
             shifts = llm.context_shifts
-            p0, p1 = llm.last_shift
-            n = ref.n_tokens
-            mem = llama_cpp.llama_get_memory(ref._ctx.ctx)
-            llama_cpp.llama_memory_seq_rm(mem, 0, p0, p1)
-            llama_cpp.llama_memory_seq_add(mem, 0, p1, -1, -(p1 - p0))
-            ref.input_ids[p0 : n - (p1 - p0)] = ref.input_ids[p1:n].copy()
-            ref.n_tokens = n - (p1 - p0)
+            shift_cells(ref, *llm.last_shift)
+            shift_tokens(ref, *llm.last_shift)
         ref.eval(batch)
         assert ref.n_tokens == llm.n_tokens
         assert list(ref.input_ids[: ref.n_tokens]) == list(llm.input_ids[: llm.n_tokens])
