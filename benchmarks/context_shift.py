@@ -28,9 +28,12 @@ from common import add_out_option, add_threads_option, command, markdown_table, 
 
 HERE = Path(__file__).resolve().parent
 N_BATCH = 64
+CELLS = {"f16": 1, "f32": 0}  # the reference's ggml cell type
 
 
-def run(model: str, cache: str, tokens: list[int], n_ctx: int, n_keep: int, threads: int, attention: str) -> dict:
+def run(
+    model: str, cache: str, tokens: list[int], n_ctx: int, n_keep: int, threads: int, attention: str, reference: str
+) -> dict:
     import llama_cpp
 
     import kvgguf
@@ -40,12 +43,15 @@ def run(model: str, cache: str, tokens: list[int], n_ctx: int, n_keep: int, thre
     path = str(kvgguf.models.path(model))
     kw = dict(n_ctx=n_ctx, n_batch=N_BATCH, logits_all=True, flash_attn=True, verbose=False)
     kw.update(n_threads=threads, n_threads_batch=threads)
-    ref = llama_cpp.Llama(path, n_ubatch=N_BATCH, **kw)
-    llm = kvgguf.Llama(path, kv_codec=cache, context_shift=True, n_keep=n_keep, kv_attention=attention, **kw)
+    ref = llama_cpp.Llama(path, n_ubatch=N_BATCH, type_k=CELLS[reference], type_v=CELLS[reference], **kw)
+    if cache == "stock":  # llama.cpp's own f16 cells, shifted by kvgguf.Llama
+        llm = kvgguf.Llama(path, kv_codec=None, context_shift=True, n_keep=n_keep, n_ubatch=N_BATCH, **kw)
+    else:
+        llm = kvgguf.Llama(path, kv_codec=cache, context_shift=True, n_keep=n_keep, kv_attention=attention, **kw)
     # per token (KL, top-1 agreement), before / after the first shift: summed per batch, as a
     # vocabulary of 262K (Gemma 3) makes every token's logits 1 MiB
     before, after = [], []
-    hot = llm.kv_config.hot
+    hot = llm.kv_config.hot if cache != "stock" else 0
     t0, i = time.perf_counter(), 0
     while i < len(tokens):
         batch = tokens[i : i + N_BATCH - llm.n_tokens % N_BATCH]  # the batches kvgguf runs
@@ -91,7 +97,17 @@ def main(argv=None) -> int:
     p.add_argument("--ctx", type=int, default=1024, help="n_ctx (default: %(default)s)")
     p.add_argument("--tokens", type=int, default=None, help="tokens to run (default: 4 x --ctx)")
     p.add_argument("--keep", type=int, default=4, help="tokens a shift keeps (default: %(default)s)")
-    p.add_argument("--caches", default="f16,tiered:fixed", help="kv_codecs, comma-separated (default: %(default)s)")
+    p.add_argument(
+        "--caches",
+        default="f16,tiered:fixed",
+        help="kv_codecs, comma-separated; stock: llama.cpp's own f16 cells (default: %(default)s)",
+    )
+    p.add_argument(
+        "--reference",
+        choices=tuple(CELLS),
+        default="f16",
+        help="the cell type of the stock reference: f32 shifts its keys without rounding (default: f16)",
+    )
     p.add_argument("--attention", choices=("fused", "expand"), default="fused", help="kv_attention (default: fused)")
     add_threads_option(p)
     add_out_option(p)
@@ -108,8 +124,9 @@ def main(argv=None) -> int:
     rows = []
     for cache in a.caches.split(","):
         progress(f"context_shift: {a.model} {cache}, n_ctx {a.ctx}, {len(tokens)} tokens")
-        rows.append(run(a.model, cache, tokens, a.ctx, a.keep, a.threads, a.attention))
+        rows.append(run(a.model, cache, tokens, a.ctx, a.keep, a.threads, a.attention, a.reference))
     result = {"model": a.model, "n_ctx": a.ctx, "n_keep": a.keep, "attention": a.attention, "tokens": len(tokens)}
+    result["reference"] = a.reference
     result["runs"] = rows
     result["command"] = command(__file__, argv)
     table = markdown_table(
@@ -130,7 +147,7 @@ def main(argv=None) -> int:
     md = (
         f"# Context shift: {a.model}, n_ctx {a.ctx}, n_keep {a.keep}, {a.attention} attention, "
         f"{len(tokens)} tokens of WikiText-2\n\n"
-        f"`{result['command']}`\n\nKL(stock f16 shifted the same way || kvgguf) per token; before: the tokens "
+        f"`{result['command']}`\n\nKL(stock {a.reference} shifted the same way || kvgguf) per token; before: the tokens "
         "past the hot window before the first shift (the codec's own loss), after: every token after it.\n\n"
         f"{table}\n"
     )
