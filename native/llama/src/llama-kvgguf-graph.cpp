@@ -63,20 +63,20 @@ bool llm_graph_input_kv_cold::can_reuse(const llm_graph_params & params) {
 
 void llm_graph_input_kv_cold::set_input(const llama_ubatch * ubatch) {
     GGML_UNUSED(ubatch);
-    for (const auto & [t, shift] : shift_pos) {
+    for (const auto & [t, pos] : shift_pos) {
         if (t->buffer) {
-            std::vector<int32_t> pos(ggml_nelements(t), shift);
             ggml_backend_tensor_set(t, pos.data(), 0, pos.size() * sizeof(int32_t));
         }
     }
 }
 
-// [kvgguf 0020] x [D, H, n] rotated by `shift` more positions with layer il's RoPE, the parameters
-// llama_kv_cache::build_rope_shift gives llama.cpp's own shift of the cells: the same rotation
-// moves a query forward as llama.cpp's seq_add moves a key back (RoPE scores depend on q's
-// position minus k's)
+// [kvgguf 0020] x [D, H, n], its i-th column rotated by shifts[i] more positions with layer il's
+// RoPE, the parameters llama_kv_cache::build_rope_shift gives llama.cpp's own shift of the cells:
+// the same rotation moves a query forward as llama.cpp's seq_add moves a key back (RoPE scores
+// depend on q's position minus k's)
 static ggml_tensor * llm_kv_cold_rope(const llm_graph_context & g, llm_graph_input_kv_cold * inp, ggml_tensor * x,
-                                      int32_t shift, int il) {
+                                      std::vector<int32_t> shifts, int il) {
+    GGML_ASSERT((int64_t) shifts.size() == x->ne[2]);
     const auto & cparams   = g.cparams;
     const auto & hparams   = g.hparams;
     const auto & model     = *g.kv_cold_model;
@@ -86,7 +86,7 @@ static ggml_tensor * llm_kv_cold_rope(const llm_graph_context & g, llm_graph_inp
 
     ggml_tensor * pos = ggml_new_tensor_1d(g.ctx0, GGML_TYPE_I32, x->ne[2]);
     ggml_set_input(pos);
-    inp->shift_pos.emplace_back(pos, shift);
+    inp->shift_pos.emplace_back(pos, std::move(shifts));
 
     return ggml_rope_ext(g.ctx0, x, pos, model.get_rope_factors(cparams, il), hparams.n_rot(il), rope_type,
                          cparams.n_ctx_orig_yarn, model.get_rope_freq_base(cparams, il),
@@ -306,10 +306,10 @@ static float llm_kv_cold_dot(const float * a, const float * b, int64_t n) {
 }
 
 // [kvgguf 0020] rows [a, b) of the cold rows into the chunk's state, each through the store's attend
-// hook with its queries: q[0] the ubatch's, q[1 + op->q_src[i]] rotated for shifted run i
-static void llm_kv_cold_attend_rows(const llm_kv_cold_op * op, int64_t a, int64_t b,
-                                    const std::vector<std::vector<float>> & q, int64_t T, int64_t H, float * m,
-                                    float * l, float * acc) {
+// hook with its queries: qset(0) the ubatch's, qset(1 + op->q_src[i]) rotated for shifted run i
+template <typename QSet>
+static void llm_kv_cold_attend_rows(const llm_kv_cold_op * op, int64_t a, int64_t b, const QSet & qset, int64_t T,
+                                    int64_t H, float * m, float * l, float * acc) {
     const auto call = [&](int64_t x, int64_t y, const float * qs) {
         if (y <= x) {
             return;
@@ -330,11 +330,11 @@ static void llm_kv_cold_attend_rows(const llm_kv_cold_op * op, int64_t a, int64_
             break;
         }
         const int64_t x = std::max(at, run.r0), y = std::min(b, run.r1);
-        call(at, x, q[0].data());
-        call(x, y, q[1 + op->q_src[i]].data());
+        call(at, x, qset(0));
+        call(x, y, qset(1 + op->q_src[i]));
         at = y;
     }
-    call(at, b, q[0].data());
+    call(at, b, qset(0));
 }
 
 static void llm_kv_cold_attn_fn(ggml_tensor * dst, int ith, int nth, void * userdata) {
@@ -354,29 +354,40 @@ static void llm_kv_cold_attn_fn(ggml_tensor * dst, int ith, int nth, void * user
     const int64_t n_part  = dst->ne[1];
     const int64_t nq      = T * H;
 
-    // the queries (and, for shifted runs, the queries rotated by each shift: sources 4, 5, ...)
+    // the queries: set 0 the ubatch's, set 1 + s the ones rotated for shift s (source 4, T columns
+    // each), copied by each thread when its rows first need the set
     static thread_local std::vector<std::vector<float>> qsets;
+    static thread_local std::vector<char>               ready;
     static thread_local std::vector<float>              krow, vrow;
     const int64_t n_sets = 1 + (op->q_src.empty() ? 0 : *std::max_element(op->q_src.begin(), op->q_src.end()) + 1);
-    qsets.resize(n_sets);
+    if ((int64_t) qsets.size() < n_sets) {
+        qsets.resize(n_sets);
+    }
+    ready.assign(n_sets, 0);
     krow.resize(Hkv * Dk);
     vrow.resize(Hkv * Dv);
-    for (int64_t k_set = 0; k_set < n_sets; ++k_set) {
-        const ggml_tensor * qt = k_set == 0 ? q : dst->src[3 + k_set];
-        qsets[k_set].resize(nq * Dk);
-        for (int64_t t = 0; t < T; ++t) {
-            for (int64_t h = 0; h < H; ++h) {
-                for (int64_t i = 0; i < Dk; ++i) {
-                    // rounded to f16 as llama.cpp's attention does with an f16 cache (its K.Q dot
-                    // products take f16 queries), so f16 cold rows give what the expanding path gives
-                    const float x =
-                        *(const float *) ((const char *) qt->data + i * qt->nb[0] + h * qt->nb[1] + t * qt->nb[2]);
-                    qsets[k_set][(t * H + h) * Dk + i] = ggml_fp16_to_fp32(ggml_fp32_to_fp16(x));
+    const auto qset = [&](int64_t k_set) -> const float * {
+        std::vector<float> & out = qsets[k_set];
+        if (!ready[k_set]) {
+            ready[k_set]           = 1;
+            const ggml_tensor * qt = k_set == 0 ? q : dst->src[4];
+            const int64_t       t0 = k_set == 0 ? 0 : (k_set - 1) * T;
+            out.resize(nq * Dk);
+            for (int64_t t = 0; t < T; ++t) {
+                for (int64_t h = 0; h < H; ++h) {
+                    for (int64_t i = 0; i < Dk; ++i) {
+                        // rounded to f16 as llama.cpp's attention does with an f16 cache (its K.Q dot
+                        // products take f16 queries), so f16 cold rows give what the expanding path gives
+                        const float x = *(const float *) ((const char *) qt->data + i * qt->nb[0] + h * qt->nb[1] +
+                                                          (t0 + t) * qt->nb[2]);
+                        out[(t * H + h) * Dk + i] = ggml_fp16_to_fp32(ggml_fp32_to_fp16(x));
+                    }
                 }
             }
         }
-    }
-    const std::vector<float> & qbuf = qsets[0];
+        return out.data();
+    };
+    const float * qbuf = qset(0);
 
     for (int64_t p = ith; p < n_part; p += nth) {
         float * acc = (float *) ((char *) dst->data + p * dst->nb[1]);
@@ -396,7 +407,7 @@ static void llm_kv_cold_attn_fn(ggml_tensor * dst, int ith, int nth, void * user
             p < n_half ? (n_cold * (p + 1)) / n_half : n_cold + (n_kv * (p + 1 - n_half)) / (n_part - n_half);
 
         if (r0 < n_cold) {
-            llm_kv_cold_attend_rows(op, r0, std::min(r1, n_cold), qsets, T, H, m, l, acc);
+            llm_kv_cold_attend_rows(op, r0, std::min(r1, n_cold), qset, T, H, m, l, acc);
         }
 
         if (r1 <= n_cold) {
@@ -435,9 +446,9 @@ static void llm_kv_cold_attn_fn(ggml_tensor * dst, int ith, int nth, void * user
         // CPU's vector extensions): one call per chunk, masked as below
         if (op->attend_f16) {
             const int32_t rc =
-                op->attend_f16(qbuf.data(), (int32_t) T, (int32_t) H, (int32_t) Hkv, Dk, Dv, kd, (int32_t) k->type,
-                               k_nb, vd, (int32_t) v->type, v_nb, c0, c1, md, mask->type == GGML_TYPE_F16, mask->nb[1],
-                               op->scale, op->softcap, m, l, acc);
+                op->attend_f16(qbuf, (int32_t) T, (int32_t) H, (int32_t) Hkv, Dk, Dv, kd, (int32_t) k->type, k_nb, vd,
+                               (int32_t) v->type, v_nb, c0, c1, md, mask->type == GGML_TYPE_F16, mask->nb[1], op->scale,
+                               op->softcap, m, l, acc);
             if (rc != 0 && op->n_errors) {
                 op->n_errors->fetch_add(1, std::memory_order_relaxed);
             }
@@ -474,7 +485,7 @@ static void llm_kv_cold_attn_fn(ggml_tensor * dst, int ith, int nth, void * user
                     const int64_t j  = t * H + h;
                     const float * kr = krow.data() + (h / gqa) * Dk;
                     const float * vr = vrow.data() + (h / gqa) * Dv;
-                    float         s  = op->scale * llm_kv_cold_dot(qbuf.data() + j * Dk, kr, Dk);
+                    float         s  = op->scale * llm_kv_cold_dot(qbuf + j * Dk, kr, Dk);
                     if (op->softcap > 0.0f) {
                         s = op->softcap * tanhf(s / op->softcap);  // as ggml's flash attention caps
                     }
@@ -740,18 +751,28 @@ ggml_tensor * llm_graph_context::build_attn_kv_cold_fused(ggml_tensor * q, ggml_
     op->attend_f16 = kv_cold_attend_f16;
     op->cuda       = kv_cold_cuda;
 
-    // [kvgguf 0020] one rotation of the queries per distinct shift of the layer's shifted runs
-    ggml_tensor *        args[GGML_MAX_SRC] = { q, k, v, kq_mask };
-    int                  n_args             = 4;
+    // [kvgguf 0020] the queries once per distinct shift of the layer's shifted runs, each set rotated
+    // by its shift, in one tensor [Dk, H, T * n_shifts] (source 4): one rope node however many
+    ggml_tensor *        args[5] = { q, k, v, kq_mask, nullptr };
+    int                  n_args  = 4;
     std::vector<int32_t> shifts;
     for (const auto & run : runs) {
         auto it = std::find(shifts.begin(), shifts.end(), run.shift);
         if (it == shifts.end()) {
             shifts.push_back(run.shift);
-            args[n_args++] = llm_kv_cold_rope(*this, inp_kv_cold, q, run.shift, il);
-            it             = shifts.end() - 1;
+            it = shifts.end() - 1;
         }
         op->q_src.push_back((int32_t) (it - shifts.begin()));
+    }
+    if (!shifts.empty()) {
+        const int64_t        S    = (int64_t) shifts.size();
+        ggml_tensor *        sets = ggml_repeat_4d(ctx0, q, q->ne[0], H, T, S);
+        std::vector<int32_t> pos((size_t) (T * S));
+        for (int64_t s = 0; s < S; ++s) {
+            std::fill(pos.begin() + s * T, pos.begin() + (s + 1) * T, shifts[s]);
+        }
+        args[n_args++] =
+            llm_kv_cold_rope(*this, inp_kv_cold, ggml_reshape_3d(ctx0, sets, q->ne[0], H, T * S), std::move(pos), il);
     }
     op->runs = runs;
 
@@ -766,6 +787,10 @@ ggml_tensor * llm_graph_context::build_attn_kv_cold_fused(ggml_tensor * q, ggml_
     ggml_build_forward_expand(gf, cur);
     return cur;
 }
+
+// [kvgguf 0020] the most query rows the fused path rotates for a layer's shifted runs (the ubatch's
+// queries once per distinct shift, each thread reading the sets its rows use): beyond, it expands
+static constexpr int64_t LLM_KV_COLD_MAX_ROTATED = 4096;
 
 // [kvgguf 0020] distinct shifts among a layer's runs: the fused path takes one rotated query each
 static size_t llm_kv_cold_n_shifts(const std::vector<llm_kv_cold_run> & runs) {
@@ -830,7 +855,8 @@ ggml_tensor * llm_graph_context::build_attn_kv_cold(ggml_tensor * q, ggml_tensor
     // the fused path computes plain softmax attention: anything else keeps the expanding path
     const bool fused = kv_cold_attend && q->ne[2] <= kv_cold_attend_max_tokens && q->type == GGML_TYPE_F32 &&
                        q->ne[3] == 1 && q->ne[1] % k->ne[1] == 0 && kv_cold_fusable(kq_b, sinks, v_mla) &&
-                       (!sinks || ggml_nelements(sinks) == q->ne[1]) && llm_kv_cold_n_shifts(runs) <= GGML_MAX_SRC - 4;
+                       (!sinks || ggml_nelements(sinks) == q->ne[1]) &&
+                       (int64_t) llm_kv_cold_n_shifts(runs) * q->ne[2] <= LLM_KV_COLD_MAX_ROTATED;
     if (fused) {
         return build_attn_kv_cold_fused(q, k, v, kq_mask, sinks, kq_scale, il, n_cold);
     }
@@ -852,7 +878,8 @@ ggml_tensor * llm_graph_context::build_attn_kv_cold(ggml_tensor * q, ggml_tensor
         for (const auto & run : runs) {
             ggml_tensor * rows =
                 ggml_view_3d(ctx0, k, k->ne[0], k->ne[1], run.r1 - run.r0, k->nb[1], k->nb[2], run.r0 * k->nb[2]);
-            ggml_tensor * rot = llm_kv_cold_rope(*this, inp_kv_cold, rows, -run.shift, il);
+            ggml_tensor * rot =
+                llm_kv_cold_rope(*this, inp_kv_cold, rows, std::vector<int32_t>(run.r1 - run.r0, -run.shift), il);
             ggml_build_forward_expand(gf, ggml_cpy(ctx0, rot, rows));
         }
     }

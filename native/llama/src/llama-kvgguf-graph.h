@@ -40,8 +40,8 @@ struct llm_kv_cold_op {
     llama_kvgguf_mass_fn mass     = nullptr;          // called by the merge op with the final normalizers
     llama_kvgguf_attend_f16_fn attend_f16 = nullptr;  // hot cells through kvgguf's kernels (patch 0010)
     const llama_kvgguf_cuda *  cuda       = nullptr;  // the context's GPU hooks (patch 0015), or none
-    // (patch 0020) the shifted runs of the cold rows, each scored with the op's source 4 + q_src[i]:
-    // the queries rotated by runs[i].shift
+    // (patch 0020) the shifted runs of the cold rows: runs[i] is scored with the queries rotated by
+    // its shift, set q_src[i] of source 4 (the ubatch's T queries once per distinct shift)
     std::vector<llm_kv_cold_run> runs;
     std::vector<int32_t>         q_src;
 };
@@ -76,8 +76,8 @@ class llm_graph_input_kv_cold : public llm_graph_input_i {
     // every layer that queried the hooks while building the graph: its cold rows and shifted runs
     std::vector<layer> layers;
 
-    // the positions each rotation of a shifted run takes: I32 tensors, every element the shift
-    std::vector<std::pair<ggml_tensor *, int32_t>> shift_pos;
+    // the positions each rotation for the shifted runs takes: I32 tensors and their values
+    std::vector<std::pair<ggml_tensor *, std::vector<int32_t>>> shift_pos;
 
     std::vector<std::unique_ptr<llm_kv_cold_op>> ops;
 
