@@ -96,7 +96,11 @@ class Llama(SessionCalls):
         a full context holds, llama.cpp's cells included); or a :class:`TieredConfig`. Any string may end in
         ":window=TYPE" (e.g. "tiered:window=f16"): the type of the sliding-window layers' cells
         on Gemma 2/3, gpt-oss and the like (TieredConfig.window; default q8_0 where llama.cpp
-        can hold it, else f16).
+        can hold it, else f16); and in ":budget=SIZE" (e.g. "tiered:budget=64MiB"): the most
+        bytes the compressed rows may take, the blocks that received the least attention dropped
+        to stay within it (TieredConfig.budget, .drop; ":drop=oldest" drops the oldest instead).
+        Prompts and generations may then run past n_ctx as long as the budget holds fewer
+        tokens than n_ctx (with context_shift, whatever it holds).
     n_ctx: the logical context. With a kv_codec, llama.cpp's own f16 cache holds only the
         hot window plus one batch; older tokens live compressed in kvgguf's store.
     n_batch: tokens per llama_decode call. With a kv_codec it defaults to TieredConfig.ubatch, and
@@ -180,6 +184,7 @@ class Llama(SessionCalls):
         self.context_shifts = 0  # context shifts so far, the tokens they dropped, the last one's [p0, p1)
         self.tokens_shifted_out = 0
         self.last_shift: Optional[tuple[int, int]] = None
+        self.tokens_dropped = 0  # positions a budget (TieredConfig.budget) dropped
         if kv_codec is None:
             super().__init__(
                 model_path,
@@ -263,10 +268,12 @@ class Llama(SessionCalls):
         self._check_shift()
 
     def _check_shift(self) -> None:
-        """Refuses context_shift before the first token where a shift could not be exact."""
+        """Refuses context_shift, or a budget (which drops blocks as a shift does), before the
+        first token where a shift could not be exact."""
         self._forget_shifts()
-        if not self.context_shift:
+        if not self.context_shift and not self._budget:
             return
+        what = "context_shift=True" if self.context_shift else f"kv_codec budget={self._kv.config.budget}"
         why = None
         can = (
             hooks.can_shift(self._ctx.ctx)
@@ -278,6 +285,8 @@ class Llama(SessionCalls):
             why = "llama.cpp cannot shift this model's memory (M-RoPE, recurrent, or positions it cannot rotate)"
         elif self._kv is not None and self._kv.gpu is not None:
             why = "layers whose compressed rows live on a GPU cannot shift yet (pass n_gpu_layers=0)"
+        elif not self.context_shift:
+            pass
         elif self.n_keep >= self.n_ctx() // 2:
             why = f"n_keep={self.n_keep} leaves no room to shift in n_ctx={self.n_ctx()}"
         elif window and (self.n_ctx() - self.n_keep) // 2 - self._kv.config.block < window + self.n_keep:
@@ -286,7 +295,13 @@ class Llama(SessionCalls):
             why = f"n_ctx={self.n_ctx()} is too short beside the sliding window of {window} (give it over {4 * window})"
         if why:
             self.close()
-            raise ValueError(f"context_shift=True: {why}")
+            raise ValueError(f"{what}: {why}")
+
+    @property
+    def _budget(self) -> bool:
+        """Whether a budget bounds the compressed rows (TieredConfig.budget)."""
+        kv = self.__dict__.get("_kv")
+        return kv is not None and kv.config.budget is not None
 
     @property
     def n_keep(self) -> int:
@@ -298,8 +313,9 @@ class Llama(SessionCalls):
     @property
     def _n_ctx(self) -> int:
         """llama-cpp-python's bound on a completion (its prompt and max_tokens): the logical
-        context, or with context_shift none (the context shifts instead)."""
-        return _UNBOUNDED if self.__dict__.get("context_shift") else self.__dict__["_n_ctx_logical"]
+        context, or with context_shift or a budget none (the context shifts, or drops blocks)."""
+        moves = self.__dict__.get("context_shift") or self._budget
+        return _UNBOUNDED if moves else self.__dict__["_n_ctx_logical"]
 
     @_n_ctx.setter
     def _n_ctx(self, value: int) -> None:
@@ -370,7 +386,7 @@ class Llama(SessionCalls):
         llama-cpp-python's truncation does to llama.cpp's own cells) so that it holds what a
         fresh context would: returns the tokens to evaluate, with those of the context that
         must be evaluated again in front (LiveCache.rewind), n_tokens set back to match."""
-        if self.n_tokens + len(tokens) > self.n_ctx() and not self.context_shift:
+        if self.n_tokens + len(tokens) > self.n_ctx() and not self.context_shift and not self._budget:
             raise ValueError(
                 f"{self.n_tokens} tokens in context + {len(tokens)} new exceed n_ctx={self.n_ctx()} "
                 "(context_shift=True keeps going past it, as llama.cpp's server does)"
@@ -388,13 +404,42 @@ class Llama(SessionCalls):
         positions where the live cache evicts), read as n_tokens advances."""
         i = 0
         while i < len(tokens):
-            room = self.n_batch - self.n_tokens % self.n_batch
-            if self.context_shift and self.n_tokens + min(room, len(tokens) - i) > self.n_ctx():
+            n = min(self.n_batch - self.n_tokens % self.n_batch, len(tokens) - i)
+            while self._must_move(n):
                 with self._kv_lock:
-                    self._shift_for(min(room, len(tokens) - i))
-                room = self.n_batch - self.n_tokens % self.n_batch  # the shift moved n_tokens
-            yield tokens[i : i + room]
-            i += room
+                    self._make_room(n)
+                n = min(self.n_batch - self.n_tokens % self.n_batch, len(tokens) - i)  # n_tokens moved
+            if self.n_tokens + n > self.n_ctx():  # a budget holds more tokens than n_ctx
+                raise ValueError(
+                    f"{self.n_tokens} tokens in context + {n} new exceed n_ctx={self.n_ctx()}: the budget holds "
+                    "more tokens than that (context_shift=True keeps going past it)"
+                )
+            yield tokens[i : i + n]
+            i += n
+
+    def _must_move(self, n_new: int) -> bool:
+        """Whether n_new tokens need a context shift or a budget's drop first."""
+        if self.context_shift and self.n_tokens + n_new > self.n_ctx():
+            return True
+        return self._budget and bool(self._kv.drops_due(self.n_tokens, n_new))
+
+    def _make_room(self, n_new: int) -> None:
+        """A context shift where n_new tokens would overflow n_ctx, then the blocks a budget must
+        drop before them."""
+        self._shift_for(n_new)
+        if not self._budget:
+            return
+        for r0, r1 in self._kv.drops_due(self.n_tokens, n_new):
+            n_past = self.n_tokens
+            try:
+                self._kv.drop(n_past, r0, r1)
+            except RuntimeError:
+                self.n_tokens = 0  # the cache started over
+                self._forget_shifts()
+                raise
+            self._note_dropped(r0, r1, n_past)
+            shift_tokens(self, r0, r1)
+            self.tokens_dropped += r1 - r0
 
     @one_call
     def eval(self, tokens: Sequence[int]):
@@ -516,7 +561,7 @@ class Llama(SessionCalls):
     def generate(self, tokens: Sequence[int], *args, **kwargs):
         """llama_cpp.Llama.generate; with context_shift, a generation that shifts its context
         (_generate_shifting)."""
-        if not self.context_shift:
+        if not self.context_shift and not self._budget:
             return llama_cpp.Llama.generate(self, tokens, *args, **kwargs)
         return self._generate_shifting(list(tokens), *args, **kwargs)
 
@@ -542,16 +587,16 @@ class Llama(SessionCalls):
         kwargs["reset"] = True  # the new generator reuses the context as its prompt's prefix
         pending = tokens[-1:]
         while True:
-            if self.n_tokens + len(pending) > self.n_ctx():
+            while self._must_move(len(pending)):
                 with self._kv_lock:
-                    self._shift_for(len(pending))
+                    self._make_room(len(pending))
             gen = llama_cpp.Llama.generate(self, [*self.input_ids[: self.n_tokens].tolist(), *pending], *args, **kwargs)
             try:
                 token = next(gen)
                 while True:
                     sent = yield token
                     pending = [token, *(sent or [])]
-                    if self.n_tokens + len(pending) > self.n_ctx():
+                    if self._must_move(len(pending)):
                         gen.close()
                         break
                     token = gen.send(sent)
@@ -576,16 +621,18 @@ class Llama(SessionCalls):
 
     def _eval_logits(self, tokens: Sequence[int]) -> Iterator[tuple[int, np.ndarray]]:
         with self._kv_lock:
-            start = self.n_tokens  # the caller's first token; a cut may evaluate earlier ones again
+            start = self.n_tokens
             tokens = self._begin_eval(tokens)
+            again = start - self.n_tokens  # a cut evaluates the context's last tokens again first
             self.tokens_evaluated += len(tokens)
             self._ctx.kv_cache_seq_rm(-1, self.n_tokens, -1)
         for batch in self._batches(tokens):
             n_past, logits = self._run_batch(
                 "eval_logits", batch, lambda n_past, batch=batch: self._decode_logits(batch, n_past)
             )
-            if n_past + len(batch) > start:
-                yield max(n_past, start), logits[max(0, start - n_past) :]
+            if again < len(batch):  # (positions, not counts: a shift or a drop moves them back)
+                yield n_past + again, logits[again:]
+            again = max(0, again - len(batch))
 
     def _decode_logits(self, batch: Sequence[int], n_past: int) -> np.ndarray:
         """llama_decode with every position's logits kept; advances n_tokens as stock eval does."""

@@ -12,11 +12,28 @@ from typing import Optional
 from .tiered import CACHE_TYPES, HOT_CELL_TYPES, TieredConfig
 
 # Suffixes any kv_codec string may end in, in any order: the types of llama.cpp's own cells
-# ("tiered:window=f16", "rotq4:hot=q8_0", "auto:3.5:hot=q8_0:window=q8_0").
+# ("tiered:window=f16", "rotq4:hot=q8_0", "auto:3.5:hot=q8_0:window=q8_0"), the store's bound
+# and its rule ("tiered:budget=64MiB", "tiered:budget=16MiB:drop=oldest").
 CELL_OPTIONS = {
     "window": ("the sliding-window cells", CACHE_TYPES),  # TieredConfig.window
     "hot": ("the hot cells", HOT_CELL_TYPES),  # TieredConfig.hot_cells
 }
+MEMORY_OPTIONS = ("budget", "drop")  # TieredConfig.budget (SIZE), .drop
+UNITS = {"": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+
+
+def parse_size(text: str) -> int:
+    """Bytes of a size written as a number with an optional unit: "64MiB", "1.5GiB", "65536"."""
+    number = text.rstrip("KMGiB")
+    unit = text[len(number) :]
+    try:
+        value = float(number) * UNITS[unit]
+    except (KeyError, ValueError):
+        value = float("nan")
+    if not value >= 1 or value != value:
+        raise ValueError(f"{text!r} is not a size: write bytes, or a number with KiB, MiB or GiB (e.g. '64MiB')")
+    return int(value)
+
 
 DEFAULT_BUDGET = 3.0  # bits per value over the compressed rows (docs/calibration.md: what the budgets measured)
 PRESET_BUDGET = 4.0  # "tiered" on a calibrated model: recall like f16's at 5K where 3.5 lost it (docs/recall.md)
@@ -93,25 +110,32 @@ def parse(kv_codec) -> tuple[TieredConfig, Optional[Request]]:
         config = replace(config, window=cells["window"])
     if "hot" in cells:
         config = replace(config, hot_cells=cells["hot"])
+    if "budget" in cells:
+        config = replace(config, budget=parse_size(cells["budget"]))
+    if "drop" in cells:
+        config = replace(config, drop=cells["drop"])
     return config, request
 
 
 def split_cells(kv_codec):
-    """(kv_codec without its ":window=TYPE" / ":hot=TYPE" suffixes, {option: TYPE}); any other
-    kv_codec as it is."""
+    """(kv_codec without its ":window=TYPE" / ":hot=TYPE" / ":budget=SIZE" / ":drop=RULE"
+    suffixes, {option: value}); any other kv_codec as it is."""
     cells: dict[str, str] = {}
     given = kv_codec
     while isinstance(kv_codec, str):
         head, _, tail = kv_codec.rpartition(":")
         option, eq, value = tail.partition("=")
-        if not head or not eq or option not in CELL_OPTIONS:
+        if not head or not eq or option not in (*CELL_OPTIONS, *MEMORY_OPTIONS):
             break
-        what, types = CELL_OPTIONS[option]
         if option in cells:  # read from the end: the later one is in cells already
             raise ValueError(
-                f"kv_codec {given!r}: ':{option}=' is given twice "
-                f"({value!r} and {cells[option]!r}); give {what}' type once"
+                f"kv_codec {given!r}: ':{option}=' is given twice ({value!r} and {cells[option]!r}); give it once"
             )
+        if option in MEMORY_OPTIONS:
+            cells[option] = value
+            kv_codec = head
+            continue
+        what, types = CELL_OPTIONS[option]
         if value not in types:
             raise ValueError(f"kv_codec {given!r}: {what}' type must be one of {', '.join(types)}; got {value!r}")
         cells[option] = value

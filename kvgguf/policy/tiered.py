@@ -14,6 +14,7 @@ from .codec_spec import CodecSpec
 
 KEEP_SIGNALS = (None, "surprisal", "mass", "random")
 CODEBOOKS = ("sequence", "calibration")
+DROP_RULES = ("mass", "oldest")  # TieredConfig.drop
 # llama.cpp's cache types by name, as ggml numbers.
 CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q5_1": 7, "q5_0": 6, "q4_1": 3, "q4_0": 2, "iq4_nl": 20}
 
@@ -84,6 +85,15 @@ class TieredConfig:
     gpu_encode: where a layer's cells live in a GPU's memory, its evicted rows are coded there,
         where they lie (True), or read out and coded on the CPU (False: the same codes, slower;
         a comparison for the GPU path). Ignored on the CPU.
+    budget: bytes the store's tiers may hold (its codes and codebooks: kv_memory().cold_bytes),
+        None for no bound. Before an eviction would take them past it, kvgguf.Llama drops whole
+        cold blocks (never the sinks' or the hot window's) as a context shift drops positions:
+        the later rows move back with their codes and are scored with rotated queries, so the
+        context's positions stay as few as the tokens it holds (docs/data-path.md, "Bounded
+        memory"). kv_memory() and Llama.tokens_dropped report what went.
+    drop: which blocks a budget drops first: "mass" (H2O's rule: the least attention per query
+        while cold, as the fused attention counts it; blocks not yet seen go oldest first) or
+        "oldest" (StreamingLLM's: the oldest after the sinks; the comparison).
     age_beside: whether aging runs on a thread of its own during the next batch. None: where
         every attended layer reads the GPU's copy of the store, so the batch reads nothing of the
         host store. False: never. True: on the CPU too, where the batch reads the store while
@@ -107,6 +117,8 @@ class TieredConfig:
     hot_cells: Optional[str] = None
     reuse: int = 128
     gpu_encode: bool = True
+    budget: Optional[int] = None
+    drop: str = "mass"
     age_beside: Optional[bool] = None
 
     def __post_init__(self):
@@ -134,6 +146,12 @@ class TieredConfig:
             )
         if self.hot_cells is not None and self.hot_cells not in HOT_CELL_TYPES:
             raise ValueError(f"TieredConfig.hot_cells must be one of {HOT_CELL_TYPES}, got {self.hot_cells!r}")
+        if self.budget is not None and (
+            isinstance(self.budget, bool) or not isinstance(self.budget, numbers.Integral) or self.budget <= 0
+        ):
+            raise ValueError(f"TieredConfig.budget must be None or a positive number of bytes, got {self.budget!r}")
+        if self.drop not in DROP_RULES:
+            raise ValueError(f"TieredConfig.drop must be one of {DROP_RULES}, got {self.drop!r}")
         if self.keep not in KEEP_SIGNALS:
             raise ValueError(f"TieredConfig.keep must be one of {KEEP_SIGNALS}, got {self.keep!r}")
         if (

@@ -84,7 +84,15 @@ class LiveCache:
             if tier != Tier.ARCHIVE or config.archive is not None
         }
         self.blocks: list[plan.Block] = []
-        self.signals = TokenSignals(config.keep, config.sinks)
+        # (a budget that drops by mass ranks blocks by what the fused attention counts too)
+        self.signals = TokenSignals(config.keep, config.sinks, mass=config.budget is not None and config.drop == "mass")
+        self._sizes: dict[tuple[int, int], int] = {}  # (rows, tier) -> a block's bytes (_block_bytes)
+        self.tokens_dropped = 0  # positions the budget dropped
+        if config.budget is not None and config.budget < self.min_budget():
+            raise ValueError(
+                f"kv_codec budget={config.budget} bytes cannot hold the sinks and one eviction on this model: "
+                f"give it at least {self.min_budget()}"
+            )
         self.books: dict[tuple[int, int, str], np.ndarray] = {}  # use_books: given codebooks, kept across clears
         # (CUDA device, its layers) where the layers' cells live in a GPU's memory: their fused ops
         # run there, over a device copy of the store (device_store), synced before every batch
@@ -332,9 +340,7 @@ class LiveCache:
             self._aging_due = None
             self._age()
         n_cold = self.n_cold
-        # (a context shift moves n_past off the multiples of step: then where the batch needs it)
-        due = aligned or n_past - n_cold + n_new > self.capacity
-        n_evict = plan.rows_to_evict(n_past, n_cold, self.config) if due else 0
+        n_evict = self._n_evict(n_past, n_new)
         if n_past - n_cold - n_evict + n_new > self.capacity:
             raise ValueError(
                 f"a batch of {n_new} tokens does not fit beside the hot window "
@@ -351,6 +357,12 @@ class LiveCache:
             # not a daemon: an interpreter that exits mid-aging waits for it before freeing the store
             self._aging = threading.Thread(target=self._age_beside, name="kvgguf-aging", daemon=False)
             self._aging.start()
+
+    def _n_evict(self, n_past: int, n_new: int) -> int:
+        """The rows before_batch evicts before a batch of n_new tokens at n_past: at a multiple of
+        step (a context shift moves n_past off them: then where the batch needs the room)."""
+        due = n_past % self.step == 0 or n_past - self.n_cold + n_new > self.capacity
+        return plan.rows_to_evict(n_past, self.n_cold, self.config) if due else 0
 
     def _age_beside(self) -> None:
         try:
@@ -371,7 +383,7 @@ class LiveCache:
         ends on a multiple of step, ages the blocks the last eviction pushed out of the warm
         window (a fresh prefill's batch after the eviction attends over them unaged too)."""
         if self.signals.wants_mass and self.blocks and 0 < n_tokens <= self.fused_max_tokens:
-            self.signals.note_mass(self.attention_mass(reset=True), n_tokens)
+            self.signals.note_mass(self.attention_mass(reset=True), n_tokens, n_past + (n_tokens + 1) / 2)
         if n_past <= self.canonical:
             self.canonical = max(self.canonical, n_past + n_tokens)
         self.n_held = n_past + n_tokens
@@ -515,8 +527,14 @@ class LiveCache:
         must be evaluated again."""
         self._settle()
         p0, p1 = plan.shift_range(self.blocks, n_past, n_keep, n_discard)
-        if p1 <= p0:
-            return p0, p1
+        if p1 > p0:
+            self._move(n_past, p0, p1)
+            self.signals.clear()
+        return p0, p1
+
+    def _move(self, n_past: int, p0: int, p1: int) -> None:
+        """Drops positions [p0, p1) (on block boundaries) and moves the later ones back: the
+        store's blocks keep their codes, llama.cpp's cells shift by its own RoPE shift."""
         window = self.shape.n_swa
         if window and n_past - (p1 - p0) - window < p0:
             # llama.cpp's window cells hold the hot rows only: a query must not see the kept front
@@ -529,7 +547,6 @@ class LiveCache:
         self.blocks = plan.shifted(self.blocks, p0, p1)
         rc = hooks.shift(self.ctx, SEQ, p0, p1)
         self.recent.clear()  # what a cut could put back was kept at the old positions
-        self.signals.clear()
         self._aging_due = None
         self.n_held = max(0, min(self.n_held, n_past) - (p1 - p0))
         # a fresh evaluation of the tokens left would hold other rows past the kept ones
@@ -537,10 +554,87 @@ class LiveCache:
         if rc != 0:
             self._start_over()
             raise RuntimeError(f"kvgguf: llama.cpp could not shift its cells out of [{p0}, {p1}) (status {rc})")
-        return p0, p1
+
+    # --- a budget (TieredConfig.budget) -----------------------------------------------------
+
+    def cold_bytes(self) -> int:
+        """Bytes the store's tiers hold: its codes and codebooks (what the budget bounds)."""
+        return self.store.held().bytes + self.store.book_bytes()
+
+    def _block_bytes(self, n_rows: int, tier: int) -> int:
+        """Bytes a block of n_rows takes in tier on every attended layer, K and V."""
+        key = (n_rows, tier)
+        if key not in self._sizes:
+            total = 0
+            for il in self.layers:
+                for kind, dim, role in ((Kind.K, self.shape.head_dim_k, "k"), (Kind.V, self.shape.head_dim_v, "v")):
+                    c = codecs.get(self.codecs[tier][il, kind], group_size=self.config.group_size)
+                    total += c.encoded_size((n_rows, self.shape.n_head_kv, dim), role)
+            self._sizes[key] = total
+        return self._sizes[key]
+
+    def _evicted_bytes(self, p0: int, p1: int) -> int:
+        return sum(self._block_bytes(b - a, tier) for tier, a, b in plan.evicted_parts(p0, p1, self.config))
+
+    def min_budget(self) -> int:
+        """The least budget a context can hold: its first eviction (the sinks and the warm rows
+        after them) and the blocks of one batch's eviction beside it."""
+        block = self.config.block
+        first = -(-max(block, self.config.sinks) // block) * block
+        return self._evicted_bytes(0, first) + -(-self.step // block) * self._block_bytes(block, Tier.WARM)
+
+    def _drop_key(self, b: plan.Block) -> tuple:
+        if self.config.drop == "oldest":
+            return (b.r0,)
+        m = self.signals.mass_per_query(b.r0, b.r1)
+        return (0, m, b.r0) if m is not None else (1, 0.0, b.r0)  # blocks not seen yet last, oldest first
+
+    def drops_due(self, n_past: int, n_new: int) -> list[tuple[int, int]]:
+        """Under TieredConfig.budget: the cold ranges [r0, r1) to drop before a batch of n_new
+        tokens at n_past, so that the store holds at most the budget once the batch's eviction is
+        in. The fewest blocks the drop rule ranks first (never the sinks), merged where they
+        touch, the last first (each one's positions are still right when it is dropped); []
+        when nothing must go. ValueError where even dropping all of them would not do."""
+        budget = self.config.budget
+        if budget is None:
+            return []
+        self._settle()
+        n_cold = self.n_cold
+        need = self.cold_bytes() + self._evicted_bytes(n_cold, n_cold + self._n_evict(n_past, n_new)) - budget
+        if need <= 0:
+            return []
+        chosen = []
+        for b in sorted((b for b in self.blocks if b.tier != Tier.SINK), key=self._drop_key):
+            if need <= 0:
+                break
+            chosen.append((b.r0, b.r1))
+            need -= self._block_bytes(b.r1 - b.r0, b.tier)
+        if need > 0:
+            raise ValueError(
+                f"kv_codec budget={budget} bytes cannot hold the sinks and one eviction ({budget + need} bytes); "
+                f"give it at least {self.min_budget()}"
+            )
+        ranges: list[tuple[int, int]] = []
+        for r0, r1 in sorted(chosen):
+            if ranges and ranges[-1][1] == r0:
+                ranges[-1] = (ranges[-1][0], r1)
+            else:
+                ranges.append((r0, r1))
+        return ranges[::-1]
+
+    def drop(self, n_past: int, r0: int, r1: int) -> None:
+        """Drops the cold rows [r0, r1) (whole blocks) as a context shift does, for the budget:
+        the later rows move back, what the signals noted about them with them."""
+        self._settle()
+        if not (0 <= r0 < r1 <= self.n_cold) or plan.shift_range(self.blocks, n_past, r0, r1 - r0) != (r0, r1):
+            raise ValueError(f"kvgguf: rows [{r0}, {r1}) are not whole cold blocks to drop")
+        self._move(n_past, r0, r1)
+        self.signals.shift(r0, r1)
+        self.tokens_dropped += r1 - r0
 
     def clear(self) -> None:
         self.store.clear()  # frees the codebooks too: given ones go back in
+        self.tokens_dropped = 0
         self.blocks = []
         self._aging_due = None
         self.signals.clear()
@@ -712,6 +806,7 @@ class LiveCache:
             self.store.held().values,
             sum(self.device_store.bytes()) if self.device_store is not None else 0,
             self.gpu is not None,
+            self.tokens_dropped,
         )
 
 

@@ -36,6 +36,8 @@ class KVMemory:
     is the store's copy there: its segments of coded rows with their room to grow, and the
     attention's scratch. It stands beside the total too, which counts the store's host bytes:
     ``vram_bytes`` and ``host_bytes`` say where the bytes are.
+
+    Under a budget, ``dropped_tokens`` counts the positions it dropped to stay within it.
     """
 
     tiers: tuple[TierMemory, ...]
@@ -46,6 +48,7 @@ class KVMemory:
     cold_values: int = 0  # K/V values the store's tiers stand for
     device_bytes: int = 0  # the store's copy in VRAM (kvgguf.bindings.cuda_store)
     cells_on_device: bool = False  # llama.cpp's cells in VRAM
+    dropped_tokens: int = 0  # positions a budget (TieredConfig.budget) dropped so far
     by_tier: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -91,7 +94,8 @@ class KVMemory:
             if self.cells_on_device or self.device_bytes
             else ""
         )
+        dropped = f"; {self.dropped_tokens} tokens dropped for the budget" if self.dropped_tokens else ""
         return (
             f"kv cache: size = {self.total_bytes / MIB:.2f} MiB ({parts}), {bpv} bits/value over "
-            f"{self.n_tokens} tokens; compute scratch {self.compute_bytes / MIB:.2f} MiB (peak){where}"
+            f"{self.n_tokens} tokens{dropped}; compute scratch {self.compute_bytes / MIB:.2f} MiB (peak){where}"
         )

@@ -9,6 +9,9 @@ mass: the softmax weight each granule of MASS_ROWS cold rows received from the f
     A granule that holds attention sinks (TieredConfig.sinks) is not ranked: the sinks' mass
     swamps it (SmolLM2: ~100 per query there, 3-20 elsewhere).
 random: a fixed pseudo-random score per block (the control at equal bits).
+
+A budget (TieredConfig.budget) that drops by mass ranks blocks by the same counts
+(mass_per_query).
 """
 
 from __future__ import annotations
@@ -29,15 +32,18 @@ def _grown(a: np.ndarray, n: int, fill=0) -> np.ndarray:
 
 
 class TokenSignals:
-    def __init__(self, signal: Optional[str], sinks: int = 0):
+    def __init__(self, signal: Optional[str], sinks: int = 0, mass: bool = False):
         self.signal = signal
         self.sinks = sinks
+        self.count_mass = mass or signal == "mass"  # for TieredConfig.keep, or a budget's drop rule
         self.clear()
 
     def clear(self) -> None:
         self.surprisal = np.zeros(0, dtype=np.float32)  # per position; NaN: not known
         self.mass = np.zeros(0, dtype=np.float64)  # per granule
         self.queries = np.zeros(0, dtype=np.int64)  # per granule
+        # per granule: mass times the keys its queries saw (mass_per_query: against an even spread)
+        self.share = np.zeros(0, dtype=np.float64)
         self._last: Optional[tuple[int, np.ndarray, float]] = None  # (position, logits row, its logsumexp)
 
     @property
@@ -46,7 +52,7 @@ class TokenSignals:
 
     @property
     def wants_mass(self) -> bool:
-        return self.signal == "mass"
+        return self.count_mass
 
     def note_logits(self, n_past: int, tokens, logits: np.ndarray) -> None:
         """logits [n, n_vocab] of tokens at positions n_past.. : each row prices the next token."""
@@ -65,12 +71,16 @@ class TokenSignals:
             self.surprisal[n_past] = np.nan
         self._last = (n_past + n - 1, logits[-1].copy(), float(lse[-1]))
 
-    def note_mass(self, mass: np.ndarray, n_queries: int) -> None:
-        """mass [n_layer, n_granules]: what the cold granules received from n_queries queries."""
+    def note_mass(self, mass: np.ndarray, n_queries: int, n_keys: float = 1.0) -> None:
+        """mass [n_layer, n_granules]: what the cold granules received from n_queries queries,
+        which saw n_keys keys each on average."""
         g = mass.shape[1]
         self.mass = _grown(self.mass, g)
         self.queries = _grown(self.queries, g)
-        self.mass[:g] += mass.sum(axis=0)
+        self.share = _grown(self.share, g)
+        total = mass.sum(axis=0)
+        self.mass[:g] += total
+        self.share[:g] += total * n_keys
         self.queries[:g] += n_queries
 
     def truncate(self, n_rows: int) -> None:
@@ -79,9 +89,35 @@ class TokenSignals:
         self.surprisal[n_rows:] = np.nan
         g = n_rows // MASS_ROWS
         self.mass[g:] = 0.0
+        self.share[g:] = 0.0
         self.queries[g:] = 0
         if self._last is not None and self._last[0] >= n_rows:
             self._last = None
+
+    def shift(self, p0: int, p1: int) -> None:
+        """Positions [p0, p1) dropped and the later ones moved back (a budget's drop): what was
+        noted moves with them; all of it is forgotten where the cut is not on granules."""
+        if p0 % MASS_ROWS or p1 % MASS_ROWS:
+            self.clear()
+            return
+        d = p1 - p0
+        self.surprisal = np.concatenate([self.surprisal[:p0], self.surprisal[p1:]])
+        g0, g1 = p0 // MASS_ROWS, p1 // MASS_ROWS
+        self.mass = np.concatenate([self.mass[:g0], self.mass[g1:]])
+        self.share = np.concatenate([self.share[:g0], self.share[g1:]])
+        self.queries = np.concatenate([self.queries[:g0], self.queries[g1:]])
+        if self._last is not None:
+            self._last = None if self._last[0] < p1 else (self._last[0] - d, *self._last[1:])
+
+    def mass_per_query(self, r0: int, r1: int) -> Optional[float]:
+        """The mass rows [r0, r1) received per query while cold against an even spread over the
+        keys each query saw (summed over layers and heads), over their granules that hold no
+        sinks; None where no query saw them (a block not attended fused yet). Weighed by the
+        keys, an older block is not favoured for the shorter contexts its first queries saw."""
+        g0, g1 = max(r0 // MASS_ROWS, -(-self.sinks // MASS_ROWS)), -(-r1 // MASS_ROWS)
+        m, q = self.share[g0:g1] / MASS_ROWS, self.queries[g0:g1]
+        seen = q > 0
+        return float((m[seen] / q[seen]).mean()) if seen.any() else None
 
     def score(self, r0: int, r1: int) -> float:
         """A block's score under the signal (rows [r0, r1)); NaN: not ranked."""

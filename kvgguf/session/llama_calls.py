@@ -82,14 +82,18 @@ class SessionCalls(llama_cpp.Llama):
         )
 
     def _moved_blocks(self) -> bool:
-        """Whether a context shift moved compressed rows, which the session format cannot record yet."""
+        """Whether a context shift or a budget's drop moved compressed rows, which the session
+        format cannot record yet."""
         return self._kv is not None and any(self._kv.store.shifts(il) for il in self._kv.layers)
 
     def _refuse_moved(self) -> None:
         # the session format records no block's rotation yet: restored, its keys would be read
         # as rotated at their new positions
         if self._moved_blocks():
-            raise ValueError("a context a context shift moved cannot be saved yet; reset() or a new prompt first")
+            raise ValueError(
+                "a context whose compressed rows a context shift or a budget moved cannot be saved yet; "
+                "reset() or a new prompt first"
+            )
 
     def _session_view(self, drop_dead_rows: bool = False) -> session.LiveContext:
         """This context as the session code sees it. drop_dead_rows: first remove cache rows past

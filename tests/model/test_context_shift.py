@@ -171,7 +171,7 @@ def test_a_shifted_context_is_refused_by_sessions_and_leaves_no_file(tiny, text_
     llm = Llama(path, kv_codec=F16_COLD, n_ctx=N_CTX, n_batch=N_BATCH, context_shift=True, **KW)
     llm.eval(text_tokens[:640])
     assert llm.kv_cache.store.shifts(0)  # moved blocks (a shift past the cold rows moves none)
-    with pytest.raises(ValueError, match="context shift moved cannot be saved"):
+    with pytest.raises(ValueError, match="a context shift or a budget moved cannot be saved"):
         llm.save_session(tmp_path / "s.kvz")
     assert not (tmp_path / "s.kvz").exists()
     llm.reset()

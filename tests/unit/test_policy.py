@@ -61,6 +61,26 @@ def test_a_cell_type_given_twice_is_refused_saying_so():
         kv_codec.split_cells("rotq2:hot=q4_0")
 
 
+def test_a_budget_is_read_from_the_kv_codec_string():
+    from kvgguf.policy import kv_codec
+
+    config, request = kv_codec.parse("tiered:budget=64MiB")
+    assert config.budget == 64 * 2**20 and config.drop == "mass" and request is not None
+    config, _ = kv_codec.parse("rotq4:budget=1.5KiB:drop=oldest:hot=f16")
+    assert (config.budget, config.drop, config.hot_cells, config.warm) == (1536, "oldest", "f16", "rotq4")
+    assert kv_codec.parse("tiered:fixed:budget=65536")[0].budget == 65536
+    for bad, match in (
+        ("tiered:budget=lots", "not a size"),
+        ("tiered:budget=0", "not a size"),
+        ("tiered:budget=1MiB:budget=2MiB", "given twice"),
+        ("tiered:drop=newest", "TieredConfig.drop must be one of"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            kv_codec.parse(bad)
+    with pytest.raises(ValueError, match="TieredConfig.budget must be None or a positive"):
+        TieredConfig(budget=-1)
+
+
 def test_evicted_parts_keep_sinks_exact():
     assert plan.evicted_parts(0, 64, CFG) == [(Tier.SINK, 0, 4), (Tier.WARM, 4, 64)]
     assert plan.evicted_parts(2, 64, CFG) == [(Tier.SINK, 0, 2), (Tier.WARM, 2, 62)]
