@@ -76,6 +76,12 @@ REGISTRY: dict[str, Bench] = {
         {**_M, "contexts": "--ctx", **_T, **_O},
         _ONE_CTX,
     ),
+    "budget": Bench(
+        "quality",
+        "a budget's drops (H2O, oldest) against lower-bit codecs at equal bytes",
+        {**_M, "contexts": "--ctx", **_T, **_O},
+        _ONE_CTX,
+    ),
     "calibration_proxy": Bench("quality", "whether calibration's cheap prediction tracks the KL", {**_M, **_T, **_O}),
     "literature_claims": Bench(
         "quality",

@@ -144,10 +144,12 @@ def kept_half(llm, tokens: Sequence[int], half: int) -> np.ndarray:
     """The logits of positions [half, len(tokens)) as float32, the tokens evaluated in llm's
     batches from where its cache stands: a reference's scored half, the rest never kept."""
     kept = np.empty((len(tokens) - half, llm.n_vocab()), dtype=np.float32)
-    for start, logits in llm.eval_logits(tokens):
+    start = 0  # by count, not position: a shift or a budget's drop moves positions back
+    for _, logits in llm.eval_logits(tokens):
         lo = max(start, half)
         if lo < start + len(logits):
             kept[lo - half : start + len(logits) - half] = logits[lo - start :]
+        start += len(logits)
     return kept
 
 
