@@ -316,6 +316,11 @@ class KVStore:
         n = int(lib.kvg_store_hook_shifts(self._ptr, layer, n, r0, r1, sh))
         return [(int(r0[i]), int(r1[i]), int(sh[i])) for i in range(n)]
 
+    def set_shift(self, layer: int, r0: int, r1: int, shift: int) -> None:
+        """Sets the shift of layer's blocks in rows [r0, r1) (whole blocks, K and V): a restored
+        session's runs, as shifts() reported them."""
+        check(get_lib().kvg_store_set_shift(self._ptr, layer, r0, r1, shift), f"set the shift of rows [{r0}, {r1})")
+
     def read_failures(self) -> tuple[int, int]:
         """(hook_decode calls that failed, hook_attend calls that left rows out) since the store
         was made: llama.cpp's two ways of reading the rows."""

@@ -270,6 +270,9 @@ class LiveCache:
         self._aging_due = n_tokens - n_tokens % self.step if due else None
         self.n_held = n_tokens
         self.canonical = n_tokens if exact else self.n_cold  # coded exact rows are not a fresh context's
+        # rows a shift or a budget moved were computed beside tokens the context no longer holds
+        moved = [runs[0][0] for il in self.layers if (runs := store.shifts(il))]
+        self.canonical = min([self.canonical, *moved])
         self.recent.clear()
         if self.config.keep is not None:
             # Warm blocks below the warm window were kept when they aged (the signals that

@@ -20,7 +20,8 @@ import zstandard
 from ..errors import SessionCorruptError, SessionVersionError
 
 MAGIC = b"KVGGUFZ\x00"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # what this kvgguf writes; 2 lists the runs of moved rows (session.py)
+READS = (1, 2)  # what it reads: a version 1 file has no moved rows
 FLAG_ZSTD = 1
 ZSTD_LEVEL = 3  # measured: higher levels gain <1% on codes and cost several times the time
 
@@ -65,8 +66,10 @@ def unpack(data: Union[bytes, bytearray, memoryview]) -> list[tuple[bytes, bytes
     (crc,) = _CRC.unpack_from(view, _HEADER.size)
     if crc != zlib.crc32(view[: _HEADER.size]):
         raise SessionCorruptError("session header checksum mismatch")
-    if version != FORMAT_VERSION:
-        raise SessionVersionError(f"session format version {version}; this kvgguf reads version {FORMAT_VERSION}")
+    if version not in READS:
+        raise SessionVersionError(
+            f"session format version {version}; this kvgguf reads versions {', '.join(map(str, READS))}"
+        )
     if n_sections > _MAX_SECTIONS:
         raise SessionCorruptError(f"header claims {n_sections} sections")
     off = _HEADER.size + 4

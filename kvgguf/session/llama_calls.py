@@ -42,7 +42,6 @@ class SessionCalls(llama_cpp.Llama):
         bit. entropy=True zstd-codes the file's sections. app: JSON data stored with it,
         returned by load_session (the chat keeps its messages there).
         """
-        self._refuse_moved()
         budget = parse_auto(codec)
         if budget is not None:
             codec = calibrated_config(
@@ -82,18 +81,8 @@ class SessionCalls(llama_cpp.Llama):
         )
 
     def _moved_blocks(self) -> bool:
-        """Whether a context shift or a budget's drop moved compressed rows, which the session
-        format cannot record yet."""
+        """Whether a context shift or a budget's drop moved compressed rows."""
         return self._kv is not None and any(self._kv.store.shifts(il) for il in self._kv.layers)
-
-    def _refuse_moved(self) -> None:
-        # the session format records no block's rotation yet: restored, its keys would be read
-        # as rotated at their new positions
-        if self._moved_blocks():
-            raise ValueError(
-                "a context whose compressed rows a context shift or a budget moved cannot be saved yet; "
-                "reset() or a new prompt first"
-            )
 
     def _session_view(self, drop_dead_rows: bool = False) -> session.LiveContext:
         """This context as the session code sees it. drop_dead_rows: first remove cache rows past
@@ -128,14 +117,15 @@ class SessionCalls(llama_cpp.Llama):
         SessionState holding .kvz bytes: the compressed rows as held, the rows llama.cpp holds
         exactly kept bit for bit with a kv_codec, else encoded with the cache's codec. With a
         compressed prompt cache attached, None for a context whose compressed rows a context shift
-        moved (llama-cpp-python hands each completion's state to the cache, which keeps no None)."""
+        or a budget moved (llama-cpp-python hands each completion's state to the cache, which keeps
+        no None): a cache entry must hold what a fresh evaluation of its tokens holds, and this
+        one's rows were computed beside tokens it no longer has."""
         cache = self.cache if isinstance(self.cache, CompressedCache) else None
         if self._kv is None and cache is None:
             return super().save_state()
         codec = cache.codec if cache is not None else None
         if cache is not None and self._moved_blocks():
             return None  # llama-cpp-python stores a completion's state in its cache: this one is not kept
-        self._refuse_moved()
         data, _info = session.dump(
             self._session_view(drop_dead_rows=True),
             codec=codec,

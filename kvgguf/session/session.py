@@ -3,7 +3,9 @@
 What a session holds, section by section (container.py frames them):
 
     META  JSON: model fingerprint, mode ("stock" or "tiered"), token count, compressed-row
-          blocks, codecs and their parameters, the layout of llama.cpp's cache records
+          blocks and the runs of them a context shift or a budget moved ({layer: [[r0, r1,
+          shift], ...]}: keys rotated at row + shift; format version 2), codecs and their
+          parameters, the layout of llama.cpp's cache records
     TOKS  the token ids (int32)
     CELL  llama.cpp's cell records (positions), verbatim
     BOOK  (only where the store holds pq2, vq8, vq8f or wfq rows) their codebooks and plans: per
@@ -125,6 +127,7 @@ def dump(
         "n_tokens": n_tokens,
         "n_cold": n_cold,
         "blocks": [[b.r0, b.r1, b.tier] for b in kv.blocks] if kv is not None else [],
+        "shifts": {str(il): [list(r) for r in runs] for il in cold_layers if (runs := store.shifts(il))},
         "cold_layers": cold_layers,
         "store": {"group_size": store.group_size, "seed": str(store.seed)} if store else None,
         "codec": described,
@@ -327,9 +330,33 @@ def parse(live: LiveContext, data: bytes) -> _Restored:
             _read_layer(payload, il, il in cold_layers, store, hot_of.get(il), shape, params, n_cold)
         except KvgError as e:  # the codecs refuse bytes no encoder writes, or sizes that do not fit
             raise SessionCorruptError(f"layer {il}: {e}") from None
+    if store is not None:
+        _read_shifts(meta, store, cold_layers)
+    elif meta.get("shifts"):
+        raise SessionCorruptError("a session without compressed rows lists moved ones")
     _check_cell_types(caches, live.ctx)
     state = state_format.build(caches)
     return _Restored(meta, tokens.astype(np.intc), state, store, [tuple(b) for b in blocks])
+
+
+def _read_shifts(meta: dict, store: KVStore, cold_layers: set) -> None:
+    """Gives the restored blocks the shifts the session lists (none in a version 1 file)."""
+    shifts = meta.get("shifts", {})
+    if not isinstance(shifts, dict):
+        raise SessionCorruptError("session metadata field 'shifts' is not a mapping")
+    for key, runs in shifts.items():
+        if not key.isdigit() or int(key) not in cold_layers or not isinstance(runs, list):
+            raise SessionCorruptError(f"session metadata lists moved rows of layer {key!r}, which holds none")
+        for run in runs:
+            if not isinstance(run, list) or len(run) != 3 or not all(type(x) is int for x in run):
+                raise SessionCorruptError(f"layer {key}: a moved run is not [r0, r1, shift]")
+            r0, r1, shift = run
+            if not (0 <= r0 < r1 and shift != 0 and -(2**31) <= shift < 2**31):
+                raise SessionCorruptError(f"layer {key}: moved run {run} is out of range")
+            try:
+                store.set_shift(int(key), r0, r1, shift)
+            except KvgError as e:
+                raise SessionCorruptError(f"layer {key}: moved run {run}: {e}") from None
 
 
 def _check_cell_types(caches: list[state_format.CacheState], ctx) -> None:

@@ -158,7 +158,7 @@ enum kvg_kind { KVG_KIND_K = 0, KVG_KIND_V = 1 };
 
 // Bumped whenever a declaration in this region changes; kvg_abi_version() returns the value the
 // library was built with, and the Python binding refuses a library and header that disagree.
-enum kvg_abi { KVG_ABI_VERSION = 18 };
+enum kvg_abi { KVG_ABI_VERSION = 19 };
 
 enum kvg_simd {
     KVG_SIMD_SCALAR = 0,
@@ -348,6 +348,11 @@ void kvg_store_clear(kvg_store * s);
 // is refused and changes nothing. A moved block's keys stay rotated at the positions they had:
 // kvg_store_hook_shifts reports them, and the attention rotates its queries to match.
 int kvg_store_shift(kvg_store * s, int64_t p0, int64_t p1);
+
+// Sets the shift of layer il's blocks (K and V) in rows [r0, r1) to `shift`: what a restored
+// session's blocks had (kvg_store_hook_shifts reports it). r0 and r1 must start blocks (or end
+// the list) in both lists; anything else is refused and changes nothing.
+int kvg_store_set_shift(kvg_store * s, int32_t il, int64_t r0, int64_t r1, int32_t shift);
 
 // Bytes held in `tier` (KVG_TIER_COUNT: all tiers) by the encoded rows, and the K/V values
 // they stand for; out_index_bytes (may be NULL) gets the bookkeeping around them.

@@ -167,3 +167,18 @@ def test_a_chat_under_a_budget_runs_past_n_ctx_and_reuses_its_context(models, te
         assert llm.n_tokens <= n_ctx and llm.kv_cache.cold_bytes() <= llm.kv_config.budget
     assert len(conversation) > 3 * n_ctx and llm.tokens_dropped > 0 and llm.context_shifts == 0
     llm.close()
+
+
+def test_a_context_under_a_budget_saves_and_restores(models, text_tokens, tmp_path):
+    path = models["llama"]
+    kw = dict(kv_codec="rotq4:budget=15KiB", n_ctx=512, n_batch=N_BATCH, **KW)
+    llm = Llama(path, **kw)
+    llm.eval(text_tokens[:1000])
+    assert llm.tokens_dropped and llm.kv_cache.store.shifts(0)
+    llm.save_session(tmp_path / "b.kvz")
+    restored = Llama(path, **kw)
+    restored.load_session(tmp_path / "b.kvz")
+    assert restored.kv_cache.store.shifts(0) == llm.kv_cache.store.shifts(0)
+    assert list(restored.input_ids[: restored.n_tokens]) == list(llm.input_ids[: llm.n_tokens])
+    restored.eval(text_tokens[1000:1200])  # and it goes on dropping within the budget
+    assert restored.tokens_dropped and restored.kv_cache.cold_bytes() <= restored.kv_config.budget

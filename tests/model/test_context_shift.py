@@ -166,17 +166,34 @@ def test_n_keep_that_leaves_no_room_is_refused_before_the_first_token(tiny):
         Llama(path, kv_codec="tiered", n_ctx=N_CTX, context_shift=True, n_keep=200, **KW)
 
 
-def test_a_shifted_context_is_refused_by_sessions_and_leaves_no_file(tiny, text_tokens, tmp_path):
-    path = tiny("llama", TinySpec("llama"))
-    llm = Llama(path, kv_codec=F16_COLD, n_ctx=N_CTX, n_batch=N_BATCH, context_shift=True, **KW)
+def test_a_shifted_context_saves_and_restores_its_moved_rows(tiny, text_tokens, tmp_path):
+    """The session lists the moved runs (format version 2): restored, the context goes on as the
+    one that saved it, logit for logit; without the runs its keys would be read unrotated."""
+    path = tiny("llama-hd80", SPECS["llama-hd80"])
+    kw = dict(kv_codec=F16_COLD, n_ctx=N_CTX, n_batch=N_BATCH, context_shift=True, logits_all=True, **KW)
+    llm = Llama(path, **kw)
     llm.eval(text_tokens[:640])
-    assert llm.kv_cache.store.shifts(0)  # moved blocks (a shift past the cold rows moves none)
-    with pytest.raises(ValueError, match="a context shift or a budget moved cannot be saved"):
-        llm.save_session(tmp_path / "s.kvz")
-    assert not (tmp_path / "s.kvz").exists()
-    llm.reset()
-    llm.eval(text_tokens[:100])
-    llm.save_session(tmp_path / "s.kvz")  # a fresh context saves again
+    runs = llm.kv_cache.store.shifts(0)
+    assert runs  # moved blocks (a shift past the cold rows moves none)
+    llm.save_session(tmp_path / "s.kvz", exact=True)
+    nxt = text_tokens[640:672]
+
+    def go_on(other):
+        other.eval(nxt)
+        return np.array(other.scores[other.n_tokens - len(nxt) : other.n_tokens])
+
+    want = go_on(llm)
+    restored = Llama(path, **kw)
+    restored.load_session(tmp_path / "s.kvz")
+    assert restored.kv_cache.store.shifts(0) == runs
+    assert restored.kv_cache.canonical <= runs[0][0]  # a cut among moved rows evaluates again
+    assert np.array_equal(go_on(restored), want)
+    unrotated = Llama(path, **kw)
+    unrotated.load_session(tmp_path / "s.kvz")
+    for il in unrotated.kv_cache.layers:
+        for r0, r1, _ in runs:
+            unrotated.kv_cache.store.set_shift(il, r0, r1, 0)
+    assert not np.allclose(go_on(unrotated), want, atol=1e-3)
 
 
 @pytest.mark.parametrize("kv_codec", [None, "tiered"])

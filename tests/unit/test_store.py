@@ -343,3 +343,20 @@ def test_a_shift_drops_whole_blocks_and_moves_the_later_ones_with_their_codes():
     assert s.shifts(1) == [(4, 20, 64)]
     s.shift(4, 1000)  # past the end: the rows after p0 go, as a truncate would
     assert s.n_rows(0, Kind.K) == 4 and s.shifts(0) == []
+
+
+def test_set_shift_gives_whole_blocks_of_a_layer_their_shift_or_refuses():
+    s = make_store()
+    x = rows(68)
+    for il in range(3):
+        for kind in Kind:
+            s.append(il, kind, Tier.WARM, "rotq4", x[:36])
+            s.append(il, kind, Tier.WARM, "rotq4", x[36:68])
+    s.set_shift(1, 36, 68, 7)
+    assert s.shifts(1) == [(36, 68, 7)] and s.shifts(0) == []
+    for r0, r1 in ((30, 68), (36, 60), (36, 100)):  # cuts a block, or past the rows: nothing changes
+        with pytest.raises(KvgError, match="not whole blocks"):
+            s.set_shift(1, r0, r1, 9)
+        assert s.shifts(1) == [(36, 68, 7)]
+    s.set_shift(1, 0, 68, 0)
+    assert s.shifts(1) == []

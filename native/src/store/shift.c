@@ -66,6 +66,32 @@ int kvg_store_shift(kvg_store * s, int64_t p0, int64_t p1) {
     return KVG_OK;
 }
 
+int kvg_store_set_shift(kvg_store * s, int32_t il, int64_t r0, int64_t r1, int32_t shift) {
+    kvg_clear_error();
+    if (!s || il < 0 || il >= s->p.n_layer || r0 < 0 || r1 < r0) {
+        return kvg_fail(KVG_ERR_INVALID_ARG, "set the shift of layer %d's rows [%lld, %lld)", (int) il, (long long) r0,
+                        (long long) r1);
+    }
+    int64_t b0[2], b1[2];
+    for (int kind = 0; kind < 2; ++kind) {  // both lists first: nothing changes on a refusal
+        const kvg_rows * r = &s->rows[il * 2 + kind];
+        b0[kind]           = block_at(r, r0);
+        b1[kind]           = block_at(r, r1);
+        if (r1 > r->n_rows || b0[kind] < 0 || b1[kind] < 0) {
+            return kvg_fail(KVG_ERR_INVALID_ARG, "rows [%lld, %lld) are not whole blocks of list (%d, %d)",
+                            (long long) r0, (long long) r1, (int) il, kind);
+        }
+    }
+    for (int kind = 0; kind < 2; ++kind) {
+        kvg_rows * r = &s->rows[il * 2 + kind];
+        for (int64_t bi = b0[kind]; bi < b1[kind]; ++bi) {
+            r->blocks[bi].shift = shift;
+        }
+        r->version++;
+    }
+    return KVG_OK;
+}
+
 int32_t kvg_store_hook_shifts(void * user, int32_t il, int32_t cap, int64_t * row_begin, int64_t * row_end,
                               int32_t * shift) {
     const kvg_store * s = (const kvg_store *) user;
