@@ -82,6 +82,12 @@ REGISTRY: dict[str, Bench] = {
         {**_M, "contexts": "--ctx", **_T, **_O},
         _ONE_CTX,
     ),
+    "endurance": Bench(
+        "reliability",
+        "a chat of 10 x n_ctx with context_shift: never raises, RSS levels off",
+        {**_M, "contexts": "--ctx", **_T, **_O},
+        _ONE_CTX,
+    ),
     "calibration_proxy": Bench("quality", "whether calibration's cheap prediction tracks the KL", {**_M, **_T, **_O}),
     "literature_claims": Bench(
         "quality",
