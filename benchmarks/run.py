@@ -82,6 +82,12 @@ REGISTRY: dict[str, Bench] = {
         {**_M, "contexts": "--ctx", **_T, **_O},
         _ONE_CTX,
     ),
+    "shift_speed": Bench(
+        "speed",
+        "decode after 1, 4 and 16 context shifts against the same context unshifted",
+        {**_M, "contexts": "--ctx", **_T, "repeats": "--repeats", **_O},
+        _ONE_CTX,
+    ),
     "endurance": Bench(
         "reliability",
         "a chat of 10 x n_ctx with context_shift: never raises, RSS levels off",
