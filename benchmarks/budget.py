@@ -1,7 +1,7 @@
 """Bounded memory against its alternatives at equal bytes: the preset under a budget that drops
 the least-attended blocks (H2O's rule, "tiered:fixed:budget=B"), the same budget dropping the
 oldest blocks (StreamingLLM's, ":drop=oldest"), and the preset with lower-bit codecs holding
-every token in no more bytes.
+every token in about as many bytes (the pair of the most bits at most the retention's share).
 
 B is a share (--retention) of what the preset's store holds at the end of --ctx tokens of
 WikiText-2 without a budget. Every row is scored against stock llama.cpp with an f16 cache on the
@@ -28,9 +28,29 @@ from common import add_out_option, add_threads_option, command, markdown_table, 
 
 HERE = Path(__file__).resolve().parent
 REFERENCE_BATCH = 256
-# the lower-bit preset at each retention: (K, V) codecs for every compressed token (no archive),
-# chosen to hold at most the budget's share of the preset's bytes at the same context
-LOWER_BITS = {0.75: ("rotq3", "rotq2"), 0.5: ("rotq2", "rotq1"), 0.25: ("vq8f", "vq8f")}
+# (K, V) codecs the lower-bit rows choose from: for each retention, the pair of the most bits per
+# value at most that share of the preset store's (every compressed token in it, no archive)
+LOWER_BITS = [
+    ("kivi8", "kivi8"),
+    ("rotq4", "rotq4"),
+    ("rotq4", "rotq2"),
+    ("rotq3", "rotq2"),
+    ("rotq2", "rotq2"),
+    ("rotq2", "rotq1"),
+    ("rotq1", "rotq1"),
+    ("vq8f", "vq8f"),
+]
+
+
+def pair_bits(pair: tuple[str, str]) -> float:
+    from kvgguf.bindings import codecs
+
+    return sum(codecs.get(c).bits_per_value((64, 4, 64), role) for c, role in zip(pair, "kv")) / 2
+
+
+def lower_bits(preset_bits: float, retention: float) -> tuple[str, str]:
+    fits = [p for p in LOWER_BITS if pair_bits(p) <= retention * preset_bits]
+    return max(fits, key=pair_bits) if fits else LOWER_BITS[-1]
 
 
 def open_llama(model: str, kv_codec, ctx: int, threads: int):
@@ -65,6 +85,7 @@ def run(model: str, kv_codec, tokens: list[int], threads: int, ref: np.ndarray) 
         kl[at : at + len(logits)], top1[at : at + len(logits)] = k, a
     mem = llm.kv_memory()
     f16 = len(tokens) * mem.values_per_token * 2
+    config = llm.kv_config
     out = {
         "kv_codec": kv_codec if isinstance(kv_codec, str) else repr(kv_codec),
         "kl": float(kl.mean()),
@@ -75,10 +96,11 @@ def run(model: str, kv_codec, tokens: list[int], threads: int, ref: np.ndarray) 
         "tokens_held": llm.n_tokens,
         "tokens_dropped": llm.tokens_dropped,
         "kv": str(mem),
+        "bits": mem.cold_bytes * 8 / mem.cold_values if mem.cold_values else None,
         "seconds": time.perf_counter() - t0,
     }
     llm.close()
-    return out
+    return out, config
 
 
 def main(argv=None) -> int:
@@ -94,7 +116,6 @@ def main(argv=None) -> int:
     add_out_option(p)
     a = p.parse_args(argv)
 
-    from kvgguf import TieredConfig
     from kvgguf.evaluation.text import wikitext2_test
 
     llm = open_llama(a.model, None, a.ctx + 64, a.threads)
@@ -108,18 +129,21 @@ def main(argv=None) -> int:
 
     rows = []
     progress("budget: tiered:fixed, no budget")
-    full = run(a.model, "tiered:fixed", tokens, a.threads, ref)
-    rows.append({"retention": 1.0, "rule": "none", **full})
+    full, preset = run(a.model, "tiered:fixed", tokens, a.threads, ref)
+    rows.append({"retention": 1.0, "rule": "none", "cache": "`tiered:fixed`", **full})
     for r in (float(x) for x in a.retention.split(",")):
         budget = int(r * full["cold_bytes"])
         for rule in ("mass", "oldest"):
             spec = f"tiered:fixed:budget={budget}" + (":drop=oldest" if rule == "oldest" else "")
             progress(f"budget: {spec}")
-            rows.append({"retention": r, "rule": rule, **run(a.model, spec, tokens, a.threads, ref)})
-        if r in LOWER_BITS:
-            config = dataclasses.replace(TieredConfig(), warm=LOWER_BITS[r], archive=None)
-            progress(f"budget: every token at {LOWER_BITS[r]}")
-            rows.append({"retention": r, "rule": "lower bits", **run(a.model, config, tokens, a.threads, ref)})
+            rows.append(
+                {"retention": r, "rule": rule, "cache": f"`{spec}`", **run(a.model, spec, tokens, a.threads, ref)[0]}
+            )
+        pair = lower_bits(full["bits"], r)
+        config = dataclasses.replace(preset, warm=pair, archive=None)  # the preset's windows and cells
+        progress(f"budget: every token at {pair}")
+        row = run(a.model, config, tokens, a.threads, ref)[0]
+        rows.append({"retention": r, "rule": "lower bits", "cache": "K/V " + "/".join(pair), **row})
 
     result = {"model": a.model, "tokens": len(tokens), "scored_from": half, "runs": rows}
     result["command"] = command(__file__, argv)
@@ -129,7 +153,7 @@ def main(argv=None) -> int:
             [
                 f"{r['retention']:.0%}",
                 r["rule"],
-                f"`{r['kv_codec']}`" if r["rule"] != "lower bits" else "K/V " + "/".join(LOWER_BITS[r["retention"]]),
+                r["cache"],
                 f"{r['cold_bytes'] / 2**20:.2f}",
                 f"{r['x_f16']:.2f}",
                 r["tokens_held"],
