@@ -425,11 +425,10 @@ class Llama(SessionCalls):
 
     def _make_room(self, n_new: int) -> None:
         """A context shift where n_new tokens would overflow n_ctx, then the blocks a budget must
-        drop before them."""
+        drop before them. RuntimeError where neither moved anything (callers loop on _must_move)."""
+        before = self.n_tokens
         self._shift_for(n_new)
-        if not self._budget:
-            return
-        for r0, r1 in self._kv.drops_due(self.n_tokens, n_new):
+        for r0, r1 in self._kv.drops_due(self.n_tokens, n_new) if self._budget else ():
             n_past = self.n_tokens
             try:
                 self._kv.drop(n_past, r0, r1)
@@ -440,6 +439,8 @@ class Llama(SessionCalls):
             self._note_dropped(r0, r1, n_past)
             shift_tokens(self, r0, r1)
             self.tokens_dropped += r1 - r0
+        if self.n_tokens == before:
+            raise RuntimeError(f"kvgguf: no shift or drop made room for {n_new} tokens at {before}")
 
     @one_call
     def eval(self, tokens: Sequence[int]):
