@@ -93,14 +93,6 @@ def read_until_prompt(fd: int, proc: subprocess.Popen, timeout: float) -> str:
     return got.decode("utf-8", "replace")
 
 
-def vm_rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def through_cli(model: str, kv_codec: str, n_ctx: int, times: int, reply: int, threads: int) -> dict:
     """`kvgguf chat` on a pseudo-terminal: a line a turn, the next once it prompts again."""
     cmd = [str(Path(sys.executable).with_name("kvgguf")), "chat", model, "--kv-codec", kv_codec, "-c", str(n_ctx)]
@@ -116,7 +108,7 @@ def through_cli(model: str, kv_codec: str, n_ctx: int, times: int, reply: int, t
         printed.append(read_until_prompt(main, proc, 600))
         if proc.poll() is not None:
             break
-        rss.append(vm_rss(proc.pid))
+        rss.append(rss_bytes(proc.pid))
         if said >= times * n_ctx * 4:  # about 4 characters a token, the replies not counted
             break
     os.write(main, b"/stats\n")

@@ -92,6 +92,16 @@ def llama_cells_bytes(
     )
 
 
+def block_bytes(shape: KVShape, rows: int, table: dict[tuple[int, int], str], group_size: int) -> int:
+    """Encoded bytes of one block of rows on the full-attention layers, K and V, each list in its
+    codec of table ({(layer, kind): codec}); codebooks not counted."""
+    return sum(
+        codecs.get(table[il, kind], group_size=group_size).encoded_size((rows, shape.n_head_kv, dim), role)
+        for il in shape.full_layers
+        for kind, dim, role in ((Kind.K, shape.head_dim_k, "k"), (Kind.V, shape.head_dim_v, "v"))
+    )
+
+
 def store_bytes(shape: KVShape, counts: dict[tuple[int, int], int], config: TieredConfig) -> int:
     """Encoded bytes of the store's blocks ({(rows, tier): how many}) on the full-attention layers,
     each in its tier's codec, plus a float32 book per (layer, kind) for each codec that keeps
@@ -99,10 +109,10 @@ def store_bytes(shape: KVShape, counts: dict[tuple[int, int], int], config: Tier
     tables = {tier: config.table(tier, shape.n_layer) for _, tier in counts}
     total, books = 0, set()
     for (rows, tier), n_blocks in counts.items():
+        total += n_blocks * block_bytes(shape, rows, tables[tier], config.group_size)
         for il in shape.full_layers:
-            for kind, dim, role in ((Kind.K, shape.head_dim_k, "k"), (Kind.V, shape.head_dim_v, "v")):
+            for kind, dim in ((Kind.K, shape.head_dim_k), (Kind.V, shape.head_dim_v)):
                 c = codecs.get(tables[tier][il, kind], group_size=config.group_size)
-                total += n_blocks * c.encoded_size((rows, shape.n_head_kv, dim), role)
                 if c.name in codecs.BOOK_CODECS and (il, kind, c.name) not in books:
                     books.add((il, kind, c.name))
                     total += math.prod(codecs.book_shape(c.name, shape.n_head_kv, dim)) * 4

@@ -25,7 +25,7 @@ from ..bindings import codecs, cuda_store
 from ..bindings.binding import KvgError
 from ..enums import Kind, Tier
 from ..bindings.store import MASS_ROWS, KVStore
-from ..policy import codec_spec, plan
+from ..policy import codec_spec, held, plan
 from ..policy.tiered import CACHE_TYPES, TieredConfig, type_name
 
 SEQ = 0  # one sequence per context (n_seq_max = 1)
@@ -568,12 +568,7 @@ class LiveCache:
         """Bytes a block of n_rows takes in tier on every attended layer, K and V."""
         key = (n_rows, tier)
         if key not in self._sizes:
-            total = 0
-            for il in self.layers:
-                for kind, dim, role in ((Kind.K, self.shape.head_dim_k, "k"), (Kind.V, self.shape.head_dim_v, "v")):
-                    c = codecs.get(self.codecs[tier][il, kind], group_size=self.config.group_size)
-                    total += c.encoded_size((n_rows, self.shape.n_head_kv, dim), role)
-            self._sizes[key] = total
+            self._sizes[key] = held.block_bytes(self.shape, n_rows, self.codecs[tier], self.config.group_size)
         return self._sizes[key]
 
     def _evicted_bytes(self, p0: int, p1: int) -> int:
