@@ -6,6 +6,11 @@ asked for at the end, through llama.cpp's own caches and kvgguf's in the same ru
 
 writes benchmarks/results/retrieval.json and .md (after every cache, so an interrupted run keeps its rows): per cache and context, the facts found out of
 those asked, the bits per value the cache held with the document in it, and the facts found per depth.
+
+Contexts that move: --retention runs --budget-base under budgets of those shares of what its store
+held at the document's end (dropping by attention mass and by age); --shift-at runs the --shifted
+caches with context_shift=True in an n_ctx of that share of the document. Their facts still held at
+the document's end are compared with the same cache's unmoved run on the same facts.
 """
 
 from __future__ import annotations
@@ -22,11 +27,12 @@ HERE = Path(__file__).resolve().parent
 LLAMA_TYPES = ("f16", "q8_0", "q5_1", "q4_0", "iq4_nl")
 
 
-def open_llama(path: str, cache: str, n_ctx: int, threads: int):
+def open_llama(path: str, cache: str, n_ctx: int, threads: int, context_shift: bool = False):
     import kvgguf
     from kvgguf.policy import codec_spec
 
     kw = dict(n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, flash_attn=True, verbose=False, seed=0)
+    kw["context_shift"] = context_shift
     if cache in LLAMA_TYPES:
         return kvgguf.Llama(path, type_k=cache, type_v=cache, **kw)
     if cache.startswith(("tiered:key_bits=", "tiered:keys=")):
@@ -66,15 +72,19 @@ def preset_variant(path: str, cache: str, n_ctx: int):
     return config
 
 
-def run_cache(path: str, cache: str, n_tokens: int, n_documents: int, threads: int, seed: int) -> dict:
+def run_cache(
+    path: str, cache: str, n_tokens: int, n_documents: int, threads: int, seed: int, shift_at: float = 0.0
+) -> dict:
+    """One cache's trials; shift_at > 0: with context_shift=True in that share of the document."""
     from kvgguf.evaluation import harness, retrieval
     from kvgguf.evaluation.text import wikitext2_test
 
-    llm = open_llama(path, cache, n_tokens + retrieval.QUESTION_ROOM, threads)
+    n_ctx = round(shift_at * n_tokens) if shift_at else n_tokens
+    llm = open_llama(path, cache, n_ctx + retrieval.QUESTION_ROOM, threads, context_shift=bool(shift_at))
     try:
         tokenize = lambda s: llm.tokenize(s.encode("utf-8"), add_bos=False)  # noqa: E731
         docs = retrieval.documents(tokenize, llm.token_bos(), n_tokens, n_documents, wikitext2_test(), seed=seed)
-        trials, bits = [], []
+        trials, bits, cold, held = [], [], [], []
         t0 = time.perf_counter()
         for i, doc in enumerate(docs):
 
@@ -88,12 +98,17 @@ def run_cache(path: str, cache: str, n_tokens: int, n_documents: int, threads: i
                 )
 
             trials += retrieval.ask(llm, doc, show, index=i)
-            bits.append(llm.kv_memory().bits_per_value)
+            mem = llm.kv_memory()
+            bits.append(mem.bits_per_value)
+            cold.append(mem.cold_bytes)
+            held.append(llm.n_tokens)
         return dict(
             retrieval.summary(trials),
             cache=harness.row_name(cache, cache, llm),
             n_tokens=n_tokens,
             bits_per_value=sum(bits) / len(bits),
+            cold_bytes=min(cold),
+            tokens_held=sum(held) / len(held),
             seconds=time.perf_counter() - t0,
         )
     finally:
@@ -128,7 +143,37 @@ def tables(rows: list[dict]) -> str:
         "",
         markdown_table(["cache", "context", *depths], by_depth),
     ]
+    moved = [r for r in rows if r.get("base")]
+    if moved:
+        lines += [
+            "",
+            "Contexts that moved: the facts whose tokens were all still held at the document's end, found in the "
+            "moved run and in the unmoved run of its base cache on the same facts:",
+            "",
+            markdown_table(
+                ["cache", "context", "tokens held", "facts held", "found of those", "unmoved, same facts"],
+                [
+                    [
+                        r["cache"],
+                        r["n_tokens"],
+                        f"{r['tokens_held']:.0f}",
+                        f"{r['held']}/{r['asked']}",
+                        r["found_held"],
+                        same_facts(r, at.get((r["base"], r["n_tokens"]))),
+                    ]
+                    for r in moved
+                ],
+            ),
+        ]
     return "\n".join(lines)
+
+
+def same_facts(row: dict, base: dict | None) -> str:
+    """The facts the base row found among those row held (its trials in the same order)."""
+    if base is None:
+        return ""
+    found = {(t["document"], t["depth"]) for t in base["trials"] if t["found"]}
+    return str(sum(t["held"] and (t["document"], t["depth"]) in found for t in row["trials"]))
 
 
 def main(argv=None) -> int:
@@ -144,23 +189,55 @@ def main(argv=None) -> int:
         "'tiered:key_bits=N' (the calibrated preset planned with keys of at least N bits), 'tiered:keys=CODEC' "
         "(its values, every key at CODEC)",
     )
+    p.add_argument(
+        "--retention",
+        default="",
+        help="budget shares, comma-separated (e.g. 0.75,0.5,0.25): --budget-base under a budget of each share of what "
+        "its store held at the document's end, dropping by attention mass and by age",
+    )
+    p.add_argument("--budget-base", default="tiered:fixed", help="the kv_codec the budget rows bound (run unmoved too)")
+    p.add_argument(
+        "--shift-at",
+        type=float,
+        default=0.0,
+        help="a share of the document (e.g. 0.75): the --shifted caches again, with context_shift=True in an n_ctx "
+        "of that many tokens (plus room for the questions)",
+    )
+    p.add_argument("--shifted", default="f16,tiered:fixed", help="the caches --shift-at runs, comma-separated")
     p.add_argument("--documents", type=int, default=2, help="documents per context (5 facts each)")
     p.add_argument("--seed", type=int, default=0)
     add_threads_option(p)
     add_out_option(p, HERE / "results" / "retrieval")
     args = p.parse_args(argv)
     path = str(kvgguf.models.path(args.model))
+    retention = [float(r) for r in args.retention.split(",") if r]
+    shifted = args.shifted.split(",") if args.shift_at else []
+    # the moved rows compare with their caches unmoved, so those run too
+    caches = list(dict.fromkeys([*args.caches.split(","), *([args.budget_base] if retention else []), *shifted]))
     rows = []
+
+    def measure(n: int, spec: str, name: str = "", base: str = "", shift_at: float = 0.0) -> dict:
+        progress(f"{n} tokens, {name or spec}")
+        r = run_cache(path, spec, n, args.documents, args.threads, args.seed, shift_at)
+        r["spec"] = spec
+        if name:
+            r.update(cache=name, base=base)
+        print(f"  {r['found']}/{r['asked']} found at {r['bits_per_value']:.2f} bits held", file=sys.stderr, flush=True)
+        rows.append(r)
+        write(args, argv, rows)  # after every cache: a long run interrupted keeps what it measured
+        return r
+
     for n in [int(c) for c in args.contexts.split(",")]:
-        for cache in args.caches.split(","):
-            progress(f"{n} tokens, {cache}")
-            r = run_cache(path, cache, n, args.documents, args.threads, args.seed)
-            print(
-                f"  {r['found']}/{r['asked']} found at {r['bits_per_value']:.2f} bits held", file=sys.stderr, flush=True
-            )
-            rows.append(r)
-            md = write(args, argv, rows)  # after every cache: a long run interrupted keeps what it measured
-    print(md)
+        unmoved = {cache: measure(n, cache) for cache in caches}
+        for share in retention:
+            base = unmoved[args.budget_base]
+            budget = int(share * base["cold_bytes"])
+            for rule in ("mass", "oldest"):
+                spec = f"{args.budget_base}:budget={budget}" + (":drop=oldest" if rule == "oldest" else "")
+                measure(n, spec, f"{args.budget_base}, {share:.0%} budget, {rule}", base["cache"])
+        for cache in shifted:
+            measure(n, cache, f"{cache}, shifted in {args.shift_at:.0%}", unmoved[cache]["cache"], args.shift_at)
+    print(write(args, argv, rows))
     return 0
 
 

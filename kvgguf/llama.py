@@ -195,6 +195,7 @@ class Llama(SessionCalls):
                 type_v=type_v,
                 **kwargs,
             )
+            self._n_ctx = self.n_ctx()  # llama-cpp-python read it before its buffers were sized
             self._check_shift()
             return
 
@@ -271,7 +272,7 @@ class Llama(SessionCalls):
         """Refuses context_shift, or a budget (which drops blocks as a shift does), before the
         first token where a shift could not be exact."""
         self._forget_shifts()
-        if not self.context_shift and not self._budget:
+        if not self.moves:
             return
         what = "context_shift=True" if self.context_shift else f"kv_codec budget={self._kv.config.budget}"
         why = None
@@ -304,6 +305,17 @@ class Llama(SessionCalls):
         return kv is not None and kv.config.budget is not None
 
     @property
+    def moves(self) -> bool:
+        """Whether this context can lose tokens to make room: context_shift, or a budget."""
+        return self.context_shift or self._budget
+
+    def history_index(self) -> np.ndarray:
+        """For each token the context holds, its index in what was evaluated since the last
+        reset (or session load): 0, 1, 2, ... until a context shift or a budget's drop leaves a
+        gap where the tokens it dropped were."""
+        return self._hist_pos[: self.n_tokens].copy()
+
+    @property
     def n_keep(self) -> int:
         """The tokens a context shift keeps at the front."""
         if self._n_keep is not None:
@@ -314,8 +326,7 @@ class Llama(SessionCalls):
     def _n_ctx(self) -> int:
         """llama-cpp-python's bound on a completion (its prompt and max_tokens): the logical
         context, or with context_shift or a budget none (the context shifts, or drops blocks)."""
-        moves = self.__dict__.get("context_shift") or self._budget
-        return _UNBOUNDED if moves else self.__dict__["_n_ctx_logical"]
+        return _UNBOUNDED if self.__dict__.get("context_shift") or self._budget else self.__dict__["_n_ctx_logical"]
 
     @_n_ctx.setter
     def _n_ctx(self, value: int) -> None:
@@ -348,7 +359,13 @@ class Llama(SessionCalls):
 
     @open_only
     def n_ctx(self) -> int:
-        return self.__dict__["_n_ctx_logical"] if self._kv else super().n_ctx()
+        """The positions the context holds: the logical context with a kv_codec; else llama.cpp's,
+        but no more than llama-cpp-python's token buffer, sized by the n_ctx asked for where
+        llama.cpp pads its context up (to a multiple of 256)."""
+        if self._kv:
+            return self.__dict__["_n_ctx_logical"]
+        ids = self.__dict__.get("input_ids")
+        return super().n_ctx() if ids is None else min(super().n_ctx(), len(ids))
 
     def _check_open(self, what: str) -> None:
         """llama.cpp's context is freed by close(); calling into it then would crash the process."""
@@ -386,7 +403,7 @@ class Llama(SessionCalls):
         llama-cpp-python's truncation does to llama.cpp's own cells) so that it holds what a
         fresh context would: returns the tokens to evaluate, with those of the context that
         must be evaluated again in front (LiveCache.rewind), n_tokens set back to match."""
-        if self.n_tokens + len(tokens) > self.n_ctx() and not self.context_shift and not self._budget:
+        if self.n_tokens + len(tokens) > self.n_ctx() and not self.moves:
             raise ValueError(
                 f"{self.n_tokens} tokens in context + {len(tokens)} new exceed n_ctx={self.n_ctx()} "
                 "(context_shift=True keeps going past it, as llama.cpp's server does)"
@@ -562,7 +579,7 @@ class Llama(SessionCalls):
     def generate(self, tokens: Sequence[int], *args, **kwargs):
         """llama_cpp.Llama.generate; with context_shift, a generation that shifts its context
         (_generate_shifting)."""
-        if not self.context_shift and not self._budget:
+        if not self.moves:
             return llama_cpp.Llama.generate(self, tokens, *args, **kwargs)
         return self._generate_shifting(list(tokens), *args, **kwargs)
 

@@ -7,6 +7,10 @@ with its own random 4-digit number. The document is decoded once; then each fact
 turn (question appended, a few tokens greedy, context rolled back to the document's end, as a chat
 client regenerating does). A trial counts as found when the answer's first number is the planted
 one. Run the same documents through llama.cpp's own f16 cache in the same run as the reference.
+
+A context that moves (a context shift, a budget's drops) may lose a fact before it is asked for:
+each trial says whether the fact's tokens were all still held when the document ended, so a moved
+run's found facts compare with the unmoved run's on the facts both held.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ class Document:
     tokens: list[int]  # BOS first
     facts: list[Fact]
     positions: list[int]  # token position of each fact's first token
+    lengths: list[int]  # each fact's tokens
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ class Trial:
     expected: str
     answer: str
     found: bool
+    held: bool = True  # every token of the fact still in the context at the document's end
 
 
 def documents(
@@ -115,7 +121,7 @@ def documents(
             body += fact_tokens
             prev = cut
         body += filler[prev:n_filler]
-        out.append(Document([bos] + body, facts, positions))
+        out.append(Document([bos] + body, facts, positions, [len(p) for p in planted]))
     return out
 
 
@@ -144,21 +150,38 @@ def ask(
     index: int = 0,
     depths: Sequence[float] = DEPTHS,
 ) -> list[Trial]:
-    """Decodes doc into llm (from an empty context) and asks for each of its facts."""
+    """Decodes doc into llm (from an empty context) and asks for each of its facts. A context
+    that moves goes back to the document's end by its saved state (a question may shift it or
+    drop a block, and then no count of tokens is the document's end); others by n_tokens."""
     llm.reset()
     llm.eval(doc.tokens)
     end = llm.n_tokens
+    moves = getattr(llm, "moves", False)
+    held = set(llm.history_index().tolist()) if moves else None
+    state = llm.save_state() if moves else None
     trials = []
-    for depth, fact, pos in zip(depths, doc.facts, doc.positions):
+    for k, (depth, fact, pos, n) in enumerate(zip(depths, doc.facts, doc.positions, doc.lengths)):
+        if k and state is not None:
+            llm.load_state(state)
         llm.n_tokens = end  # drop the previous question and answer: its rows are rewritten
         llm.eval(llm.tokenize(fact.question.encode("utf-8"), add_bos=False))
         answer, _ = greedy_answer(llm, ANSWER_TOKENS)
         trial = Trial(
-            index, depth, pos, end - pos, fact.subject, fact.number, answer, first_number(answer) == fact.number
+            index,
+            depth,
+            pos,
+            len(doc.tokens) - pos,
+            fact.subject,
+            fact.number,
+            answer,
+            first_number(answer) == fact.number,
+            held is None or held.issuperset(range(pos, pos + n)),
         )
         trials.append(trial)
         if on_trial is not None:
             on_trial(trial)
+    if state is not None:
+        llm.load_state(state)
     llm.n_tokens = end
     return trials
 
@@ -172,6 +195,8 @@ def summary(trials: Sequence[Trial]) -> dict:
     return {
         "found": sum(t.found for t in trials),
         "asked": len(trials),
+        "held": sum(t.held for t in trials),
+        "found_held": sum(t.found and t.held for t in trials),
         "by_depth": {str(d): list(v) for d, v in sorted(by_depth.items())},
         "trials": [asdict(t) for t in trials],
     }

@@ -69,6 +69,24 @@ def test_context_errors_name_the_logical_context(smollm2_path):
         llm.close()
 
 
+@pytest.mark.parametrize("context_shift", [False, True])
+def test_a_stock_context_not_a_multiple_of_256_is_the_size_asked_for(smollm2_path, context_shift):
+    """llama.cpp pads n_ctx=300 to 512, llama-cpp-python's token buffer holds 300: a longer prompt
+    raised numpy's broadcast error; it is refused as too long, or shifts at 300."""
+    llm = Llama(str(smollm2_path), n_ctx=300, context_shift=context_shift, n_threads=1, verbose=False)
+    try:
+        assert llm.n_ctx() == 300
+        prompt = "word " * 400
+        if not context_shift:
+            with pytest.raises(ValueError, match="context window of 300"):
+                llm.create_completion(prompt, max_tokens=2)
+        else:
+            llm.eval(llm.tokenize(prompt.encode()))
+            assert llm.context_shifts > 0 and llm.n_tokens <= 300
+    finally:
+        llm.close()
+
+
 @pytest.mark.parametrize("kv_codec", ["tiered", None])
 def test_a_missing_model_raises_what_stock_raises(tmp_path, kv_codec):
     for path in (tmp_path / "missing.gguf", tmp_path):

@@ -94,3 +94,35 @@ def test_kvgguf_f16_cold_store_answers_exactly_as_llama_cpp(smollm2_path, f16_tr
     finally:
         llm.close()
     assert [t.answer for t in trials] == [t.answer for t in reference]
+
+
+def test_a_shifted_context_says_which_facts_it_still_held(smollm2_path, vocab, f16_trials):
+    """A document longer than n_ctx shifts while decoded: the facts in the tail it kept are marked
+    held, those shifted out are not, and each question starts again from the document's end
+    (its saved state: a question that shifts again moves the end)."""
+    doc, reference = f16_trials
+    llm = kvgguf.Llama(
+        str(smollm2_path),
+        n_ctx=N_TOKENS * 3 // 4 + retrieval.QUESTION_ROOM,
+        context_shift=True,
+        flash_attn=True,
+        n_batch=32,
+        n_threads=2,
+        verbose=False,
+    )
+    try:
+        llm.eval(doc.tokens)
+        held = llm.history_index()
+        trials = retrieval.ask(llm, doc)
+        again = retrieval.ask(llm, doc)
+    finally:
+        llm.close()
+    n_keep = llm.n_keep
+    tail = len(doc.tokens) - (len(held) - n_keep)  # a shift keeps n_keep tokens and the newest
+    assert held.tolist() == [*range(n_keep), *range(tail, len(doc.tokens))]
+    assert [t.held for t in trials] == [pos >= tail for pos in doc.positions]
+    assert 0 < sum(t.held for t in trials) < len(trials)
+    assert [t.answer for t in again] == [t.answer for t in trials]
+    summary = retrieval.summary(trials)
+    assert summary["held"] == sum(t.held for t in trials) and summary["found_held"] <= summary["held"]
+    assert [t.distance for t in trials] == [t.distance for t in reference]
