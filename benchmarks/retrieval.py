@@ -8,7 +8,8 @@ writes benchmarks/results/retrieval.json and .md (after every cache, so an inter
 those asked, the bits per value the cache held with the document in it, and the facts found per depth.
 
 Contexts that move: --retention runs --budget-base under budgets of those shares of what its store
-held at the document's end (dropping by attention mass and by age); --shift-at runs the --shifted
+held at the document's end (dropping by attention mass and by age), and beside each the base with
+every token at lower bits in about as many bytes (benchmarks/budget.py's pair); --shift-at runs the --shifted
 caches with context_shift=True in an n_ctx of that share of the document. Their facts still held at
 the document's end are compared with the same cache's unmoved run on the same facts.
 """
@@ -21,18 +22,21 @@ import sys
 import time
 from pathlib import Path
 
+from budget import lower_bits
 from common import add_out_option, add_threads_option, command, markdown_table, progress, write_result
 
 HERE = Path(__file__).resolve().parent
 LLAMA_TYPES = ("f16", "q8_0", "q5_1", "q4_0", "iq4_nl")
 
 
-def open_llama(path: str, cache: str, n_ctx: int, threads: int, context_shift: bool = False):
+def open_llama(path: str, cache, n_ctx: int, threads: int, context_shift: bool = False):
     import kvgguf
     from kvgguf.policy import codec_spec
 
     kw = dict(n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, flash_attn=True, verbose=False, seed=0)
     kw["context_shift"] = context_shift
+    if isinstance(cache, kvgguf.TieredConfig):
+        return kvgguf.Llama(path, kv_codec=cache, **kw)
     if cache in LLAMA_TYPES:
         return kvgguf.Llama(path, type_k=cache, type_v=cache, **kw)
     if cache.startswith(("tiered:key_bits=", "tiered:keys=")):
@@ -72,8 +76,19 @@ def preset_variant(path: str, cache: str, n_ctx: int):
     return config
 
 
+def resolved_config(path: str, spec: str, n_tokens: int, threads: int):
+    """The TieredConfig a kv_codec string resolves to for this model and context."""
+    from kvgguf.evaluation import retrieval
+
+    llm = open_llama(path, spec, n_tokens + retrieval.QUESTION_ROOM, threads)
+    try:
+        return llm.kv_config
+    finally:
+        llm.close()
+
+
 def run_cache(
-    path: str, cache: str, n_tokens: int, n_documents: int, threads: int, seed: int, shift_at: float = 0.0
+    path: str, cache, n_tokens: int, n_documents: int, threads: int, seed: int, shift_at: float = 0.0
 ) -> dict:
     """One cache's trials; shift_at > 0: with context_shift=True in that share of the document."""
     from kvgguf.evaluation import harness, retrieval
@@ -84,7 +99,7 @@ def run_cache(
     try:
         tokenize = lambda s: llm.tokenize(s.encode("utf-8"), add_bos=False)  # noqa: E731
         docs = retrieval.documents(tokenize, llm.token_bos(), n_tokens, n_documents, wikitext2_test(), seed=seed)
-        trials, bits, cold, held = [], [], [], []
+        trials, bits, cold, held, store_bits = [], [], [], [], []
         t0 = time.perf_counter()
         for i, doc in enumerate(docs):
 
@@ -101,13 +116,16 @@ def run_cache(
             mem = llm.kv_memory()
             bits.append(mem.bits_per_value)
             cold.append(mem.cold_bytes)
+            store_bits.append(mem.cold_bytes * 8 / mem.cold_values if mem.cold_values else 0.0)
             held.append(llm.n_tokens)
         return dict(
             retrieval.summary(trials),
-            cache=harness.row_name(cache, cache, llm),
+            cache=harness.row_name(str(cache), str(cache), llm),
             n_tokens=n_tokens,
             bits_per_value=sum(bits) / len(bits),
             cold_bytes=min(cold),
+            store_bits=min(store_bits),
+            config=repr(llm.kv_config) if llm.kv_config is not None else None,
             tokens_held=sum(held) / len(held),
             seconds=time.perf_counter() - t0,
         )
@@ -219,7 +237,7 @@ def main(argv=None) -> int:
     def measure(n: int, spec: str, name: str = "", base: str = "", shift_at: float = 0.0) -> dict:
         progress(f"{n} tokens, {name or spec}")
         r = run_cache(path, spec, n, args.documents, args.threads, args.seed, shift_at)
-        r["spec"] = spec
+        r["spec"] = spec if isinstance(spec, str) else repr(spec)
         if name:
             r.update(cache=name, base=base)
         print(f"  {r['found']}/{r['asked']} found at {r['bits_per_value']:.2f} bits held", file=sys.stderr, flush=True)
@@ -235,6 +253,12 @@ def main(argv=None) -> int:
             for rule in ("mass", "oldest"):
                 spec = f"{args.budget_base}:budget={budget}" + (":drop=oldest" if rule == "oldest" else "")
                 measure(n, spec, f"{args.budget_base}, {share:.0%} budget, {rule}", base["cache"])
+            # every token kept in about as many bytes: budget.py's lower-bit pair on the base's windows
+            pair = lower_bits(base["store_bits"], share)
+            config = dataclasses.replace(
+                resolved_config(path, args.budget_base, n, args.threads), warm=pair, archive=None
+            )
+            measure(n, config, f"K/V {pair[0]}/{pair[1]}, every token, {share:.0%}")
         for cache in shifted:
             measure(n, cache, f"{cache}, shifted in {args.shift_at:.0%}", unmoved[cache]["cache"], args.shift_at)
     print(write(args, argv, rows))
