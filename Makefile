@@ -53,8 +53,8 @@ native-checks:
 readme:
 	$(PY) benchmarks/readme_sections.py
 
-# Benchmarks write benchmarks/results/NAME.json and .md; run them on an otherwise idle machine.
-# OUT names the result (e.g. make bench-live OUT=benchmarks/results/live_cache_mine).
+# Benchmarks write benchmarks/results/KIND/NAME.json and .md; run them on an otherwise idle machine.
+# OUT names the result (e.g. make bench-live OUT=benchmarks/results/speed/live_cache_mine).
 OUT ?= /tmp/kvgguf-bench
 
 # The README's usage block (benchmarks/usage_example.py, then make readme).

@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, default=256, help="rows of the evicted block (the 1-3B presets' ubatch)")
     p.add_argument("--rounds", type=int, default=15)
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "aging_cost")
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "speed" / "aging_cost")
     p.add_argument("--threads", default="1,2", help="thread counts of retier_lists, comma-separated")
     a = p.parse_args(argv)
     threads = [int(t) for t in a.threads.split(",")]

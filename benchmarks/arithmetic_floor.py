@@ -8,7 +8,7 @@ variants on one stretch of WikiText-2 and prints KL(row || column) between every
 second half of the context, the positions `kvgguf eval` scores: the level below which no
 compressed cache's KL can be read as loss.
 
-    .venv/bin/python benchmarks/arithmetic_floor.py --model smollm2-135m --ctx 2048 --out benchmarks/results/floor/smollm2-135m_2k
+    .venv/bin/python benchmarks/arithmetic_floor.py --model smollm2-135m --ctx 2048 --out benchmarks/results/quality/floor/smollm2-135m_2k
 """
 
 from __future__ import annotations

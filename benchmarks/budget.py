@@ -9,7 +9,7 @@ same tokens: KL(stock || row) and top-1 agreement per token over the second half
 where the dropped blocks are missed. "x f16" is the f16 bytes of the tokens evaluated over every
 byte the row's cache holds at the end (llama.cpp's cells included).
 
-    .venv/bin/python benchmarks/budget.py --ctx 4096 --out benchmarks/results/budget/smollm2_4k
+    .venv/bin/python benchmarks/budget.py --ctx 4096 --out benchmarks/results/quality/budget/smollm2_4k
 
 writes OUT.json and OUT.md.
 """

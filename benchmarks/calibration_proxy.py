@@ -7,7 +7,7 @@ codecs (the KL the prediction stands for), and with whole plans at several budge
 summed prediction the plan's KL, i.e. do lists add up?). On the calibration text itself: this
 checks the model of the measurement, not quality on other text (that is `kvgguf eval`).
 
-    .venv/bin/python benchmarks/calibration_proxy.py --model smollm2-135m --out benchmarks/results/calibration_proxy_smollm2
+    .venv/bin/python benchmarks/calibration_proxy.py --model smollm2-135m --out benchmarks/results/quality/calibration/proxy_smollm2
 
 writes OUT.json and OUT.md.
 """
@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     p.add_argument("--codecs", default="kivi2,kivi4,rotq3,crotq3,rotq4", help="codecs tried on each sampled list")
     p.add_argument("--budgets", default="2.5,3.0,3.5,4.0")
     add_threads_option(p)
-    add_out_option(p, HERE / "results" / "calibration_proxy")
+    add_out_option(p, HERE / "results" / "quality" / "calibration" / "proxy")
     args = p.parse_args(argv)
     path = str(kvgguf.models.path(args.model))
     t0 = time.time()

@@ -8,9 +8,9 @@ Every token's logits are compared (KL(stock || kvgguf), top-1 agreement), apart 
 shift (the codec's own loss, at the same context fill) and after it: a shift that adds no loss
 leaves the two alike. An f16 cold store measures the shift alone (KL at the arithmetic floor).
 
-    .venv/bin/python benchmarks/context_shift.py --out benchmarks/results/context_shift/smollm2_1k
+    .venv/bin/python benchmarks/context_shift.py --out benchmarks/results/quality/context_shift/smollm2_1k
     .venv/bin/python benchmarks/context_shift.py --model gemma3-270m --ctx 2048 \
-        --out benchmarks/results/context_shift/gemma3_2k
+        --out benchmarks/results/quality/context_shift/gemma3_2k
 
 writes OUT.json and OUT.md.
 """

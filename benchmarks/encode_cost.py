@@ -47,7 +47,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--codecs", default=",".join(CODECS))
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out", default="benchmarks/results/tcq", help="folder for encode_cost.json and .md")
+    ap.add_argument("--out", default="benchmarks/results/quality/tcq", help="folder for encode_cost.json and .md")
     args = ap.parse_args()
     names = [n for n in args.codecs.split(",") if n]
     rows = []

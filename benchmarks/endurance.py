@@ -7,7 +7,7 @@ reports whether any turn raised, the resident memory (RSS) after each turn, the 
 and the tokens evaluated against the conversation's length (a turn that reuses the shifted
 context evaluates its own tokens, not the conversation again).
 
-    .venv/bin/python benchmarks/endurance.py --out benchmarks/results/context_shift/endurance_smollm2_1k
+    .venv/bin/python benchmarks/endurance.py --out benchmarks/results/endurance/endurance_smollm2_1k
 
 writes OUT.json and OUT.md.
 """

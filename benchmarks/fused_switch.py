@@ -6,7 +6,7 @@ fused path up to the largest T. Picks runtime.live_cache.FUSED_MAX_TOKENS.
     .venv/bin/python benchmarks/fused_switch.py --ctx 8192 --tokens 1,4,8,16,32,64
 
 Run it on an otherwise idle machine (llama.cpp's threads spin). Prints a table and writes
-benchmarks/results/fused_switch.{json,md}.
+benchmarks/results/speed/fused_switch.{json,md}.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", default="1,4,8,16,32,64", help="ubatch sizes")
     p.add_argument("--reps", type=int, default=5, help="repetitions per size (the fastest counts)")
     add_threads_option(p)
-    add_out_option(p, HERE / "results" / "fused_switch")
+    add_out_option(p, HERE / "results" / "speed" / "fused_switch")
     args = p.parse_args(argv)
 
     import kvgguf

@@ -32,7 +32,7 @@ def main() -> int:
     ap.add_argument("--inputs", type=int, default=1_000_000, help="inputs per target")
     ap.add_argument("--targets", default="decode store session")
     ap.add_argument("--seed", type=int, default=1, help="libFuzzer's random seed")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "fuzz")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "checks" / "fuzz")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -2,7 +2,7 @@
 tcq, wfq, the calibrated mix, the presets) beside llama.cpp's cache types, from `kvgguf eval`
 results.
 
-    .venv/bin/python benchmarks/kl_curves.py RUN.json [RUN.json ...] --out benchmarks/results/curves/NAME [--target BITS,KL]
+    .venv/bin/python benchmarks/kl_curves.py RUN.json [RUN.json ...] --out benchmarks/results/quality/curves/NAME [--target BITS,KL]
 
 Several runs may be merged when they scored the same model, context, chunks and batch (the eval
 is deterministic: the same text, the same chunks); each row names the run it comes from, and a

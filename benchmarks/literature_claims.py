@@ -9,7 +9,7 @@ norms and headers included), and where a seed counted against fp32 that ratio is
 Codecs at different bits are compared at equal bits: against rotq interpolated (log KL, linear
 in bits) to the codec's own bits per value.
 
-    .venv/bin/python benchmarks/literature_claims.py --model smollm2-135m --out benchmarks/results/literature_claims/literature_claims_smollm2
+    .venv/bin/python benchmarks/literature_claims.py --model smollm2-135m --out benchmarks/results/quality/literature_claims/literature_claims_smollm2
 
 writes OUT.json and OUT.md (the table docs/codecs.md shows).
 """
@@ -559,7 +559,7 @@ def main(argv=None) -> int:
         "--codecs", default=",".join(BASELINES + SEED_CODECS), help="kvgguf codecs to run (comma-separated)"
     )
     add_threads_option(ap)
-    add_out_option(ap, HERE / "results" / "literature_claims" / "literature_claims")
+    add_out_option(ap, HERE / "results" / "quality" / "literature_claims" / "literature_claims")
     ap.add_argument(
         "--codebooks",
         choices=("sequence", "calibration"),

@@ -15,7 +15,7 @@ on (`f16`) and off (`f16:fa0`; llama.cpp's one-token CPU flash attention is its 
     python3 benchmarks/live_cache.py --gpu --text random --model llama-3.2-3b --contexts 8192,32768 \
         --caches f16,q8_0,q4_0,tiered      # every layer on the GPU (a CUDA build; issue 44's table)
 
-writes benchmarks/results/live_cache.json and .md.
+writes benchmarks/results/speed/live_cache.json and .md.
 """
 
 from __future__ import annotations
@@ -365,7 +365,7 @@ def main(argv=None) -> int:
     )
     add_threads_option(p)
     p.add_argument("--repeats", type=int, default=1, help="runs of each configuration (speeds: their median)")
-    add_out_option(p, HERE / "results" / "live_cache")
+    add_out_option(p, HERE / "results" / "speed" / "live_cache")
     p.add_argument(
         "--gpu",
         action="store_true",

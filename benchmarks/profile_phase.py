@@ -8,7 +8,7 @@ llama.cpp's attention, its weight matmuls and other ops, kvgguf's store and atte
 (libkvgguf), threads waiting for each other, and the rest (llama.cpp's graph code, Python, libc, the kernel).
 
     .venv/bin/python benchmarks/profile_phase.py --model llama-3.2-3b --ctx 4096 --phase decode \\
-        --caches f16:fa0,tiered --out benchmarks/results/profile/llama-3.2-3b_4k_decode
+        --caches f16:fa0,tiered --out benchmarks/results/speed/profile/llama-3.2-3b_4k_decode
 
 Needs Linux perf (Debian's linux-perf). Writes OUT.json and OUT.md.
 """
@@ -158,7 +158,7 @@ def main(argv=None) -> int:
     ap.add_argument("--caches", default="f16,f16:fa0,tiered")
     ap.add_argument("--decode", type=int, default=32, help="tokens decoded one at a time")
     add_threads_option(ap)
-    add_out_option(ap, HERE / "results" / "profile" / "profile")
+    add_out_option(ap, HERE / "results" / "speed" / "profile" / "profile")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a child: run this cache, print JSON
     args = ap.parse_args(argv)
     if args.one:

@@ -5,24 +5,24 @@ so that every figure there is what a committed command wrote (the command heads 
 
 Each section sits between `<!-- NAME:begin -->` and `<!-- NAME:end -->` in the file that SECTIONS
 (below) names for it; markers missing, or doubled, there stop the script with an error naming the
-file. What each section is made from:
+file. What each section is made from, under benchmarks/results/:
 
-- usage:   benchmarks/results/usage_example.txt   (benchmarks/usage_example.py)
-- headline: rows of benchmarks/results/preset_fast/smollm2-135m_ctx8192x1.md (kvgguf eval) and
-           preset/live_cache_4k_8k_cells.md (benchmarks/live_cache.py)
-- live:    benchmarks/results/live_cache_*.md      (benchmarks/live_cache.py)
-- profile: benchmarks/results/profile/*.md         (benchmarks/profile_phase.py)
-- quality: benchmarks/results/eval/*.md            (kvgguf eval ... --out benchmarks/results/eval)
-- curves:  benchmarks/results/curves/kl_*.md and .png (benchmarks/kl_curves.py over kvgguf eval runs)
-- floor:   benchmarks/results/floor/*.md            (benchmarks/arithmetic_floor.py, swa_ring_check.py)
-- recall:  benchmarks/results/retrieval_*.md       (benchmarks/retrieval.py)
-- preset:  benchmarks/results/preset/*.md, retrieval_preset_*.md (kvgguf eval, benchmarks/retrieval.py
-           with tiered:fixed and tiered)
-- window:  benchmarks/results/ubatch/*.md          (kvgguf eval --hot H --ubatch U; benchmarks/live_cache.py)
-- calibration: benchmarks/results/calibration/*.md (benchmarks/calibration_proxy.py; kvgguf eval --codecs auto:...)
-- keep:    benchmarks/results/keep/*.md            (kvgguf eval and benchmarks/live_cache.py with tiered:keep=...)
-- sessions_auto: benchmarks/results/sessions_auto.md (benchmarks/sessions.py --codecs ...auto:BITS...)
-- literature_claims: benchmarks/results/literature_claims/*.md (benchmarks/literature_claims.py)
+- usage:    usage_example.txt (benchmarks/usage_example.py)
+- headline: rows of quality/preset_fast/smollm2-135m_ctx8192x1.md (kvgguf eval) and
+            speed/preset/live_cache_4k_8k_cells.md (benchmarks/live_cache.py)
+- live:     speed/live_cache_*.md (benchmarks/live_cache.py)
+- profile:  speed/profile/*.md (benchmarks/profile_phase.py)
+- quality:  quality/eval/*.md (kvgguf eval ... --out benchmarks/results/quality/eval)
+- curves:   quality/curves/kl_*.md and .png (benchmarks/kl_curves.py over kvgguf eval runs)
+- floor:    quality/floor/*.md (benchmarks/arithmetic_floor.py, swa_ring_check.py)
+- recall:   recall/retrieval_*.md (benchmarks/retrieval.py)
+- preset:   quality/preset/*.md, speed/preset/*.md, recall/retrieval_preset_*.md (kvgguf eval,
+            benchmarks/live_cache.py, benchmarks/retrieval.py with tiered:fixed and tiered)
+- window:   quality/ubatch/*.md (kvgguf eval --hot H --ubatch U; benchmarks/live_cache.py)
+- calibration: quality/calibration/*.md (benchmarks/calibration_proxy.py; kvgguf eval --codecs auto:...)
+- keep:     quality/keep/*.md, speed/keep/*.md (kvgguf eval and benchmarks/live_cache.py with tiered:keep=...)
+- sessions_auto: sessions/sessions_auto.md (benchmarks/sessions.py --codecs ...auto:BITS...)
+- literature_claims: quality/literature_claims/*.md (benchmarks/literature_claims.py)
 
 docs/sessions.md's `sessions` section is written by `benchmarks/sessions.py --readme docs/sessions.md`.
 
@@ -95,8 +95,8 @@ def headline(here: Path) -> str:
     """The README's one table: memory and quality of the preset beside llama.cpp's cache types at 8K
     (one kvgguf eval run), with the decode and prefill speed of the same caches against stock f16
     at its best per phase (one benchmarks/live_cache.py run holding every one of them)."""
-    quality_md = RESULTS / "preset_fast" / "smollm2-135m_ctx8192x1.md"
-    speed_md = RESULTS / "preset" / "live_cache_4k_8k_cells.md"
+    quality_md = RESULTS / "quality" / "preset_fast" / "smollm2-135m_ctx8192x1.md"
+    speed_md = RESULTS / "speed" / "preset" / "live_cache_4k_8k_cells.md"
     quality_cmd, quality = table_rows(quality_md, lambda r: r["cache"])
     speed_cmd, speed = table_rows(speed_md, lambda r: (r["context"], r["cache"]))
     body = []
@@ -144,17 +144,22 @@ def headline(here: Path) -> str:
     return "\n".join(lines)
 
 
-def folder_tables(folder: str) -> str:
-    """Every result table of benchmarks/results/<folder>, in name order."""
-    return "\n\n".join(result_text(md) for md in sorted((RESULTS / folder).glob("*.md")))
+def in_folders(*folders: str) -> list[Path]:
+    """The result tables of benchmarks/results/<folder> for each folder, in file name order."""
+    return sorted((md for f in folders for md in (RESULTS / f).glob("*.md")), key=lambda md: md.name)
+
+
+def folder_tables(*folders: str) -> str:
+    """Every result table of those folders, in file name order."""
+    return "\n\n".join(result_text(md) for md in in_folders(*folders))
 
 
 def shapes_all(here: Path) -> str:
-    return folder_tables("shapes")
+    return folder_tables("speed/shapes")
 
 
 def profile(here: Path) -> str:
-    return folder_tables("profile")
+    return folder_tables("speed/profile")
 
 
 # the current preset's run first, older days after
@@ -162,7 +167,7 @@ LIVE_FIRST = ("live_cache_4k_8k_dense", "live_cache_4k_8k_stock_best", "live_cac
 
 
 def live(here: Path) -> str:
-    mds = sorted(RESULTS.glob("live_cache_*.md"), key=lambda md: (md.stem not in LIVE_FIRST, md.stem))
+    mds = sorted((RESULTS / "speed").glob("live_cache_*.md"), key=lambda md: (md.stem not in LIVE_FIRST, md.stem))
     return "\n\n".join(result_text(md) for md in mds)
 
 
@@ -180,59 +185,64 @@ def with_plots(mds, here: Path) -> str:
 
 
 def quality(here: Path) -> str:
-    return with_plots(sorted((RESULTS / "eval").glob("*.md")), here)
+    return with_plots(sorted((RESULTS / "quality" / "eval").glob("*.md")), here)
 
 
 def curves(here: Path) -> str:
     """KL against bits per model and context, every codec family beside llama.cpp's types."""
-    mds = sorted((RESULTS / "curves").glob("kl_*.md"), key=lambda md: ("gemma" in md.stem, md.stem))
+    mds = sorted((RESULTS / "quality" / "curves").glob("kl_*.md"), key=lambda md: ("gemma" in md.stem, md.stem))
     return with_plots(mds, here)
 
 
 def floor(here: Path) -> str:
     """KL between exact caches that sum in another order: the floor under every eval row."""
-    mds = sorted((RESULTS / "floor").glob("*.md"), key=lambda md: ("swa_ring" in md.stem, "gemma" in md.stem, md.stem))
+    mds = sorted(
+        (RESULTS / "quality" / "floor").glob("*.md"),
+        key=lambda md: ("swa_ring" in md.stem, "gemma" in md.stem, md.stem),
+    )
     return "\n\n".join(result_text(md) for md in mds)
 
 
 def recall(here: Path) -> str:
     return "\n\n".join(
-        result_text(md) for md in sorted(RESULTS.glob("retrieval_*.md")) if not md.stem.startswith("retrieval_preset")
+        result_text(md)
+        for md in sorted((RESULTS / "recall").glob("retrieval_*.md"))
+        if not md.stem.startswith("retrieval_preset")
     )
 
 
 def preset(here: Path) -> str:
     """Today's preset, fixed and calibrated: KL beside llama.cpp's types, then recall."""
-    evals = sorted((RESULTS / "preset").glob("*.md"), key=lambda md: ("smollm2" not in md.stem, md.stem))
+    evals = sorted(in_folders("quality/preset", "speed/preset"), key=lambda md: ("smollm2" not in md.stem, md.stem))
     recalls = sorted(
-        RESULTS.glob("retrieval_preset_*.md"),
+        (RESULTS / "recall").glob("retrieval_preset_*.md"),
         key=lambda md: ("gemma" in md.stem, int(re.search(r"_(\d+)k", md.stem).group(1))),
     )
     return with_plots(evals + recalls, here)
 
 
 def window(here: Path) -> str:
-    return folder_tables("ubatch")
+    return folder_tables("quality/ubatch")
 
 
 def calibration(here: Path) -> str:
-    return folder_tables("calibration")
+    return folder_tables("quality/calibration")
 
 
 def keep(here: Path) -> str:
-    return folder_tables("keep")
+    return folder_tables("quality/keep", "speed/keep")
 
 
 def sessions_auto(here: Path) -> str:
-    return result_text(RESULTS / "sessions_auto.md")
+    return result_text(RESULTS / "sessions" / "sessions_auto.md")
 
 
 def literature_claims(here: Path) -> str:
-    return folder_tables("literature_claims")
+    return folder_tables("quality/literature_claims")
 
 
 def shared_cache(here: Path) -> str:
-    return result_text(RESULTS / "shared_cache.md")
+    return result_text(RESULTS / "sessions" / "shared_cache.md")
 
 
 # marker name -> (the file, relative to the repository, that holds its markers; what writes its body)

@@ -4,7 +4,7 @@ asked for at the end, through llama.cpp's own caches and kvgguf's in the same ru
 
     .venv/bin/python benchmarks/retrieval.py --contexts 2048,5120 --documents 2
 
-writes benchmarks/results/retrieval.json and .md (after every cache, so an interrupted run keeps its rows): per cache and context, the facts found out of
+writes benchmarks/results/recall/retrieval.json and .md (after every cache, so an interrupted run keeps its rows): per cache and context, the facts found out of
 those asked, the bits per value the cache held with the document in it, and the facts found per depth.
 
 Contexts that move: --retention runs --budget-base under budgets of those shares of what its store
@@ -225,7 +225,7 @@ def main(argv=None) -> int:
     p.add_argument("--documents", type=int, default=2, help="documents per context (5 facts each)")
     p.add_argument("--seed", type=int, default=0)
     add_threads_option(p)
-    add_out_option(p, HERE / "results" / "retrieval")
+    add_out_option(p, HERE / "results" / "recall" / "retrieval")
     args = p.parse_args(argv)
     path = str(kvgguf.models.path(args.model))
     retention = [float(r) for r in args.retention.split(",") if r]

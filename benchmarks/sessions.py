@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     )
     p.add_argument("--batch", type=int, default=512)
     add_threads_option(p)
-    add_out_option(p, HERE / "results" / "sessions")
+    add_out_option(p, HERE / "results" / "sessions" / "sessions")
     p.add_argument("--readme", help="also put the table into this README between the sessions markers")
     args = p.parse_args(argv)
 

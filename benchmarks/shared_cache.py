@@ -15,7 +15,7 @@ tokens (llama_state_seq_get_size of a stock f16 context), and how many such docu
 for --seconds each (requests queue in the server): requests per minute, latency p50 and p99,
 server B's RSS before and after.
 
-    .venv/bin/python benchmarks/shared_cache.py --out benchmarks/results/shared_cache
+    .venv/bin/python benchmarks/shared_cache.py --out benchmarks/results/sessions/shared_cache
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=60.0, help="seconds of load per client count")
     add_threads_option(p)
     p.add_argument("--chunks", default="16,32,64,128,256", help="index chunk sizes to time (tokens)")
-    add_out_option(p, HERE / "results" / "shared_cache")
+    add_out_option(p, HERE / "results" / "sessions" / "shared_cache")
     args = p.parse_args(argv)
 
     model = str(kvgguf.models.path(args.model))

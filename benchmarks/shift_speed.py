@@ -5,7 +5,7 @@ blocks carry shifts, and the fused attention rotates the queries once per distin
 Each row decodes --tokens tokens one at a time, --repeats times in a row, and reports the median seconds per token and its ratio to the unshifted
 context's. Run it on an otherwise idle machine.
 
-    .venv/bin/python benchmarks/shift_speed.py --out benchmarks/results/context_shift/speed_smollm2_2k
+    .venv/bin/python benchmarks/shift_speed.py --out benchmarks/results/speed/context_shift/speed_smollm2_2k
 
 writes OUT.json and OUT.md.
 """

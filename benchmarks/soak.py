@@ -10,9 +10,9 @@ end: no error; the bytes held follow the compressed size (the store's bytes at e
 what the rows held need: the same token count gives the same bytes in every conversation);
 RSS bounded (the peak of the last conversation within --rss-slack MiB of the first one's).
 
-    .venv/bin/python benchmarks/soak.py --tokens 100000 --out benchmarks/results/soak/soak_100k
+    .venv/bin/python benchmarks/soak.py --tokens 100000 --out benchmarks/results/endurance/soak/soak_100k
     .venv/bin/python benchmarks/soak.py --cache tiered:keep=mass --held-spread 0.5 --tokens 20000 \
-        --out benchmarks/results/soak/soak_keep_20k
+        --out benchmarks/results/endurance/soak/soak_keep_20k
 
 writes OUT.json, OUT.md and (with matplotlib) OUT.png.
 """
@@ -248,7 +248,7 @@ def main(argv=None) -> int:
         help="end the process without freeing the Llama, so that heaptrack or valgrind lists everything it "
         "still holds by where it was allocated (what grows with the run stands out)",
     )
-    add_out_option(ap, HERE / "results" / "soak" / "soak", ".json, .md and .png")
+    add_out_option(ap, HERE / "results" / "endurance" / "soak" / "soak", ".json, .md and .png")
     args = ap.parse_args(argv)
 
     result = soak(

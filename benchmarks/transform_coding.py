@@ -13,7 +13,7 @@ reproduces a native codec's KL (it does not quite: rotq's levels are fitted to i
 coordinate law, these are Gaussian; compare the numpy rows with each other).
 
     .venv/bin/python benchmarks/transform_coding.py --tokens 2048 --bits 2.5,3,3.5 --families rot,pairk,klt1 \
-        --sink --out benchmarks/results/transform_coding
+        --sink --out benchmarks/results/quality/transform_coding
 
 Quantizers (per layer, K/V and KV head; B bits per value on average, the per-row f16 scale
 included): see FAMILIES. --sink keeps each list's first row (BOS) exact in every numpy

@@ -33,7 +33,7 @@ from .llamacpp.support import cell_settings
 # flash_attn where a kv_codec is set and the caller gives none (llama-cpp-python's default is off).
 # Generation takes the fused path either way, but with it off llama.cpp stores V transposed, which
 # the fused path reads strided. Measured on the Llama-3.2-1B shape, tiered with it off against on
-# (benchmarks/results/shapes/llama-3.2-1b_fa0.md): decode 13.1 against 16.6 tok/s at 4K and 12.4
+# (benchmarks/results/speed/shapes/llama-3.2-1b_fa0.md): decode 13.1 against 16.6 tok/s at 4K and 12.4
 # against 14.5 at 8K, prefill no faster, prefill scratch 283 against 129 MiB at 8K.
 FLASH_ATTN_DEFAULT = True
 DEFAULT_N_KEEP = 4  # a context shift's kept tokens on llama.cpp's own cache: the attention sinks' count

@@ -39,7 +39,7 @@ DEFAULT_BUDGET = 3.0  # bits per value over the compressed rows (docs/calibratio
 PRESET_BUDGET = 4.0  # "tiered" on a calibrated model: recall like f16's at 5K where 3.5 lost it (docs/recall.md)
 # Codec families the calibrated "tiered" leaves out: their fused decode reads a table per value
 # (tcq) or per set (wfq), 0.65-0.8x rotq's speed; with tcq keys the preset decoded SmolLM2 at 8K
-# at 0.92x of stock f16's best, the fixed preset at 1.26x (benchmarks/results/preset/
+# at 0.92x of stock f16's best, the fixed preset at 1.26x (benchmarks/results/quality/preset/
 # live_cache_8k_tcq). "auto:BITS" weighs quality per bit alone and keeps them. A measured speed,
 # not a codec fact: codecs.info has SIMD kernels for both (simd_ops) and no field for this.
 PRESET_SLOW_FAMILIES = ("tcq", "wfq")

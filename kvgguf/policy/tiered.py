@@ -239,7 +239,7 @@ class TieredConfig:
 
 
 # The presets' hot window and batch where a model's weights dominate its KV cache: llama_decode
-# runs the weight matmuls of 256 tokens far better than of 32 (benchmarks/results/shapes/: the
+# runs the weight matmuls of 256 tokens far better than of 32 (benchmarks/results/speed/shapes/: the
 # Llama-3.2-1B shape at 4K prefilled at 1.07x of stock f16's best with 256/256 against 0.70x
 # with 224/32, decode 1.20x against 1.15x; the Llama-3.2-3B shape at 0.92x against 0.72x).
 # Taken where llama.cpp's f16 buffer of hot + ubatch cells then adds at most WIDE_SHARE to the

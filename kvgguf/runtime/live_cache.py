@@ -33,7 +33,7 @@ SEQ = 0  # one sequence per context (n_seq_max = 1)
 # codes, the hot cells through kvg_attend_f16); larger ones expand the rows to f16 for llama.cpp's
 # kernels. With many queries per KV head the store decodes each chunk of rows once and multiplies
 # dense tiles, so prefill ubatches (256 on the 1-3B presets, llama-cpp-python's default 512) are
-# fused too: benchmarks/results/shapes/*_fused_prefill.md and live_cache_4k_8k_dense.md measure it
+# fused too: benchmarks/results/speed/shapes/*_fused_prefill.md and live_cache_4k_8k_dense.md measure it
 # (fused_switch.md, up to 64 tokens, predates the dense tiles).
 FUSED_MAX_TOKENS = 512
 

@@ -3,7 +3,7 @@ temperature 0 answers the same whatever the Llama answered before, through every
 
 One Llama answers A, B, C, A, D, B (each reusing what the cache holds: B shares A's document, C
 and D only its start), then a fresh Llama answers each once; the answers must be equal and the
-last logits within the arithmetic floor (benchmarks/results/floor/smollm2-135m_2k.md: stock
+last logits within the arithmetic floor (benchmarks/results/quality/floor/smollm2-135m_2k.md: stock
 llama.cpp's exact caches in another batch size are 0.0034-0.0039 apart in KL; here they are
 equal, so the bound is far below it)."""
 
