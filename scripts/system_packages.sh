@@ -8,7 +8,7 @@
 #
 #   clang-14 libclang-rt-14-dev                      scripts/fuzz.sh (clang with libFuzzer)
 #   gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user   scripts/neon_check.sh
-#   redis-server                                     tests/test_redis_cache.py
+#   redis-server                                     tests/server/test_redis_cache.py
 set -uo pipefail
 
 missing=()

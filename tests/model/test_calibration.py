@@ -414,3 +414,22 @@ def test_budget_for_held_finds_the_largest_budget_that_fits():
     assert held.budget_for_held(2.5, config_for, held_of, "t") == pytest.approx(3.0, abs=1e-3)
     with pytest.raises(ValueError, match="2.50 bits per value"):
         held.budget_for_held(2.4, config_for, held_of, "t")
+
+
+# Calibration progress where stderr is not a terminal
+
+
+def test_calibration_progress_prints_lines_into_a_log(capsys, smollm2_path):
+    from kvgguf.policy.resolve import calibration_progress
+
+    progress = calibration_progress(str(smollm2_path), verbose=True)
+    for done in range(0, 61, 3):
+        progress(done, 60)
+    err = capsys.readouterr().err  # captured: not a terminal, as under a server or in a notebook log
+    assert f"calibrating {smollm2_path.name} for kv_codec='auto'" in err
+    lines = [line for line in err.splitlines() if "lists measured" in line]
+    assert lines[0].endswith("6/60 lists measured (10%)") and lines[-1].endswith("60/60 lists measured (100%)")
+    assert len(lines) == 10
+    quiet = calibration_progress(str(smollm2_path), verbose=False)
+    quiet(30, 60)
+    assert capsys.readouterr().err == ""

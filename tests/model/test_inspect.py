@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import warnings
 
 import pytest
 
@@ -19,9 +20,12 @@ from kvgguf.model.shape import KVShape
 from kvgguf.policy import held
 from kvgguf.policy.resolve import tiered_preset_for
 
+import tiny_models
+from kvgguf.cli.main import main
 from test_cli import run_cli
 
 KW = dict(n_threads=2, n_threads_batch=2, verbose=False, flash_attn=True)
+ONE_THREAD = dict(n_threads=1, n_threads_batch=1, verbose=False)
 MODELS = ["smollm2-135m", "gemma3-270m"]
 CONTEXTS = (1000, 2048)  # 1000: llama.cpp pads it to 1024 cells
 
@@ -191,3 +195,39 @@ def test_sliding_window_layout_as_llama_cpp_reads_it():
     with pytest.raises(GGUFError, match="does not know which layers"):
         KVShape.from_metadata(as_arch("smallthinker", base))
     assert KVShape.from_metadata(as_arch("qwen3", base)).n_swa == 0  # its loader never reads one
+
+
+# Inspect at any context
+
+
+def test_inspect_answers_at_any_context_and_defaults_to_the_default_model(capsys):
+    assert main(["inspect", "--ctx", "10000000000", "--json"]) == 0  # no model: the default one
+    rows = {r["cache"]: r for r in json.loads(capsys.readouterr().out)["kv_table"]}
+    tiered = rows["tiered"]["bits_held"]["10000000000"]
+    assert 3.0 < tiered < rows["f16"]["bits_held"]["10000000000"]
+
+
+# A recurrent model's memory line
+
+
+def test_a_recurrent_models_memory_reads_n_a_not_nan(tmp_path, smollm2_path):
+    path = str(tiny_models.write_refused(tmp_path / "mamba.gguf", "mamba", smollm2_path))
+    llm = Llama(path, n_ctx=256, n_threads=1, n_threads_batch=1, verbose=False)
+    try:
+        llm.eval(llm.tokenize(b"hello world"))
+        line = str(llm.kv_memory())
+        assert "nan" not in line and "n/a bits/value over" in line, line
+    finally:
+        llm.close()
+
+
+# A hot window that covers the context
+
+
+def test_a_hot_window_covering_the_context_says_nothing_is_compressed(smollm2_path):
+    with pytest.warns(UserWarning, match="covers the whole context .*nothing is compressed"):
+        llm = Llama(str(smollm2_path), kv_codec=TieredConfig(hot=100000), n_ctx=1024, **ONE_THREAD)
+    llm.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a window that leaves room to compress says nothing
+        Llama(str(smollm2_path), kv_codec=TieredConfig(hot=256), n_ctx=1024, **ONE_THREAD).close()

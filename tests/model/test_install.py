@@ -4,11 +4,14 @@ back to stock loudly."""
 
 from __future__ import annotations
 
+import importlib
+
 import llama_cpp
 import pytest
 
 import kvgguf
 from conftest import run_python
+from kvgguf import Llama
 from kvgguf import installer as install_module
 from kvgguf.evaluation.text import wikitext2_test
 
@@ -117,3 +120,57 @@ def test_environment_variable_with_an_unknown_codec_says_so():
     proc = run_fresh("import kvgguf\n", "rotq9")
     assert proc.returncode != 0
     assert "KVGGUF_KV_CODEC='rotq9'" in proc.stderr and "unknown" in proc.stderr
+
+
+# Import order
+
+
+def test_llama_cpp_imported_before_kvgguf_loads_kvguffs_library():
+    proc = run_python(
+        "import llama_cpp\nimport kvgguf\nprint(kvgguf.llama_patch_version())", env_remove=("LLAMA_CPP_LIB_PATH",)
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import kvgguf
+
+    assert int(proc.stdout.strip()) == kvgguf.llama_patch_version() > 0
+
+
+# llama-cpp-python's default batch
+
+
+def test_the_default_batch_is_split_the_same_through_the_facade_and_install(smollm2_path, capfd):
+    path = str(smollm2_path)
+    direct = Llama(path, kv_codec="tiered", n_ctx=1024, n_batch=512, n_threads=1, verbose=True)
+    kvgguf.install(kv_codec="tiered")
+    try:
+        installed = llama_cpp.Llama(path, n_ctx=1024, n_batch=512, n_threads=1, verbose=True)
+    finally:
+        kvgguf.uninstall()
+    try:
+        said = capfd.readouterr().err
+        assert "n_batch=512 is longer than the hot window" in said
+        assert said.count("n_batch=512 is longer than the hot window") == 2, "install() says it too"
+        for llm in (direct, installed):
+            assert llm.n_batch == llm.kv_config.ubatch < 512
+            assert llama_cpp.llama_n_ctx(llm._ctx.ctx) == llama_cpp.llama_n_ctx(direct._ctx.ctx)
+        toks = installed.tokenize(b"hello " * 300)
+        installed.eval(toks)  # 300 tokens in batches of the config's ubatch
+        assert installed.n_tokens == len(toks) and installed.kv_cache.n_cold > 0
+    finally:
+        direct.close()
+        installed.close()
+
+
+# The documented names import as modules
+
+
+@pytest.mark.parametrize("name, attribute", [("kvgguf.codecs", "names"), ("kvgguf.models", "path")])
+def test_the_documented_names_import_as_modules(name, attribute):
+    module = importlib.import_module(name)
+    assert callable(getattr(module, attribute))
+    assert module is getattr(kvgguf, name.split(".")[1])
+
+
+def test_import_kvgguf_codecs_works_in_a_fresh_interpreter():
+    r = run_python("import kvgguf.codecs\nfrom kvgguf.models import names\nprint(kvgguf.codecs.names()[0], names()[0])")
+    assert r.returncode == 0, r.stderr

@@ -4,9 +4,11 @@ clear Python exception instead of a crash or a silently different object."""
 import copy
 import pickle
 
+import llama_cpp
 import numpy as np
 import pytest
 
+from conftest import run_python
 from kvgguf import Llama, TieredConfig, codecs
 
 
@@ -112,3 +114,60 @@ def test_a_session_of_an_empty_context_loads(smollm2_path, tmp_path, kv_codec):
         assert out["usage"]["completion_tokens"] > 0
     finally:
         llm.close()
+
+
+# A closed Llama refuses every call
+
+CLOSED_CALLS = {
+    "tokenize": "llm.tokenize(b'hi')",
+    "detokenize": "llm.detokenize([1, 2])",
+    "create_completion": "llm.create_completion('hi', max_tokens=1)",
+    "create_chat_completion": "llm.create_chat_completion([{'role': 'user', 'content': 'hi'}], max_tokens=1)",
+    "__call__": "llm('hi', max_tokens=1)",
+    "embed": "llm.embed('hi')",
+    "create_embedding": "llm.create_embedding('hi')",
+    "generate": "next(llm.generate([1, 2]))",
+    "eval": "llm.eval([1, 2])",
+    "n_vocab": "llm.n_vocab()",
+    "token_eos": "llm.token_eos()",
+    "save_state": "llm.save_state()",
+    "kv_memory": "llm.kv_memory()",
+}
+
+
+@pytest.mark.parametrize("kv_codec", [None, "tiered"])
+def test_a_closed_llama_refuses_every_call_clearly(smollm2_path, kv_codec):
+    # In a child process: before the fix these calls ended the process (SIGSEGV).
+    code = f"""
+import kvgguf
+llm = kvgguf.Llama({str(smollm2_path)!r}, kv_codec={kv_codec!r}, n_ctx=512, verbose=False)
+llm.close()
+for name, call in {CLOSED_CALLS!r}.items():
+    try:
+        eval(call)
+    except ValueError as e:
+        assert "this Llama is closed" in str(e), (name, e)
+    else:
+        raise AssertionError(name + " ran on a closed Llama")
+llm.close()  # twice is fine
+print("all refused")
+"""
+    proc = run_python(code)
+    assert proc.returncode == 0 and "all refused" in proc.stdout, proc.stderr[-2000:]
+
+
+# Smaller
+
+
+def test_an_oversized_ubatch_is_refused_by_its_own_name():
+    with pytest.raises(ValueError, match=r"TieredConfig.ubatch \(1000000\) must not exceed hot"):
+        TieredConfig(ubatch=10**6)
+
+
+# Messages name what the user passed
+
+
+@pytest.mark.parametrize("value, shown", [("q8_0", "'q8_0'"), (llama_cpp.GGML_TYPE_Q4_0, "'q4_0'")])
+def test_a_quantized_type_with_a_kv_codec_is_refused_by_its_name(smollm2_path, value, shown):
+    with pytest.raises(ValueError, match=f"type_k must be f16 or None \\(got {shown}\\)"):
+        Llama(str(smollm2_path), kv_codec="tiered", type_k=value, n_threads=1, verbose=False)
