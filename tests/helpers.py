@@ -1,7 +1,10 @@
 """Helpers the codec and kernel tests share: inputs shaped like real K/V rows, the error
-measure their bounds are stated in, and the split of per-codec cases between the tiers."""
+measure their bounds are stated in, the split of per-codec cases between the tiers, and the
+tokenized text the model tests run on."""
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import pytest
@@ -37,3 +40,22 @@ def one_per_family(names) -> list:
         out.append(name if family not in seen else pytest.param(name, marks=pytest.mark.slow))
         seen.add(family)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _wikitext_tokens(model_path: str, chars: int) -> tuple[int, ...]:
+    import llama_cpp
+
+    from kvgguf.evaluation.text import wikitext2_test
+
+    vocab = llama_cpp.Llama(model_path, vocab_only=True, verbose=False)
+    try:
+        return tuple(vocab.tokenize(wikitext2_test()[:chars].encode("utf-8")))
+    finally:
+        vocab.close()
+
+
+def wikitext_tokens(model_path, chars: int) -> list[int]:
+    """The first `chars` characters of WikiText-2's test text as the model tokenizes them (BOS
+    first): the text the model tests run on, tokenized once per run and model."""
+    return list(_wikitext_tokens(str(model_path), chars))

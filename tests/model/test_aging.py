@@ -11,16 +11,15 @@ import pytest
 
 from kvgguf import Llama, TieredConfig
 from kvgguf.enums import Tier
-from kvgguf.evaluation.text import wikitext2_test
 from kvgguf.policy import plan
+from helpers import wikitext_tokens
 
 CONFIG = TieredConfig(hot=64, sinks=4, warm="rotq4", warm_tokens=128, archive="rotq2", block=32, hot_cells="f16")
 
 
 @pytest.fixture(scope="module")
 def tokens(smollm2_path):
-    vocab = llama_cpp.Llama(str(smollm2_path), vocab_only=True, verbose=False)
-    return vocab.tokenize(wikitext2_test()[:8000].encode("utf-8"))[:384]
+    return wikitext_tokens(smollm2_path, 8000)[:384]
 
 
 def make(path, age_beside=None):

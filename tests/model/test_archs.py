@@ -18,11 +18,11 @@ from kvgguf.cli import inspect
 from kvgguf.errors import UnsupportedModelError
 from kvgguf.evaluation.harness import kl_top1
 from kvgguf.llamacpp import support
-from kvgguf.evaluation.text import wikitext2_test
 from kvgguf.model.shape import KVShape
 
 import tiny_models
 from tiny_models import SPECS, TinySpec
+from helpers import wikitext_tokens
 
 KW = dict(n_threads=1, n_threads_batch=1, verbose=False)
 F16_COLD = TieredConfig(
@@ -51,8 +51,7 @@ def tiny(tmp_path_factory, smollm2_path):
 
 @pytest.fixture(scope="module")
 def text_tokens(smollm2_path):
-    vocab = llama_cpp.Llama(str(smollm2_path), vocab_only=True, verbose=False)
-    return vocab.tokenize(wikitext2_test()[:4000].encode("utf-8"))
+    return wikitext_tokens(smollm2_path, 4000)
 
 
 @pytest.mark.parametrize("flash_attn", [True, False])

@@ -18,9 +18,9 @@ from tiny_models import SPECS
 from kvgguf import Llama, TieredConfig
 from kvgguf.enums import Tier
 from kvgguf.evaluation.harness import kl_top1
-from kvgguf.evaluation.text import wikitext2_test
 from kvgguf.llama import shift_cells, shift_tokens
 from kvgguf.runtime.live_cache import LiveCache
+from helpers import wikitext_tokens
 
 KW = dict(n_threads=1, n_threads_batch=1, verbose=False)
 N_CTX = 1024
@@ -33,8 +33,7 @@ F16_COLD = TieredConfig(
 
 @pytest.fixture(scope="module")
 def text_tokens(smollm2_path):
-    vocab = llama_cpp.Llama(str(smollm2_path), vocab_only=True, verbose=False)
-    return vocab.tokenize(wikitext2_test()[:12000].encode("utf-8"))
+    return wikitext_tokens(smollm2_path, 12000)
 
 
 @pytest.fixture(scope="module")

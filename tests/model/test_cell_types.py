@@ -21,12 +21,12 @@ import tiny_models
 from kvgguf import Llama, TieredConfig
 from kvgguf.cli import inspect
 from kvgguf.errors import SessionMismatchError
-from kvgguf.evaluation.text import wikitext2_test
 from kvgguf.llamacpp import hooks, support
 from kvgguf.model.shape import KVShape
 from kvgguf.policy import kv_codec
 from tiny_models import TinySpec
 from kvgguf.evaluation.harness import kl_top1
+from helpers import wikitext_tokens
 
 KW = dict(n_threads=1, n_threads_batch=1, verbose=False)
 CONFIG = TieredConfig(hot=96, block=32, sinks=4, warm="rotq4", warm_tokens=0, archive=None)
@@ -47,8 +47,7 @@ def models(tmp_path_factory, smollm2_path):
 
 @pytest.fixture(scope="module")
 def text_tokens(smollm2_path):
-    vocab = llama_cpp.Llama(str(smollm2_path), vocab_only=True, verbose=False)
-    return vocab.tokenize(wikitext2_test()[:4000].encode("utf-8"))
+    return wikitext_tokens(smollm2_path, 4000)
 
 
 def test_kv_codec_strings_name_the_window_type():

@@ -24,7 +24,7 @@ from kvgguf import Llama, TieredConfig
 from kvgguf.bindings.store import KVStore
 from kvgguf.llama import shift_cells, shift_tokens
 from kvgguf.evaluation.harness import kl_top1
-from kvgguf.evaluation.text import wikitext2_test
+from helpers import wikitext_tokens
 
 KW = dict(n_threads=1, n_threads_batch=1, verbose=False)
 F16_COLD = TieredConfig(
@@ -36,8 +36,7 @@ N_BATCH = 32
 
 @pytest.fixture(scope="module")
 def text_tokens(smollm2_path):
-    vocab = llama_cpp.Llama(str(smollm2_path), vocab_only=True, verbose=False)
-    return vocab.tokenize(wikitext2_test()[:8000].encode("utf-8"))
+    return wikitext_tokens(smollm2_path, 8000)
 
 
 @pytest.fixture(scope="module")

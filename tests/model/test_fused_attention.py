@@ -22,6 +22,7 @@ from kvgguf.evaluation.harness import kl_top1
 from kvgguf.evaluation.text import wikitext2_test
 from kvgguf.llamacpp import hooks
 from kvgguf.runtime.live_cache import FUSED_MAX_TOKENS
+from helpers import wikitext_tokens
 
 N_THREADS = 2
 N_PREFILL = 900
@@ -31,8 +32,7 @@ KL_TOLERANCE = 0.02  # see the module docstring
 
 @pytest.fixture(scope="module")
 def tokens(smollm2_path):
-    vocab = llama_cpp.Llama(str(smollm2_path), vocab_only=True, verbose=False)
-    return vocab.tokenize(wikitext2_test()[:20000].encode("utf-8"))
+    return wikitext_tokens(smollm2_path, 20000)
 
 
 def uniform(codec: str, hot: int = 128) -> TieredConfig:

@@ -13,10 +13,10 @@ import pytest
 
 from kvgguf import Llama, TieredConfig
 from kvgguf.evaluation.harness import kl_top1
-from kvgguf.evaluation.text import wikitext2_test
 from kvgguf.bindings.binding import KvgError
 from kvgguf.enums import Kind
 from kvgguf.bindings.store import KVStore
+from helpers import wikitext_tokens
 
 N_THREADS = 2
 # Small windows so that one 32-token batch evicts a block and ages another to archive.
@@ -27,8 +27,7 @@ SMALL = TieredConfig(
 
 @pytest.fixture(scope="module")
 def tokens(smollm2_path):
-    vocab = llama_cpp.Llama(str(smollm2_path), vocab_only=True, verbose=False)
-    return vocab.tokenize(wikitext2_test()[:8000].encode("utf-8"))
+    return wikitext_tokens(smollm2_path, 8000)
 
 
 def last_logits(llm, toks):

@@ -16,6 +16,7 @@ from kvgguf import CompressedDiskCache, CompressedRAMCache, Llama, TieredConfig
 from kvgguf.cli.chat import ChatSession
 from kvgguf.evaluation.harness import kl_top1
 from kvgguf.evaluation.text import wikitext2_test
+from helpers import wikitext_tokens
 
 
 KW = dict(n_threads=2, n_threads_batch=2, verbose=False, flash_attn=True)
@@ -29,8 +30,7 @@ PER_LAYER = {
 
 @pytest.fixture(scope="module")
 def tokens(smollm2_path):
-    vocab = Llama(str(smollm2_path), vocab_only=True, verbose=False)
-    return vocab.tokenize(wikitext2_test()[:6000].encode("utf-8"))
+    return wikitext_tokens(smollm2_path, 6000)
 
 
 def make(path, kv_codec, n_ctx=1024):

@@ -4,15 +4,14 @@ archive tiers of a small tiered cache on SmolLM2, its blocks held at the bits it
 writes, and a session carrying those blocks verbatim into a fresh Llama that then continues
 exactly as the original does."""
 
-import llama_cpp
 import numpy as np
 import pytest
 
 from kvgguf import Llama, TieredConfig, codecs
 from kvgguf.evaluation.harness import kl_top1
-from kvgguf.evaluation.text import wikitext2_test
 
 from helpers import one_per_family
+from helpers import wikitext_tokens
 
 # Side data per block, or a book the store trains (wfq's plans: not side data, but fitted by the
 # store and carried as pq's books).
@@ -45,8 +44,7 @@ KW = dict(n_ctx=1024, n_batch=64, n_threads=2, n_threads_batch=2, verbose=False,
 
 @pytest.fixture(scope="module")
 def tokens(smollm2_path):
-    vocab = llama_cpp.Llama(str(smollm2_path), vocab_only=True, verbose=False)
-    return vocab.tokenize(wikitext2_test()[:20000].encode("utf-8"))
+    return wikitext_tokens(smollm2_path, 20000)
 
 
 def config(codec):
