@@ -2,6 +2,10 @@
 same context unshifted, at the same fill (--fill positions), in one run. A shifted context's cold
 blocks carry shifts, and the fused attention rotates the queries once per distinct shift.
 
+--budget-evals: contexts under a budget of what the unshifted one's store holds, after that many
+tokens evaluated, so they hold about --fill positions with many distinct offsets (each drop moves
+the later blocks by another); their decode drops blocks as it goes, as a user's does.
+
 Each row decodes --tokens tokens one at a time, --repeats times in a row, and reports the median seconds per token and its ratio to the unshifted
 context's. Run it on an otherwise idle machine.
 
@@ -46,6 +50,25 @@ def context(model: str, kv_codec: str, n_ctx: int, fill: int, shifts: int, token
     return llm, i
 
 
+def budget_context(model: str, kv_codec: str, n_ctx: int, evaluated: int, tokens: list[int], threads: int):
+    """A Llama under kv_codec (a budget) after `evaluated` tokens, in batches of 256."""
+    import kvgguf
+
+    llm = kvgguf.Llama(
+        str(kvgguf.models.path(model)),
+        kv_codec=kv_codec,
+        n_ctx=n_ctx,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
+    )
+    if evaluated > len(tokens):
+        raise ValueError(f"{len(tokens)} tokens of text are too few for {evaluated}")
+    for i in range(0, evaluated, 256):
+        llm.eval(tokens[i : min(i + 256, evaluated)])
+    return llm, evaluated
+
+
 def decode_seconds(llm, tokens: list[int], n: int, repeats: int) -> list[float]:
     """Seconds per token over n single-token evals, each repeat going on from the last (every
     row's context grows alike, and none shifts again), after a few untimed."""
@@ -67,6 +90,11 @@ def main(argv=None) -> int:
     p.add_argument("--fill", type=int, default=1536, help="positions held when decoding (default: %(default)s)")
     p.add_argument("--shifts", default="0,1,4,16", help="shift counts, comma-separated (default: %(default)s)")
     p.add_argument("--kv-codec", default="tiered:fixed", help="kv_codec (default: %(default)s)")
+    p.add_argument(
+        "--budget-evals",
+        default="",
+        help="tokens evaluated under a budget of the unshifted store's bytes, comma-separated (e.g. 3072,6144)",
+    )
     p.add_argument("--tokens", type=int, default=32, help="tokens decoded per repeat (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=5, help="repeats (default: %(default)s)")
     add_threads_option(p)
@@ -82,20 +110,30 @@ def main(argv=None) -> int:
     text = vocab.tokenize(wikitext2_test().encode("utf-8"))
     busy = busy_cpus()
     rows = []
+
+    def measure(what: str, llm, used: int) -> dict:
+        runs = {s for il in llm.kv_cache.layers for _, _, s in llm.kv_cache.store.shifts(il)}
+        row = {
+            "context": what,
+            "shifts": llm.context_shifts,
+            "distinct_offsets": len(runs),
+            "n_cold": llm.kv_cache.n_cold,
+            "positions": llm.n_tokens,
+            "cold_bytes": llm.kv_memory().cold_bytes,
+        }
+        row["seconds"] = decode_seconds(llm, text[used:], a.tokens, a.repeats)
+        row["tokens_dropped"] = llm.tokens_dropped
+        llm.close()
+        rows.append(row)
+        return row
+
     for k in (int(x) for x in a.shifts.split(",")):
         progress(f"shift_speed: {a.kv_codec}, {k} shifts, fill {a.fill} of n_ctx {a.ctx}")
-        llm, used = context(a.model, a.kv_codec, a.ctx, a.fill, k, text, a.threads)
-        runs = {s for il in llm.kv_cache.layers for _, _, s in llm.kv_cache.store.shifts(il)}
-        secs = decode_seconds(llm, text[used:], a.tokens, a.repeats)
-        rows.append(
-            {
-                "shifts": llm.context_shifts,
-                "distinct_offsets": len(runs),
-                "n_cold": llm.kv_cache.n_cold,
-                "seconds": secs,
-            }
-        )
-        llm.close()
+        measure(f"{k} shifts" if k else "unshifted", *context(a.model, a.kv_codec, a.ctx, a.fill, k, text, a.threads))
+    for n in (int(x) for x in a.budget_evals.split(",") if x):
+        spec = f"{a.kv_codec}:budget={rows[0]['cold_bytes']}"
+        progress(f"shift_speed: {spec}, {n} tokens evaluated")
+        measure(f"budget, {n} evaluated", *budget_context(a.model, spec, a.ctx, n, text, a.threads))
     base = statistics.median(rows[0]["seconds"])
     for r in rows:
         r["median"] = statistics.median(r["seconds"])
@@ -103,9 +141,16 @@ def main(argv=None) -> int:
     result = {"model": a.model, "n_ctx": a.ctx, "fill": a.fill, "kv_codec": a.kv_codec, "busy_cpus_before": busy}
     result.update(runs=rows, command=command(__file__, argv))
     table = markdown_table(
-        ["shifts", "distinct offsets", "cold rows", "ms / token (median)", "speed vs unshifted"],
+        ["context", "positions held", "distinct offsets", "cold rows", "ms / token (median)", "speed vs unshifted"],
         [
-            [r["shifts"], r["distinct_offsets"], r["n_cold"], f"{1000 * r['median']:.2f}", f"{r['ratio']:.3f}"]
+            [
+                r["context"],
+                r["positions"],
+                r["distinct_offsets"],
+                r["n_cold"],
+                f"{1000 * r['median']:.2f}",
+                f"{r['ratio']:.3f}",
+            ]
             for r in rows
         ],
     )
