@@ -18,7 +18,6 @@ from kvgguf.evaluation.harness import kl_top1
 from kvgguf.evaluation.text import wikitext2_test
 from helpers import wikitext_tokens
 
-
 KW = dict(n_threads=2, n_threads_batch=2, verbose=False, flash_attn=True)
 # The three ways a user reaches a per-layer config (a dict keyed by layer numbers and "default").
 PER_LAYER = {

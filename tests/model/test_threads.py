@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-
 from conftest import run_python
 from kvgguf import Llama
 
