@@ -128,6 +128,18 @@ def test_every_architecture_shifts_as_stock_does(tiny, text_tokens, name):
     assert kl < 1e-4 and top1 == 1.0, (kl, top1)
 
 
+@pytest.mark.parametrize("path_kind", ["fused", "expand"])
+def test_yarn_scaled_rope_shifts_as_stock_does(tiny, text_tokens, path_kind):
+    """YaRN (a 4x longer context than trained, as Qwen's and DeepSeek's files ask): its rotation
+    also scales by its attention factor, and llama.cpp's shift of cached keys applies that factor
+    with the rotation. kvgguf rotates the query by the same rope instead, so the two compose the
+    same: a shifted context scores as stock's shifted cells do."""
+    yarn = {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 64}
+    path = tiny("llama-yarn", TinySpec("llama", head_dim=80, extra=yarn))
+    _, (kl, top1) = shift_against_stock(path, text_tokens[:640], path_kind)
+    assert kl < 1e-4 and top1 == 1.0, (kl, top1)
+
+
 def test_quantized_hot_cells_shift_by_llama_cpp_s_own_rotation(tiny, text_tokens):
     """q8_0 hot cells (the preset's) are dequantized, rotated and quantized again by llama.cpp's
     shift; kvgguf builds them without llama.cpp's Hadamard rotation, which that shift assumed."""
