@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from common import add_out_option, add_threads_option, busy_cpus, command, markdown_table, progress, write_result
+from live_cache import model_path
 
 HERE = Path(__file__).resolve().parent
 
@@ -32,7 +33,7 @@ def context(model: str, kv_codec: str, n_ctx: int, fill: int, shifts: int, token
     import kvgguf
 
     llm = kvgguf.Llama(
-        str(kvgguf.models.path(model)),
+        str(model_path(model)),
         kv_codec=kv_codec,
         n_ctx=n_ctx,
         context_shift=True,
@@ -55,7 +56,7 @@ def budget_context(model: str, kv_codec: str, n_ctx: int, evaluated: int, tokens
     import kvgguf
 
     llm = kvgguf.Llama(
-        str(kvgguf.models.path(model)),
+        str(model_path(model)),
         kv_codec=kv_codec,
         n_ctx=n_ctx,
         n_threads=threads,
@@ -85,7 +86,11 @@ def decode_seconds(llm, tokens: list[int], n: int, repeats: int) -> list[float]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="smollm2-135m", help="model name (default: %(default)s)")
+    p.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="model name, real shape (benchmarks/shapes.py) or GGUF path (default: %(default)s)",
+    )
     p.add_argument("--ctx", type=int, default=2048, help="n_ctx (default: %(default)s)")
     p.add_argument("--fill", type=int, default=1536, help="positions held when decoding (default: %(default)s)")
     p.add_argument("--shifts", default="0,1,4,16", help="shift counts, comma-separated (default: %(default)s)")
@@ -103,10 +108,9 @@ def main(argv=None) -> int:
 
     import llama_cpp
 
-    import kvgguf
     from kvgguf.evaluation.text import wikitext2_test
 
-    vocab = llama_cpp.Llama(str(kvgguf.models.path(a.model)), vocab_only=True, verbose=False)
+    vocab = llama_cpp.Llama(str(model_path(a.model)), vocab_only=True, verbose=False)
     text = vocab.tokenize(wikitext2_test().encode("utf-8"))
     busy = busy_cpus()
     rows = []
