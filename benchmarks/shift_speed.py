@@ -6,8 +6,9 @@ blocks carry shifts, and the fused attention rotates the queries once per distin
 tokens evaluated, so they hold about --fill positions with many distinct offsets (each drop moves
 the later blocks by another); their decode drops blocks as it goes, as a user's does.
 
-Each row decodes --tokens tokens one at a time, --repeats times in a row, and reports the median seconds per token and its ratio to the unshifted
-context's. Run it on an otherwise idle machine.
+Each row decodes --tokens tokens one at a time, --repeats times, the contexts taking turns in each
+repeat, and reports the median seconds per token and its ratio to the unshifted context's. Run it
+on an otherwise idle machine.
 
     .venv/bin/python benchmarks/shift_speed.py --out benchmarks/results/speed/context_shift/speed_smollm2_2k
 
@@ -70,17 +71,22 @@ def budget_context(model: str, kv_codec: str, n_ctx: int, evaluated: int, tokens
     return llm, evaluated
 
 
-def decode_seconds(llm, tokens: list[int], n: int, repeats: int) -> list[float]:
-    """Seconds per token over n single-token evals, each repeat going on from the last (every
-    row's context grows alike, and none shifts again), after a few untimed."""
-    out, warm = [], 4
-    for t in tokens[:warm]:  # the first single-token batch builds its graph and buffers
-        llm.eval([t])
-    for r in range(repeats):
-        t0 = time.perf_counter()
-        for t in tokens[warm + r * n : warm + (r + 1) * n]:
+def decode_seconds(contexts: list, n: int, repeats: int) -> list[list[float]]:
+    """Seconds per token over n single-token evals for each (llm, tokens) of contexts, each repeat
+    going on from the last (every row's context grows alike, and none shifts again), after a few
+    untimed. The contexts take turns within each repeat, so a machine whose speed drifts slows
+    them alike."""
+    warm = 4
+    for llm, tokens in contexts:
+        for t in tokens[:warm]:  # the first single-token batch builds its graph and buffers
             llm.eval([t])
-        out.append((time.perf_counter() - t0) / n)
+    out: list[list[float]] = [[] for _ in contexts]
+    for r in range(repeats):
+        for (llm, tokens), secs in zip(contexts, out):
+            t0 = time.perf_counter()
+            for t in tokens[warm + r * n : warm + (r + 1) * n]:
+                llm.eval([t])
+            secs.append((time.perf_counter() - t0) / n)
     return out
 
 
@@ -115,29 +121,34 @@ def main(argv=None) -> int:
     busy = busy_cpus()
     rows = []
 
-    def measure(what: str, llm, used: int) -> dict:
+    contexts = []  # (llm, the text after what it evaluated)
+
+    def add(what: str, llm, used: int) -> None:
         runs = {s for il in llm.kv_cache.layers for _, _, s in llm.kv_cache.store.shifts(il)}
-        row = {
-            "context": what,
-            "shifts": llm.context_shifts,
-            "distinct_offsets": len(runs),
-            "n_cold": llm.kv_cache.n_cold,
-            "positions": llm.n_tokens,
-            "cold_bytes": llm.kv_memory().cold_bytes,
-        }
-        row["seconds"] = decode_seconds(llm, text[used:], a.tokens, a.repeats)
-        row["tokens_dropped"] = llm.tokens_dropped
-        llm.close()
-        rows.append(row)
-        return row
+        rows.append(
+            {
+                "context": what,
+                "shifts": llm.context_shifts,
+                "distinct_offsets": len(runs),
+                "n_cold": llm.kv_cache.n_cold,
+                "positions": llm.n_tokens,
+                "cold_bytes": llm.kv_memory().cold_bytes,
+            }
+        )
+        contexts.append((llm, text[used:]))
 
     for k in (int(x) for x in a.shifts.split(",")):
         progress(f"shift_speed: {a.kv_codec}, {k} shifts, fill {a.fill} of n_ctx {a.ctx}")
-        measure(f"{k} shifts" if k else "unshifted", *context(a.model, a.kv_codec, a.ctx, a.fill, k, text, a.threads))
+        add(f"{k} shifts" if k else "unshifted", *context(a.model, a.kv_codec, a.ctx, a.fill, k, text, a.threads))
     for n in (int(x) for x in a.budget_evals.split(",") if x):
         spec = f"{a.kv_codec}:budget={rows[0]['cold_bytes']}"
         progress(f"shift_speed: {spec}, {n} tokens evaluated")
-        measure(f"budget, {n} evaluated", *budget_context(a.model, spec, a.ctx, n, text, a.threads))
+        add(f"budget, {n} evaluated", *budget_context(a.model, spec, a.ctx, n, text, a.threads))
+    progress(f"shift_speed: decoding, {len(contexts)} contexts in turn")
+    for row, secs, (llm, _) in zip(rows, decode_seconds(contexts, a.tokens, a.repeats), contexts):
+        row["seconds"] = secs
+        row["tokens_dropped"] = llm.tokens_dropped
+        llm.close()
     base = statistics.median(rows[0]["seconds"])
     for r in rows:
         r["median"] = statistics.median(r["seconds"])
