@@ -96,7 +96,7 @@ def run(model: str, kv_codec, tokens: list[int], threads: int, ref: np.ndarray) 
         "tokens_held": llm.n_tokens,
         "tokens_dropped": llm.tokens_dropped,
         "kv": str(mem),
-        "bits": mem.cold_bytes * 8 / mem.cold_values if mem.cold_values else None,
+        "bits": mem.cold_bits_per_value,
         "seconds": time.perf_counter() - t0,
     }
     llm.close()

@@ -116,7 +116,7 @@ def run_cache(
             mem = llm.kv_memory()
             bits.append(mem.bits_per_value)
             cold.append(mem.cold_bytes)
-            store_bits.append(mem.cold_bytes * 8 / mem.cold_values if mem.cold_values else 0.0)
+            store_bits.append(mem.cold_bits_per_value or 0.0)
             held.append(llm.n_tokens)
         return dict(
             retrieval.summary(trials),

@@ -320,7 +320,7 @@ def run_eval(
             if cfg.source == "llama.cpp":
                 res.cold_bits_per_value = res.bits_per_value  # every row is held in that type
             elif mem.cold_values:
-                res.cold_bits_per_value = mem.cold_bytes * 8 / mem.cold_values
+                res.cold_bits_per_value = mem.cold_bits_per_value
                 books = mem.by_tier.get("books")
                 res.book_bits_per_value = books.bytes * 8 / mem.cold_values if books else 0.0
         res.seconds = time.perf_counter() - t0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 MIB = 2**20
 LLAMA_TIERS = ("hot", "window")  # llama.cpp's cells; the other tiers are the store's
@@ -83,6 +84,12 @@ class KVMemory:
     def bits_per_value(self) -> float:
         values = self.n_tokens * self.values_per_token
         return self.total_bytes * 8 / values if values else float("nan")
+
+    @property
+    def cold_bits_per_value(self) -> Optional[float]:
+        """Bits per value of the store alone: its codes and codebooks over the values they stand
+        for (None while it holds none)."""
+        return self.cold_bytes * 8 / self.cold_values if self.cold_values else None
 
     def __str__(self) -> str:
         parts = ", ".join(f"{t.name} {t.codec} {t.bytes / MIB:.2f}" for t in self.tiers)
