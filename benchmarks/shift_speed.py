@@ -29,19 +29,23 @@ from live_cache import model_path
 HERE = Path(__file__).resolve().parent
 
 
-def context(model: str, kv_codec: str, n_ctx: int, fill: int, shifts: int, tokens: list[int], threads: int):
-    """A Llama whose context shifted `shifts` times and holds `fill` positions."""
+def open_llama(model: str, kv_codec: str, n_ctx: int, threads: int, **kw):
     import kvgguf
 
-    llm = kvgguf.Llama(
+    return kvgguf.Llama(
         str(model_path(model)),
         kv_codec=kv_codec,
         n_ctx=n_ctx,
-        context_shift=True,
         n_threads=threads,
         n_threads_batch=threads,
         verbose=False,
+        **kw,
     )
+
+
+def context(model: str, kv_codec: str, n_ctx: int, fill: int, shifts: int, tokens: list[int], threads: int):
+    """A Llama whose context shifted `shifts` times and holds `fill` positions."""
+    llm = open_llama(model, kv_codec, n_ctx, threads, context_shift=True)
     i, step = 0, 256
     while llm.context_shifts < shifts or llm.n_tokens < fill:
         n = min(step, fill - llm.n_tokens) if llm.context_shifts >= shifts else step
@@ -54,18 +58,9 @@ def context(model: str, kv_codec: str, n_ctx: int, fill: int, shifts: int, token
 
 def budget_context(model: str, kv_codec: str, n_ctx: int, evaluated: int, tokens: list[int], threads: int):
     """A Llama under kv_codec (a budget) after `evaluated` tokens, in batches of 256."""
-    import kvgguf
-
-    llm = kvgguf.Llama(
-        str(model_path(model)),
-        kv_codec=kv_codec,
-        n_ctx=n_ctx,
-        n_threads=threads,
-        n_threads_batch=threads,
-        verbose=False,
-    )
     if evaluated > len(tokens):
         raise ValueError(f"{len(tokens)} tokens of text are too few for {evaluated}")
+    llm = open_llama(model, kv_codec, n_ctx, threads)
     for i in range(0, evaluated, 256):
         llm.eval(tokens[i : min(i + 256, evaluated)])
     return llm, evaluated
