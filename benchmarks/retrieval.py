@@ -76,21 +76,11 @@ def preset_variant(path: str, cache: str, n_ctx: int):
     return config
 
 
-def resolved_config(path: str, spec: str, n_tokens: int, threads: int):
-    """The TieredConfig a kv_codec string resolves to for this model and context."""
-    from kvgguf.evaluation import retrieval
-
-    llm = open_llama(path, spec, n_tokens + retrieval.QUESTION_ROOM, threads)
-    try:
-        return llm.kv_config
-    finally:
-        llm.close()
-
-
 def run_cache(
     path: str, cache, n_tokens: int, n_documents: int, threads: int, seed: int, shift_at: float = 0.0
-) -> dict:
-    """One cache's trials; shift_at > 0: with context_shift=True in that share of the document."""
+) -> tuple[dict, object]:
+    """One cache's trials, and the kv_config it resolved to; shift_at > 0: with context_shift=True
+    in that share of the document."""
     from kvgguf.evaluation import harness, retrieval
     from kvgguf.evaluation.text import wikitext2_test
 
@@ -118,7 +108,7 @@ def run_cache(
             cold.append(mem.cold_bytes)
             store_bits.append(mem.cold_bits_per_value or 0.0)
             held.append(llm.n_tokens)
-        return dict(
+        row = dict(
             retrieval.summary(trials),
             cache=harness.row_name(str(cache), str(cache), llm),
             n_tokens=n_tokens,
@@ -129,6 +119,7 @@ def run_cache(
             tokens_held=sum(held) / len(held),
             seconds=time.perf_counter() - t0,
         )
+        return row, llm.kv_config
     finally:
         llm.close()
 
@@ -234,33 +225,31 @@ def main(argv=None) -> int:
     caches = list(dict.fromkeys([*args.caches.split(","), *([args.budget_base] if retention else []), *shifted]))
     rows = []
 
-    def measure(n: int, spec: str, name: str = "", base: str = "", shift_at: float = 0.0) -> dict:
+    def measure(n: int, spec, name: str = "", base: str = "", shift_at: float = 0.0) -> tuple[dict, object]:
         progress(f"{n} tokens, {name or spec}")
-        r = run_cache(path, spec, n, args.documents, args.threads, args.seed, shift_at)
+        r, config = run_cache(path, spec, n, args.documents, args.threads, args.seed, shift_at)
         r["spec"] = spec if isinstance(spec, str) else repr(spec)
         if name:
             r.update(cache=name, base=base)
         print(f"  {r['found']}/{r['asked']} found at {r['bits_per_value']:.2f} bits held", file=sys.stderr, flush=True)
         rows.append(r)
         write(args, argv, rows)  # after every cache: a long run interrupted keeps what it measured
-        return r
+        return r, config
 
     for n in [int(c) for c in args.contexts.split(",")]:
         unmoved = {cache: measure(n, cache) for cache in caches}
         for share in retention:
-            base = unmoved[args.budget_base]
+            base, base_config = unmoved[args.budget_base]
             budget = int(share * base["cold_bytes"])
             for rule in ("mass", "oldest"):
                 spec = f"{args.budget_base}:budget={budget}" + (":drop=oldest" if rule == "oldest" else "")
                 measure(n, spec, f"{args.budget_base}, {share:.0%} budget, {rule}", base["cache"])
             # every token kept in about as many bytes: budget.py's lower-bit pair on the base's windows
             pair = lower_bits(base["store_bits"], share)
-            config = dataclasses.replace(
-                resolved_config(path, args.budget_base, n, args.threads), warm=pair, archive=None
-            )
+            config = dataclasses.replace(base_config, warm=pair, archive=None)
             measure(n, config, f"K/V {pair[0]}/{pair[1]}, every token, {share:.0%}")
         for cache in shifted:
-            measure(n, cache, f"{cache}, shifted in {args.shift_at:.0%}", unmoved[cache]["cache"], args.shift_at)
+            measure(n, cache, f"{cache}, shifted in {args.shift_at:.0%}", unmoved[cache][0]["cache"], args.shift_at)
     print(write(args, argv, rows))
     return 0
 
