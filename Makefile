@@ -6,7 +6,7 @@ PY := .venv/bin/python
 PIP := .venv/bin/pip
 PYTEST := .venv/bin/pytest -p no:cacheprovider
 
-.PHONY: dev install test-fast test test-extended test-all lint format native-checks readme bench-usage bench-kernels bench-live
+.PHONY: dev install test-fast test test-extended test-all lint format native-checks readme usage-example bench-kernels bench-live
 
 $(PY):
 	python3 -m venv .venv
@@ -57,9 +57,9 @@ readme:
 # OUT names the result (e.g. make bench-live OUT=benchmarks/results/speed/live_cache_mine).
 OUT ?= /tmp/kvgguf-bench
 
-# The README's usage block (benchmarks/usage_example.py, then make readme).
-bench-usage:
-	$(PY) benchmarks/usage_example.py
+# The README's usage block (scripts/usage_example.py, then make readme).
+usage-example:
+	$(PY) scripts/usage_example.py
 
 # The fused attention's kernels per codec, one thread, no model.
 bench-kernels:

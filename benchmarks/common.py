@@ -57,9 +57,12 @@ def add_out_option(
 
 
 def command(script: str, argv: Optional[Sequence[str]] = None, python: bool = False) -> str:
-    """The command line a result quotes: `benchmarks/NAME.py ARGS` (ARGS: sys.argv[1:] when argv
-    is None), after `.venv/bin/python` when `python`."""
-    words = [f"benchmarks/{Path(script).name}", *(sys.argv[1:] if argv is None else argv)]
+    """The command line a result quotes: the script's path in the checkout (`benchmarks/NAME.py`,
+    or `scripts/NAME.py` for one outside benchmarks/) and ARGS (sys.argv[1:] when argv is None),
+    after `.venv/bin/python` when `python`."""
+    path = Path(script).resolve()
+    where = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else f"benchmarks/{path.name}"
+    words = [where, *(sys.argv[1:] if argv is None else argv)]
     return " ".join([".venv/bin/python", *words] if python else words)
 
 

@@ -7,14 +7,14 @@ Each section sits between `<!-- NAME:begin -->` and `<!-- NAME:end -->` in the f
 (below) names for it; markers missing, or doubled, there stop the script with an error naming the
 file. What each section is made from, under benchmarks/results/:
 
-- usage:    usage_example.txt (benchmarks/usage_example.py)
+- usage:    usage_example.txt (scripts/usage_example.py)
 - headline: rows of quality/preset_fast/smollm2-135m_ctx8192x1.md (kvgguf eval) and
             speed/preset/live_cache_4k_8k_cells.md (benchmarks/live_cache.py)
 - live:     speed/live_cache_*.md (benchmarks/live_cache.py)
 - profile:  speed/profile/*.md (benchmarks/profile_phase.py)
 - quality:  quality/eval/*.md (kvgguf eval ... --out benchmarks/results/quality/eval)
 - curves:   quality/curves/kl_*.md and .png (benchmarks/kl_curves.py over kvgguf eval runs)
-- floor:    quality/floor/*.md (benchmarks/arithmetic_floor.py, swa_ring_check.py)
+- floor:    quality/floor/*.md (benchmarks/arithmetic_floor.py, swa_ring_floor.py)
 - recall:   recall/retrieval_*.md (benchmarks/retrieval.py)
 - preset:   quality/preset/*.md, speed/preset/*.md, recall/retrieval_preset_*.md (kvgguf eval,
             benchmarks/live_cache.py, benchmarks/retrieval.py with tiered:fixed and tiered)
@@ -45,7 +45,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 def usage(here: Path) -> str:
     out = (RESULTS / "usage_example.txt").read_text().rstrip()
     return (
-        "Output of `.venv/bin/python benchmarks/usage_example.py` (the code above, run as written, on a "
+        "Output of `.venv/bin/python scripts/usage_example.py` (the code above, run as written, on a "
         "model without a calibration: the fixed preset):\n\n```text\n" + out + "\n```"
     )
 

@@ -70,6 +70,12 @@ REGISTRY: dict[str, Bench] = {
         {**_M, "contexts": "--ctx", **_T, **_O},
         _ONE_CTX,
     ),
+    "swa_ring_floor": Bench(
+        "quality",
+        "where llama.cpp's sliding-window ring leaves its full-size cache",
+        {**_M, "contexts": "--ctx", **_O},
+        _ONE_CTX,
+    ),
     "context_shift": Bench(
         "quality",
         "quality after context shifts, against stock shifted the same way",
@@ -124,14 +130,6 @@ REGISTRY: dict[str, Bench] = {
     "soak": Bench(
         "reliability", "a long generation, watching memory", {**_M, "contexts": "--ctx", **_T, **_O}, _ONE_CTX
     ),
-    "fuzz": Bench("reliability", "the fuzz targets' long run: inputs, crashes, corpus", _O),
-    "swa_ring_check": Bench(
-        "reliability",
-        "where llama.cpp's sliding-window ring leaves its full-size cache",
-        {**_M, "contexts": "--ctx", **_O},
-        _ONE_CTX,
-    ),
-    "usage_example": Bench("reliability", "the README's usage example, run as written"),
     # gpu
     "gpu_profile": Bench(
         "gpu",

@@ -2,7 +2,7 @@
 append_encoded and the reads over it (libFuzzer, ASan+UBSan), and the .kvz session parser
 (atheris), a few thousand inputs each from starting inputs made of real encoded blocks and sessions. This is
 the extended checks' fuzzing run (scripts/extended_checks.sh, which CI runs); the million-input
-run is benchmarks/fuzz.py."""
+run is scripts/fuzz_long.py."""
 
 import json
 import os

@@ -178,3 +178,11 @@ def test_every_script_still_parses_its_options(script, monkeypatch, capsys):
     assert "usage:" in out
     if "add_threads_option" in (BENCHMARKS / f"{script}.py").read_text():
         assert "-t THREADS, --threads THREADS" in out
+
+
+def test_the_quoted_command_names_the_script_where_it_lives():
+    root = BENCHMARKS.parent
+    assert common.command(str(BENCHMARKS / "live_cache.py"), ["--ctx", "4096"]) == "benchmarks/live_cache.py --ctx 4096"
+    assert common.command(str(root / "scripts" / "fuzz_long.py"), [], python=True) == (
+        ".venv/bin/python scripts/fuzz_long.py"
+    )

@@ -1,6 +1,6 @@
 """The README's usage example, run as written; its output is what the README shows.
 
-    .venv/bin/python benchmarks/usage_example.py
+    .venv/bin/python scripts/usage_example.py
 
 writes benchmarks/results/usage_example.txt.
 """
@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 
 def example() -> None:
@@ -39,7 +39,7 @@ def main() -> int:
     with contextlib.redirect_stdout(buf):
         example()
     text = buf.getvalue()
-    (HERE / "results" / "usage_example.txt").write_text(text)
+    (RESULTS / "usage_example.txt").write_text(text)
     sys.stdout.write(text)
     return 0
 

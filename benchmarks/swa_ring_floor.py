@@ -6,7 +6,7 @@ n_swa + batch cells, padded to 256, whose cells are reused once it is full: the 
 live cache keeps for those layers). Prints the mean KL and the largest logit difference per
 stretch of 128 positions and the first position whose logits differ.
 
-    .venv/bin/python benchmarks/swa_ring_check.py --ctx 1024 --batch 256 --out benchmarks/results/quality/floor/swa_ring_b256
+    .venv/bin/python benchmarks/swa_ring_floor.py --ctx 1024 --batch 256 --out benchmarks/results/quality/floor/swa_ring_b256
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How far the fuzz targets of scripts/fuzz.sh go: inputs, crashes, time and corpus per target.
 
-    .venv/bin/python benchmarks/fuzz.py [--inputs 1000000] [--targets "decode store session"] [--out DIR]
+    .venv/bin/python scripts/fuzz_long.py [--inputs 1000000] [--targets "decode store session"] [--out DIR]
 
 Runs every target (native/fuzz: fuzz_decode and fuzz_store, libFuzzer with ASan+UBSan over
 libkvgguf's sources; fuzz_session, atheris over the .kvz parser) for --inputs inputs each, one
@@ -22,9 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import command, markdown_table, write_json
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the result helpers every benchmark writes with
+
+from common import command, markdown_table, write_json  # noqa: E402
 
 
 def main() -> int:
