@@ -27,8 +27,8 @@ file. What each section is made from, under benchmarks/results/:
 docs/sessions.md's `sessions` section is written by `benchmarks/sessions.py --readme docs/sessions.md`.
 
 Under each result copied, a line says what measured it (commit, llama.cpp build, machine, threads)
-where the result's JSON (the .md's sibling) records its provenance; results from before
-provenance was recorded get no such line.
+from the result's JSON (the .md's sibling); a result from before provenance was recorded says so,
+with the commit that last changed it.
 """
 
 import json

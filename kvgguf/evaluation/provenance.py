@@ -134,7 +134,11 @@ def provenance(threads: Optional[int] = None, checkout: Optional[Path] = None) -
 
 
 def provenance_line(p: dict) -> str:
-    """One italic line for under a table: commit, llama.cpp build, machine, threads."""
+    """One italic line for under a table: commit, llama.cpp build, machine, threads. A result
+    written before results recorded this is marked `"recorded": false`, with the commit that
+    last changed it (it was measured there or before, on a machine not recorded)."""
+    if p.get("recorded") is False:
+        return f"_provenance not recorded: committed in {p.get('committed_in')} on {p.get('committed_on')}_"
     if p.get("commit"):
         where = f"measured at {p['commit'][:7]} ({'uncommitted changes' if p.get('dirty') else 'clean'})"
     else:

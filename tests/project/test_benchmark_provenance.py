@@ -146,15 +146,18 @@ def test_the_provenance_line():
     )
 
 
-def test_readme_sections_prints_provenance_only_where_a_result_has_it(tmp_path):
+def test_readme_sections_prints_each_results_provenance_or_that_it_was_not_recorded(tmp_path):
     table = "`benchmarks/x.py`\n\n| a | b |\n|---|---|\n| 1 | 2 |\n"
     new, old, bare = tmp_path / "new.md", tmp_path / "old.md", tmp_path / "bare.md"
     for md in (new, old, bare):
         md.write_text(table)
     new.with_suffix(".json").write_text(json.dumps({"rows": [], "provenance": RECORDED}))
-    old.with_suffix(".json").write_text(json.dumps({"rows": []}))  # from before provenance was recorded
+    marked = {"recorded": False, "committed_in": "55f64cd", "committed_on": "2026-11-26"}
+    old.with_suffix(".json").write_text(json.dumps({"rows": [], "provenance": marked}))  # from before provenance
     assert readme_sections.result_text(new) == table.strip() + "\n\n" + common.provenance_line(RECORDED)
-    assert readme_sections.result_text(old) == table.strip()
+    assert readme_sections.result_text(old) == (
+        table.strip() + "\n\n_provenance not recorded: committed in 55f64cd on 2026-11-26_"
+    )
     assert readme_sections.result_text(bare) == table.strip()  # no JSON beside it (usage_example.txt's kind)
 
 
@@ -186,3 +189,15 @@ def test_the_quoted_command_names_the_script_where_it_lives():
     assert common.command(str(root / "scripts" / "fuzz_long.py"), [], python=True) == (
         ".venv/bin/python scripts/fuzz_long.py"
     )
+
+
+@pytest.mark.parametrize(
+    "result", sorted(p.relative_to(BENCHMARKS).as_posix() for p in (BENCHMARKS / "results").rglob("*.json"))
+)
+def test_every_result_records_its_provenance_or_is_marked(result):
+    p = json.loads((BENCHMARKS / result).read_text())["provenance"]
+    if p.get("recorded") is False:  # from before results recorded it: the commit that last changed it
+        assert set(p) == {"recorded", "committed_in", "committed_on"}
+        assert re.fullmatch(r"[0-9a-f]{7}", p["committed_in"]) and datetime.date.fromisoformat(p["committed_on"])
+    else:
+        assert KEYS <= set(p) and p["date"], result
