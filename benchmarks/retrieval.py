@@ -60,7 +60,7 @@ def open_llama(path: str, cache, n_ctx: int, threads: int, context_shift: bool =
 def preset_variant(path: str, cache: str, n_ctx: int):
     """The calibrated "tiered" of the model with its keys changed: "tiered:key_bits=N" plans with
     keys of at least N bits (0: the plan by KL alone), "tiered:keys=CODEC" holds every key at CODEC
-    and the values as the preset plans them (which keys cost recall: docs/recall.md). Planned
+    and the values as the preset plans them (which keys cost recall: docs/results/recall.md). Planned
     through the preset's own Request, so it cannot drift from what "tiered" asks for."""
     from kvgguf.policy import kv_codec, resolve
 

@@ -36,7 +36,9 @@ def parse_size(text: str) -> int:
 
 
 DEFAULT_BUDGET = 3.0  # bits per value over the compressed rows (docs/calibration.md: what the budgets measured)
-PRESET_BUDGET = 4.0  # "tiered" on a calibrated model: recall like f16's at 5K where 3.5 lost it (docs/recall.md)
+PRESET_BUDGET = (
+    4.0  # "tiered" on a calibrated model: recall like f16's at 5K where 3.5 lost it (docs/results/recall.md)
+)
 # Codec families the calibrated "tiered" leaves out: their fused decode reads a table per value
 # (tcq) or per set (wfq), 0.65-0.8x rotq's speed; with tcq keys the preset decoded SmolLM2 at 8K
 # at 0.92x of stock f16's best, the fixed preset at 1.26x (benchmarks/results/quality/preset/
@@ -44,7 +46,7 @@ PRESET_BUDGET = 4.0  # "tiered" on a calibrated model: recall like f16's at 5K w
 # not a codec fact: codecs.info has SIMD kernels for both (simd_ops) and no field for this.
 PRESET_SLOW_FAMILIES = ("tcq", "wfq")
 # Bits per value the calibrated "tiered" gives every key at least, taking them from the values:
-# recall lives in the keys. On SmolLM2 at 5K (benchmarks/retrieval.py, 20 facts, docs/recall.md)
+# recall lives in the keys. On SmolLM2 at 5K (benchmarks/retrieval.py, 20 facts, docs/results/recall.md)
 # exact keys found what f16 found (15) with the values at 3-4 bits, and at equal bits held (4.34)
 # 4-bit keys everywhere found 14 where the KL-optimal plan, 3-bit keys on 10 layers, found 11:
 # the calibration's KL, measured on 512 tokens, does not see a fact lost among thousands of keys.

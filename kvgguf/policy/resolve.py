@@ -31,7 +31,7 @@ KIVI_PRESET = {"warm": "kivi4", "archive": ("kivi4", "kivi2")}
 # llama.cpp's q8_0 cells), their cold rows are a small share of what a context holds at the
 # lengths people run, and the 4-bit plan saves few bytes for its loss: there the presets keep
 # them near exact, kivi8 in groups of 64 (8.5 bits, q8_0's), and hold fewer bits than
-# llama.cpp's q8_0 at its KL (docs/quality.md, "Gemma-3: where kvgguf meets q8_0's KL").
+# llama.cpp's q8_0 at its KL (docs/results/quality.md, "Gemma-3: where kvgguf meets q8_0's KL").
 NEAR_EXACT_SHARE = 0.2  # the most full-attention layers, as a share of all, that get it
 NEAR_EXACT_PRESET = {"warm": "kivi8", "warm_tokens": 0, "archive": None, "group_size": 64}
 

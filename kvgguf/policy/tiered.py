@@ -27,7 +27,7 @@ def type_name(value: Union[str, int]) -> Union[str, int]:
 
 # llama.cpp's cells unless a config names a type: the sliding-window layers' (Gemma 2/3, gpt-oss,
 # ...), which keep their last n_swa tokens, most of the bytes on such models, and the hot
-# window's. q8_0 halves them for a KL within the measurement's floor (docs/quality.md, "Every
+# window's. q8_0 halves them for a KL within the measurement's floor (docs/results/quality.md, "Every
 # cell counted").
 PRESET_WINDOW = PRESET_HOT_CELLS = "q8_0"
 # The hot cells' types the patched attention reads besides f16 (native/llama/src/llama-kvgguf-graph.cpp).
@@ -107,7 +107,7 @@ class TieredConfig:
     sinks: int = 4
     warm: CodecSpec = "rotq4"
     warm_tokens: int = 2048
-    archive: Optional[CodecSpec] = ("rotq4", "rotq2")  # K, V: recall needs the keys (docs/recall.md)
+    archive: Optional[CodecSpec] = ("rotq4", "rotq2")  # K, V: recall needs the keys (docs/results/recall.md)
     block: int = 64
     group_size: int = 32
     keep: Optional[str] = None

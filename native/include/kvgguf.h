@@ -138,13 +138,13 @@ enum kvg_codec_type {
     // vq8 with TSC part II's fp16 fallback: per block, the 1/32 of head vectors vq8 codes worst
     // are kept in f16 instead (rotated), flagged in a bitmask
     KVG_CODEC_VQ8F = 22,
-    // water-filled quantization (classic transform coding; docs/quality.md): bits per coordinate by its energy, equal-bit sets
+    // water-filled quantization (classic transform coding; docs/results/quality.md): bits per coordinate by its energy, equal-bit sets
     // mixed, Gaussian Lloyd-Max levels; B bits per value held; the plan per (layer, kind) is
     // params.book (the store fits it on the first block it codes: kvg_wfq_train)
     KVG_CODEC_WFQ2 = 23,
     KVG_CODEC_WFQ3 = 24,
     KVG_CODEC_WFQ4 = 25,
-    // rotq's rotation and norm, then a bitshift trellis code (TCQ / QTIP; docs/quality.md): B bits per value of a
+    // rotq's rotation and norm, then a bitshift trellis code (TCQ / QTIP; docs/results/quality.md): B bits per value of a
     // stream in which value i is the level of the 8-bit window ending with its own B bits
     // (bits before a vector's first read as 0; levels: 256 trained per B, tcq_tables.h);
     // B + 16/head_dim bits per value, as rotq
