@@ -11,7 +11,7 @@ in bits) to the codec's own bits per value.
 
     .venv/bin/python benchmarks/literature_claims.py --model smollm2-135m --out benchmarks/results/quality/literature_claims/literature_claims_smollm2
 
-writes OUT.json and OUT.md (the table docs/codecs.md shows).
+writes OUT.json and OUT.md (the table docs/results/literature.md shows).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ file. What each section is made from, under benchmarks/results/:
 - sessions_auto: sessions/sessions_auto.md (benchmarks/sessions.py --codecs ...auto:BITS...)
 - literature_claims: quality/literature_claims/*.md (benchmarks/literature_claims.py)
 
-docs/sessions.md's `sessions` section is written by `benchmarks/sessions.py --readme docs/sessions.md`.
+docs/results/sessions.md's `sessions` section is written by `benchmarks/sessions.py --readme docs/results/sessions.md`.
 
 Under each result copied, a line says what measured it (commit, llama.cpp build, machine, threads)
 from the result's JSON (the .md's sibling); a result from before provenance was recorded says so,
@@ -259,10 +259,10 @@ SECTIONS = {
     "recall": ("docs/results/recall.md", recall),
     "preset": ("docs/results/recall.md", preset),
     "keep": ("docs/results/recall.md", keep),
-    "calibration": ("docs/calibration.md", calibration),
-    "sessions_auto": ("docs/sessions.md", sessions_auto),
-    "literature_claims": ("docs/codecs.md", literature_claims),
-    "shared_cache": ("docs/server.md", shared_cache),
+    "calibration": ("docs/results/calibration.md", calibration),
+    "sessions_auto": ("docs/results/sessions.md", sessions_auto),
+    "literature_claims": ("docs/results/literature.md", literature_claims),
+    "shared_cache": ("docs/results/sessions.md", shared_cache),
 }
 
 

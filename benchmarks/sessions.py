@@ -6,7 +6,7 @@ context never saved (stock llama.cpp, f16 cache). llama.cpp's rows use llama_sta
 _load_file with an f16 and a q8_0 cache; kvgguf's use Llama.save_session / load_session on the
 stock f16 cache (one codec for every row) and on the live tiered cache.
 
-    .venv/bin/python benchmarks/sessions.py --ctx 2048,8192 --readme docs/sessions.md
+    .venv/bin/python benchmarks/sessions.py --ctx 2048,8192 --readme docs/results/sessions.md
 """
 
 from __future__ import annotations

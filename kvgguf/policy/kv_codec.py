@@ -35,7 +35,7 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
-DEFAULT_BUDGET = 3.0  # bits per value over the compressed rows (docs/calibration.md: what the budgets measured)
+DEFAULT_BUDGET = 3.0  # bits per value over the compressed rows (docs/results/calibration.md: what the budgets measured)
 PRESET_BUDGET = (
     4.0  # "tiered" on a calibrated model: recall like f16's at 5K where 3.5 lost it (docs/results/recall.md)
 )

@@ -63,7 +63,7 @@ class TieredConfig:
     codebooks: where pq2/vq8/vq8f's codebooks come from: "sequence" (trained on the first block
         each sequence encodes with that codec) or "calibration" (the model's, trained by
         ``kvgguf calibrate``; a model without them falls back to "sequence" with a warning).
-        Measured on SmolLM2 and WikiText-2, the sequence's own codebooks lose less (docs/codecs.md).
+        Measured on SmolLM2 and WikiText-2, the sequence's own codebooks lose less (docs/results/literature.md).
     window: llama.cpp's cache type for the cells of sliding-window layers (Gemma 2/3, gpt-oss,
         ...), which keep their own window and never get cold rows: one of CACHE_TYPES ("f16"
         exact; a quantized type needs flash attention and head dims that its blocks of 32

@@ -99,7 +99,7 @@ def test_default_session_codec_beats_llama_cpp_q4_0_in_fewer_bytes(smollm2_path,
     """The default session codec (K rotq4 / V rotq3, sinks exact): after restore, the next
     128 tokens' logits are closer to never having saved than llama.cpp's q4_0 cache (4.5 bits
     per value) is to its f16 cache, on the same tokens. (benchmarks/sessions.py measures the
-    figures of docs/sessions.md at 2K and 8K.)"""
+    figures of docs/results/sessions.md at 2K and 8K.)"""
     ctx, nxt = text_tokens[:600], text_tokens[600:728]
     src = make(smollm2_path, kv_codec, n_batch=128)
     src.eval(ctx)
