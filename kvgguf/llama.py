@@ -589,8 +589,9 @@ class Llama(SessionCalls):
         last token is evaluated here (shifting as it goes), and stock generate runs from the
         context as it is with the tokens still to evaluate; before a token would not fit, that
         generator is closed, the context shifts, and a new one resumes from the shifted context
-        (its prefix match evaluates only the pending tokens; its sampler state, repetition
-        penalties and grammar included, starts again there)."""
+        (its prefix match evaluates only the pending tokens) with the first one's sampler chain,
+        so that repetition penalties, a grammar, mirostat and the random state go on as if
+        nothing had moved."""
         if not tokens:
             return
         if kwargs.get("reset", True):
@@ -603,14 +604,20 @@ class Llama(SessionCalls):
             self._continue_history(self.n_tokens)
             self.eval(tokens[:-1])
         kwargs["reset"] = True  # the new generator reuses the context as its prompt's prefix
-        pending = tokens[-1:]
+        pending, chain = tokens[-1:], None
         while True:
             while self._must_move(len(pending)):
                 with self._kv_lock:
                     self._make_room(len(pending))
             gen = llama_cpp.Llama.generate(self, [*self.input_ids[: self.n_tokens].tolist(), *pending], *args, **kwargs)
+            if chain is not None:  # generate builds its chain when first run: give it the one in use
+                self._init_sampler = lambda *_, **__: chain
             try:
-                token = next(gen)
+                try:
+                    token = next(gen)
+                finally:
+                    self.__dict__.pop("_init_sampler", None)
+                chain = self._sampler
                 while True:
                     sent = yield token
                     pending = [token, *(sent or [])]

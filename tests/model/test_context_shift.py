@@ -171,6 +171,27 @@ def test_a_completion_past_n_ctx_raises_naming_the_option_or_shifts(tiny, text_t
     llm.close()
 
 
+def test_a_generation_keeps_its_sampler_chain_across_shifts(tiny, text_tokens):
+    """The sampler chain lives through every shift: a grammar that allows one "<" and then only
+    letters would ask for "<" again if its state started over at a shift."""
+    path = tiny("llama", TinySpec("llama"))
+    llm = Llama(path, kv_codec="tiered", n_ctx=N_CTX, context_shift=True, **KW)
+    grammar = llama_cpp.LlamaGrammar.from_string('root ::= "<" [a-z]+', verbose=False)
+    out = llm.create_completion(
+        text_tokens[:200],
+        max_tokens=N_CTX,
+        temperature=0.8,
+        repeat_penalty=1.3,
+        grammar=grammar,
+        logit_bias={llm.token_eos(): -1e9},
+        seed=3,
+    )
+    text = out["choices"][0]["text"]
+    assert llm.context_shifts >= 2 and out["usage"]["completion_tokens"] == N_CTX
+    assert text.startswith("<") and text[1:].isalpha() and text[1:].islower(), text
+    llm.close()
+
+
 def test_n_keep_that_leaves_no_room_is_refused_before_the_first_token(tiny):
     path = tiny("llama", TinySpec("llama"))
     with pytest.raises(ValueError, match="n_keep=200 leaves no room"):
