@@ -582,10 +582,12 @@ int  kvg_store_read_begin(const kvg_store * s);
 void kvg_store_read_end(const kvg_store * s);
 
 // mass.c: a slot for an attend call's notes (NULL when collection is off or none is left) with
-// room for the granules of rows [r0, r1); kvg_mass_note folds one chunk's weights in.
+// room for the granules of rows [r0, r1); kvg_mass_note folds the weights of a chunk's rows
+// [t0, t1) in (w: [n_q][n], the chunk's n rows per query), all of them in one granule.
 kvg_mass_notes * kvg_mass_begin(kvg_store * s, int32_t il, int32_t n_tokens, int32_t n_head, int64_t n_q, int64_t r0,
                                 int64_t r1);
-void             kvg_mass_note(kvg_mass_notes * nt, int64_t granule, const float * m, const float * w, int64_t n);
+void kvg_mass_note(kvg_mass_notes * nt, int64_t granule, const float * m, const float * w, int64_t n, int64_t t0,
+                   int64_t t1);
 // After a successful truncate to n_rows: counters of rows >= n_rows go (a cut granule keeps its count).
 void kvg_mass_forget_from(kvg_store * s, int64_t n_rows);
 // The counters of a kvg_store_shift: rows [p0, p1) dropped, the ones after moved back.

@@ -162,6 +162,22 @@ def test_truncated_cuts_the_block_that_straddles():
     assert blocks[2].r1 == 128  # the input is left as it was
 
 
+def _blocks(*starts: int, end: int) -> list:
+    edges = [*starts, end]
+    return [plan.Block(a, b, Tier.SINK if a == 0 else Tier.WARM) for a, b in zip(edges, edges[1:])]
+
+
+def test_a_shift_cuts_on_block_starts_after_n_keep():
+    blocks = _blocks(0, 4, *range(64, 1280, 64), end=1280)  # sinks, then 64-row blocks from 64
+    # from the first block start at or after n_keep, at least n_discard, to a block start
+    assert plan.shift_range(blocks, 1536, 4, 700) == (4, 704)
+    assert plan.shift_range(blocks, 1536, 300, 500) == (320, 832)
+    # past the cold rows the cut is llama.cpp's cells, anywhere; none of the store moves
+    assert plan.shift_range(blocks, 1536, 4, 1290) == (4, 1294)
+    assert plan.shift_range(blocks, 1536, 1300, 100) == (1300, 1400)
+    assert plan.shift_range(blocks, 1350, 4, 2000) == (4, 1350)  # at most up to n_past
+
+
 def test_blocks_after_lays_out_contiguous_tiers():
     blocks = plan.blocks_after(3000, 256, CFG)
     assert blocks[0].r0 == 0 and all(a.r1 == b.r0 for a, b in zip(blocks, blocks[1:]))

@@ -326,10 +326,13 @@ static int32_t attend(kvg_store * s, int32_t il, int64_t r0, int64_t r1, const f
             vdom.job = jv;
         }
 
-        // Chunks end on multiples of KVG_MASS_ROWS too, so each lies in one granule of the mass.
-        _Static_assert(KVG_ATTN_CHUNK == KVG_MASS_ROWS, "a chunk is a mass granule at most");
+        // Chunks follow the K block's rows (its first chunk starts at its first row): a block
+        // moved by a context shift of other than a multiple of KVG_MASS_ROWS keeps whole chunks
+        // rather than each split in two at the granules. A chunk then spans two granules of the
+        // mass at most, noted apart.
+        _Static_assert(KVG_ATTN_CHUNK == KVG_MASS_ROWS, "a chunk spans two mass granules at most");
         for (int64_t c0 = row, n; st == KVG_OK && c0 < e; c0 += n) {
-            n  = KVG_ATTN_CHUNK - c0 % KVG_ATTN_CHUNK;
+            n  = KVG_ATTN_CHUNK - (c0 - kb->row0) % KVG_ATTN_CHUNK;
             n  = e - c0 < n ? e - c0 : n;
             st = dense ? dense_chunk(KVG_KIND_K, tk, &jk, kb->data, c0 - kb->row0, n, &a, sc) : KVG_NOT_HANDLED;
             if (st == KVG_NOT_HANDLED) {
@@ -347,7 +350,11 @@ static int32_t attend(kvg_store * s, int32_t il, int64_t r0, int64_t r1, const f
                 kvg_attn_softmax_ref(&a, wm, wl, sc, n, dv, vdom.dom != DOM_NONE);
             }
             if (notes) {
-                kvg_mass_note(notes, c0 / KVG_MASS_ROWS, wm, sc, n);
+                const int64_t g = c0 / KVG_MASS_ROWS, in_g = (g + 1) * KVG_MASS_ROWS - c0;
+                kvg_mass_note(notes, g, wm, sc, n, 0, in_g < n ? in_g : n);
+                if (in_g < n) {
+                    kvg_mass_note(notes, g + 1, wm, sc, n, in_g, n);
+                }
             }
             // Kernels fail only on shapes that append refused; a failure here would leave the
             // chunk's weights in l without its values, so it is reported all the same.

@@ -133,7 +133,8 @@ kvg_mass_notes * kvg_mass_begin(kvg_store * s, int32_t il, int32_t n_tokens, int
     return nt;
 }
 
-void kvg_mass_note(kvg_mass_notes * nt, int64_t granule, const float * m, const float * w, int64_t n) {
+void kvg_mass_note(kvg_mass_notes * nt, int64_t granule, const float * m, const float * w, int64_t n, int64_t t0,
+                   int64_t t1) {
     const int64_t n_q = nt->n_q;
     float *       ms;
     if (nt->n_rec > 0 && nt->gran[nt->n_rec - 1] == granule) {
@@ -155,7 +156,7 @@ void kvg_mass_note(kvg_mass_notes * nt, int64_t granule, const float * m, const 
     for (int64_t j = 0; j < n_q; j++) {
         const float * wj  = w + j * n;
         float         sum = 0.0f;
-        for (int64_t t = 0; t < n; t++) {
+        for (int64_t t = t0; t < t1; t++) {
             sum += wj[t];
         }
         ms[n_q + j] += sum;
