@@ -305,6 +305,26 @@ static float llm_kv_cold_dot(const float * a, const float * b, int64_t n) {
     return r;
 }
 
+// x rounded to the nearest f16 (ties to even; f16's subnormals, and infinity past 65504), as
+// ggml_fp16_to_fp32(ggml_fp32_to_fp16(x)) gives it but inline: those are calls into ggml-base
+// for each value, and every query set of every layer and thread passes through here.
+static inline float llm_kv_cold_round_f16(float x) {
+    const float a = std::fabs(x);
+    if (!(a < 65520.0f)) {  // rounds past f16's largest, or is inf or NaN already
+        return std::isnan(x) ? x : std::copysign(INFINITY, x);
+    }
+    if (a < 6.103515625e-05f) {  // below 2^-14: f16's subnormals, multiples of 2^-24
+        return std::nearbyint(x * 16777216.0f) * (1.0f / 16777216.0f);
+    }
+    uint32_t u;
+    std::memcpy(&u, &x, sizeof(u));
+    u += 0x0fffu + ((u >> 13) & 1u);  // 23 mantissa bits to 10, the carry into the exponent kept
+    u &= ~0x1fffu;
+    float r;
+    std::memcpy(&r, &u, sizeof(r));
+    return r;
+}
+
 // [kvgguf 0020] rows [a, b) of the cold rows into the chunk's state, each through the store's attend
 // hook with its queries: qset(0) the ubatch's, qset(1 + op->q_src[i]) rotated for shifted run i
 template <typename QSet>
@@ -380,7 +400,7 @@ static void llm_kv_cold_attn_fn(ggml_tensor * dst, int ith, int nth, void * user
                         // products take f16 queries), so f16 cold rows give what the expanding path gives
                         const float x = *(const float *) ((const char *) qt->data + i * qt->nb[0] + h * qt->nb[1] +
                                                           (t0 + t) * qt->nb[2]);
-                        out[(t * H + h) * Dk + i] = ggml_fp16_to_fp32(ggml_fp32_to_fp16(x));
+                        out[(t * H + h) * Dk + i] = llm_kv_cold_round_f16(x);
                     }
                 }
             }
