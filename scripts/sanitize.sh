@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # libkvgguf built with AddressSanitizer and UndefinedBehaviorSanitizer, and the tests that drive
-# it run against that build: codecs (delta, outliers, low-rank, QJL, PQ/VQ and wfq too), store and attention kernels directly, then the fused
-# attention op and its mass counters inside llama.cpp's decode (SmolLM2 and Gemma-3). Then a
-# ThreadSanitizer build under the store's tests of its retier on threads.
+# it (tests/sanitized.txt) run against that build: codecs, store and attention kernels directly,
+# then the fused attention op and its mass counters inside llama.cpp's decode (SmolLM2 and
+# Gemma-3). Then a ThreadSanitizer build under the store's tests of its retier on threads.
 #
 #   bash scripts/sanitize.sh            # after the README's test install (.venv, cmake from [test])
 #
@@ -18,6 +18,7 @@ mkdir -p build
       -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$build.log" 2>&1 || { cat "$build.log"; exit 1; }
 "$cmake" --build "$build" --target kvgguf -j 2 >> "$build.log" 2>&1 || { cat "$build.log"; exit 1; }
 lib=$(find "$build" -maxdepth 1 -name 'libkvgguf.so' | head -n 1)
+mapfile -t sanitized < <(grep -v '^#' tests/sanitized.txt)  # (.ci/run's pytest leaves these to this run)
 asan=$(${CC:-cc} -print-file-name=libasan.so)
 ubsan=$(${CC:-cc} -print-file-name=libubsan.so)
 nm -D "$lib" | grep __asan_report > /dev/null || { echo "sanitize: $lib is not instrumented"; exit 1; }
@@ -25,9 +26,7 @@ echo "sanitize: $lib (preloading $asan)"
 KVGGUF_LIB="$lib" LD_PRELOAD="$asan $ubsan" \
     ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1 \
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    .venv/bin/pytest -q -p no:cacheprovider tests/unit/test_codecs.py tests/unit/test_store.py tests/unit/test_attend.py \
-    tests/unit/test_codec_delta.py tests/unit/test_codec_outliers.py tests/unit/test_codec_lowrank.py tests/unit/test_codec_qjl.py tests/unit/test_codec_pq.py tests/unit/test_codec_wfq.py \
-    tests/model/test_attention_mass.py "$@"
+    .venv/bin/pytest -q -p no:cacheprovider "${sanitized[@]}" "$@"
 
 # ThreadSanitizer: the store's retier on threads (kvg_store_set_threads), where libkvgguf starts
 # threads of its own. (--capture=sys: a report goes to fd 2, which pytest would otherwise hold

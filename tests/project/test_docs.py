@@ -15,7 +15,7 @@ NAMED = re.compile(r"\b((?:scripts|benchmarks)/[A-Za-z0-9_]+\.(?:py|sh))\b")
 
 
 # Not the repository's own text: environments, build outputs, the GPU kit.
-PRUNE = {".venv", "build", ".git", ".gpu-kit", "__pycache__"}
+PRUNE = {".venv", "build", ".git", ".gpu-kit", "__pycache__", ".pytest_cache"}
 
 
 def files(*suffixes: str) -> list[Path]:

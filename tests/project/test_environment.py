@@ -1,5 +1,6 @@
 """Every KVGGUF_* environment variable the package, its native library or its build reads is
-named in docs/install.md's table; behaviour switches hidden in the code are not."""
+named in docs/install.md's table; behaviour switches hidden in the code are not. The one the
+tests read, KVGGUF_SANITIZED_LATER, names test files that exist."""
 
 import re
 from pathlib import Path
@@ -47,3 +48,8 @@ def test_every_variable_read_is_documented_and_every_documented_one_is_read():
     missing = {name: sorted(where) for name, where in found.items() if name not in listed}
     assert not missing, f"read but not in docs/install.md's table: {missing}"
     assert listed <= set(found), f"in docs/install.md's table but read nowhere: {sorted(listed - set(found))}"
+
+
+def test_the_files_the_sanitizers_run_exist():
+    listed = [line for line in (ROOT / "tests" / "sanitized.txt").read_text().splitlines() if not line.startswith("#")]
+    assert len(listed) >= 5 and all((ROOT / line).is_file() for line in listed), listed
