@@ -119,18 +119,11 @@ def _no_gpu_reason():
     return None
 
 
-def _sanitized_later() -> set:
-    """The test files scripts/sanitize.sh runs, where KVGGUF_SANITIZED_LATER=1 leaves them to it
-    (.ci/run: each test once)."""
-    if os.environ.get("KVGGUF_SANITIZED_LATER") != "1":
-        return set()
-    listed = (Path(__file__).parent / "sanitized.txt").read_text().splitlines()
-    return {Path(__file__).parent.parent / line for line in listed if line and not line.startswith("#")}
-
-
 def pytest_collection_modifyitems(config, items):
-    later = _sanitized_later()
-    if later:
+    if os.environ.get("KVGGUF_SANITIZED_LATER") == "1":  # .ci/run: scripts/sanitize.sh runs these, each test once
+        from helpers import sanitized_files
+
+        later = set(sanitized_files())
         left = [item for item in items if Path(item.fspath) in later]
         if left:
             config.hook.pytest_deselected(items=left)

@@ -5,6 +5,7 @@ tokenized text the model tests run on."""
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -59,3 +60,10 @@ def wikitext_tokens(model_path, chars: int) -> list[int]:
     """The first `chars` characters of WikiText-2's test text as the model tokenizes them (BOS
     first): the text the model tests run on, tokenized once per run and model."""
     return list(_wikitext_tokens(str(model_path), chars))
+
+
+def sanitized_files() -> list[Path]:
+    """The test files scripts/sanitize.sh runs (tests/sanitized.txt, less its comments), as paths."""
+    root = Path(__file__).resolve().parent.parent
+    listed = (root / "tests" / "sanitized.txt").read_text().splitlines()
+    return [root / line for line in listed if line and not line.startswith("#")]

@@ -51,5 +51,7 @@ def test_every_variable_read_is_documented_and_every_documented_one_is_read():
 
 
 def test_the_files_the_sanitizers_run_exist():
-    listed = [line for line in (ROOT / "tests" / "sanitized.txt").read_text().splitlines() if not line.startswith("#")]
-    assert len(listed) >= 5 and all((ROOT / line).is_file() for line in listed), listed
+    from helpers import sanitized_files
+
+    listed = sanitized_files()
+    assert len(listed) >= 5 and all(path.is_file() for path in listed), listed
